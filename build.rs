@@ -1,0 +1,20 @@
+//! Compiles the public proto with `protox` (pure Rust, so no system `protoc` is
+//! needed) and writes the encoded descriptor set that server reflection serves.
+
+use prost::Message;
+use std::{env, fs, path::PathBuf};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/ai/orchestrator/v1/orchestrator.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
+    let out = PathBuf::from(env::var("OUT_DIR")?);
+    fs::write(out.join("orchestrator_descriptor.bin"), fds.encode_to_vec())?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,55 @@
+-- Usage records, tenant limits and prompts. Times are unix milliseconds (UTC)
+-- on both backends so range queries and month arithmetic are identical.
+
+CREATE TABLE usage_records (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at_ms   INTEGER NOT NULL,
+    team_id         TEXT    NOT NULL,
+    user_id         TEXT    NOT NULL DEFAULT '',
+    task            TEXT    NOT NULL,
+    provider        TEXT    NOT NULL DEFAULT '',
+    model           TEXT    NOT NULL DEFAULT '',
+    prompt_key      TEXT    NOT NULL DEFAULT '',
+    prompt_version  INTEGER NOT NULL DEFAULT 0,
+    trace_id        TEXT    NOT NULL,
+    input_tokens    INTEGER NOT NULL DEFAULT 0,
+    output_tokens   INTEGER NOT NULL DEFAULT 0,
+    cost_usd        REAL,                -- NULL when a model has no price
+    latency_ms      INTEGER NOT NULL DEFAULT 0,
+    outcome         TEXT    NOT NULL,    -- ok | error code
+    attempts        TEXT    NOT NULL DEFAULT '[]',  -- JSON array
+    degraded        INTEGER NOT NULL DEFAULT 0,
+    channel         TEXT    NOT NULL DEFAULT '',
+    priority        TEXT    NOT NULL DEFAULT ''
+);
+CREATE INDEX usage_records_team_time ON usage_records (team_id, created_at_ms);
+CREATE INDEX usage_records_trace ON usage_records (trace_id);
+
+CREATE TABLE tenant_limits (
+    team_id         TEXT PRIMARY KEY,
+    max_tokens      INTEGER,
+    max_requests    INTEGER,
+    max_cost_usd    REAL,
+    updated_at_ms   INTEGER NOT NULL
+);
+
+CREATE TABLE ai_prompts (
+    id                   INTEGER PRIMARY KEY AUTOINCREMENT,
+    team_id              TEXT    NOT NULL DEFAULT '',   -- '' is the global default
+    prompt_key           TEXT    NOT NULL,
+    version              INTEGER NOT NULL,
+    system_prompt        TEXT    NOT NULL,
+    user_prompt_template TEXT    NOT NULL,
+    model                TEXT,
+    temperature          REAL,
+    max_tokens           INTEGER,
+    is_active            INTEGER NOT NULL DEFAULT 0,
+    usage_count          INTEGER NOT NULL DEFAULT 0,
+    avg_latency_ms       REAL    NOT NULL DEFAULT 0,
+    success_rate         REAL    NOT NULL DEFAULT 1,
+    created_at_ms        INTEGER NOT NULL,
+    created_by           TEXT    NOT NULL DEFAULT '',
+    UNIQUE (team_id, prompt_key, version)
+);
+-- Exactly one active version per (team, key), enforced by the database.
+CREATE UNIQUE INDEX ai_prompts_one_active ON ai_prompts (team_id, prompt_key) WHERE is_active = 1;

@@ -1,0 +1,135 @@
+//! Conversions between proto messages and domain types.
+
+use crate::{
+    api::pb,
+    router::{AttemptOutcome, AttemptRecord},
+    tasks::{CallMeta, SmsTurn},
+};
+use prost_types::{ListValue, Struct, Value as PbValue, value::Kind};
+use serde_json::{Map, Number, Value};
+
+/// `google.protobuf.Struct` → JSON object.
+pub fn struct_to_json(s: Struct) -> Map<String, Value> {
+    s.fields
+        .into_iter()
+        .map(|(k, v)| (k, value_to_json(v)))
+        .collect()
+}
+
+fn value_to_json(v: PbValue) -> Value {
+    match v.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::BoolValue(b)) => Value::Bool(b),
+        // JSON has no NaN/Infinity; such numbers become null.
+        Some(Kind::NumberValue(n)) => Number::from_f64(n).map_or(Value::Null, Value::Number),
+        Some(Kind::StringValue(s)) => Value::String(s),
+        Some(Kind::ListValue(l)) => Value::Array(l.values.into_iter().map(value_to_json).collect()),
+        Some(Kind::StructValue(s)) => Value::Object(struct_to_json(s)),
+    }
+}
+
+/// JSON object → `google.protobuf.Struct`.
+pub fn json_to_struct(map: Map<String, Value>) -> Struct {
+    Struct {
+        fields: map
+            .into_iter()
+            .map(|(k, v)| (k, json_to_value(v)))
+            .collect(),
+    }
+}
+
+fn json_to_value(v: Value) -> PbValue {
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Kind::StringValue(s),
+        Value::Array(a) => Kind::ListValue(ListValue {
+            values: a.into_iter().map(json_to_value).collect(),
+        }),
+        Value::Object(o) => Kind::StructValue(json_to_struct(o)),
+    };
+    PbValue { kind: Some(kind) }
+}
+
+/// Proto history → domain history.
+pub fn history(messages: &[pb::SmsMessage]) -> Vec<SmsTurn> {
+    messages
+        .iter()
+        .map(|m| SmsTurn {
+            inbound: m.direction != pb::SmsDirection::Outbound as i32,
+            text: m.text.clone(),
+        })
+        .collect()
+}
+
+fn millis(d: std::time::Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+fn attempt(a: &AttemptRecord) -> pb::Attempt {
+    let outcome = match a.outcome {
+        AttemptOutcome::Success => pb::AttemptOutcome::Success,
+        AttemptOutcome::Error => pb::AttemptOutcome::Error,
+        AttemptOutcome::Timeout => pb::AttemptOutcome::Timeout,
+        AttemptOutcome::SkippedCircuitOpen => pb::AttemptOutcome::SkippedCircuitOpen,
+        AttemptOutcome::SkippedRateLimited => pb::AttemptOutcome::SkippedRateLimited,
+        AttemptOutcome::Malformed => pb::AttemptOutcome::Malformed,
+    };
+    pb::Attempt {
+        provider: a.provider.clone(),
+        model: a.model.clone(),
+        outcome: outcome as i32,
+        latency_ms: millis(a.latency),
+        error_code: a.error_code.clone().unwrap_or_default(),
+        retry: a.retry,
+    }
+}
+
+/// Domain meta → `ResponseMeta`.
+pub fn meta(m: &CallMeta) -> pb::ResponseMeta {
+    pb::ResponseMeta {
+        trace_id: m.trace_id.clone(),
+        provider: m.provider.clone(),
+        model: m.model.clone(),
+        degraded: m.degraded,
+        attempts: m.attempts.iter().map(attempt).collect(),
+        usage: Some(pb::Usage {
+            input_tokens: m.usage.input_tokens,
+            output_tokens: m.usage.output_tokens,
+            cost_usd: m.cost_usd.unwrap_or(0.0),
+        }),
+        latency_ms: millis(m.latency),
+        prompt_key: m.prompt_key.clone(),
+        prompt_version: m.prompt_version,
+    }
+}
+
+/// Usage sums → `UsageTotals`.
+pub fn totals(t: &crate::usage::summary::Totals) -> pb::UsageTotals {
+    pb::UsageTotals {
+        requests: t.requests,
+        input_tokens: t.input_tokens,
+        output_tokens: t.output_tokens,
+        cost_usd: t.cost_usd,
+        errors: t.errors,
+        degraded: t.degraded,
+        latency_p50_ms: t.latency_p50_ms,
+        latency_p95_ms: t.latency_p95_ms,
+        unpriced_requests: t.unpriced,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn json_struct_round_trip() {
+        let Value::Object(obj) = json!({"a": 1.5, "b": [true, null, "x"], "c": {"d": "e"}}) else {
+            unreachable!()
+        };
+        assert_eq!(struct_to_json(json_to_struct(obj.clone())), obj);
+    }
+}

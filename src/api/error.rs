@@ -1,0 +1,157 @@
+//! The one place where internal errors become gRPC statuses.
+//!
+//! Every status carries `google.rpc.ErrorInfo` (domain [`DOMAIN`], a stable
+//! `reason`, the trace ID in its metadata) and the `x-trace-id` metadata.
+//! Internal detail (provider messages, SQL errors) goes to the log with the
+//! trace ID, never to the client.
+
+use crate::{
+    router::{AttemptRecord, RouteError},
+    tasks::TaskError,
+    telemetry::trace_id::TRACE_ID_HEADER,
+};
+use std::{collections::HashMap, time::Duration};
+use tonic::{Code, Status, metadata::MetadataMap};
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// `ErrorInfo.domain` of every error we return.
+pub const DOMAIN: &str = "ai-orchestrator";
+
+/// Stable `ErrorInfo.reason` values (part of the API contract).
+pub mod reason {
+    /// A field is missing, malformed or too large.
+    pub const INVALID_INPUT: &str = "INVALID_INPUT";
+    /// The task is not configured.
+    pub const TASK_UNKNOWN: &str = "TASK_UNKNOWN";
+    /// Every target of the chain failed.
+    pub const ALL_PROVIDERS_FAILED: &str = "ALL_PROVIDERS_FAILED";
+    /// The deadline or latency budget ran out.
+    pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
+    /// A monthly cap would be exceeded.
+    pub const QUOTA_EXCEEDED: &str = "QUOTA_EXCEEDED";
+    /// The call's estimated cost exceeds `budget.max_cost_usd`.
+    pub const BUDGET_EXCEEDED: &str = "BUDGET_EXCEEDED";
+    /// The database cannot be reached.
+    pub const STORAGE_UNAVAILABLE: &str = "STORAGE_UNAVAILABLE";
+    /// A bug on our side.
+    pub const INTERNAL: &str = "INTERNAL";
+}
+
+/// What went wrong, in API terms.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Bad input: `(field, description)` pairs.
+    Invalid(Vec<(String, String)>),
+    /// Unknown task.
+    UnknownTask(String),
+    /// Routing failed.
+    Route(RouteError),
+    /// Storage failed.
+    Storage(String),
+}
+
+impl Failure {
+    /// One invalid field.
+    pub(crate) fn invalid(field: &str, description: &str) -> Self {
+        Failure::Invalid(vec![(field.to_owned(), description.to_owned())])
+    }
+}
+
+impl From<TaskError> for Failure {
+    fn from(err: TaskError) -> Self {
+        match err {
+            TaskError::Invalid(v) => Failure::Invalid(v),
+            TaskError::Route(RouteError::UnknownTask(t)) => Failure::UnknownTask(t),
+            TaskError::Route(e) => Failure::Route(e),
+        }
+    }
+}
+
+/// The stable reason of a routing failure (also the usage record's outcome).
+pub(crate) fn route_reason(err: &RouteError) -> &'static str {
+    match err {
+        RouteError::UnknownTask(_) => reason::TASK_UNKNOWN,
+        RouteError::AllProvidersFailed { .. } => reason::ALL_PROVIDERS_FAILED,
+        RouteError::DeadlineExceeded { .. } => reason::DEADLINE_EXCEEDED,
+    }
+}
+
+/// Compact `provider/model:CODE` list of failed attempts, for error metadata.
+fn summarise(attempts: &[AttemptRecord]) -> String {
+    attempts
+        .iter()
+        .map(|a| {
+            format!(
+                "{}/{}:{}",
+                a.provider,
+                a.model,
+                a.error_code.as_deref().unwrap_or("OK")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Builds the status for `failure`, tagged with `trace_id`.
+pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
+    let mut info = HashMap::from([("trace_id".to_owned(), trace_id.to_owned())]);
+    let mut details = ErrorDetails::new();
+    let (code, reason, message) = match failure {
+        Failure::Invalid(violations) => {
+            let message = violations
+                .iter()
+                .map(|(f, d)| format!("{f}: {d}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            for (field, description) in violations {
+                details.add_bad_request_violation(field, description);
+            }
+            (Code::InvalidArgument, reason::INVALID_INPUT, message)
+        }
+        Failure::UnknownTask(task) => {
+            details.add_bad_request_violation("task", format!("unknown task `{task}`"));
+            info.insert("task".into(), task.clone());
+            (
+                Code::InvalidArgument,
+                reason::TASK_UNKNOWN,
+                format!("unknown task `{task}`"),
+            )
+        }
+        Failure::Route(RouteError::UnknownTask(task)) => {
+            return to_status(Failure::UnknownTask(task), trace_id);
+        }
+        Failure::Route(RouteError::AllProvidersFailed { attempts }) => {
+            info.insert("attempts".into(), summarise(&attempts));
+            // Outages are usually short; a second later the breaker may let a probe through.
+            details.set_retry_info(Some(Duration::from_secs(1)));
+            (
+                Code::Unavailable,
+                reason::ALL_PROVIDERS_FAILED,
+                format!("all {} provider attempt(s) failed", attempts.len()),
+            )
+        }
+        Failure::Route(RouteError::DeadlineExceeded { attempts }) => {
+            info.insert("attempts".into(), summarise(&attempts));
+            (
+                Code::DeadlineExceeded,
+                reason::DEADLINE_EXCEEDED,
+                format!("deadline exceeded after {} attempt(s)", attempts.len()),
+            )
+        }
+        Failure::Storage(detail) => {
+            tracing::error!(%trace_id, error = %detail, "storage failure");
+            details.set_retry_info(Some(Duration::from_secs(1)));
+            (
+                Code::Unavailable,
+                reason::STORAGE_UNAVAILABLE,
+                "storage is unavailable".to_owned(),
+            )
+        }
+    };
+    details.set_error_info(reason, DOMAIN, info);
+    let mut metadata = MetadataMap::new();
+    if let Ok(value) = trace_id.parse() {
+        metadata.insert(TRACE_ID_HEADER, value);
+    }
+    Status::with_error_details_and_metadata(code, message, details, metadata)
+}

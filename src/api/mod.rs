@@ -1,0 +1,507 @@
+//! The gRPC surface: parse proto → domain types, call the task, record usage,
+//! map errors once (in [`error`]).
+
+pub mod convert;
+pub mod error;
+pub mod pb;
+pub(crate) mod request;
+
+use crate::{
+    config::Config,
+    router::AttemptRecord,
+    store::Store,
+    tasks::{
+        self, CallContext, CallMeta, TaskError, TaskRunner, execute, research, sms_classify,
+        sms_encoding::SmsEncoding, sms_generate,
+    },
+    telemetry::trace_id::TRACE_ID_HEADER,
+    usage::{self, UsageRecord, summary::Dimension},
+};
+use error::{Failure, to_status};
+use futures::{Stream, StreamExt};
+use pb::orchestrator_server::Orchestrator;
+use prost::Message;
+use std::{pin::Pin, sync::Arc};
+use tonic::{Request, Response, Status, metadata::MetadataMap};
+
+/// The `Orchestrator` service.
+#[derive(Clone)]
+pub struct OrchestratorApi {
+    config: Arc<Config>,
+    runner: TaskRunner,
+    store: Store,
+}
+
+impl OrchestratorApi {
+    /// A service over the given config, task runner and store.
+    pub fn new(config: Arc<Config>, runner: TaskRunner, store: Store) -> Self {
+        Self {
+            config,
+            runner,
+            store,
+        }
+    }
+
+    fn begin(
+        &self,
+        context: Option<&pb::RequestContext>,
+        budget: Option<&pb::Budget>,
+        metadata: &MetadataMap,
+    ) -> Result<CallContext, Status> {
+        request::call_context(context, budget, metadata, &self.config.server)
+            .map_err(|(trace_id, failure)| to_status(failure, &trace_id))
+    }
+
+    /// Records the call's usage, then hands back the answer or the status.
+    /// Input errors are refused before any work and leave no record.
+    async fn finish<T>(
+        &self,
+        ctx: &CallContext,
+        task: &str,
+        result: Result<(T, CallMeta), Failure>,
+    ) -> Result<(T, CallMeta), Status> {
+        let (record, outcome) = match result {
+            Ok((value, meta)) => (self.record(ctx, task, &meta, "ok"), Ok((value, meta))),
+            Err(Failure::Route(err)) => {
+                let meta = CallMeta {
+                    trace_id: ctx.trace_id.clone(),
+                    usage: crate::router::total_usage(err.attempts()),
+                    attempts: err.attempts().to_vec(),
+                    latency: ctx.started.elapsed(),
+                    ..CallMeta::default()
+                };
+                let outcome = error::route_reason(&err);
+                (
+                    self.record(ctx, task, &meta, outcome),
+                    Err(to_status(Failure::Route(err), &ctx.trace_id)),
+                )
+            }
+            Err(other) => return Err(to_status(other, &ctx.trace_id)),
+        };
+        // Durable before the response is sent: no acknowledged call unrecorded.
+        if let Err(err) = usage::record::insert(&self.store, &[record]).await {
+            return Err(to_status(Failure::Storage(err.to_string()), &ctx.trace_id));
+        }
+        outcome
+    }
+
+    fn record(&self, ctx: &CallContext, task: &str, meta: &CallMeta, outcome: &str) -> UsageRecord {
+        UsageRecord {
+            created_at_ms: chrono::Utc::now().timestamp_millis(),
+            team_id: ctx.team_id.clone(),
+            user_id: ctx.user_id.clone(),
+            task: task.to_owned(),
+            provider: meta.provider.clone(),
+            model: meta.model.clone(),
+            prompt_key: meta.prompt_key.clone(),
+            prompt_version: i64::from(meta.prompt_version),
+            trace_id: ctx.trace_id.clone(),
+            input_tokens: meta.usage.input_tokens as i64,
+            output_tokens: meta.usage.output_tokens as i64,
+            cost_usd: meta.cost_usd,
+            latency_ms: i64::try_from(meta.latency.as_millis()).unwrap_or(i64::MAX),
+            outcome: outcome.to_owned(),
+            attempts: attempts_json(&meta.attempts),
+            degraded: meta.degraded,
+            channel: format!("{:?}", ctx.channel).to_lowercase(),
+            priority: format!("{:?}", ctx.priority).to_lowercase(),
+        }
+    }
+
+    fn check_size(&self, field: &str, bytes: usize) -> Result<(), Failure> {
+        request::check_size(field, bytes, &self.config.server)
+    }
+}
+
+fn attempts_json(attempts: &[AttemptRecord]) -> String {
+    let list: Vec<serde_json::Value> = attempts
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "provider": a.provider,
+                "model": a.model,
+                "outcome": format!("{:?}", a.outcome),
+                "latency_ms": a.latency.as_millis() as u64,
+                "error_code": a.error_code,
+                "retry": a.retry,
+                "input_tokens": a.usage.input_tokens,
+                "output_tokens": a.usage.output_tokens,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+/// Wraps a body in a response carrying the `x-trace-id` metadata.
+fn reply<T>(trace_id: &str, body: T) -> Response<T> {
+    let mut response = Response::new(body);
+    if let Ok(value) = trace_id.parse() {
+        response.metadata_mut().insert(TRACE_ID_HEADER, value);
+    }
+    response
+}
+
+fn history_bytes(history: &[pb::SmsMessage]) -> usize {
+    history.iter().map(|m| m.text.len()).sum()
+}
+
+fn execute_input(
+    api: &OrchestratorApi,
+    input: Option<pb::execute_request::Input>,
+) -> Result<serde_json::Map<String, serde_json::Value>, Failure> {
+    match input {
+        None => Ok(serde_json::Map::new()),
+        Some(pb::execute_request::Input::InputStruct(s)) => {
+            api.check_size("input_struct", s.encoded_len())?;
+            Ok(convert::struct_to_json(s))
+        }
+        Some(pb::execute_request::Input::InputJson(json)) => {
+            api.check_size("input_json", json.len())?;
+            match serde_json::from_str(&json) {
+                Ok(serde_json::Value::Object(map)) => Ok(map),
+                Ok(_) => Err(Failure::invalid("input_json", "must be a JSON object")),
+                Err(e) => Err(Failure::invalid(
+                    "input_json",
+                    &format!("not valid JSON: {e}"),
+                )),
+            }
+        }
+    }
+}
+
+fn check_task_name(task: &str) -> Result<(), Failure> {
+    if task.is_empty() {
+        return Err(Failure::invalid("task", "is required"));
+    }
+    Ok(())
+}
+
+fn encoding(e: Option<SmsEncoding>) -> pb::SmsEncoding {
+    match e {
+        Some(SmsEncoding::Gsm7) => pb::SmsEncoding::Gsm7,
+        Some(SmsEncoding::Ucs2) => pb::SmsEncoding::Ucs2,
+        None => pb::SmsEncoding::Unspecified,
+    }
+}
+
+fn intent(i: sms_classify::Intent) -> pb::SmsIntent {
+    use sms_classify::Intent::*;
+    match i {
+        Interested => pb::SmsIntent::Interested,
+        NotInterested => pb::SmsIntent::NotInterested,
+        Question => pb::SmsIntent::Question,
+        AppointmentRequest => pb::SmsIntent::AppointmentRequest,
+        CallbackLater => pb::SmsIntent::CallbackLater,
+        OptOut => pb::SmsIntent::OptOut,
+        WrongNumber => pb::SmsIntent::WrongNumber,
+        Other => pb::SmsIntent::Other,
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ExecuteEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Orchestrator for OrchestratorApi {
+    async fn execute(
+        &self,
+        request: Request<pb::ExecuteRequest>,
+    ) -> Result<Response<pb::ExecuteResponse>, Status> {
+        let (metadata, _, req) = request.into_parts();
+        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let result = async {
+            check_task_name(&req.task)?;
+            let input = execute_input(self, req.input)?;
+            Ok(execute::execute(&self.runner, &ctx, &req.task, input).await?)
+        }
+        .await;
+        let (output, meta) = self.finish(&ctx, &req.task, result).await?;
+        Ok(reply(
+            &ctx.trace_id,
+            pb::ExecuteResponse {
+                output: output.json.map(convert::json_to_struct),
+                text: output.text,
+                meta: Some(convert::meta(&meta)),
+            },
+        ))
+    }
+
+    type ExecuteStreamStream = EventStream;
+
+    async fn execute_stream(
+        &self,
+        request: Request<pb::ExecuteRequest>,
+    ) -> Result<Response<Self::ExecuteStreamStream>, Status> {
+        let (metadata, _, req) = request.into_parts();
+        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let prepared = (|| {
+            check_task_name(&req.task)?;
+            let input = execute_input(self, req.input)?;
+            execute::prepare(&self.runner, &ctx, &req.task, input).map_err(Failure::from)
+        })();
+        let (rendered, completion_request) = prepared.map_err(|f| to_status(f, &ctx.trace_id))?;
+        let events = self
+            .runner
+            .router
+            .stream(&req.task, completion_request, ctx.deadline);
+        let api = self.clone();
+        let task = req.task.clone();
+        let trace_id = ctx.trace_id.clone();
+        let event_trace_id = trace_id.clone();
+        let stream = async_stream::stream! {
+            use crate::router::RouteEvent;
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                let out = match event {
+                    RouteEvent::Started { provider, model } => pb::execute_event::Event::Started(
+                        pb::execute_event::Started { trace_id: event_trace_id.clone(), provider, model },
+                    ),
+                    RouteEvent::Fallback { from, to, reason } => {
+                        pb::execute_event::Event::Fallback(pb::execute_event::Fallback { from, to, reason })
+                    }
+                    RouteEvent::Delta(text) => pb::execute_event::Event::Delta(pb::execute_event::Delta { text }),
+                    RouteEvent::Completed { completion, provider, model, degraded, attempts } => {
+                        let meta = CallMeta {
+                            trace_id: event_trace_id.clone(),
+                            usage: crate::router::total_usage(&attempts),
+                            provider,
+                            model,
+                            degraded,
+                            attempts,
+                            cost_usd: None,
+                            latency: ctx.started.elapsed(),
+                            prompt_key: rendered.prompt.key.clone(),
+                            prompt_version: rendered.prompt.version,
+                        };
+                        let output = tasks::parse_json_object(&completion.text).ok();
+                        match api.finish(&ctx, &task, Ok((completion.text, meta))).await {
+                            Ok((text, meta)) => pb::execute_event::Event::Completed(pb::ExecuteResponse {
+                                output: output.map(convert::json_to_struct),
+                                text,
+                                meta: Some(convert::meta(&meta)),
+                            }),
+                            Err(status) => { yield Err(status); return; }
+                        }
+                    }
+                    RouteEvent::Failed(err) => {
+                        let failure = Failure::from(TaskError::Route(err));
+                        match api.finish::<()>(&ctx, &task, Err(failure)).await {
+                            Err(status) => yield Err(status),
+                            Ok(_) => {}
+                        }
+                        return;
+                    }
+                };
+                yield Ok(pb::ExecuteEvent { event: Some(out) });
+            }
+        };
+        Ok(reply(&trace_id, Box::pin(stream) as EventStream))
+    }
+
+    async fn classify_sms(
+        &self,
+        request: Request<pb::ClassifySmsRequest>,
+    ) -> Result<Response<pb::ClassifySmsResponse>, Status> {
+        let (metadata, _, req) = request.into_parts();
+        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let result = async {
+            self.check_size("message", req.message.len() + history_bytes(&req.history))?;
+            let input = sms_classify::ClassifyInput {
+                message: req.message,
+                history: convert::history(&req.history),
+            };
+            Ok(sms_classify::classify(&self.runner, &ctx, input).await?)
+        }
+        .await;
+        let (answer, meta) = self.finish(&ctx, sms_classify::TASK, result).await?;
+        Ok(reply(
+            &ctx.trace_id,
+            pb::ClassifySmsResponse {
+                intent: intent(answer.intent) as i32,
+                confidence: answer.confidence,
+                needs_review: answer.needs_review,
+                reason: answer.reason,
+                meta: Some(convert::meta(&meta)),
+            },
+        ))
+    }
+
+    async fn generate_sms(
+        &self,
+        request: Request<pb::GenerateSmsRequest>,
+    ) -> Result<Response<pb::GenerateSmsResponse>, Status> {
+        let (metadata, _, req) = request.into_parts();
+        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let result = async {
+            let lead = req.lead.unwrap_or_default();
+            let lead_bytes = lead.first_name.len()
+                + lead.last_name.len()
+                + lead.company.len()
+                + lead
+                    .attributes
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>();
+            self.check_size(
+                "inbound_message",
+                req.inbound_message.len()
+                    + history_bytes(&req.history)
+                    + req.goal.len()
+                    + lead_bytes,
+            )?;
+            let mut lead_map: std::collections::BTreeMap<String, String> =
+                lead.attributes.into_iter().collect();
+            for (k, v) in [
+                ("first_name", lead.first_name),
+                ("last_name", lead.last_name),
+                ("company", lead.company),
+            ] {
+                if !v.is_empty() {
+                    lead_map.insert(k.to_owned(), v);
+                }
+            }
+            let input = sms_generate::GenerateInput {
+                inbound_message: req.inbound_message,
+                history: convert::history(&req.history),
+                lead: lead_map,
+                goal: req.goal,
+                max_segments: req.max_segments,
+            };
+            Ok(sms_generate::generate(&self.runner, &ctx, input).await?)
+        }
+        .await;
+        let (answer, meta) = self.finish(&ctx, sms_generate::TASK, result).await?;
+        Ok(reply(
+            &ctx.trace_id,
+            pb::GenerateSmsResponse {
+                encoding: encoding(sms_generate::encoding(&answer)) as i32,
+                segments: answer.size.map_or(0, |s| s.segments),
+                response: answer.text,
+                escalate: answer.escalate,
+                escalate_reason: answer.escalate_reason,
+                meta: Some(convert::meta(&meta)),
+            },
+        ))
+    }
+
+    async fn research(
+        &self,
+        request: Request<pb::ResearchRequest>,
+    ) -> Result<Response<pb::ResearchResponse>, Status> {
+        let (metadata, _, req) = request.into_parts();
+        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let depth = match pb::ResearchDepth::try_from(req.depth) {
+            Ok(pb::ResearchDepth::Deep) => research::Depth::Deep,
+            _ => research::Depth::Verify,
+        };
+        let result = async {
+            self.check_size("query", req.query.len())?;
+            Ok(research::research(&self.runner, &ctx, &req.query, depth).await?)
+        }
+        .await;
+        let (answer, meta) = self.finish(&ctx, depth.task(), result).await?;
+        Ok(reply(
+            &ctx.trace_id,
+            pb::ResearchResponse {
+                summary: answer.summary,
+                findings: answer
+                    .findings
+                    .into_iter()
+                    .map(|f| pb::Finding {
+                        claim: f.claim,
+                        sources: f.sources,
+                        confidence: f.confidence,
+                    })
+                    .collect(),
+                meta: Some(convert::meta(&meta)),
+            },
+        ))
+    }
+
+    async fn get_usage(
+        &self,
+        request: Request<pb::GetUsageRequest>,
+    ) -> Result<Response<pb::GetUsageResponse>, Status> {
+        let (metadata, _, req) = request.into_parts();
+        let trace_id = crate::telemetry::trace_id::resolve("", &metadata)
+            .map(|(t, _)| t)
+            .unwrap_or_else(|_| crate::telemetry::trace_id::generate());
+        let fail = |f: Failure| to_status(f, &trace_id);
+        request::check_id(&req.team_id, true)
+            .map_err(|why| fail(Failure::invalid("team_id", why)))?;
+        let (month_start, month_end) = usage::summary::month_of(chrono::Utc::now());
+        let start = req.period_start.map_or(month_start, |t| {
+            t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
+        });
+        let end = req.period_end.map_or(month_end, |t| {
+            t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
+        });
+        if end <= start {
+            return Err(fail(Failure::invalid(
+                "period_end",
+                "must be after period_start",
+            )));
+        }
+        let mut dims = Vec::new();
+        for (i, d) in req.group_by.iter().enumerate() {
+            dims.push(match pb::UsageDimension::try_from(*d) {
+                Ok(pb::UsageDimension::Task) => Dimension::Task,
+                Ok(pb::UsageDimension::Provider) => Dimension::Provider,
+                Ok(pb::UsageDimension::Model) => Dimension::Model,
+                Ok(pb::UsageDimension::Day) => Dimension::Day,
+                _ => {
+                    return Err(fail(Failure::invalid(
+                        &format!("group_by[{i}]"),
+                        "unknown dimension",
+                    )));
+                }
+            });
+        }
+        let summary = usage::summary::summarize(&self.store, &req.team_id, start, end, &dims)
+            .await
+            .map_err(|e| fail(Failure::Storage(e.to_string())))?;
+        let ts = |ms: i64| prost_types::Timestamp {
+            seconds: ms.div_euclid(1000),
+            nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+        };
+        Ok(reply(
+            &trace_id,
+            pb::GetUsageResponse {
+                team_id: req.team_id,
+                period_start: Some(ts(start)),
+                period_end: Some(ts(end)),
+                totals: Some(convert::totals(&summary.totals)),
+                buckets: summary
+                    .buckets
+                    .iter()
+                    .map(|(k, t)| pb::UsageBucket {
+                        task: k.task.clone().unwrap_or_default(),
+                        provider: k.provider.clone().unwrap_or_default(),
+                        model: k.model.clone().unwrap_or_default(),
+                        day: k.day.clone().unwrap_or_default(),
+                        totals: Some(convert::totals(t)),
+                    })
+                    .collect(),
+                limits: Some(pb::UsageLimits::default()),
+                remaining: Some(pb::UsageLimits::default()),
+            },
+        ))
+    }
+
+    async fn get_provider_health(
+        &self,
+        _request: Request<pb::GetProviderHealthRequest>,
+    ) -> Result<Response<pb::GetProviderHealthResponse>, Status> {
+        let providers = self
+            .config
+            .providers
+            .iter()
+            .map(|(name, p)| pb::ProviderHealth {
+                provider: name.clone(),
+                kind: p.kind.as_str().to_owned(),
+                state: pb::BreakerState::Closed as i32,
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(pb::GetProviderHealthResponse { providers }))
+    }
+}

@@ -1,0 +1,152 @@
+//! Turning an incoming request's envelope (context, budget, metadata) into a
+//! validated [`CallContext`]: trace ID, team, deadline.
+
+use super::error::Failure;
+use crate::{
+    api::pb,
+    config::ServerConfig,
+    tasks::{CallContext, Channel, Priority},
+    telemetry::trace_id,
+};
+use std::time::Duration;
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
+
+/// Longest accepted team/user ID.
+const MAX_ID_LEN: usize = 128;
+
+/// Validates the envelope. On failure returns the trace ID to report with the
+/// error (the caller's when usable, else a fresh one) and the failure.
+pub(crate) fn call_context(
+    context: Option<&pb::RequestContext>,
+    budget: Option<&pb::Budget>,
+    metadata: &MetadataMap,
+    server: &ServerConfig,
+) -> Result<CallContext, (String, Failure)> {
+    let started = Instant::now();
+    let ctx_trace = context.map_or("", |c| c.trace_id.as_str());
+    let trace_id = match trace_id::resolve(ctx_trace, metadata) {
+        Ok((id, _)) => id,
+        Err(bad) => {
+            return Err((
+                trace_id::generate(),
+                Failure::invalid(bad.field, &bad.to_string()),
+            ));
+        }
+    };
+    let fail = |field: &str, why: &str| Err((trace_id.clone(), Failure::invalid(field, why)));
+    let Some(context) = context else {
+        return fail("context", "is required");
+    };
+    if let Err(why) = check_id(&context.team_id, true) {
+        return fail("context.team_id", why);
+    }
+    if let Err(why) = check_id(&context.user_id, false) {
+        return fail("context.user_id", why);
+    }
+
+    let mut timeout = server.default_timeout;
+    if let Some(grpc) = metadata.get("grpc-timeout").and_then(|v| v.to_str().ok()) {
+        match parse_grpc_timeout(grpc) {
+            Some(t) => timeout = timeout.min(t),
+            None => return fail("grpc-timeout", "malformed grpc-timeout header"),
+        }
+    }
+    if let Some(budget) = budget {
+        if budget.max_latency_ms > 0 {
+            timeout = timeout.min(Duration::from_millis(u64::from(budget.max_latency_ms)));
+        }
+        if !budget.max_cost_usd.is_finite() || budget.max_cost_usd < 0.0 {
+            return fail("budget.max_cost_usd", "must be a non-negative number");
+        }
+    }
+    Ok(CallContext {
+        team_id: context.team_id.clone(),
+        user_id: context.user_id.clone(),
+        trace_id,
+        channel: match pb::Channel::try_from(context.channel) {
+            Ok(pb::Channel::Sms) => Channel::Sms,
+            Ok(pb::Channel::Web) => Channel::Web,
+            _ => Channel::System,
+        },
+        priority: match pb::Priority::try_from(context.priority) {
+            Ok(pb::Priority::Background) => Priority::Background,
+            _ => Priority::Interactive,
+        },
+        started,
+        deadline: started + timeout,
+    })
+}
+
+/// IDs end up in logs, metrics labels and SQL; keep them boring.
+pub(crate) fn check_id(id: &str, required: bool) -> Result<(), &'static str> {
+    if id.is_empty() {
+        return if required { Err("is required") } else { Ok(()) };
+    }
+    if id.len() > MAX_ID_LEN {
+        return Err("must be at most 128 characters");
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@'))
+    {
+        return Err("may only contain letters, digits and - _ . : @");
+    }
+    Ok(())
+}
+
+/// Parses the `grpc-timeout` header: up to 8 digits and a unit
+/// (`H` hours, `M` minutes, `S` seconds, `m` ms, `u` µs, `n` ns).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Rejects inputs larger than the configured limit.
+pub(crate) fn check_size(field: &str, bytes: usize, server: &ServerConfig) -> Result<(), Failure> {
+    if bytes > server.max_input_bytes {
+        return Err(Failure::invalid(
+            field,
+            &format!("exceeds the {} byte input limit", server.max_input_bytes),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(parse_grpc_timeout("123456789S"), None);
+        assert_eq!(parse_grpc_timeout("S"), None);
+        assert_eq!(parse_grpc_timeout("10x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(check_id("team-1", true).is_ok());
+        assert!(check_id("", true).is_err());
+        assert!(check_id("", false).is_ok());
+        assert!(check_id("a b", true).is_err());
+        assert!(check_id(&"a".repeat(129), true).is_err());
+    }
+}

@@ -1,0 +1,418 @@
+//! Typed configuration: a TOML file, then environment overrides, then validation.
+//!
+//! Sources, later ones winning:
+//! 1. the TOML file given on the command line;
+//! 2. `AIO_`-prefixed environment variables, `__` separating path segments
+//!    (`AIO_SERVER__LISTEN=0.0.0.0:50051`, `AIO_PROVIDERS__OPENAI__TIMEOUT=10s`);
+//! 3. `DATABASE_URL`, which overrides `database.url` (the usual deployment knob).
+//!
+//! Unknown keys are rejected and every error names the key path. Secrets are
+//! never read from the file: a provider names the environment variable that
+//! holds its key (`api_key_env`) and the key is loaded into a [`Secret`].
+
+mod secret;
+mod validate;
+
+pub use secret::Secret;
+
+use figment::{
+    Figment,
+    providers::{Env, Format, Toml},
+};
+use serde::Deserialize;
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
+
+/// A configuration problem, always naming the key it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be parsed or a value has the wrong type/shape.
+    #[error("{path}: {message}")]
+    Parse {
+        /// Dotted key path, e.g. `providers.openai.timeout`.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Values parse but do not make sense together.
+    #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Invalid>),
+}
+
+/// One semantic problem in the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// Dotted key path, e.g. `tasks.sms_classify.chain[1].provider`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+impl ConfigError {
+    /// Key paths of every problem, for tests and tooling.
+    pub fn paths(&self) -> Vec<String> {
+        match self {
+            ConfigError::Parse { path, .. } => vec![path.clone()],
+            ConfigError::Invalid(all) => all.iter().map(|e| e.path.clone()).collect(),
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// gRPC server settings.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Usage and prompt storage.
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    /// Upstream providers by name.
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// Tasks by name, each with its fallback chain.
+    #[serde(default)]
+    pub tasks: BTreeMap<String, TaskConfig>,
+}
+
+/// gRPC server settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address the gRPC server binds.
+    pub listen: SocketAddr,
+    /// Largest accepted request input (message text, JSON input), in bytes.
+    pub max_input_bytes: usize,
+    /// Deadline applied when the caller sends neither `grpc-timeout` nor a budget.
+    #[serde(with = "humantime_serde")]
+    pub default_timeout: Duration,
+    /// How often the database is probed for the health service.
+    #[serde(with = "humantime_serde")]
+    pub health_probe_interval: Duration,
+    /// How long graceful shutdown waits for in-flight calls before giving up.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            // 64 KiB holds any SMS thread or research query many times over;
+            // bigger inputs are almost always a caller bug.
+            max_input_bytes: 64 * 1024,
+            // Above the slowest seed provider timeout (45 s) so one full attempt fits.
+            default_timeout: Duration::from_secs(60),
+            health_probe_interval: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Storage settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// `sqlite://path/to/file.db` (created if missing) or `postgres://...`.
+    pub url: String,
+    /// Pool size.
+    pub max_connections: u32,
+    /// How long a SQLite writer waits for the lock before failing.
+    #[serde(with = "humantime_serde")]
+    pub busy_timeout: Duration,
+    /// How long to wait for a pooled connection.
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/ai-orchestrator.db".into(),
+            max_connections: 8,
+            busy_timeout: Duration::from_secs(5),
+            acquire_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Wire format of a provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// OpenAI Chat Completions.
+    Openai,
+    /// Anthropic Messages.
+    Anthropic,
+    /// Perplexity (OpenAI-style, with citations).
+    Perplexity,
+    /// Google Gemini generateContent.
+    Gemini,
+    /// Any OpenAI-compatible server (DeepSeek, vLLM, Ollama, llama.cpp).
+    OpenaiCompatible,
+    /// Deterministic local fake, for local runs, demos and benchmarks.
+    Mock,
+}
+
+impl ProviderKind {
+    /// Lower-case name, as in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "openai",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Perplexity => "perplexity",
+            ProviderKind::Gemini => "gemini",
+            ProviderKind::OpenaiCompatible => "openai_compatible",
+            ProviderKind::Mock => "mock",
+        }
+    }
+
+    /// The provider's public API base URL, when it has a canonical one.
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            ProviderKind::Openai => Some("https://api.openai.com/v1"),
+            ProviderKind::Anthropic => Some("https://api.anthropic.com/v1"),
+            ProviderKind::Perplexity => Some("https://api.perplexity.ai"),
+            ProviderKind::Gemini => Some("https://generativelanguage.googleapis.com/v1beta"),
+            ProviderKind::OpenaiCompatible | ProviderKind::Mock => None,
+        }
+    }
+}
+
+/// One upstream provider.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Wire format.
+    pub kind: ProviderKind,
+    /// API base URL; defaults to the kind's public endpoint.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// Name of the environment variable holding the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Bound on one attempt, connection to last byte.
+    #[serde(default = "defaults::timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Bound on establishing the connection.
+    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Longest silence allowed between two events of a stream.
+    #[serde(default = "defaults::stream_idle_timeout", with = "humantime_serde")]
+    pub stream_idle_timeout: Duration,
+    /// Requests per minute this replica may send; none means unlimited.
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    /// Requests in flight at once from this replica.
+    #[serde(default = "defaults::max_concurrency")]
+    pub max_concurrency: usize,
+    /// Circuit breaker numbers.
+    #[serde(default)]
+    pub breaker: BreakerConfig,
+    /// Settings of the `mock` kind (ignored by other kinds).
+    #[serde(default)]
+    pub mock: MockConfig,
+    /// The API key, loaded from `api_key_env`; never from the file.
+    #[serde(skip)]
+    pub api_key: Option<Secret>,
+}
+
+mod defaults {
+    use std::time::Duration;
+    // Seed numbers of SPEC §4; Perplexity's 45 s is set in its config entry.
+    pub fn timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn connect_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn stream_idle_timeout() -> Duration {
+        Duration::from_secs(20)
+    }
+    pub fn max_concurrency() -> usize {
+        64
+    }
+}
+
+/// Circuit breaker numbers (SPEC §4 seed values by default).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker.
+    pub failure_threshold: u32,
+    /// How long the breaker stays open before probing.
+    #[serde(with = "humantime_serde")]
+    pub open_for: Duration,
+    /// Successful probes that close it again.
+    pub success_threshold: u32,
+    /// Probe calls admitted at once while half-open.
+    pub half_open_max_probes: u32,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            open_for: Duration::from_secs(30),
+            success_threshold: 2,
+            half_open_max_probes: 1,
+        }
+    }
+}
+
+/// Behaviour of a `mock` provider.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MockConfig {
+    /// Fixed latency of every call.
+    #[serde(with = "humantime_serde")]
+    pub latency: Duration,
+    /// Share of calls that fail with a 503-like error, in [0, 1].
+    pub failure_rate: f64,
+    /// Fixed reply text. When absent, a request that asks for JSON gets a
+    /// deterministic object matching its schema, and any other request gets
+    /// a short echo of its size.
+    pub reply: Option<String>,
+    /// Seed of the failure draw, so runs are reproducible.
+    pub seed: u64,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        Self {
+            latency: Duration::from_millis(0),
+            failure_rate: 0.0,
+            reply: None,
+            seed: 42,
+        }
+    }
+}
+
+/// One task: its chain of targets and generation settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskConfig {
+    /// Ordered targets: the first is primary, the rest are fallbacks.
+    pub chain: Vec<TargetConfig>,
+    /// Output token cap sent to the provider.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    /// Sampling temperature.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Confidence below which a classification needs human review.
+    #[serde(default = "default_review_threshold")]
+    pub review_threshold: f64,
+}
+
+fn default_max_tokens() -> u32 {
+    512
+}
+
+fn default_review_threshold() -> f64 {
+    0.70
+}
+
+/// One `(provider, model)` step of a chain.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Provider name (a key of `providers`).
+    pub provider: String,
+    /// Model name sent to the provider.
+    pub model: String,
+}
+
+impl Config {
+    /// Loads `path`, applies environment overrides, reads secrets, validates.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with_env(path, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`Config::load`], with the environment lookup injected (tests).
+    pub fn load_with_env(
+        path: &Path,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut figment = Figment::new()
+            .merge(Toml::file_exact(path))
+            .merge(Env::prefixed("AIO_").split("__"));
+        if let Some(url) = env("DATABASE_URL") {
+            figment = figment.merge(("database.url", url));
+        }
+        Self::from_figment(figment, env)
+    }
+
+    /// Parses a TOML string with no environment overrides (tests, tooling).
+    pub fn from_toml_str(
+        toml: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        Self::from_figment(Figment::from(Toml::string(toml)), env)
+    }
+
+    fn from_figment(
+        figment: Figment,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config: Config = figment.extract().map_err(parse_error)?;
+        let mut problems = Vec::new();
+        for (name, provider) in &mut config.providers {
+            if let Some(var) = &provider.api_key_env {
+                match env(var) {
+                    Some(key) if !key.is_empty() => provider.api_key = Some(Secret::new(key)),
+                    _ => problems.push(Invalid {
+                        path: format!("providers.{name}.api_key_env"),
+                        message: format!("environment variable {var} is not set"),
+                    }),
+                }
+            }
+        }
+        problems.extend(validate::check(&config));
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+
+    /// The base URL a provider is called at (configured, else the kind's default).
+    pub fn base_url(&self, provider: &str) -> Option<String> {
+        let p = self.providers.get(provider)?;
+        p.base_url
+            .clone()
+            .or_else(|| p.kind.default_base_url().map(str::to_owned))
+    }
+}
+
+fn parse_error(err: figment::Error) -> ConfigError {
+    // figment chains errors; the first names the first bad key.
+    let mut path = err.path.join(".");
+    if let figment::error::Kind::UnknownField(field, _) = &err.kind {
+        if !path.ends_with(field.as_str()) {
+            path = if path.is_empty() {
+                field.clone()
+            } else {
+                format!("{path}.{field}")
+            };
+        }
+    }
+    if path.is_empty() {
+        path = "<root>".into();
+    }
+    let source = err
+        .metadata
+        .as_ref()
+        .and_then(|m| m.source.as_ref().map(|s| format!(" (in {s})")))
+        .unwrap_or_default();
+    ConfigError::Parse {
+        path,
+        message: format!("{}{source}", err.kind),
+    }
+}

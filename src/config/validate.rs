@@ -1,0 +1,105 @@
+//! Semantic checks that serde cannot express, each naming the offending key.
+
+use super::{Config, Invalid, ProviderKind};
+use std::time::Duration;
+
+/// Every problem found, in a stable order (providers, tasks, server, database).
+pub(super) fn check(config: &Config) -> Vec<Invalid> {
+    let mut out = Vec::new();
+    let mut bad = |path: String, message: &str| {
+        out.push(Invalid {
+            path,
+            message: message.to_owned(),
+        })
+    };
+
+    for (name, p) in &config.providers {
+        let at = |key: &str| format!("providers.{name}.{key}");
+        if p.kind == ProviderKind::OpenaiCompatible && p.base_url.is_none() {
+            bad(at("base_url"), "required for kind openai_compatible");
+        }
+        if let Some(url) = &p.base_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                bad(at("base_url"), "must start with http:// or https://");
+            }
+        }
+        for (key, d) in [
+            ("timeout", p.timeout),
+            ("connect_timeout", p.connect_timeout),
+            ("stream_idle_timeout", p.stream_idle_timeout),
+        ] {
+            if d == Duration::ZERO {
+                bad(at(key), "must be greater than zero");
+            }
+        }
+        if p.rpm == Some(0) {
+            bad(at("rpm"), "must be at least 1 (omit it for no limit)");
+        }
+        if p.max_concurrency == 0 {
+            bad(at("max_concurrency"), "must be at least 1");
+        }
+        let b = &p.breaker;
+        for (key, v) in [
+            ("breaker.failure_threshold", b.failure_threshold),
+            ("breaker.success_threshold", b.success_threshold),
+            ("breaker.half_open_max_probes", b.half_open_max_probes),
+        ] {
+            if v == 0 {
+                bad(at(key), "must be at least 1");
+            }
+        }
+        if !(0.0..=1.0).contains(&p.mock.failure_rate) {
+            bad(at("mock.failure_rate"), "must be between 0 and 1");
+        }
+    }
+
+    for (name, t) in &config.tasks {
+        let at = |key: &str| format!("tasks.{name}.{key}");
+        if t.chain.is_empty() {
+            bad(at("chain"), "needs at least one target");
+        }
+        for (i, target) in t.chain.iter().enumerate() {
+            if !config.providers.contains_key(&target.provider) {
+                bad(
+                    at(&format!("chain[{i}].provider")),
+                    &format!("unknown provider `{}`", target.provider),
+                );
+            }
+            if target.model.trim().is_empty() {
+                bad(at(&format!("chain[{i}].model")), "must not be empty");
+            }
+        }
+        if t.max_tokens == 0 {
+            bad(at("max_tokens"), "must be at least 1");
+        }
+        if let Some(temp) = t.temperature {
+            if !(0.0..=2.0).contains(&temp) {
+                bad(at("temperature"), "must be between 0 and 2");
+            }
+        }
+        if !(0.0..=1.0).contains(&t.review_threshold) {
+            bad(at("review_threshold"), "must be between 0 and 1");
+        }
+    }
+
+    if config.server.max_input_bytes == 0 {
+        bad("server.max_input_bytes".into(), "must be at least 1");
+    }
+    if config.server.default_timeout == Duration::ZERO {
+        bad("server.default_timeout".into(), "must be greater than zero");
+    }
+    let url = &config.database.url;
+    if !(url.starts_with("sqlite:")
+        || url.starts_with("postgres://")
+        || url.starts_with("postgresql://"))
+    {
+        bad(
+            "database.url".into(),
+            "must start with sqlite:, postgres:// or postgresql://",
+        );
+    }
+    if config.database.max_connections == 0 {
+        bad("database.max_connections".into(), "must be at least 1");
+    }
+    out
+}

@@ -1,0 +1,20 @@
+//! ai-orchestrator: the single gRPC entry point for every AI call.
+//!
+//! A request flows `api` (parse, validate) → `tasks` (prompt, parse the
+//! answer) → `router` (walk the task's fallback chain) → `providers` (one
+//! HTTP call in the provider's wire format), and its usage is written by
+//! `usage` to `store` before the response leaves.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod prompts;
+pub mod providers;
+pub mod router;
+pub mod server;
+pub mod store;
+pub mod tasks;
+pub mod telemetry;
+pub mod usage;
+
+pub use server::serve;

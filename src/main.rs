@@ -1,0 +1,74 @@
+//! Thin entry point: parse the CLI, load config, start logging, dispatch.
+
+use ai_orchestrator::{
+    cli::{self, Cli, Command},
+    config::Config,
+    telemetry,
+};
+use clap::Parser;
+use std::{io::Write, process::ExitCode};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init_logging(cli.log_format);
+    match run(cli).await {
+        Ok(output) => {
+            let _ = std::io::stdout().lock().write_all(output.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            let _ = writeln!(std::io::stderr().lock(), "error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<String> {
+    if let Command::Call {
+        addr,
+        team,
+        trace_id,
+        rpc,
+    } = cli.command
+    {
+        return cli::call(addr, team, trace_id, rpc).await;
+    }
+    let config =
+        Config::load(&cli.config).map_err(|e| anyhow::anyhow!("{}: {e}", cli.config.display()))?;
+    match cli.command {
+        Command::CheckConfig => Ok(cli::check_config(&config)),
+        Command::Migrate => cli::migrate(&config).await,
+        Command::Serve { listen } => {
+            let addr = listen.unwrap_or(config.server.listen);
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+            ai_orchestrator::serve(listener, config, shutdown_signal()).await?;
+            Ok(String::new())
+        }
+        Command::Call { .. } => unreachable!("handled above"),
+    }
+}
+
+/// Completes on SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

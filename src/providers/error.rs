@@ -1,0 +1,129 @@
+//! How a provider call failed, and what that means for retries and breakers.
+
+use std::time::Duration;
+
+/// A failed provider call, classified per SPEC §4.
+///
+/// The text fields are short summaries for logs (status line, provider error
+/// type); raw upstream bodies are never kept here, so nothing of them can
+/// reach a client.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum ProviderError {
+    /// No complete answer before the attempt's deadline (incl. stream idle).
+    #[error("timed out")]
+    Timeout,
+    /// The connection could not be made or broke mid-call.
+    #[error("connection failed: {0}")]
+    Connect(String),
+    /// The provider answered with a non-success HTTP status.
+    #[error("HTTP {status}: {summary}")]
+    Status {
+        /// HTTP status code (429, 500, 529, ...).
+        status: u16,
+        /// Parsed `Retry-After` / `retry-after-ms`, when sent.
+        retry_after: Option<Duration>,
+        /// Provider error type/code, never the raw body.
+        summary: String,
+    },
+    /// The answer could not be understood (bad JSON, missing fields, a
+    /// structured answer that fails validation, a truncated stream).
+    #[error("malformed response: {0}")]
+    Malformed(String),
+    /// The provider cannot be built from its config.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl ProviderError {
+    /// Stable, low-cardinality code for `meta.attempts[].error_code` and metrics.
+    pub fn code(&self) -> String {
+        match self {
+            ProviderError::Timeout => "TIMEOUT".into(),
+            ProviderError::Connect(_) => "CONNECTION_ERROR".into(),
+            ProviderError::Status { status: 429, .. } => "RATE_LIMITED".into(),
+            ProviderError::Status { status: 529, .. } => "OVERLOADED".into(),
+            ProviderError::Status { status, .. } => format!("HTTP_{status}"),
+            ProviderError::Malformed(_) => "MALFORMED_RESPONSE".into(),
+            ProviderError::Unsupported(_) => "UNSUPPORTED".into(),
+        }
+    }
+
+    /// Worth another try at the same target (after backoff).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ProviderError::Timeout | ProviderError::Connect(_) => true,
+            ProviderError::Status { status, .. } => matches!(status, 408 | 429) || *status >= 500,
+            // A model that produced bad structure is asked again at the next
+            // target rather than re-rolled at the same one.
+            ProviderError::Malformed(_) | ProviderError::Unsupported(_) => false,
+        }
+    }
+
+    /// Counts as a failure for the provider's circuit breaker. Client errors
+    /// (4xx other than 408) are our fault, and 429 is a cooldown, not a failure.
+    pub fn counts_against_breaker(&self) -> bool {
+        match self {
+            ProviderError::Timeout | ProviderError::Connect(_) | ProviderError::Malformed(_) => {
+                true
+            }
+            ProviderError::Status { status, .. } => *status == 408 || *status >= 500,
+            ProviderError::Unsupported(_) => false,
+        }
+    }
+
+    /// The provider asked us to back off (HTTP 429).
+    pub fn is_rate_limited(&self) -> bool {
+        matches!(self, ProviderError::Status { status: 429, .. })
+    }
+
+    /// How long the provider asked us to wait, if it said.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ProviderError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// True for a timeout (reported as a TIMEOUT attempt outcome).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, ProviderError::Timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16) -> ProviderError {
+        ProviderError::Status {
+            status: code,
+            retry_after: None,
+            summary: String::new(),
+        }
+    }
+
+    #[test]
+    fn classification_follows_the_spec() {
+        // (error, retryable, counts against breaker)
+        let table = [
+            (ProviderError::Timeout, true, true),
+            (ProviderError::Connect("reset".into()), true, true),
+            (status(500), true, true),
+            (status(503), true, true),
+            (status(529), true, true),
+            (status(408), true, true),
+            (status(429), true, false),
+            (status(400), false, false),
+            (status(401), false, false),
+            (status(404), false, false),
+            (ProviderError::Malformed("x".into()), false, true),
+        ];
+        for (err, retryable, counts) in table {
+            assert_eq!(err.is_retryable(), retryable, "{err:?} retryable");
+            assert_eq!(err.counts_against_breaker(), counts, "{err:?} counts");
+        }
+        assert_eq!(status(529).code(), "OVERLOADED");
+        assert_eq!(status(429).code(), "RATE_LIMITED");
+        assert_eq!(status(502).code(), "HTTP_502");
+    }
+}

@@ -1,0 +1,231 @@
+//! The `mock` provider: deterministic answers with configurable latency and
+//! failure rate, for local runs, demos and benchmarks. Only ever used where
+//! the config names a provider of kind `mock`.
+
+use super::{
+    Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError,
+    StreamEvent, TokenUsage,
+};
+use crate::config::MockConfig;
+use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A fake provider.
+pub struct MockProvider {
+    config: MockConfig,
+    calls: AtomicU64,
+}
+
+impl MockProvider {
+    /// A mock with the given behaviour.
+    pub fn new(config: MockConfig) -> Self {
+        Self {
+            config,
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Sleeps the configured latency (stopping at the deadline) and decides
+    /// whether this call fails. The n-th call's fate depends only on the seed
+    /// and n, so a run is reproducible.
+    async fn begin(&self, req: &CompletionRequest) -> Result<(), ProviderError> {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let wake = tokio::time::Instant::now() + self.config.latency;
+        if wake > req.deadline {
+            tokio::time::sleep_until(req.deadline).await;
+            return Err(ProviderError::Timeout);
+        }
+        if !self.config.latency.is_zero() {
+            tokio::time::sleep_until(wake).await;
+        }
+        let draw = splitmix64(self.config.seed ^ n) as f64 / u64::MAX as f64;
+        if draw < self.config.failure_rate {
+            return Err(ProviderError::Status {
+                status: 503,
+                retry_after: None,
+                summary: "mock failure".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn answer(&self, req: &CompletionRequest) -> Completion {
+        let text = match (&self.config.reply, &req.response_format) {
+            (Some(reply), _) => reply.clone(),
+            (None, Some(format)) => example_of(&format.schema).to_string(),
+            (None, None) => format!("mock reply to {} message(s)", req.messages.len()),
+        };
+        let input_chars: usize = req.system.as_deref().map_or(0, str::len)
+            + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+        Completion {
+            usage: TokenUsage {
+                input_tokens: approx_tokens(input_chars),
+                output_tokens: approx_tokens(text.len()),
+            },
+            text,
+            finish_reason: FinishReason::Stop,
+            citations: Vec::new(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for MockProvider {
+    async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
+        self.begin(&req).await?;
+        Ok(self.answer(&req))
+    }
+
+    async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
+        self.begin(&req).await?;
+        let done = self.answer(&req);
+        let mut events: Vec<Result<StreamEvent, ProviderError>> = done
+            .text
+            .split_inclusive(' ')
+            .map(|piece| Ok(StreamEvent::Delta(piece.to_owned())))
+            .collect();
+        events.push(Ok(StreamEvent::Done(done)));
+        Ok(Box::pin(futures::stream::iter(events)))
+    }
+}
+
+/// About four characters per token, the usual rule of thumb for English.
+fn approx_tokens(chars: usize) -> u64 {
+    (chars as u64).div_ceil(4).max(1)
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// A deterministic value matching a JSON schema: `examples[0]`, else `default`,
+/// else the first `enum` value, else a plain value of the schema's type.
+pub fn example_of(schema: &Value) -> Value {
+    if let Some(first) = schema.get("examples").and_then(|e| e.get(0)) {
+        return first.clone();
+    }
+    if let Some(default) = schema.get("default") {
+        return default.clone();
+    }
+    if let Some(first) = schema.get("enum").and_then(|e| e.get(0)) {
+        return first.clone();
+    }
+    match schema.get("type").and_then(Value::as_str) {
+        Some("object") => {
+            let mut out = Map::new();
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (k, v) in props {
+                    out.insert(k.clone(), example_of(v));
+                }
+            }
+            Value::Object(out)
+        }
+        Some("array") => Value::Array(
+            schema
+                .get("items")
+                .map(|items| vec![example_of(items)])
+                .unwrap_or_default(),
+        ),
+        Some("string") => Value::String("mock".into()),
+        Some("integer") => Value::from(schema.get("minimum").and_then(Value::as_i64).unwrap_or(1)),
+        Some("number") => Value::from(schema.get("maximum").and_then(Value::as_f64).unwrap_or(1.0)),
+        Some("boolean") => Value::Bool(false),
+        _ => Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::{ChatMessage, JsonSchemaFormat, Role};
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn request(format: Option<JsonSchemaFormat>) -> CompletionRequest {
+        CompletionRequest {
+            model: "m".into(),
+            system: Some("sys".into()),
+            messages: vec![ChatMessage {
+                role: Role::User,
+                content: "hello there".into(),
+            }],
+            temperature: None,
+            max_tokens: 10,
+            response_format: format,
+            trace_id: "t".into(),
+            traceparent: None,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn json_requests_get_a_schema_shaped_answer() {
+        let mock = MockProvider::new(MockConfig::default());
+        let schema = json!({"type":"object","properties":{
+            "intent":{"type":"string","enum":["INTERESTED","OTHER"]},
+            "confidence":{"type":"number","minimum":0,"maximum":1,"examples":[0.92]},
+            "tags":{"type":"array","items":{"type":"string"}}}});
+        let out = mock
+            .complete(request(Some(JsonSchemaFormat {
+                name: "x".into(),
+                schema,
+            })))
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_str(&out.text).unwrap();
+        assert_eq!(
+            v,
+            json!({"intent":"INTERESTED","confidence":0.92,"tags":["mock"]})
+        );
+        assert!(out.usage.input_tokens > 0 && out.usage.output_tokens > 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_past_the_deadline_is_a_timeout() {
+        let mock = MockProvider::new(MockConfig {
+            latency: Duration::from_secs(10),
+            ..MockConfig::default()
+        });
+        let err = mock.complete(request(None)).await.unwrap_err();
+        assert_eq!(err, ProviderError::Timeout);
+    }
+
+    #[tokio::test]
+    async fn failure_rate_is_reproducible() {
+        let cfg = MockConfig {
+            failure_rate: 0.5,
+            ..MockConfig::default()
+        };
+        let (a, b) = (MockProvider::new(cfg.clone()), MockProvider::new(cfg));
+        let mut fails = 0;
+        for _ in 0..200 {
+            let ra = a.complete(request(None)).await.is_err();
+            let rb = b.complete(request(None)).await.is_err();
+            assert_eq!(ra, rb);
+            fails += usize::from(ra);
+        }
+        assert!((60..140).contains(&fails), "{fails} of 200 failed");
+    }
+
+    #[tokio::test]
+    async fn stream_ends_with_the_whole_answer() {
+        let mock = MockProvider::new(MockConfig {
+            reply: Some("a b c".into()),
+            ..MockConfig::default()
+        });
+        use futures::StreamExt;
+        let events: Vec<_> = mock.stream(request(None)).await.unwrap().collect().await;
+        let deltas: String = events
+            .iter()
+            .filter_map(|e| match e {
+                Ok(StreamEvent::Delta(t)) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deltas, "a b c");
+        assert!(matches!(events.last(), Some(Ok(StreamEvent::Done(c))) if c.text == "a b c"));
+    }
+}

@@ -1,0 +1,178 @@
+//! Upstream providers: one [`Provider`] implementation per wire format.
+//!
+//! Wire types (each provider's JSON) stay private to its module and are
+//! converted to our own [`Completion`] / [`StreamEvent`] here. A provider
+//! never retries, never sleeps and never decides about fallback: it makes one
+//! HTTP call and classifies what happened as a [`ProviderError`]; the router
+//! and `resilience` decide what to do with that.
+//!
+//! Nothing here may log message contents or API keys.
+
+mod error;
+pub mod mock;
+
+pub use error::ProviderError;
+
+use crate::config::{Config, ProviderConfig, ProviderKind};
+use futures::stream::BoxStream;
+use serde_json::Value;
+use std::{collections::BTreeMap, sync::Arc};
+use tokio::time::Instant;
+
+/// Who wrote a conversation message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The end user / the input.
+    User,
+    /// The model (earlier replies, e.g. our outbound SMS).
+    Assistant,
+}
+
+/// One conversation message sent to a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatMessage {
+    /// Author.
+    pub role: Role,
+    /// Text.
+    pub content: String,
+}
+
+/// Ask the model for JSON matching a schema (OpenAI `response_format`,
+/// Gemini `responseSchema`; others get it as an instruction in the prompt).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonSchemaFormat {
+    /// Schema name (`[a-zA-Z0-9_-]`), e.g. `sms_classification`.
+    pub name: String,
+    /// The JSON schema.
+    pub schema: Value,
+}
+
+/// One call to a model, in our own terms.
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    /// Model name to send.
+    pub model: String,
+    /// System prompt.
+    pub system: Option<String>,
+    /// Conversation, oldest first; the last one is the current input.
+    pub messages: Vec<ChatMessage>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Output token cap.
+    pub max_tokens: u32,
+    /// Structured output request.
+    pub response_format: Option<JsonSchemaFormat>,
+    /// Trace ID, sent upstream as `x-trace-id`.
+    pub trace_id: String,
+    /// W3C `traceparent` to send upstream, when tracing is on.
+    pub traceparent: Option<String>,
+    /// When this attempt must be over (the smaller of the request deadline and
+    /// the provider timeout). Providers stop waiting at this instant.
+    pub deadline: Instant,
+}
+
+/// Token counts reported by the provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FinishReason {
+    /// Natural end of the answer.
+    #[default]
+    Stop,
+    /// Output token cap reached.
+    Length,
+    /// Blocked by the provider's content filter.
+    ContentFilter,
+    /// Anything else the provider reported.
+    Other,
+}
+
+/// A source the provider cited (Perplexity citations / search results).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Citation {
+    /// Source URL.
+    pub url: String,
+    /// Title, when given.
+    pub title: Option<String>,
+}
+
+/// A finished model answer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Completion {
+    /// Answer text.
+    pub text: String,
+    /// Tokens billed.
+    pub usage: TokenUsage,
+    /// Why it stopped.
+    pub finish_reason: FinishReason,
+    /// Sources, when the provider gives them.
+    pub citations: Vec<Citation>,
+}
+
+/// One event of a streamed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// Next piece of text.
+    Delta(String),
+    /// End of stream with the assembled answer (text, usage, finish reason).
+    Done(Completion),
+}
+
+/// A stream of answer events; ends after `Done` or an error.
+pub type CompletionStream = BoxStream<'static, Result<StreamEvent, ProviderError>>;
+
+/// One wire format.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// Makes one non-streaming call.
+    async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError>;
+
+    /// Makes one streaming call. Errors before the first event come back as
+    /// `Err`; errors mid-stream as an `Err` item.
+    async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError>;
+}
+
+/// Every configured provider, by name, built once at start-up.
+#[derive(Clone)]
+pub struct Providers {
+    by_name: Arc<BTreeMap<String, Arc<dyn Provider>>>,
+}
+
+impl Providers {
+    /// Builds the implementation for every provider in the config.
+    pub fn from_config(config: &Config) -> Result<Self, ProviderError> {
+        let mut by_name = BTreeMap::new();
+        for (name, p) in &config.providers {
+            by_name.insert(name.clone(), build(name, p, config)?);
+        }
+        Ok(Self {
+            by_name: Arc::new(by_name),
+        })
+    }
+
+    /// The provider called `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Provider>> {
+        self.by_name.get(name).cloned()
+    }
+}
+
+fn build(
+    name: &str,
+    p: &ProviderConfig,
+    _config: &Config,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    match p.kind {
+        ProviderKind::Mock => Ok(Arc::new(mock::MockProvider::new(p.mock.clone()))),
+        other => Err(ProviderError::Unsupported(format!(
+            "provider `{name}`: kind {} is not available in this build",
+            other.as_str()
+        ))),
+    }
+}

@@ -1,0 +1,132 @@
+//! Wiring: storage, providers, router, tasks and the gRPC services, served
+//! on a listener until a shutdown signal, then drained.
+
+use crate::{
+    api::{OrchestratorApi, pb},
+    config::Config,
+    providers::Providers,
+    router::Router,
+    store::Store,
+    tasks::TaskRunner,
+};
+use anyhow::Context;
+use std::{future::Future, sync::Arc, time::Duration};
+use tokio::{net::TcpListener, sync::watch};
+use tonic::transport::{Server, server::TcpIncoming};
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+/// Fully-qualified name of the main service, as reported by health checks.
+pub const SERVICE_NAME: &str = "ai.orchestrator.v1.Orchestrator";
+
+/// Serves the orchestrator on `listener` until `shutdown` completes, then
+/// marks health NOT_SERVING, stops accepting, lets in-flight calls finish
+/// (up to `server.shutdown_grace`) and closes the database.
+pub async fn serve(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let store = Store::connect(&config.database)
+        .await
+        .context("connecting to the database")?;
+    store.migrate().await.context("migrating the database")?;
+    let providers = Providers::from_config(&config).context("building providers")?;
+    let router = Router::new(config.clone(), providers);
+    let runner = TaskRunner {
+        config: config.clone(),
+        router,
+    };
+    let api = OrchestratorApi::new(config.clone(), runner, store.clone());
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::Serving).await;
+    let (stop_probe, probe_stopped) = watch::channel(false);
+    let probe = tokio::spawn(probe_database(
+        store.clone(),
+        health.clone(),
+        config.server.health_probe_interval,
+        probe_stopped,
+    ));
+
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("building the reflection service")?;
+
+    let addr = listener.local_addr().ok();
+    tracing::info!(?addr, backend = store.backend(), "serving");
+
+    // Nagle off on accepted sockets: with it on, small gRPC frames on
+    // kept-alive connections wait ~40 ms for delayed ACKs.
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let (draining_tx, mut draining) = watch::channel(false);
+    let signal_health = health.clone();
+    let signal = async move {
+        shutdown.await;
+        tracing::info!("shutdown requested: draining in-flight calls");
+        set_health(&signal_health, ServingStatus::NotServing).await;
+        let _ = draining_tx.send(true);
+    };
+    let server = Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(pb::orchestrator_server::OrchestratorServer::new(api))
+        .serve_with_incoming_shutdown(incoming, signal);
+
+    let grace = config.server.shutdown_grace;
+    let deadline = async move {
+        let _ = draining.wait_for(|d| *d).await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        result = server => result.context("gRPC server failed")?,
+        () = deadline => tracing::warn!(?grace, "shutdown grace elapsed with calls still in flight"),
+    }
+
+    let _ = stop_probe.send(true);
+    let _ = probe.await;
+    store.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    health.set_service_status(SERVICE_NAME, status).await;
+}
+
+/// Keeps the health status in step with the database: NOT_SERVING while it
+/// cannot be reached, SERVING again when it can.
+async fn probe_database(
+    store: Store,
+    health: HealthReporter,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut serving = true;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        let ok = store.ping(interval.max(Duration::from_millis(500))).await;
+        if ok != serving && !*stop.borrow() {
+            serving = ok;
+            if ok {
+                tracing::info!("database reachable again: SERVING");
+                set_health(&health, ServingStatus::Serving).await;
+            } else {
+                tracing::error!("database unreachable: NOT_SERVING");
+                set_health(&health, ServingStatus::NotServing).await;
+            }
+        }
+    }
+}

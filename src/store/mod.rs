@@ -1,0 +1,155 @@
+//! The database: SQLite (embedded default, one file) or PostgreSQL
+//! (production, shared by replicas), chosen by the URL scheme.
+//!
+//! Both backends run the same schema from `migrations/{sqlite,postgres}`,
+//! numbered alike and embedded in the binary; they differ only in column
+//! types. Queries that must be atomic are written per backend in the modules
+//! that own them (`usage`, `prompts`); this module only owns connections.
+
+use crate::config::DatabaseConfig;
+use sqlx::{
+    PgPool, SqlitePool,
+    postgres::PgPoolOptions,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+};
+use std::{str::FromStr, time::Duration};
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL could not be understood.
+    #[error("database.url: {0}")]
+    BadUrl(String),
+    /// The database could not be reached or a query failed.
+    #[error("database error: {0}")]
+    Sqlx(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The SQLite file's folder could not be created.
+    #[error("cannot create the database folder: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Runs the same code against whichever pool `store` holds: `$pool` is bound
+/// to the `SqlitePool` or the `PgPool`, and `$body` is compiled once per
+/// backend. For queries whose SQL is valid on both (`$1` placeholders,
+/// `CAST(.. AS BIGINT)`, `COALESCE`), so they are written once.
+#[macro_export]
+macro_rules! on_store {
+    ($store:expr, |$pool:ident| $body:expr) => {
+        match $store {
+            $crate::store::Store::Sqlite($pool) => $body,
+            $crate::store::Store::Postgres($pool) => $body,
+        }
+    };
+}
+
+/// A connection pool to one of the two backends.
+#[derive(Clone, Debug)]
+pub enum Store {
+    /// Embedded SQLite file.
+    Sqlite(SqlitePool),
+    /// PostgreSQL server.
+    Postgres(PgPool),
+}
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+impl Store {
+    /// Connects (creating the SQLite file and its folder if missing). Does not migrate.
+    pub async fn connect(config: &DatabaseConfig) -> Result<Self, StoreError> {
+        let url = config.url.as_str();
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = PgPoolOptions::new()
+                .max_connections(config.max_connections)
+                .acquire_timeout(config.acquire_timeout)
+                .connect(url)
+                .await?;
+            return Ok(Store::Postgres(pool));
+        }
+        if !url.starts_with("sqlite:") {
+            return Err(StoreError::BadUrl(
+                "expected sqlite:, postgres:// or postgresql://".into(),
+            ));
+        }
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::BadUrl(e.to_string()))?
+            .create_if_missing(true)
+            // WAL lets readers (GetUsage) run beside the single writer.
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: a commit is on disk before we acknowledge the call, even
+            // on power loss; group commit amortises the fsync.
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(config.busy_timeout)
+            .foreign_keys(true);
+        if let Some(parent) = options.get_filename().parent() {
+            if !parent.as_os_str().is_empty() {
+                std::fs::create_dir_all(parent)?;
+            }
+        }
+        let pool = SqlitePoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(config.acquire_timeout)
+            .connect_with(options)
+            .await?;
+        Ok(Store::Sqlite(pool))
+    }
+
+    /// Applies every pending migration. Safe to run from several replicas:
+    /// sqlx takes a database lock while migrating.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Sqlite(pool) => SQLITE_MIGRATIONS.run(pool).await?,
+            Store::Postgres(pool) => POSTGRES_MIGRATIONS.run(pool).await?,
+        }
+        Ok(())
+    }
+
+    /// True when a trivial query answers within `timeout` (health checks).
+    pub async fn ping(&self, timeout: Duration) -> bool {
+        let query = async {
+            on_store!(self, |pool| sqlx::query("SELECT 1")
+                .execute(pool)
+                .await
+                .map(drop))
+        };
+        matches!(tokio::time::timeout(timeout, query).await, Ok(Ok(())))
+    }
+
+    /// Backend name for logs: `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Names of the tables that exist (used by tests and `migrate`).
+    pub async fn tables(&self) -> Result<Vec<String>, StoreError> {
+        let names = match self {
+            Store::Sqlite(pool) => {
+                sqlx::query_scalar(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name",
+                )
+                .fetch_all(pool)
+                .await?
+            }
+            Store::Postgres(pool) => {
+                sqlx::query_scalar(
+                    "SELECT table_name::text FROM information_schema.tables \
+                     WHERE table_schema = current_schema() ORDER BY table_name",
+                )
+                .fetch_all(pool)
+                .await?
+            }
+        };
+        Ok(names)
+    }
+
+    /// Closes the pool, waiting for connections to be returned (shutdown).
+    pub async fn close(&self) {
+        on_store!(self, |pool| pool.close().await)
+    }
+}

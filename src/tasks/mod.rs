@@ -1,0 +1,251 @@
+//! The typed tasks: each builds its prompt, asks the router for an answer it
+//! can parse and validate, and shapes the result. Tasks know nothing of gRPC.
+
+pub mod execute;
+pub mod opt_out;
+pub mod research;
+pub mod sms_classify;
+pub mod sms_encoding;
+pub mod sms_generate;
+
+use crate::{
+    config::Config,
+    prompts::{self, Prompt, TemplateError},
+    providers::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, Role, TokenUsage},
+    router::{AttemptRecord, RouteError, Router},
+};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use tokio::time::Instant;
+
+/// Where a request comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Channel {
+    /// SMS inbox pipeline.
+    Sms,
+    /// Web front end.
+    Web,
+    /// Backend job.
+    #[default]
+    System,
+}
+
+/// Latency/success trade-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// A human waits: fail over rather than wait.
+    #[default]
+    Interactive,
+    /// Nobody waits: full retry schedule.
+    Background,
+}
+
+/// Who is asking, parsed and validated at the API edge.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    /// Tenant, never empty.
+    pub team_id: String,
+    /// End user, may be empty.
+    pub user_id: String,
+    /// Trace ID of the request.
+    pub trace_id: String,
+    /// Channel.
+    pub channel: Channel,
+    /// Priority.
+    pub priority: Priority,
+    /// When the request started.
+    pub started: Instant,
+    /// When everything must be over.
+    pub deadline: Instant,
+}
+
+/// What happened while serving a call (becomes `ResponseMeta`).
+#[derive(Debug, Clone, Default)]
+pub struct CallMeta {
+    /// Trace ID.
+    pub trace_id: String,
+    /// Serving provider (empty when none was needed).
+    pub provider: String,
+    /// Serving model.
+    pub model: String,
+    /// A fallback served.
+    pub degraded: bool,
+    /// Every attempt.
+    pub attempts: Vec<AttemptRecord>,
+    /// Tokens over all attempts.
+    pub usage: TokenUsage,
+    /// Cost in USD, when every model involved has a price.
+    pub cost_usd: Option<f64>,
+    /// Server-side latency.
+    pub latency: Duration,
+    /// Prompt key.
+    pub prompt_key: String,
+    /// Prompt version (0 = built-in).
+    pub prompt_version: u32,
+}
+
+/// Why a task produced no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// The input is unusable; each entry is `(field, description)`.
+    #[error("invalid input")]
+    Invalid(Vec<(String, String)>),
+    /// Routing failed.
+    #[error(transparent)]
+    Route(#[from] RouteError),
+}
+
+impl TaskError {
+    /// One invalid field.
+    pub fn invalid(field: impl Into<String>, description: impl Into<String>) -> Self {
+        TaskError::Invalid(vec![(field.into(), description.into())])
+    }
+}
+
+impl From<TemplateError> for TaskError {
+    fn from(err: TemplateError) -> Self {
+        match &err {
+            TemplateError::Missing(name) => {
+                TaskError::invalid(format!("input.{name}"), err.to_string())
+            }
+            TemplateError::Unclosed => TaskError::invalid("prompt", err.to_string()),
+        }
+    }
+}
+
+/// What tasks share: config, router.
+#[derive(Clone)]
+pub struct TaskRunner {
+    /// Loaded config.
+    pub config: Arc<Config>,
+    /// The router.
+    pub router: Router,
+}
+
+/// A prompt ready to send: rendered system and user text.
+pub(crate) struct Rendered {
+    pub prompt: Prompt,
+    pub system: String,
+    pub user: String,
+}
+
+impl TaskRunner {
+    /// Resolves and renders the prompt for `key` with `vars` (system and user
+    /// templates share the variables).
+    pub(crate) fn render(
+        &self,
+        key: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Rendered, TaskError> {
+        let prompt = prompts::builtin(key);
+        let system = prompts::render(&prompt.system, vars)?;
+        let user = prompts::render(&prompt.user_template, vars)?;
+        Ok(Rendered {
+            prompt,
+            system,
+            user,
+        })
+    }
+
+    /// Builds the completion request for a task from a rendered prompt.
+    pub(crate) fn request(
+        &self,
+        task: &str,
+        rendered: &Rendered,
+        ctx: &CallContext,
+        response_format: Option<JsonSchemaFormat>,
+    ) -> CompletionRequest {
+        let task_cfg = self.config.tasks.get(task);
+        CompletionRequest {
+            model: String::new(),
+            system: Some(rendered.system.clone()),
+            messages: vec![ChatMessage {
+                role: Role::User,
+                content: rendered.user.clone(),
+            }],
+            temperature: rendered
+                .prompt
+                .temperature
+                .or_else(|| task_cfg.and_then(|t| t.temperature)),
+            max_tokens: rendered
+                .prompt
+                .max_tokens
+                .or_else(|| task_cfg.map(|t| t.max_tokens))
+                .unwrap_or(512),
+            response_format,
+            trace_id: ctx.trace_id.clone(),
+            traceparent: None,
+            deadline: ctx.deadline,
+        }
+    }
+
+    /// Routes a request and builds the meta of the answer.
+    pub(crate) async fn route<T>(
+        &self,
+        task: &str,
+        rendered: &Rendered,
+        ctx: &CallContext,
+        request: CompletionRequest,
+        parse: impl Fn(&Completion) -> Result<T, String>,
+    ) -> Result<(T, Completion, CallMeta), TaskError> {
+        let routed = self.router.run(task, request, ctx.deadline, parse).await?;
+        let meta = CallMeta {
+            trace_id: ctx.trace_id.clone(),
+            usage: routed.usage(),
+            provider: routed.provider,
+            model: routed.model,
+            degraded: routed.degraded,
+            attempts: routed.attempts,
+            cost_usd: None,
+            latency: ctx.started.elapsed(),
+            prompt_key: rendered.prompt.key.clone(),
+            prompt_version: rendered.prompt.version,
+        };
+        Ok((routed.value, routed.completion, meta))
+    }
+}
+
+/// One earlier SMS of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SmsTurn {
+    /// Sent by the lead (true) or by us (false).
+    pub inbound: bool,
+    /// Message text.
+    pub text: String,
+}
+
+/// Formats an SMS history for a prompt, oldest first, as inert data.
+pub(crate) fn history_text(history: &[SmsTurn]) -> String {
+    if history.is_empty() {
+        return "(none)".into();
+    }
+    history
+        .iter()
+        .map(|turn| {
+            format!(
+                "{}: {}",
+                if turn.inbound { "LEAD" } else { "US" },
+                prompts::as_data(&turn.text)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Parses a model answer as a JSON object, tolerating a Markdown code fence
+/// around it (some models add one even when asked not to).
+pub(crate) fn parse_json_object(
+    text: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let trimmed = text.trim();
+    let body = trimmed
+        .strip_prefix("```json")
+        .or_else(|| trimmed.strip_prefix("```"))
+        .and_then(|rest| rest.strip_suffix("```"))
+        .unwrap_or(trimmed)
+        .trim();
+    match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err("answer is not a JSON object".into()),
+        Err(e) => Err(format!("answer is not JSON: {e}")),
+    }
+}

@@ -1,0 +1,215 @@
+//! `research_verify` / `research_deep`: a summary plus sourced findings.
+//!
+//! Sources come from the provider's citations where it gives them
+//! (Perplexity): numeric references in the model's answer (`1`, `[2]`) are
+//! resolved against the citation list, and a finding with no sources gets
+//! every citation. Otherwise the URLs in the model's structured answer are used.
+
+use super::{CallContext, CallMeta, TaskError, TaskRunner, parse_json_object};
+use crate::{
+    prompts,
+    providers::{Citation, JsonSchemaFormat},
+};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// Research thoroughness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Depth {
+    /// Quick check of one claim (`research_verify`).
+    #[default]
+    Verify,
+    /// Summary plus findings (`research_deep`).
+    Deep,
+}
+
+impl Depth {
+    /// The task that serves this depth.
+    pub fn task(self) -> &'static str {
+        match self {
+            Depth::Verify => "research_verify",
+            Depth::Deep => "research_deep",
+        }
+    }
+}
+
+/// One sourced finding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// The claim.
+    pub claim: String,
+    /// Source URLs.
+    pub sources: Vec<String>,
+    /// Confidence in [0, 1].
+    pub confidence: f64,
+}
+
+/// A research answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Summary.
+    pub summary: String,
+    /// Findings.
+    pub findings: Vec<Finding>,
+}
+
+/// The JSON schema the model must answer with.
+pub fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "summary": {"type": "string", "examples": ["The claim holds according to current sources."]},
+            "findings": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "claim": {"type": "string"},
+                        "sources": {"type": "array", "items": {"type": "string", "examples": ["https://example.com/source"]}},
+                        "confidence": {"type": "number", "minimum": 0, "maximum": 1, "examples": [0.8]}
+                    },
+                    "required": ["claim", "sources", "confidence"],
+                    "additionalProperties": false
+                }
+            }
+        },
+        "required": ["summary", "findings"],
+        "additionalProperties": false
+    })
+}
+
+/// Answers a research query.
+pub async fn research(
+    runner: &TaskRunner,
+    ctx: &CallContext,
+    query: &str,
+    depth: Depth,
+) -> Result<(Answer, CallMeta), TaskError> {
+    if query.trim().is_empty() {
+        return Err(TaskError::invalid("query", "must not be empty"));
+    }
+    let task = depth.task();
+    let vars = BTreeMap::from([("query".to_owned(), prompts::as_data(query))]);
+    let rendered = runner.render(task, &vars)?;
+    let format = JsonSchemaFormat {
+        name: "research_answer".into(),
+        schema: schema(),
+    };
+    let request = runner.request(task, &rendered, ctx, Some(format));
+    let (answer, _, meta) = runner
+        .route(task, &rendered, ctx, request, |c| {
+            parse(&c.text, &c.citations)
+        })
+        .await?;
+    Ok((answer, meta))
+}
+
+/// Parses the model's answer and attaches citations.
+pub fn parse(text: &str, citations: &[Citation]) -> Result<Answer, String> {
+    let obj = parse_json_object(text)?;
+    let summary = obj
+        .get("summary")
+        .and_then(Value::as_str)
+        .ok_or("missing summary")?
+        .to_owned();
+    let mut findings = Vec::new();
+    for (i, f) in obj
+        .get("findings")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let claim = f
+            .get("claim")
+            .and_then(Value::as_str)
+            .ok_or(format!("finding {i}: missing claim"))?;
+        let confidence = f.get("confidence").and_then(Value::as_f64).unwrap_or(0.5);
+        if !(0.0..=1.0).contains(&confidence) {
+            return Err(format!(
+                "finding {i}: confidence {confidence} outside [0, 1]"
+            ));
+        }
+        let given: Vec<&str> = f
+            .get("sources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        findings.push(Finding {
+            claim: claim.to_owned(),
+            sources: resolve_sources(&given, citations),
+            confidence,
+        });
+    }
+    Ok(Answer { summary, findings })
+}
+
+fn resolve_sources(given: &[&str], citations: &[Citation]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for source in given {
+        let reference = source.trim().trim_start_matches('[').trim_end_matches(']');
+        let url = match reference.parse::<usize>() {
+            Ok(n) if n >= 1 => citations.get(n - 1).map(|c| c.url.clone()),
+            _ if source.starts_with("http://") || source.starts_with("https://") => {
+                Some((*source).to_owned())
+            }
+            _ => None,
+        };
+        if let Some(url) = url.filter(|u| !out.contains(u)) {
+            out.push(url);
+        }
+    }
+    if out.is_empty() {
+        out = citations.iter().map(|c| c.url.clone()).collect();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cites() -> Vec<Citation> {
+        ["https://a.example/1", "https://b.example/2"]
+            .iter()
+            .map(|u| Citation {
+                url: (*u).into(),
+                title: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn numeric_references_resolve_to_citations() {
+        let text = r#"{"summary":"s","findings":[
+            {"claim":"c1","sources":["[2]","1"],"confidence":0.9},
+            {"claim":"c2","sources":[],"confidence":0.4},
+            {"claim":"c3","sources":["https://own.example"],"confidence":0.5}]}"#;
+        let a = parse(text, &cites()).unwrap();
+        assert_eq!(
+            a.findings[0].sources,
+            vec!["https://b.example/2", "https://a.example/1"]
+        );
+        assert_eq!(
+            a.findings[1].sources.len(),
+            2,
+            "no sources → every citation"
+        );
+        assert_eq!(a.findings[2].sources, vec!["https://own.example"]);
+    }
+
+    #[test]
+    fn rejects_bad_answers() {
+        assert!(parse("plain text", &[]).is_err());
+        assert!(parse(r#"{"findings":[]}"#, &[]).is_err());
+        assert!(
+            parse(
+                r#"{"summary":"s","findings":[{"claim":"c","confidence":3}]}"#,
+                &[]
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,283 @@
+//! `sms_generate`: a suggested reply that fits the segment budget, or an
+//! escalation to a human. Never writes a reply to an opt-out.
+
+use super::{
+    CallContext, CallMeta, SmsTurn, TaskError, TaskRunner, history_text, opt_out,
+    parse_json_object,
+    sms_encoding::{self, SmsEncoding, SmsSize},
+};
+use crate::{prompts, providers::JsonSchemaFormat, router::RouteError};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// Task name in the config.
+pub const TASK: &str = "sms_generate";
+
+/// Segments allowed when the caller does not say.
+pub const DEFAULT_MAX_SEGMENTS: u32 = 2;
+/// More than this is never a sensible SMS reply.
+pub const MAX_SEGMENTS_LIMIT: u32 = 10;
+
+/// Generate input.
+#[derive(Debug, Clone, Default)]
+pub struct GenerateInput {
+    /// The message to answer.
+    pub inbound_message: String,
+    /// Earlier messages, oldest first.
+    pub history: Vec<SmsTurn>,
+    /// Lead profile as `key: value` lines.
+    pub lead: BTreeMap<String, String>,
+    /// What the reply should achieve.
+    pub goal: String,
+    /// Segment budget (0 = default).
+    pub max_segments: u32,
+}
+
+/// A reply or an escalation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// Reply text, empty when escalated without one.
+    pub text: String,
+    /// Hand over to a human.
+    pub escalate: bool,
+    /// Why.
+    pub escalate_reason: String,
+    /// Size of `text` (`None` when there is no text).
+    pub size: Option<SmsSize>,
+}
+
+/// What the model returns.
+#[derive(Debug, Clone, PartialEq)]
+struct Draft {
+    reply: String,
+    escalate: bool,
+    escalate_reason: String,
+}
+
+/// The JSON schema the model must answer with.
+pub fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "reply": {"type": "string", "examples": ["Thanks for getting back to us! Would Tuesday at 10am work for a quick call?"]},
+            "escalate": {"type": "boolean", "examples": [false]},
+            "escalate_reason": {"type": "string", "examples": [""]}
+        },
+        "required": ["reply", "escalate", "escalate_reason"],
+        "additionalProperties": false
+    })
+}
+
+/// Writes a reply, retrying once with a stricter length instruction when the
+/// first draft does not fit, and escalating when the second does not either.
+pub async fn generate(
+    runner: &TaskRunner,
+    ctx: &CallContext,
+    input: GenerateInput,
+) -> Result<(Reply, CallMeta), TaskError> {
+    if input.inbound_message.trim().is_empty() {
+        return Err(TaskError::invalid("inbound_message", "must not be empty"));
+    }
+    let max_segments = match input.max_segments {
+        0 => DEFAULT_MAX_SEGMENTS,
+        n if n > MAX_SEGMENTS_LIMIT => {
+            return Err(TaskError::invalid(
+                "max_segments",
+                format!("must be at most {MAX_SEGMENTS_LIMIT}"),
+            ));
+        }
+        n => n,
+    };
+    if opt_out::is_opt_out(&input.inbound_message) {
+        let meta = CallMeta {
+            trace_id: ctx.trace_id.clone(),
+            latency: ctx.started.elapsed(),
+            prompt_key: super::sms_classify::OPT_OUT_RULE_KEY.into(),
+            cost_usd: Some(0.0),
+            ..CallMeta::default()
+        };
+        return Ok((
+            escalation("inbound message is an opt-out; no reply may be sent"),
+            meta,
+        ));
+    }
+
+    let lead = input
+        .lead
+        .iter()
+        .map(|(k, v)| format!("{k}: {}", prompts::as_data(v)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let mut vars = BTreeMap::from([
+        (
+            "message".to_owned(),
+            prompts::as_data(&input.inbound_message),
+        ),
+        ("history".to_owned(), history_text(&input.history)),
+        (
+            "lead".to_owned(),
+            if lead.is_empty() {
+                "(unknown)".into()
+            } else {
+                lead
+            },
+        ),
+        (
+            "goal".to_owned(),
+            if input.goal.is_empty() {
+                "keep the conversation going".into()
+            } else {
+                prompts::as_data(&input.goal)
+            },
+        ),
+        (
+            "max_chars".to_owned(),
+            sms_encoding::gsm7_char_budget(max_segments).to_string(),
+        ),
+    ]);
+
+    let (first, mut meta) = draft(runner, ctx, &vars).await?;
+    let size = sms_encoding::measure(&first.reply);
+    if size.segments <= max_segments {
+        return Ok((accept(first, size), meta));
+    }
+
+    // One stricter retry: a budget with a safety margin, GSM characters only.
+    let stricter = sms_encoding::gsm7_char_budget(max_segments) * 8 / 10;
+    vars.insert("max_chars".to_owned(), format!(
+        "{stricter} (STRICT: your previous reply took {} segments; use only plain GSM characters, no emoji or accents)",
+        size.segments
+    ));
+    let (second, retry_meta) = match draft(runner, ctx, &vars).await {
+        Ok(found) => found,
+        Err(TaskError::Route(err)) => {
+            // The first draft's attempts still happened and cost tokens.
+            return Err(TaskError::Route(prepend_attempts(err, &meta)));
+        }
+        Err(other) => return Err(other),
+    };
+    meta = merge(meta, retry_meta);
+    let size = sms_encoding::measure(&second.reply);
+    if size.segments <= max_segments {
+        return Ok((accept(second, size), meta));
+    }
+    Ok((
+        escalation(&format!(
+            "reply does not fit in {max_segments} SMS segment(s) (needs {})",
+            size.segments
+        )),
+        meta,
+    ))
+}
+
+async fn draft(
+    runner: &TaskRunner,
+    ctx: &CallContext,
+    vars: &BTreeMap<String, String>,
+) -> Result<(Draft, CallMeta), TaskError> {
+    let rendered = runner.render(TASK, vars)?;
+    let format = JsonSchemaFormat {
+        name: "sms_reply".into(),
+        schema: schema(),
+    };
+    let request = runner.request(TASK, &rendered, ctx, Some(format));
+    let (draft, _, meta) = runner
+        .route(TASK, &rendered, ctx, request, |c| parse(&c.text))
+        .await?;
+    Ok((draft, meta))
+}
+
+fn parse(text: &str) -> Result<Draft, String> {
+    let obj = parse_json_object(text)?;
+    let reply = obj
+        .get("reply")
+        .and_then(Value::as_str)
+        .ok_or("missing reply")?
+        .trim()
+        .to_owned();
+    let escalate = obj
+        .get("escalate")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let escalate_reason = obj
+        .get("escalate_reason")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    if reply.is_empty() && !escalate {
+        return Err("empty reply without escalation".into());
+    }
+    Ok(Draft {
+        reply,
+        escalate,
+        escalate_reason,
+    })
+}
+
+fn accept(draft: Draft, size: SmsSize) -> Reply {
+    let escalate_reason = match (draft.escalate, draft.escalate_reason.is_empty()) {
+        (true, true) => "model asked for a human".to_owned(),
+        (true, false) => draft.escalate_reason,
+        (false, _) => String::new(),
+    };
+    Reply {
+        size: (!draft.reply.is_empty()).then_some(size),
+        text: draft.reply,
+        escalate: draft.escalate,
+        escalate_reason,
+    }
+}
+
+fn escalation(reason: &str) -> Reply {
+    Reply {
+        text: String::new(),
+        escalate: true,
+        escalate_reason: reason.to_owned(),
+        size: None,
+    }
+}
+
+fn merge(mut first: CallMeta, second: CallMeta) -> CallMeta {
+    first.attempts.extend(second.attempts);
+    first.usage.input_tokens += second.usage.input_tokens;
+    first.usage.output_tokens += second.usage.output_tokens;
+    CallMeta {
+        attempts: first.attempts,
+        usage: first.usage,
+        ..second
+    }
+}
+
+fn prepend_attempts(err: RouteError, meta: &CallMeta) -> RouteError {
+    let with_first = |later: Vec<_>| meta.attempts.iter().cloned().chain(later).collect();
+    match err {
+        RouteError::AllProvidersFailed { attempts } => RouteError::AllProvidersFailed {
+            attempts: with_first(attempts),
+        },
+        RouteError::DeadlineExceeded { attempts } => RouteError::DeadlineExceeded {
+            attempts: with_first(attempts),
+        },
+        other => other,
+    }
+}
+
+/// Wire encoding of a reply (`None` when there is no text).
+pub fn encoding(reply: &Reply) -> Option<SmsEncoding> {
+    reply.size.map(|s| s.encoding)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_drafts() {
+        let d = parse(r#"{"reply":"Hi!","escalate":false,"escalate_reason":""}"#).unwrap();
+        assert_eq!(d.reply, "Hi!");
+        let d =
+            parse(r#"{"reply":"","escalate":true,"escalate_reason":"wants a manager"}"#).unwrap();
+        assert!(d.escalate);
+        assert!(parse(r#"{"reply":"","escalate":false}"#).is_err());
+        assert!(parse("Sure, see you then").is_err());
+    }
+}
