@@ -9,7 +9,9 @@
 //! Nothing here may log message contents or API keys.
 
 mod error;
+pub mod http;
 pub mod mock;
+pub mod sse;
 
 pub use error::ProviderError;
 
@@ -137,6 +139,26 @@ pub trait Provider: Send + Sync + 'static {
     /// Makes one streaming call. Errors before the first event come back as
     /// `Err`; errors mid-stream as an `Err` item.
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError>;
+}
+
+/// The system prompt with an instruction to answer in JSON matching the
+/// request's schema appended, for wire formats without native structured
+/// output (Anthropic, Gemini's schema subset, OpenAI-compatible servers).
+pub fn system_with_schema(req: &CompletionRequest) -> Option<String> {
+    match (&req.system, &req.response_format) {
+        (system, None) => system.clone(),
+        (system, Some(format)) => {
+            let rule = format!(
+                "Respond with a single JSON object only, no prose and no code fences, \
+matching this JSON schema:\n{}",
+                format.schema
+            );
+            Some(match system {
+                Some(s) => format!("{s}\n\n{rule}"),
+                None => rule,
+            })
+        }
+    }
 }
 
 /// Every configured provider, by name, built once at start-up.
