@@ -191,7 +191,8 @@ pub async fn call(
         priority: pb::Priority::Interactive as i32,
         ..Default::default()
     });
-    let rendered = match rpc {
+
+    match rpc {
         Call::ClassifySms { message } => {
             let r = client
                 .classify_sms(pb::ClassifySmsRequest {
@@ -273,8 +274,7 @@ pub async fn call(
                 .get_provider_health(pb::GetProviderHealthRequest {})
                 .await,
         ),
-    };
-    rendered
+    }
 }
 
 fn show<T: std::fmt::Debug>(

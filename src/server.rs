@@ -8,6 +8,7 @@ use crate::{
     router::Router,
     store::Store,
     tasks::TaskRunner,
+    usage::{Meter, pricing::Pricing, sweeper, writer::LedgerWriter},
 };
 use anyhow::Context;
 use std::{future::Future, sync::Arc, time::Duration};
@@ -37,17 +38,43 @@ pub async fn serve(
         config: config.clone(),
         router,
     };
-    let api = OrchestratorApi::new(config.clone(), runner, store.clone());
+    let metering = &config.metering;
+    let (stop_writer, writer_stopped) = watch::channel(false);
+    let (writer, writer_done) = if metering.enabled {
+        let swept = sweep_orphans(&store, &config, true)
+            .await
+            .context("sweeping orphaned reservations")?;
+        if swept > 0 {
+            tracing::warn!(
+                swept,
+                "charged reservations orphaned by an earlier crash at their estimate"
+            );
+        }
+        let (writer, done) = LedgerWriter::spawn(store.clone(), metering.batch_max, writer_stopped);
+        (Some(writer), Some(done))
+    } else {
+        tracing::warn!("usage metering is OFF: no caps, no usage records");
+        (None, None)
+    };
+    let meter = Meter::new(writer, Pricing::from_config(&config.pricing), metering);
+    let api = OrchestratorApi::new(config.clone(), runner, store.clone(), meter);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::Serving).await;
-    let (stop_probe, probe_stopped) = watch::channel(false);
+    let (stop_background, background_stopped) = watch::channel(false);
     let probe = tokio::spawn(probe_database(
         store.clone(),
         health.clone(),
         config.server.health_probe_interval,
-        probe_stopped,
+        background_stopped.clone(),
     ));
+    let sweeper = metering.enabled.then(|| {
+        tokio::spawn(sweep_periodically(
+            store.clone(),
+            config.clone(),
+            background_stopped,
+        ))
+    });
 
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
@@ -91,11 +118,51 @@ pub async fn serve(
         () = deadline => tracing::warn!(?grace, "shutdown grace elapsed with calls still in flight"),
     }
 
-    let _ = stop_probe.send(true);
+    let _ = stop_background.send(true);
     let _ = probe.await;
+    if let Some(sweeper) = sweeper {
+        let _ = sweeper.await;
+    }
+    // Calls still running past the grace period can no longer be recorded;
+    // everything queued (incl. settlements of cancelled calls) is committed.
+    let _ = stop_writer.send(true);
+    if let Some(done) = writer_done {
+        let _ = done.await;
+    }
     store.close().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Charges orphaned reservations. On SQLite at start-up every open
+/// reservation is an orphan (the file has one owner); otherwise only those
+/// older than `metering.sweep_after`.
+async fn sweep_orphans(
+    store: &Store,
+    config: &Config,
+    at_startup: bool,
+) -> Result<u64, crate::store::StoreError> {
+    let now = chrono::Utc::now().timestamp_millis();
+    let cutoff = if at_startup && matches!(store, Store::Sqlite(_)) {
+        i64::MAX
+    } else {
+        now - i64::try_from(config.metering.sweep_after.as_millis()).unwrap_or(i64::MAX)
+    };
+    sweeper::sweep(store, cutoff).await
+}
+
+async fn sweep_periodically(store: Store, config: Arc<Config>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(config.metering.sweep_interval) => {}
+        }
+        match sweep_orphans(&store, &config, false).await {
+            Ok(0) => {}
+            Ok(swept) => tracing::warn!(swept, "charged orphaned reservations at their estimate"),
+            Err(e) => tracing::error!(error = %e, "sweeping orphaned reservations failed"),
+        }
+    }
 }
 
 async fn set_health(health: &HealthReporter, status: ServingStatus) {

@@ -1,5 +1,6 @@
 -- Usage records, tenant limits and prompts. Times are unix milliseconds (UTC)
--- on both backends so range queries and month arithmetic are identical.
+-- on both backends so range queries and month arithmetic are identical; money
+-- is integer micro-USD so sums and cap checks are exact.
 
 CREATE TABLE usage_records (
     id              BIGSERIAL PRIMARY KEY,
@@ -14,7 +15,7 @@ CREATE TABLE usage_records (
     trace_id        TEXT    NOT NULL,
     input_tokens    BIGINT  NOT NULL DEFAULT 0,
     output_tokens   BIGINT  NOT NULL DEFAULT 0,
-    cost_usd        DOUBLE PRECISION,    -- NULL when a model has no price
+    cost_micros     BIGINT,              -- micro-USD; NULL when a model has no price
     latency_ms      BIGINT  NOT NULL DEFAULT 0,
     outcome         TEXT    NOT NULL,    -- ok | error code
     attempts        TEXT    NOT NULL DEFAULT '[]',  -- JSON array
@@ -29,7 +30,7 @@ CREATE TABLE tenant_limits (
     team_id         TEXT PRIMARY KEY,
     max_tokens      BIGINT,
     max_requests    BIGINT,
-    max_cost_usd    DOUBLE PRECISION,
+    max_cost_micros BIGINT,
     updated_at_ms   BIGINT NOT NULL
 );
 

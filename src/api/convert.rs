@@ -4,6 +4,10 @@ use crate::{
     api::pb,
     router::{AttemptOutcome, AttemptRecord},
     tasks::{CallMeta, SmsTurn},
+    usage::{
+        ledger::{Balance, Caps},
+        pricing::usd,
+    },
 };
 use prost_types::{ListValue, Struct, Value as PbValue, value::Kind};
 use serde_json::{Map, Number, Value};
@@ -105,13 +109,37 @@ pub fn meta(m: &CallMeta) -> pb::ResponseMeta {
     }
 }
 
+/// A team's caps and what remains of them this month (spent + reserved
+/// counted as used; never negative).
+pub fn limits(caps: &Caps, b: &Balance) -> (pb::UsageLimits, pb::UsageLimits) {
+    let left = |cap: i64, used: i64| (cap - used).max(0);
+    let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
+    let limits = pb::UsageLimits {
+        max_tokens: caps.tokens.map(as_u64),
+        max_requests: caps.requests.map(as_u64),
+        max_cost_usd: caps.cost_micros.map(usd),
+    };
+    let remaining = pb::UsageLimits {
+        max_tokens: caps
+            .tokens
+            .map(|c| as_u64(left(c, b.spent_tokens + b.reserved_tokens))),
+        max_requests: caps
+            .requests
+            .map(|c| as_u64(left(c, b.spent_requests + b.reserved_requests))),
+        max_cost_usd: caps
+            .cost_micros
+            .map(|c| usd(left(c, b.spent_cost_micros + b.reserved_cost_micros))),
+    };
+    (limits, remaining)
+}
+
 /// Usage sums → `UsageTotals`.
 pub fn totals(t: &crate::usage::summary::Totals) -> pb::UsageTotals {
     pb::UsageTotals {
         requests: t.requests,
         input_tokens: t.input_tokens,
         output_tokens: t.output_tokens,
-        cost_usd: t.cost_usd,
+        cost_usd: usd(t.cost_micros),
         errors: t.errors,
         degraded: t.degraded,
         latency_p50_ms: t.latency_p50_ms,

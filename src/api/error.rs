@@ -9,6 +9,11 @@ use crate::{
     router::{AttemptRecord, RouteError},
     tasks::TaskError,
     telemetry::trace_id::TRACE_ID_HEADER,
+    usage::{
+        MeterError,
+        ledger::{CapKind, Refusal},
+        pricing::usd,
+    },
 };
 use std::{collections::HashMap, time::Duration};
 use tonic::{Code, Status, metadata::MetadataMap};
@@ -48,6 +53,15 @@ pub(crate) enum Failure {
     Route(RouteError),
     /// Storage failed.
     Storage(String),
+    /// A monthly cap would be exceeded.
+    Quota(Refusal),
+    /// The estimated cost exceeds the request budget.
+    Budget {
+        /// Estimated cost, micro-USD.
+        estimate_micros: i64,
+        /// Budget, micro-USD.
+        budget_micros: i64,
+    },
 }
 
 impl Failure {
@@ -63,6 +77,15 @@ impl From<TaskError> for Failure {
             TaskError::Invalid(v) => Failure::Invalid(v),
             TaskError::Route(RouteError::UnknownTask(t)) => Failure::UnknownTask(t),
             TaskError::Route(e) => Failure::Route(e),
+            TaskError::Meter(MeterError::Quota(refusal)) => Failure::Quota(refusal),
+            TaskError::Meter(MeterError::Budget {
+                estimate_micros,
+                budget_micros,
+            }) => Failure::Budget {
+                estimate_micros,
+                budget_micros,
+            },
+            TaskError::Meter(MeterError::Write(e)) => Failure::Storage(e.to_string()),
         }
     }
 }
@@ -145,6 +168,50 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
                 Code::Unavailable,
                 reason::STORAGE_UNAVAILABLE,
                 "storage is unavailable".to_owned(),
+            )
+        }
+        Failure::Quota(refusal) => {
+            let (limit, remaining) = match refusal.cap {
+                CapKind::Cost => (
+                    format!("{:.6}", usd(refusal.limit)),
+                    format!("{:.6}", usd(refusal.remaining())),
+                ),
+                _ => (refusal.limit.to_string(), refusal.remaining().to_string()),
+            };
+            details.add_quota_failure_violation(
+                refusal.cap.as_str(),
+                format!("monthly cap {limit} would be exceeded; {remaining} remaining"),
+            );
+            info.insert("cap".into(), refusal.cap.as_str().into());
+            info.insert("limit".into(), limit);
+            info.insert("remaining".into(), remaining);
+            (
+                Code::ResourceExhausted,
+                reason::QUOTA_EXCEEDED,
+                format!("the team's {} cap would be exceeded", refusal.cap.as_str()),
+            )
+        }
+        Failure::Budget {
+            estimate_micros,
+            budget_micros,
+        } => {
+            details.add_bad_request_violation(
+                "budget.max_cost_usd",
+                format!(
+                    "estimated cost {:.6} USD exceeds the budget {:.6} USD",
+                    usd(estimate_micros),
+                    usd(budget_micros)
+                ),
+            );
+            info.insert(
+                "estimated_cost_usd".into(),
+                format!("{:.6}", usd(estimate_micros)),
+            );
+            // The input is fine, but this call cannot run within its budget.
+            (
+                Code::FailedPrecondition,
+                reason::BUDGET_EXCEEDED,
+                "the estimated cost exceeds budget.max_cost_usd".to_owned(),
             )
         }
     };

@@ -15,7 +15,7 @@ use crate::{
         sms_encoding::SmsEncoding, sms_generate,
     },
     telemetry::trace_id::TRACE_ID_HEADER,
-    usage::{self, UsageRecord, summary::Dimension},
+    usage::{self, Meter, UsageRecord, ledger, pricing::usd, summary::Dimension},
 };
 use error::{Failure, to_status};
 use futures::{Stream, StreamExt};
@@ -30,15 +30,17 @@ pub struct OrchestratorApi {
     config: Arc<Config>,
     runner: TaskRunner,
     store: Store,
+    meter: Meter,
 }
 
 impl OrchestratorApi {
-    /// A service over the given config, task runner and store.
-    pub fn new(config: Arc<Config>, runner: TaskRunner, store: Store) -> Self {
+    /// A service over the given config, task runner, store and meter.
+    pub fn new(config: Arc<Config>, runner: TaskRunner, store: Store, meter: Meter) -> Self {
         Self {
             config,
             runner,
             store,
+            meter,
         }
     }
 
@@ -48,12 +50,14 @@ impl OrchestratorApi {
         budget: Option<&pb::Budget>,
         metadata: &MetadataMap,
     ) -> Result<CallContext, Status> {
-        request::call_context(context, budget, metadata, &self.config.server)
+        request::call_context(context, budget, metadata, &self.config.server, &self.meter)
             .map_err(|(trace_id, failure)| to_status(failure, &trace_id))
     }
 
-    /// Records the call's usage, then hands back the answer or the status.
-    /// Input errors are refused before any work and leave no record.
+    /// Settles the call's metering (releasing its reservations, charging
+    /// what it used, writing its usage record), then hands back the answer or
+    /// the status. Input and quota errors are refused before any provider
+    /// work and leave no record.
     async fn finish<T>(
         &self,
         ctx: &CallContext,
@@ -61,11 +65,23 @@ impl OrchestratorApi {
         result: Result<(T, CallMeta), Failure>,
     ) -> Result<(T, CallMeta), Status> {
         let (record, outcome) = match result {
-            Ok((value, meta)) => (self.record(ctx, task, &meta, "ok"), Ok((value, meta))),
+            Ok((value, mut meta)) => {
+                meta.cost_usd = self
+                    .meter
+                    .pricing()
+                    .cost_of_attempts(&meta.attempts)
+                    .map(usd);
+                (self.record(ctx, task, &meta, "ok"), Ok((value, meta)))
+            }
             Err(Failure::Route(err)) => {
                 let meta = CallMeta {
                     trace_id: ctx.trace_id.clone(),
                     usage: crate::router::total_usage(err.attempts()),
+                    cost_usd: self
+                        .meter
+                        .pricing()
+                        .cost_of_attempts(err.attempts())
+                        .map(usd),
                     attempts: err.attempts().to_vec(),
                     latency: ctx.started.elapsed(),
                     ..CallMeta::default()
@@ -79,7 +95,7 @@ impl OrchestratorApi {
             Err(other) => return Err(to_status(other, &ctx.trace_id)),
         };
         // Durable before the response is sent: no acknowledged call unrecorded.
-        if let Err(err) = usage::record::insert(&self.store, &[record]).await {
+        if let Err(err) = ctx.meter.settle(record).await {
             return Err(to_status(Failure::Storage(err.to_string()), &ctx.trace_id));
         }
         outcome
@@ -87,7 +103,7 @@ impl OrchestratorApi {
 
     fn record(&self, ctx: &CallContext, task: &str, meta: &CallMeta, outcome: &str) -> UsageRecord {
         UsageRecord {
-            created_at_ms: chrono::Utc::now().timestamp_millis(),
+            created_at_ms: ctx.meter.started_at_ms(),
             team_id: ctx.team_id.clone(),
             user_id: ctx.user_id.clone(),
             task: task.to_owned(),
@@ -96,15 +112,15 @@ impl OrchestratorApi {
             prompt_key: meta.prompt_key.clone(),
             prompt_version: i64::from(meta.prompt_version),
             trace_id: ctx.trace_id.clone(),
-            input_tokens: meta.usage.input_tokens as i64,
-            output_tokens: meta.usage.output_tokens as i64,
-            cost_usd: meta.cost_usd,
+            input_tokens: i64::try_from(meta.usage.input_tokens).unwrap_or(i64::MAX),
+            output_tokens: i64::try_from(meta.usage.output_tokens).unwrap_or(i64::MAX),
+            cost_micros: self.meter.pricing().cost_of_attempts(&meta.attempts),
             latency_ms: i64::try_from(meta.latency.as_millis()).unwrap_or(i64::MAX),
             outcome: outcome.to_owned(),
             attempts: attempts_json(&meta.attempts),
             degraded: meta.degraded,
-            channel: format!("{:?}", ctx.channel).to_lowercase(),
-            priority: format!("{:?}", ctx.priority).to_lowercase(),
+            channel: ctx.channel.as_str().to_owned(),
+            priority: ctx.priority.as_str().to_owned(),
         }
     }
 
@@ -459,6 +475,13 @@ impl Orchestrator for OrchestratorApi {
         let summary = usage::summary::summarize(&self.store, &req.team_id, start, end, &dims)
             .await
             .map_err(|e| fail(Failure::Storage(e.to_string())))?;
+        let caps = ledger::caps_of(&self.store, &req.team_id, self.meter.default_caps())
+            .await
+            .map_err(|e| fail(Failure::Storage(e.to_string())))?;
+        let balance = ledger::balance_of(&self.store, &req.team_id, month_start)
+            .await
+            .map_err(|e| fail(Failure::Storage(e.to_string())))?;
+        let (limits, remaining) = convert::limits(&caps, &balance);
         let ts = |ms: i64| prost_types::Timestamp {
             seconds: ms.div_euclid(1000),
             nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
@@ -481,8 +504,8 @@ impl Orchestrator for OrchestratorApi {
                         totals: Some(convert::totals(t)),
                     })
                     .collect(),
-                limits: Some(pb::UsageLimits::default()),
-                remaining: Some(pb::UsageLimits::default()),
+                limits: Some(limits),
+                remaining: Some(remaining),
             },
         ))
     }

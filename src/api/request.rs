@@ -7,7 +7,9 @@ use crate::{
     config::ServerConfig,
     tasks::{CallContext, Channel, Priority},
     telemetry::trace_id,
+    usage::{Meter, meter::Who},
 };
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
@@ -22,6 +24,7 @@ pub(crate) fn call_context(
     budget: Option<&pb::Budget>,
     metadata: &MetadataMap,
     server: &ServerConfig,
+    meter: &Meter,
 ) -> Result<CallContext, (String, Failure)> {
     let started = Instant::now();
     let ctx_trace = context.map_or("", |c| c.trace_id.as_str());
@@ -60,21 +63,32 @@ pub(crate) fn call_context(
             return fail("budget.max_cost_usd", "must be a non-negative number");
         }
     }
+    let channel = match pb::Channel::try_from(context.channel) {
+        Ok(pb::Channel::Sms) => Channel::Sms,
+        Ok(pb::Channel::Web) => Channel::Web,
+        _ => Channel::System,
+    };
+    let priority = match pb::Priority::try_from(context.priority) {
+        Ok(pb::Priority::Background) => Priority::Background,
+        _ => Priority::Interactive,
+    };
+    let who = Who {
+        team_id: context.team_id.clone(),
+        user_id: context.user_id.clone(),
+        trace_id: trace_id.clone(),
+        channel: channel.as_str().to_owned(),
+        priority: priority.as_str().to_owned(),
+    };
+    let budget_usd = budget.map(|b| b.max_cost_usd);
     Ok(CallContext {
         team_id: context.team_id.clone(),
         user_id: context.user_id.clone(),
         trace_id,
-        channel: match pb::Channel::try_from(context.channel) {
-            Ok(pb::Channel::Sms) => Channel::Sms,
-            Ok(pb::Channel::Web) => Channel::Web,
-            _ => Channel::System,
-        },
-        priority: match pb::Priority::try_from(context.priority) {
-            Ok(pb::Priority::Background) => Priority::Background,
-            _ => Priority::Interactive,
-        },
+        channel,
+        priority,
         started,
         deadline: started + timeout,
+        meter: Arc::new(meter.session(who, chrono::Utc::now().timestamp_millis(), budget_usd)),
     })
 }
 

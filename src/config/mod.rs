@@ -79,6 +79,78 @@ pub struct Config {
     /// Tasks by name, each with its fallback chain.
     #[serde(default)]
     pub tasks: BTreeMap<String, TaskConfig>,
+    /// Prices by model (`"gpt-4o-mini"`) or provider-qualified model
+    /// (`"openai/gpt-4o-mini"`, which wins).
+    #[serde(default)]
+    pub pricing: BTreeMap<String, PriceConfig>,
+    /// Usage metering and monthly caps.
+    #[serde(default)]
+    pub metering: MeteringConfig,
+}
+
+/// Price of one model in USD per 1M tokens, or explicitly unknown.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    /// USD per 1M input tokens.
+    #[serde(default)]
+    pub input_per_mtok: Option<f64>,
+    /// USD per 1M output tokens.
+    #[serde(default)]
+    pub output_per_mtok: Option<f64>,
+    /// `"unknown"`: the model has no price; its calls record a null cost
+    /// (visible in GetUsage as unpriced) and do not count against cost caps.
+    #[serde(default)]
+    pub price: Option<String>,
+}
+
+/// Usage metering settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MeteringConfig {
+    /// Meter calls (reserve, settle, usage records). Off only for benchmarks
+    /// that measure what metering costs.
+    pub enabled: bool,
+    /// Caps for teams without a row in `tenant_limits`; absent = unlimited.
+    pub default_limits: LimitsConfig,
+    /// Most ledger operations written in one transaction (group commit).
+    pub batch_max: usize,
+    /// A reservation older than this belongs to a crashed process and is
+    /// charged at its estimate. Must exceed `server.default_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub sweep_after: Duration,
+    /// How often the sweeper runs (it also runs at start-up).
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: Duration,
+}
+
+impl Default for MeteringConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            default_limits: LimitsConfig::default(),
+            // Large enough to amortise one fsync over a burst, small enough
+            // that one transaction never holds the SQLite lock for long.
+            batch_max: 256,
+            sweep_after: Duration::from_secs(300),
+            sweep_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Monthly caps of a team; `None` is unlimited.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Input + output tokens per month.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Requests per month.
+    #[serde(default)]
+    pub max_requests: Option<u64>,
+    /// US dollars per month.
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
 }
 
 /// gRPC server settings.
@@ -394,14 +466,14 @@ impl Config {
 fn parse_error(err: figment::Error) -> ConfigError {
     // figment chains errors; the first names the first bad key.
     let mut path = err.path.join(".");
-    if let figment::error::Kind::UnknownField(field, _) = &err.kind {
-        if !path.ends_with(field.as_str()) {
-            path = if path.is_empty() {
-                field.clone()
-            } else {
-                format!("{path}.{field}")
-            };
-        }
+    if let figment::error::Kind::UnknownField(field, _) = &err.kind
+        && !path.ends_with(field.as_str())
+    {
+        path = if path.is_empty() {
+            field.clone()
+        } else {
+            format!("{path}.{field}")
+        };
     }
     if path.is_empty() {
         path = "<root>".into();

@@ -18,10 +18,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         if p.kind == ProviderKind::OpenaiCompatible && p.base_url.is_none() {
             bad(at("base_url"), "required for kind openai_compatible");
         }
-        if let Some(url) = &p.base_url {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                bad(at("base_url"), "must start with http:// or https://");
-            }
+        if let Some(url) = &p.base_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            bad(at("base_url"), "must start with http:// or https://");
         }
         for (key, d) in [
             ("timeout", p.timeout),
@@ -72,16 +72,81 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         if t.max_tokens == 0 {
             bad(at("max_tokens"), "must be at least 1");
         }
-        if let Some(temp) = t.temperature {
-            if !(0.0..=2.0).contains(&temp) {
-                bad(at("temperature"), "must be between 0 and 2");
-            }
+        if let Some(temp) = t.temperature
+            && !(0.0..=2.0).contains(&temp)
+        {
+            bad(at("temperature"), "must be between 0 and 2");
         }
         if !(0.0..=1.0).contains(&t.review_threshold) {
             bad(at("review_threshold"), "must be between 0 and 1");
         }
     }
 
+    for (model, price) in &config.pricing {
+        let at = |key: &str| format!("pricing.\"{model}\".{key}");
+        match (&price.price, price.input_per_mtok, price.output_per_mtok) {
+            (Some(p), None, None) if p == "unknown" => {}
+            (Some(_), None, None) => bad(at("price"), "the only allowed value is \"unknown\""),
+            (Some(_), _, _) => bad(
+                at("price"),
+                "give either price = \"unknown\" or the per-token prices, not both",
+            ),
+            (None, Some(i), Some(o)) => {
+                for (key, v) in [("input_per_mtok", i), ("output_per_mtok", o)] {
+                    if !v.is_finite() || v < 0.0 {
+                        bad(at(key), "must be a non-negative number");
+                    }
+                }
+            }
+            (None, None, _) => bad(at("input_per_mtok"), "is required (or price = \"unknown\")"),
+            (None, _, None) => bad(
+                at("output_per_mtok"),
+                "is required (or price = \"unknown\")",
+            ),
+        }
+    }
+    if config.metering.enabled {
+        for (name, t) in &config.tasks {
+            for (i, target) in t.chain.iter().enumerate() {
+                let qualified = format!("{}/{}", target.provider, target.model);
+                if !config.pricing.contains_key(&qualified)
+                    && !config.pricing.contains_key(&target.model)
+                {
+                    bad(
+                        format!("tasks.{name}.chain[{i}].model"),
+                        &format!(
+                            "no price for `{}`: add [pricing.\"{}\"] (or price = \"unknown\")",
+                            target.model, target.model
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    let m = &config.metering;
+    if let Some(cost) = m.default_limits.max_cost_usd
+        && (!cost.is_finite() || cost < 0.0)
+    {
+        bad(
+            "metering.default_limits.max_cost_usd".into(),
+            "must be a non-negative number",
+        );
+    }
+    if m.batch_max == 0 {
+        bad("metering.batch_max".into(), "must be at least 1");
+    }
+    if m.sweep_after <= config.server.default_timeout {
+        bad(
+            "metering.sweep_after".into(),
+            "must be longer than server.default_timeout (no live request may be swept)",
+        );
+    }
+    if m.sweep_interval == Duration::ZERO {
+        bad(
+            "metering.sweep_interval".into(),
+            "must be greater than zero",
+        );
+    }
     if config.server.max_input_bytes == 0 {
         bad("server.max_input_bytes".into(), "must be at least 1");
     }

@@ -84,10 +84,10 @@ impl Store {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(config.busy_timeout)
             .foreign_keys(true);
-        if let Some(parent) = options.get_filename().parent() {
-            if !parent.as_os_str().is_empty() {
-                std::fs::create_dir_all(parent)?;
-            }
+        if let Some(parent) = options.get_filename().parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent)?;
         }
         let pool = SqlitePoolOptions::new()
             .max_connections(config.max_connections)

@@ -13,6 +13,7 @@ use crate::{
     prompts::{self, Prompt, TemplateError},
     providers::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, Role, TokenUsage},
     router::{AttemptRecord, RouteError, Router},
+    usage::{MeterError, MeterSession},
 };
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use tokio::time::Instant;
@@ -39,6 +40,27 @@ pub enum Priority {
     Background,
 }
 
+impl Channel {
+    /// Lower-case name for records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Sms => "sms",
+            Channel::Web => "web",
+            Channel::System => "system",
+        }
+    }
+}
+
+impl Priority {
+    /// Lower-case name for records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Interactive => "interactive",
+            Priority::Background => "background",
+        }
+    }
+}
+
 /// Who is asking, parsed and validated at the API edge.
 #[derive(Debug, Clone)]
 pub struct CallContext {
@@ -56,6 +78,8 @@ pub struct CallContext {
     pub started: Instant,
     /// When everything must be over.
     pub deadline: Instant,
+    /// Metering of this request.
+    pub meter: Arc<MeterSession>,
 }
 
 /// What happened while serving a call (becomes `ResponseMeta`).
@@ -92,6 +116,9 @@ pub enum TaskError {
     /// Routing failed.
     #[error(transparent)]
     Route(#[from] RouteError),
+    /// Metering refused the call (cap, budget) or could not reserve.
+    #[error(transparent)]
+    Meter(#[from] MeterError),
 }
 
 impl TaskError {
@@ -187,6 +214,9 @@ impl TaskRunner {
         request: CompletionRequest,
         parse: impl Fn(&Completion) -> Result<T, String>,
     ) -> Result<(T, Completion, CallMeta), TaskError> {
+        ctx.meter
+            .reserve(task, self.router.chain(task)?, &request)
+            .await?;
         let routed = self.router.run(task, request, ctx.deadline, parse).await?;
         let meta = CallMeta {
             trace_id: ctx.trace_id.clone(),

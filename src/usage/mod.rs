@@ -1,6 +1,14 @@
-//! Usage metering: a record per request, and the sums `GetUsage` reads.
+//! Usage metering: pricing, token estimates, the reserve -> settle ledger
+//! with group commit, the orphan sweeper, and the sums `GetUsage` reads.
 
+pub mod estimate;
+pub mod ledger;
+pub mod meter;
+pub mod pricing;
 pub mod record;
 pub mod summary;
+pub mod sweeper;
+pub mod writer;
 
+pub use meter::{Meter, MeterError, MeterSession};
 pub use record::UsageRecord;

@@ -8,7 +8,7 @@ use crate::{
 /// One request's usage.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct UsageRecord {
-    /// When the request finished (unix ms, UTC).
+    /// When the request started (unix ms, UTC); a call counts in the month it started.
     pub created_at_ms: i64,
     /// Tenant.
     pub team_id: String,
@@ -30,8 +30,8 @@ pub struct UsageRecord {
     pub input_tokens: i64,
     /// Output tokens over all attempts.
     pub output_tokens: i64,
-    /// Cost in USD; `None` when a model involved has no price.
-    pub cost_usd: Option<f64>,
+    /// Cost in micro-USD; `None` when a model involved has no price.
+    pub cost_micros: Option<i64>,
     /// Server-side latency, ms.
     pub latency_ms: i64,
     /// `ok` or the error reason.
@@ -46,39 +46,74 @@ pub struct UsageRecord {
     pub priority: String,
 }
 
-const INSERT: &str = "INSERT INTO usage_records (created_at_ms, team_id, user_id, task, provider, model, \
-prompt_key, prompt_version, trace_id, input_tokens, output_tokens, cost_usd, latency_ms, outcome, \
+/// Inserts one record (SQL valid on both backends).
+pub const INSERT: &str = "INSERT INTO usage_records (created_at_ms, team_id, user_id, task, provider, model, \
+prompt_key, prompt_version, trace_id, input_tokens, output_tokens, cost_micros, latency_ms, outcome, \
 attempts, degraded, channel, priority) \
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
 
-/// Writes `records` in one transaction.
-pub async fn insert(store: &Store, records: &[UsageRecord]) -> Result<(), StoreError> {
+/// Inserts `record` with the executor `exec` (a pool or a transaction of
+/// either backend). A macro because the two backends' executors share no
+/// object-safe trait; the SQL is the same.
+#[macro_export]
+macro_rules! insert_usage_record {
+    ($exec:expr, $r:expr) => {{
+        let r: &$crate::usage::UsageRecord = $r;
+        sqlx::query($crate::usage::record::INSERT)
+            .bind(r.created_at_ms)
+            .bind(&r.team_id)
+            .bind(&r.user_id)
+            .bind(&r.task)
+            .bind(&r.provider)
+            .bind(&r.model)
+            .bind(&r.prompt_key)
+            .bind(r.prompt_version)
+            .bind(&r.trace_id)
+            .bind(r.input_tokens)
+            .bind(r.output_tokens)
+            .bind(r.cost_micros)
+            .bind(r.latency_ms)
+            .bind(&r.outcome)
+            .bind(&r.attempts)
+            .bind(i64::from(r.degraded))
+            .bind(&r.channel)
+            .bind(&r.priority)
+            .execute($exec)
+            .await
+    }};
+}
+
+/// Every record of a trace (tests, ops look-ups).
+pub async fn by_trace(store: &Store, trace_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
+    const SELECT: &str = "SELECT created_at_ms, team_id, user_id, task, provider, model, prompt_key, \
+prompt_version, trace_id, input_tokens, output_tokens, cost_micros, latency_ms, outcome, attempts, degraded, \
+channel, priority FROM usage_records WHERE trace_id = $1 ORDER BY id";
     on_store!(store, |pool| {
-        let mut tx = pool.begin().await?;
-        for r in records {
-            sqlx::query(INSERT)
-                .bind(r.created_at_ms)
-                .bind(&r.team_id)
-                .bind(&r.user_id)
-                .bind(&r.task)
-                .bind(&r.provider)
-                .bind(&r.model)
-                .bind(&r.prompt_key)
-                .bind(r.prompt_version)
-                .bind(&r.trace_id)
-                .bind(r.input_tokens)
-                .bind(r.output_tokens)
-                .bind(r.cost_usd)
-                .bind(r.latency_ms)
-                .bind(&r.outcome)
-                .bind(&r.attempts)
-                .bind(i64::from(r.degraded))
-                .bind(&r.channel)
-                .bind(&r.priority)
-                .execute(&mut *tx)
-                .await?;
+        use sqlx::Row;
+        let rows = sqlx::query(SELECT).bind(trace_id).fetch_all(pool).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(UsageRecord {
+                created_at_ms: row.try_get(0)?,
+                team_id: row.try_get(1)?,
+                user_id: row.try_get(2)?,
+                task: row.try_get(3)?,
+                provider: row.try_get(4)?,
+                model: row.try_get(5)?,
+                prompt_key: row.try_get(6)?,
+                prompt_version: row.try_get(7)?,
+                trace_id: row.try_get(8)?,
+                input_tokens: row.try_get(9)?,
+                output_tokens: row.try_get(10)?,
+                cost_micros: row.try_get(11)?,
+                latency_ms: row.try_get(12)?,
+                outcome: row.try_get(13)?,
+                attempts: row.try_get(14)?,
+                degraded: row.try_get::<i64, _>(15)? != 0,
+                channel: row.try_get(16)?,
+                priority: row.try_get(17)?,
+            });
         }
-        tx.commit().await?;
-        Ok(())
+        Ok(out)
     })
 }

@@ -44,8 +44,8 @@ pub struct Totals {
     pub input_tokens: u64,
     /// Output tokens.
     pub output_tokens: u64,
-    /// Cost of priced records.
-    pub cost_usd: f64,
+    /// Cost of priced records, micro-USD (exact).
+    pub cost_micros: i64,
     /// Requests that failed.
     pub errors: u64,
     /// Requests served by a fallback.
@@ -98,7 +98,7 @@ pub fn month_of(at: DateTime<Utc>) -> (i64, i64) {
     (start.timestamp_millis(), end.timestamp_millis())
 }
 
-type SumRow = (i64, i64, i64, f64, i64, i64, i64);
+type SumRow = (i64, i64, i64, i64, i64, i64, i64);
 
 /// Sums the team's records in `[start_ms, end_ms)`, grouped by `dims`.
 pub async fn summarize(
@@ -118,9 +118,9 @@ pub async fn summarize(
         .map(|d| format!("CAST({} AS TEXT), ", d.column()))
         .collect();
     let sql = format!(
-        "SELECT {select_dims}latency_ms, input_tokens, output_tokens, COALESCE(cost_usd, 0.0), \
+        "SELECT {select_dims}latency_ms, input_tokens, output_tokens, CAST(COALESCE(cost_micros, 0) AS BIGINT), \
          CAST(CASE WHEN outcome = 'ok' THEN 0 ELSE 1 END AS BIGINT), degraded, \
-         CAST(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END AS BIGINT) \
+         CAST(CASE WHEN cost_micros IS NULL THEN 1 ELSE 0 END AS BIGINT) \
          FROM usage_records WHERE team_id = $1 AND created_at_ms >= $2 AND created_at_ms < $3 \
          ORDER BY latency_ms"
     );
@@ -140,7 +140,7 @@ pub async fn summarize(
                 key.push(row.try_get::<String, _>(i)?);
             }
             let n = dims.len();
-            let cost: f64 = row.try_get(n + 3)?;
+            let cost: i64 = row.try_get(n + 3)?;
             let sums: SumRow = (
                 row.try_get(n)?,
                 row.try_get(n + 1)?,
@@ -203,7 +203,7 @@ impl Acc {
         t.requests += 1;
         t.input_tokens += input.max(0) as u64;
         t.output_tokens += output.max(0) as u64;
-        t.cost_usd += cost;
+        t.cost_micros += cost;
         t.errors += error.max(0) as u64;
         t.degraded += u64::from(degraded != 0);
         t.unpriced += unpriced.max(0) as u64;

@@ -1,0 +1,432 @@
+//! The reserve → settle ledger, in SQL that runs unchanged on SQLite and
+//! PostgreSQL.
+//!
+//! Admission is one guarded `UPDATE ... WHERE spent + reserved + estimate <= cap`
+//! per cap, so it is atomic on either backend: PostgreSQL re-checks the
+//! `WHERE` on the locked row, SQLite has a single writer (`BEGIN IMMEDIATE`).
+//! Concurrent requests and replicas sharing PostgreSQL can never overshoot.
+//! A batch of operations runs in one transaction (group commit).
+
+use super::record::UsageRecord;
+use crate::{
+    on_store,
+    store::{Store, StoreError},
+};
+
+/// Monthly caps in ledger units; `None` is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// Tokens (input + output).
+    pub tokens: Option<i64>,
+    /// Requests.
+    pub requests: Option<i64>,
+    /// Cost in micro-USD.
+    pub cost_micros: Option<i64>,
+}
+
+/// Which cap refused a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapKind {
+    /// Token cap.
+    Tokens,
+    /// Request cap.
+    Requests,
+    /// Cost cap.
+    Cost,
+}
+
+impl CapKind {
+    /// Stable name used in `QuotaFailure` subjects and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapKind::Tokens => "monthly_tokens",
+            CapKind::Requests => "monthly_requests",
+            CapKind::Cost => "monthly_cost_usd",
+        }
+    }
+}
+
+/// A refused admission: the cap, its limit, what is used (spent + reserved)
+/// and what the call asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// The cap that would be exceeded.
+    pub cap: CapKind,
+    /// Its limit.
+    pub limit: i64,
+    /// Spent + reserved now.
+    pub used: i64,
+    /// What the call would add.
+    pub requested: i64,
+}
+
+impl Refusal {
+    /// What is left under the cap.
+    pub fn remaining(&self) -> i64 {
+        (self.limit - self.used).max(0)
+    }
+}
+
+/// A reservation to make before calling a provider.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reserve {
+    /// Reservation ID (UUIDv7).
+    pub id: String,
+    /// Team.
+    pub team_id: String,
+    /// Month the call is counted in.
+    pub month_start_ms: i64,
+    /// Estimated input tokens.
+    pub input_tokens: i64,
+    /// Estimated output tokens (the output cap).
+    pub output_tokens: i64,
+    /// Requests (1 for a call's first reservation, 0 for a top-up).
+    pub requests: i64,
+    /// Estimated cost, micro-USD (0 when unpriced).
+    pub cost_micros: i64,
+    /// Caps from config when the team has no `tenant_limits` row.
+    pub default_caps: Caps,
+    /// For the orphan record: task, user, trace, channel, priority.
+    pub task: String,
+    /// User.
+    pub user_id: String,
+    /// Trace ID.
+    pub trace_id: String,
+    /// Channel.
+    pub channel: String,
+    /// Priority.
+    pub priority: String,
+    /// Now, unix ms.
+    pub created_at_ms: i64,
+}
+
+impl Reserve {
+    /// Estimated tokens, input + output.
+    pub fn tokens(&self) -> i64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+/// The end of a call: release its reservations, charge what it used, and
+/// write its usage record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settle {
+    /// Reservations to release: `(id, tokens, requests, cost_micros)`.
+    pub reservations: Vec<(String, i64, i64, i64)>,
+    /// Charge tokens/requests/cost to the ledger (false for answers given
+    /// without any provider, which never count against caps).
+    pub charge: bool,
+    /// The usage record (team, month via `created_at_ms`, actuals).
+    pub record: UsageRecord,
+    /// Month the call was admitted in.
+    pub month_start_ms: i64,
+}
+
+/// One ledger operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Admit a call.
+    Reserve(Reserve),
+    /// Finish a call.
+    Settle(Settle),
+}
+
+/// What an operation did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Done {
+    /// Admitted.
+    Admitted,
+    /// Refused.
+    Refused(Refusal),
+    /// Settled and recorded.
+    Settled,
+}
+
+/// A team's ledger row for one month.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Balance {
+    /// Settled tokens.
+    pub spent_tokens: i64,
+    /// Settled requests.
+    pub spent_requests: i64,
+    /// Settled cost, micro-USD.
+    pub spent_cost_micros: i64,
+    /// Tokens reserved by calls in flight.
+    pub reserved_tokens: i64,
+    /// Requests in flight.
+    pub reserved_requests: i64,
+    /// Cost reserved, micro-USD.
+    pub reserved_cost_micros: i64,
+}
+
+const ENSURE_ROW: &str = "INSERT INTO usage_ledger (team_id, month_start_ms) VALUES ($1, $2) \
+ON CONFLICT (team_id, month_start_ms) DO NOTHING";
+
+const GUARDED_RESERVE: &str = "UPDATE usage_ledger SET \
+reserved_tokens = reserved_tokens + $3, reserved_requests = reserved_requests + $4, \
+reserved_cost_micros = reserved_cost_micros + $5 \
+WHERE team_id = $1 AND month_start_ms = $2 \
+AND (CAST($6 AS BIGINT) IS NULL OR spent_tokens + reserved_tokens + $3 <= $6) \
+AND (CAST($7 AS BIGINT) IS NULL OR spent_requests + reserved_requests + $4 <= $7) \
+AND (CAST($8 AS BIGINT) IS NULL OR spent_cost_micros + reserved_cost_micros + $5 <= $8)";
+
+const INSERT_RESERVATION: &str = "INSERT INTO usage_reservations (id, team_id, month_start_ms, \
+input_tokens, output_tokens, requests, cost_micros, task, user_id, trace_id, channel, priority, created_at_ms) \
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+
+const TEAM_CAPS: &str =
+    "SELECT max_tokens, max_requests, max_cost_micros FROM tenant_limits WHERE team_id = $1";
+
+const BALANCE: &str = "SELECT spent_tokens, spent_requests, spent_cost_micros, reserved_tokens, \
+reserved_requests, reserved_cost_micros FROM usage_ledger WHERE team_id = $1 AND month_start_ms = $2";
+
+const RELEASE: &str = "UPDATE usage_ledger SET reserved_tokens = reserved_tokens - $3, \
+reserved_requests = reserved_requests - $4, reserved_cost_micros = reserved_cost_micros - $5 \
+WHERE team_id = $1 AND month_start_ms = $2";
+
+const CHARGE: &str = "UPDATE usage_ledger SET spent_tokens = spent_tokens + $3, \
+spent_requests = spent_requests + $4, spent_cost_micros = spent_cost_micros + $5 \
+WHERE team_id = $1 AND month_start_ms = $2";
+
+type BalanceRow = (i64, i64, i64, i64, i64, i64);
+
+fn balance(row: Option<BalanceRow>) -> Balance {
+    let (st, sr, sc, rt, rr, rc) = row.unwrap_or_default();
+    Balance {
+        spent_tokens: st,
+        spent_requests: sr,
+        spent_cost_micros: sc,
+        reserved_tokens: rt,
+        reserved_requests: rr,
+        reserved_cost_micros: rc,
+    }
+}
+
+/// Which cap a reservation of `r` against `b` under `caps` would exceed.
+fn refusal(b: &Balance, caps: &Caps, r: &Reserve) -> Refusal {
+    let checks = [
+        (
+            CapKind::Requests,
+            caps.requests,
+            b.spent_requests + b.reserved_requests,
+            r.requests,
+        ),
+        (
+            CapKind::Tokens,
+            caps.tokens,
+            b.spent_tokens + b.reserved_tokens,
+            r.tokens(),
+        ),
+        (
+            CapKind::Cost,
+            caps.cost_micros,
+            b.spent_cost_micros + b.reserved_cost_micros,
+            r.cost_micros,
+        ),
+    ];
+    checks
+        .iter()
+        .find_map(|&(cap, limit, used, requested)| {
+            limit
+                .filter(|l| used + requested > *l)
+                .map(|limit| Refusal {
+                    cap,
+                    limit,
+                    used,
+                    requested,
+                })
+        })
+        // The row changed between UPDATE and SELECT; report the request cap.
+        .unwrap_or(Refusal {
+            cap: CapKind::Requests,
+            limit: caps.requests.unwrap_or(0),
+            used: 0,
+            requested: r.requests,
+        })
+}
+
+/// Applies `ops` in one transaction, in order, and returns one result per op.
+pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
+    on_store!(store, |pool| {
+        // SQLite: take the write lock up front, so two writers never deadlock
+        // upgrading read locks; the busy timeout queues them instead.
+        let mut tx = match store {
+            Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
+            Store::Postgres(_) => pool.begin().await?,
+        };
+        let mut done = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                Op::Reserve(r) => {
+                    sqlx::query(ENSURE_ROW)
+                        .bind(&r.team_id)
+                        .bind(r.month_start_ms)
+                        .execute(&mut *tx)
+                        .await?;
+                    let team_caps: Option<(Option<i64>, Option<i64>, Option<i64>)> =
+                        sqlx::query_as(TEAM_CAPS)
+                            .bind(&r.team_id)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                    let caps =
+                        team_caps.map_or(r.default_caps, |(tokens, requests, cost_micros)| Caps {
+                            tokens,
+                            requests,
+                            cost_micros,
+                        });
+                    let admitted = sqlx::query(GUARDED_RESERVE)
+                        .bind(&r.team_id)
+                        .bind(r.month_start_ms)
+                        .bind(r.tokens())
+                        .bind(r.requests)
+                        .bind(r.cost_micros)
+                        .bind(caps.tokens)
+                        .bind(caps.requests)
+                        .bind(caps.cost_micros)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                        == 1;
+                    if admitted {
+                        sqlx::query(INSERT_RESERVATION)
+                            .bind(&r.id)
+                            .bind(&r.team_id)
+                            .bind(r.month_start_ms)
+                            .bind(r.input_tokens)
+                            .bind(r.output_tokens)
+                            .bind(r.requests)
+                            .bind(r.cost_micros)
+                            .bind(&r.task)
+                            .bind(&r.user_id)
+                            .bind(&r.trace_id)
+                            .bind(&r.channel)
+                            .bind(&r.priority)
+                            .bind(r.created_at_ms)
+                            .execute(&mut *tx)
+                            .await?;
+                        done.push(Done::Admitted);
+                    } else {
+                        let row: Option<BalanceRow> = sqlx::query_as(BALANCE)
+                            .bind(&r.team_id)
+                            .bind(r.month_start_ms)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                        done.push(Done::Refused(refusal(&balance(row), &caps, r)));
+                    }
+                }
+                Op::Settle(s) => {
+                    let team = &s.record.team_id;
+                    sqlx::query(ENSURE_ROW)
+                        .bind(team)
+                        .bind(s.month_start_ms)
+                        .execute(&mut *tx)
+                        .await?;
+                    for (id, tokens, requests, cost) in &s.reservations {
+                        let deleted = sqlx::query("DELETE FROM usage_reservations WHERE id = $1")
+                            .bind(id)
+                            .execute(&mut *tx)
+                            .await?
+                            .rows_affected();
+                        if deleted == 1 {
+                            sqlx::query(RELEASE)
+                                .bind(team)
+                                .bind(s.month_start_ms)
+                                .bind(tokens)
+                                .bind(requests)
+                                .bind(cost)
+                                .execute(&mut *tx)
+                                .await?;
+                        } else {
+                            // Swept as orphaned (charged at its estimate) although the call
+                            // finished: charge the actuals too; over-counting beats losing.
+                            tracing::warn!(reservation = %id, "settling a reservation the sweeper already charged");
+                        }
+                    }
+                    if s.charge {
+                        let requests = i64::from(!s.reservations.is_empty());
+                        sqlx::query(CHARGE)
+                            .bind(team)
+                            .bind(s.month_start_ms)
+                            .bind(s.record.input_tokens + s.record.output_tokens)
+                            .bind(requests)
+                            .bind(s.record.cost_micros.unwrap_or(0))
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    crate::insert_usage_record!(&mut *tx, &s.record)?;
+                    done.push(Done::Settled);
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(done)
+    })
+}
+
+/// The team's balance for a month.
+pub async fn balance_of(
+    store: &Store,
+    team: &str,
+    month_start_ms: i64,
+) -> Result<Balance, StoreError> {
+    let row: Option<BalanceRow> = on_store!(store, |pool| {
+        sqlx::query_as(BALANCE)
+            .bind(team)
+            .bind(month_start_ms)
+            .fetch_optional(pool)
+            .await?
+    });
+    Ok(balance(row))
+}
+
+/// The caps of a team: its `tenant_limits` row, else `defaults`.
+pub async fn caps_of(store: &Store, team: &str, defaults: Caps) -> Result<Caps, StoreError> {
+    let row: Option<(Option<i64>, Option<i64>, Option<i64>)> =
+        on_store!(store, |pool| sqlx::query_as(TEAM_CAPS)
+            .bind(team)
+            .fetch_optional(pool)
+            .await?);
+    Ok(
+        row.map_or(defaults, |(tokens, requests, cost_micros)| Caps {
+            tokens,
+            requests,
+            cost_micros,
+        }),
+    )
+}
+
+/// Sets (or with all `None`, makes unlimited) a team's caps.
+pub async fn set_caps(
+    store: &Store,
+    team: &str,
+    caps: Caps,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    const UPSERT: &str = "INSERT INTO tenant_limits (team_id, max_tokens, max_requests, max_cost_micros, updated_at_ms) \
+VALUES ($1, $2, $3, $4, $5) ON CONFLICT (team_id) DO UPDATE SET max_tokens = excluded.max_tokens, \
+max_requests = excluded.max_requests, max_cost_micros = excluded.max_cost_micros, updated_at_ms = excluded.updated_at_ms";
+    on_store!(store, |pool| {
+        sqlx::query(UPSERT)
+            .bind(team)
+            .bind(caps.tokens)
+            .bind(caps.requests)
+            .bind(caps.cost_micros)
+            .bind(now_ms)
+            .execute(pool)
+            .await
+            .map(drop)?
+    });
+    Ok(())
+}
+
+/// Removes a team's override (it falls back to the config defaults).
+pub async fn clear_caps(store: &Store, team: &str) -> Result<bool, StoreError> {
+    let n = on_store!(store, |pool| {
+        sqlx::query("DELETE FROM tenant_limits WHERE team_id = $1")
+            .bind(team)
+            .execute(pool)
+            .await?
+            .rows_affected()
+    });
+    Ok(n > 0)
+}

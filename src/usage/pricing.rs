@@ -1,0 +1,148 @@
+//! Cost of a call from the pricing table.
+//!
+//! Prices are USD per 1M tokens, which is exactly micro-USD per token, so
+//! costs are kept as integer micro-USD: sums and cap checks are exact.
+
+use crate::{config::PriceConfig, router::AttemptRecord};
+use std::collections::{BTreeMap, HashMap};
+
+/// Price of one model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Price {
+    /// Micro-USD per input and per output token (= USD per 1M tokens).
+    PerToken {
+        /// Per input token.
+        input: f64,
+        /// Per output token.
+        output: f64,
+    },
+    /// Explicitly unknown: cost recorded as null.
+    Unknown,
+}
+
+/// The pricing table.
+#[derive(Debug, Clone, Default)]
+pub struct Pricing {
+    by_key: HashMap<String, Price>,
+}
+
+impl Pricing {
+    /// Builds the table from validated config.
+    pub fn from_config(config: &BTreeMap<String, PriceConfig>) -> Self {
+        let by_key = config
+            .iter()
+            .map(|(key, p)| {
+                let price = match (p.input_per_mtok, p.output_per_mtok) {
+                    (Some(input), Some(output)) if p.price.is_none() => {
+                        Price::PerToken { input, output }
+                    }
+                    _ => Price::Unknown,
+                };
+                (key.clone(), price)
+            })
+            .collect();
+        Self { by_key }
+    }
+
+    /// The price of `model` at `provider`: `provider/model` first, then `model`.
+    pub fn price(&self, provider: &str, model: &str) -> Price {
+        self.by_key
+            .get(&format!("{provider}/{model}"))
+            .or_else(|| self.by_key.get(model))
+            .copied()
+            .unwrap_or(Price::Unknown)
+    }
+
+    /// Cost in micro-USD of the given tokens, rounded up; `None` when unpriced.
+    pub fn cost_micros(
+        &self,
+        provider: &str,
+        model: &str,
+        input_tokens: u64,
+        output_tokens: u64,
+    ) -> Option<i64> {
+        match self.price(provider, model) {
+            Price::PerToken { input, output } => {
+                let micros = input_tokens as f64 * input + output_tokens as f64 * output;
+                Some(micros.ceil() as i64)
+            }
+            Price::Unknown => None,
+        }
+    }
+
+    /// Cost of every attempt of a call. `None` when an attempt that consumed
+    /// tokens has no price (the cost is then unknown, not understated).
+    pub fn cost_of_attempts(&self, attempts: &[AttemptRecord]) -> Option<i64> {
+        let mut total = 0_i64;
+        for a in attempts {
+            if a.usage.input_tokens == 0 && a.usage.output_tokens == 0 {
+                continue;
+            }
+            total += self.cost_micros(
+                &a.provider,
+                &a.model,
+                a.usage.input_tokens,
+                a.usage.output_tokens,
+            )?;
+        }
+        Some(total)
+    }
+}
+
+/// Micro-USD → USD.
+pub fn usd(micros: i64) -> f64 {
+    micros as f64 / 1e6
+}
+
+/// USD → micro-USD, rounded down (caps: never admit more than configured).
+pub fn micros_floor(usd: f64) -> i64 {
+    (usd * 1e6).floor() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Pricing {
+        let mut cfg = BTreeMap::new();
+        cfg.insert(
+            "gpt-4o-mini".to_owned(),
+            PriceConfig {
+                input_per_mtok: Some(0.15),
+                output_per_mtok: Some(0.60),
+                price: None,
+            },
+        );
+        cfg.insert(
+            "azure/gpt-4o-mini".to_owned(),
+            PriceConfig {
+                input_per_mtok: Some(0.30),
+                output_per_mtok: Some(1.20),
+                price: None,
+            },
+        );
+        cfg.insert(
+            "local-llama".to_owned(),
+            PriceConfig {
+                input_per_mtok: None,
+                output_per_mtok: None,
+                price: Some("unknown".into()),
+            },
+        );
+        Pricing::from_config(&cfg)
+    }
+
+    #[test]
+    fn costs_are_exact_micro_usd_rounded_up() {
+        let p = table();
+        // 1000 * 0.15 + 500 * 0.60 = 450 micro-USD.
+        assert_eq!(p.cost_micros("openai", "gpt-4o-mini", 1000, 500), Some(450));
+        // Provider-qualified prices win.
+        assert_eq!(p.cost_micros("azure", "gpt-4o-mini", 1000, 500), Some(900));
+        // 1 token at 0.15 micro-USD rounds up to 1.
+        assert_eq!(p.cost_micros("openai", "gpt-4o-mini", 1, 0), Some(1));
+        assert_eq!(p.cost_micros("ollama", "local-llama", 10, 10), None);
+        assert_eq!(usd(450), 0.00045);
+        assert_eq!(micros_floor(1.5), 1_500_000);
+    }
+}

@@ -1,0 +1,352 @@
+//! Invalid input gets INVALID_ARGUMENT with a stable reason and field
+//! violations; failures carry ErrorInfo with the trace ID.
+
+use crate::common::{TestApp, ctx};
+use ai_orchestrator::api::pb;
+use tonic::Code;
+use tonic_types::StatusExt;
+
+/// Asserts the status code, ErrorInfo reason/domain, trace_id metadata and
+/// (when given) the field of the first BadRequest violation.
+fn assert_error(status: &tonic::Status, code: Code, reason: &str, field: Option<&str>) {
+    assert_eq!(status.code(), code, "{status:?}");
+    let info = status.get_details_error_info().expect("ErrorInfo present");
+    assert_eq!(info.reason, reason);
+    assert_eq!(info.domain, "ai-orchestrator");
+    let trace = info
+        .metadata
+        .get("trace_id")
+        .expect("trace_id in ErrorInfo");
+    assert!(!trace.is_empty());
+    let header = status
+        .metadata()
+        .get("x-trace-id")
+        .expect("x-trace-id on the status");
+    assert_eq!(header.to_str().unwrap(), trace);
+    if let Some(field) = field {
+        let bad = status
+            .get_details_bad_request()
+            .expect("BadRequest present");
+        assert_eq!(bad.field_violations[0].field, field, "{bad:?}");
+        assert!(!bad.field_violations[0].description.is_empty());
+    }
+    // Never internals.
+    let text = status.message().to_owned();
+    assert!(
+        !text.contains("panicked") && !text.contains("sqlx"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_inputs_are_invalid_argument_with_field_violations() {
+    let app = TestApp::spawn().await;
+    let mut c = app.client.clone();
+
+    let missing_context = c
+        .classify_sms(pb::ClassifySmsRequest {
+            message: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &missing_context,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("context"),
+    );
+
+    let no_team = c
+        .classify_sms(pb::ClassifySmsRequest {
+            context: Some(pb::RequestContext::default()),
+            message: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &no_team,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("context.team_id"),
+    );
+
+    let bad_team = c
+        .classify_sms(pb::ClassifySmsRequest {
+            context: Some(pb::RequestContext {
+                team_id: "t1; DROP TABLE".into(),
+                ..Default::default()
+            }),
+            message: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &bad_team,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("context.team_id"),
+    );
+
+    let empty = c
+        .classify_sms(pb::ClassifySmsRequest {
+            context: ctx(),
+            message: "   ".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &empty,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("message"),
+    );
+
+    // The test config caps input at 2048 bytes.
+    let oversized = c
+        .classify_sms(pb::ClassifySmsRequest {
+            context: ctx(),
+            message: "a".repeat(4096),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &oversized,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("message"),
+    );
+
+    let history_too_big = c
+        .classify_sms(pb::ClassifySmsRequest {
+            context: ctx(),
+            message: "ok".into(),
+            history: vec![pb::SmsMessage {
+                text: "b".repeat(3000),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &history_too_big,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("message"),
+    );
+
+    let empty_inbound = c
+        .generate_sms(pb::GenerateSmsRequest {
+            context: ctx(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &empty_inbound,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("inbound_message"),
+    );
+
+    let too_many_segments = c
+        .generate_sms(pb::GenerateSmsRequest {
+            context: ctx(),
+            inbound_message: "hi".into(),
+            max_segments: 50,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &too_many_segments,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("max_segments"),
+    );
+
+    let empty_query = c
+        .research(pb::ResearchRequest {
+            context: ctx(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &empty_query,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("query"),
+    );
+
+    let no_usage_team = c
+        .get_usage(pb::GetUsageRequest::default())
+        .await
+        .unwrap_err();
+    assert_error(
+        &no_usage_team,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("team_id"),
+    );
+
+    let bad_dimension = c
+        .get_usage(pb::GetUsageRequest {
+            team_id: "t1".into(),
+            group_by: vec![0],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &bad_dimension,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("group_by[0]"),
+    );
+
+    let bad_budget = c
+        .classify_sms(pb::ClassifySmsRequest {
+            context: ctx(),
+            budget: Some(pb::Budget {
+                max_latency_ms: 0,
+                max_cost_usd: -1.0,
+            }),
+            message: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &bad_budget,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("budget.max_cost_usd"),
+    );
+
+    let mut bad_timeout = tonic::Request::new(pb::ClassifySmsRequest {
+        context: ctx(),
+        message: "hi".into(),
+        ..Default::default()
+    });
+    bad_timeout
+        .metadata_mut()
+        .insert("grpc-timeout", "soon".parse().unwrap());
+    let bad_timeout = c.classify_sms(bad_timeout).await.unwrap_err();
+    assert!(
+        matches!(bad_timeout.code(), Code::InvalidArgument | Code::Internal),
+        "{bad_timeout:?}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn execute_rejects_unknown_tasks_and_bad_json() {
+    let app = TestApp::spawn().await;
+    let mut c = app.client.clone();
+    let execute = |task: &str, input: Option<pb::execute_request::Input>| pb::ExecuteRequest {
+        context: ctx(),
+        task: task.into(),
+        input,
+        ..Default::default()
+    };
+    let json = |s: &str| Some(pb::execute_request::Input::InputJson(s.into()));
+
+    let unknown = c.execute(execute("no_such_task", None)).await.unwrap_err();
+    assert_error(
+        &unknown,
+        Code::InvalidArgument,
+        "TASK_UNKNOWN",
+        Some("task"),
+    );
+
+    let missing = c.execute(execute("", None)).await.unwrap_err();
+    assert_error(
+        &missing,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("task"),
+    );
+
+    let not_json = c
+        .execute(execute("meeting_brief", json("{not json")))
+        .await
+        .unwrap_err();
+    assert_error(
+        &not_json,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("input_json"),
+    );
+
+    let not_object = c
+        .execute(execute("meeting_brief", json("[1,2]")))
+        .await
+        .unwrap_err();
+    assert_error(
+        &not_object,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("input_json"),
+    );
+
+    let big = format!("{{\"notes\":\"{}\"}}", "x".repeat(5000));
+    let oversized = c
+        .execute(execute("meeting_brief", json(&big)))
+        .await
+        .unwrap_err();
+    assert_error(
+        &oversized,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("input_json"),
+    );
+
+    // The stream RPC validates the same way before streaming.
+    let unknown_stream = c
+        .execute_stream(execute("no_such_task", None))
+        .await
+        .unwrap_err();
+    assert_error(
+        &unknown_stream,
+        Code::InvalidArgument,
+        "TASK_UNKNOWN",
+        Some("task"),
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn all_providers_down_is_unavailable_with_every_attempt() {
+    let app = TestApp::spawn_with_mocks("failure_rate = 1.0", "failure_rate = 1.0").await;
+    let mut c = app.client.clone();
+    let status = c
+        .classify_sms(pb::ClassifySmsRequest {
+            context: ctx(),
+            message: "Is it still available?".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(&status, Code::Unavailable, "ALL_PROVIDERS_FAILED", None);
+    let info = status.get_details_error_info().unwrap();
+    let attempts = info.metadata.get("attempts").expect("attempt summary");
+    assert!(
+        attempts.contains("primary/gpt-4o-mini:HTTP_503"),
+        "{attempts}"
+    );
+    assert!(
+        attempts.contains("fallback/claude-3-haiku:HTTP_503"),
+        "{attempts}"
+    );
+    assert!(
+        status.get_details_retry_info().is_some(),
+        "a later retry can succeed"
+    );
+    app.stop().await;
+}

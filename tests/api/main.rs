@@ -1,0 +1,9 @@
+//! End-to-end tests of the gRPC API against the real server.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the assertion
+
+mod common;
+mod errors;
+mod health;
+mod rpcs;
+mod storage;
+mod trace;

@@ -1,0 +1,211 @@
+//! Migrations on fresh databases (SQLite file and PostgreSQL), and config
+//! validation errors that name the key.
+
+use crate::common::TestPostgres;
+use ai_orchestrator::{
+    config::{Config, DatabaseConfig},
+    store::Store,
+};
+
+const TABLES: [&str; 3] = ["ai_prompts", "tenant_limits", "usage_records"];
+
+async fn migrate_twice_and_list(url: &str) -> Vec<String> {
+    let config = DatabaseConfig {
+        url: url.into(),
+        ..DatabaseConfig::default()
+    };
+    let store = Store::connect(&config).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    store.migrate().await.expect("migrating again is a no-op");
+    let tables = store.tables().await.expect("tables");
+    store.close().await;
+    tables
+}
+
+#[tokio::test]
+async fn migrations_apply_on_a_fresh_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // A folder that does not exist yet: created on first start.
+    let path = dir.path().join("nested/dir/aio.db");
+    let tables = migrate_twice_and_list(&format!("sqlite://{}", path.display())).await;
+    assert!(path.exists());
+    for t in TABLES {
+        assert!(tables.iter().any(|x| x == t), "{t} missing from {tables:?}");
+    }
+}
+
+#[tokio::test]
+async fn migrations_apply_on_a_fresh_postgres_database() {
+    let db = TestPostgres::create().await;
+    let tables = migrate_twice_and_list(&db.url).await;
+    for t in TABLES {
+        assert!(tables.iter().any(|x| x == t), "{t} missing from {tables:?}");
+    }
+    db.drop_now().await;
+}
+
+#[tokio::test]
+async fn one_active_prompt_version_is_enforced_by_both_databases() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = TestPostgres::create().await;
+    for url in [
+        format!("sqlite://{}", dir.path().join("p.db").display()),
+        db.url.clone(),
+    ] {
+        let store = Store::connect(&DatabaseConfig {
+            url,
+            ..DatabaseConfig::default()
+        })
+        .await
+        .unwrap();
+        store.migrate().await.unwrap();
+        let insert = "INSERT INTO ai_prompts (team_id, prompt_key, version, system_prompt, user_prompt_template, is_active, created_at_ms) \
+                      VALUES ('t1', 'sms_classify', $1, 's', 'u', 1, 0)";
+        let second = ai_orchestrator::on_store!(&store, |pool| {
+            sqlx::query(insert).bind(1_i64).execute(pool).await.unwrap();
+            sqlx::query(insert)
+                .bind(2_i64)
+                .execute(pool)
+                .await
+                .map(drop)
+        });
+        assert!(
+            second.is_err(),
+            "{}: a second active version must be refused",
+            store.backend()
+        );
+        store.close().await;
+    }
+    db.drop_now().await;
+}
+
+fn invalid_paths(toml: &str) -> Vec<String> {
+    Config::from_toml_str(toml, |_| None)
+        .expect_err("config must be refused")
+        .paths()
+}
+
+#[test]
+fn config_errors_name_the_key() {
+    let base = r#"
+[providers.p]
+kind = "mock"
+[tasks.t]
+chain = [{ provider = "p", model = "m" }]
+[pricing.m]
+input_per_mtok = 1.0
+output_per_mtok = 2.0
+"#;
+    assert!(Config::from_toml_str(base, |_| None).is_ok());
+
+    assert_eq!(
+        invalid_paths(&format!("{base}\n[server]\nlisten_addr = \"x\"")),
+        ["server.listen_addr"]
+    );
+    assert_eq!(
+        invalid_paths(&format!("{base}\n[server]\nmax_input_bytes = \"big\"")),
+        ["server.max_input_bytes"]
+    );
+    assert_eq!(
+        invalid_paths(&base.replace("kind = \"mock\"", "kind = \"mock\"\ntimeout = \"soon\"")),
+        ["providers.p.timeout"]
+    );
+    assert_eq!(
+        invalid_paths(&base.replace("kind = \"mock\"", "kind = \"mystery\"")),
+        ["providers.p.kind"]
+    );
+    assert_eq!(
+        invalid_paths(&base.replace("provider = \"p\"", "provider = \"nope\"")),
+        ["tasks.t.chain[0].provider"]
+    );
+    assert_eq!(
+        invalid_paths(&base.replace(
+            "chain = [{ provider = \"p\", model = \"m\" }]",
+            "chain = []"
+        )),
+        ["tasks.t.chain"]
+    );
+    assert_eq!(
+        invalid_paths(&base.replace(
+            "kind = \"mock\"",
+            "kind = \"openai\"\napi_key_env = \"NO_SUCH_KEY_VAR\""
+        )),
+        ["providers.p.api_key_env"]
+    );
+    assert_eq!(
+        invalid_paths(&base.replace("kind = \"mock\"", "kind = \"openai_compatible\"")),
+        ["providers.p.base_url"]
+    );
+    assert_eq!(
+        invalid_paths(&format!("{base}\n[database]\nurl = \"mysql://x\"")),
+        ["database.url"]
+    );
+    assert_eq!(
+        invalid_paths(&format!(
+            "{base}\n[providers.p.breaker]\nfailure_threshold = 0"
+        )),
+        ["providers.p.breaker.failure_threshold"]
+    );
+    // Every chain model needs a price (or an explicit "unknown").
+    let unpriced = base.replace(
+        "[pricing.m]\ninput_per_mtok = 1.0\noutput_per_mtok = 2.0\n",
+        "",
+    );
+    assert_eq!(invalid_paths(&unpriced), ["tasks.t.chain[0].model"]);
+    assert_eq!(
+        invalid_paths(&base.replace("output_per_mtok = 2.0", "")),
+        ["pricing.\"m\".output_per_mtok"]
+    );
+    assert_eq!(
+        invalid_paths(&base.replace(
+            "input_per_mtok = 1.0",
+            "input_per_mtok = 1.0\nprice = \"unknown\""
+        )),
+        ["pricing.\"m\".price"]
+    );
+    assert_eq!(
+        invalid_paths(&format!("{base}\n[metering]\nsweep_after = \"1s\"")),
+        ["metering.sweep_after"]
+    );
+}
+
+#[test]
+fn api_keys_come_from_the_environment_and_never_print() {
+    let toml = r#"
+[providers.openai]
+kind = "openai"
+api_key_env = "MY_OPENAI_KEY"
+[tasks.t]
+chain = [{ provider = "openai", model = "gpt-4o-mini" }]
+[pricing."gpt-4o-mini"]
+price = "unknown"
+"#;
+    let config = Config::from_toml_str(toml, |name| {
+        (name == "MY_OPENAI_KEY").then(|| "sk-canary-123".to_owned())
+    })
+    .unwrap();
+    let key = config.providers["openai"].api_key.as_ref().unwrap();
+    assert_eq!(key.expose(), "sk-canary-123");
+    assert!(!format!("{config:?}").contains("sk-canary-123"));
+    // A key in the file is an unknown field, not a way in.
+    let with_key = toml.replace(
+        "api_key_env = \"MY_OPENAI_KEY\"",
+        "api_key = \"sk-in-file\"",
+    );
+    assert_eq!(invalid_paths(&with_key), ["providers.openai.api_key"]);
+}
+
+#[test]
+fn shipped_configs_are_valid() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    Config::load_with_env(
+        std::path::Path::new(&format!("{root}/config/local.toml")),
+        |_| None,
+    )
+    .expect("local.toml");
+    Config::load_with_env(
+        std::path::Path::new(&format!("{root}/config/example.toml")),
+        |name| name.ends_with("_API_KEY").then(|| "key".into()),
+    )
+    .expect("example.toml with keys set");
+}
