@@ -42,6 +42,14 @@ fn tokenizer_for(model: &str) -> Tokenizer {
     }
 }
 
+/// Builds the tokenizer tables now (they take a while to build, longer in a
+/// debug build) so the first requests do not pay for it. Call from a
+/// blocking thread.
+pub fn warm_up() {
+    let _ = tiktoken_rs::o200k_base_singleton();
+    let _ = tiktoken_rs::cl100k_base_singleton();
+}
+
 /// Tokens in `text` for `model`.
 pub fn count(model: &str, text: &str) -> u64 {
     match tokenizer_for(model) {

@@ -1,0 +1,520 @@
+//! Metering: caps hold exactly under concurrency (one server and two sharing
+//! PostgreSQL), month rollover, cancelled and failed calls settle, GetUsage
+//! agrees with the records and the responses. Every scenario runs on SQLite
+//! and on PostgreSQL.
+
+use crate::common::{TestApp, TestPostgres, config_toml_with, ctx};
+use ai_orchestrator::{
+    api::pb,
+    config::DatabaseConfig,
+    store::Store,
+    usage::{
+        ledger::{self, Caps, Done, Op, Reserve},
+        record, summary, sweeper,
+    },
+};
+use std::time::Duration;
+use tonic::Code;
+use tonic_types::StatusExt;
+
+/// A database for one scenario: a temp SQLite file or a fresh PostgreSQL db.
+enum Db {
+    Sqlite(tempfile::TempDir),
+    Postgres(TestPostgres),
+}
+
+impl Db {
+    async fn new(postgres: bool) -> Self {
+        if postgres {
+            Db::Postgres(TestPostgres::create().await)
+        } else {
+            Db::Sqlite(tempfile::tempdir().unwrap())
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Db::Sqlite(dir) => format!("sqlite://{}", dir.path().join("metering.db").display()),
+            Db::Postgres(pg) => pg.url.clone(),
+        }
+    }
+
+    async fn store(&self) -> Store {
+        let store = Store::connect(&DatabaseConfig {
+            url: self.url(),
+            ..DatabaseConfig::default()
+        })
+        .await
+        .unwrap();
+        store.migrate().await.unwrap();
+        store
+    }
+
+    async fn cleanup(self) {
+        if let Db::Postgres(pg) = self {
+            pg.drop_now().await;
+        }
+    }
+}
+
+const FAST: &str = "latency = \"5ms\"";
+
+fn classify(message: &str) -> pb::ClassifySmsRequest {
+    pb::ClassifySmsRequest {
+        context: ctx(),
+        message: message.into(),
+        ..Default::default()
+    }
+}
+
+fn month_now() -> i64 {
+    summary::month_of(chrono::Utc::now()).0
+}
+
+/// Fires `n` concurrent ClassifySms calls spread over `apps`; returns
+/// (ok, quota refusals) and fails on any other outcome.
+async fn burst(apps: &[&TestApp], n: usize) -> (usize, usize) {
+    let mut calls = Vec::new();
+    for i in 0..n {
+        let mut client = apps[i % apps.len()].client.clone();
+        calls.push(tokio::spawn(async move {
+            client
+                .classify_sms(classify("Is the offer still valid?"))
+                .await
+        }));
+    }
+    let (mut ok, mut refused) = (0, 0);
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                let info = status.get_details_error_info().unwrap();
+                assert_eq!(info.reason, "QUOTA_EXCEEDED");
+                let quota = status
+                    .get_details_quota_failure()
+                    .expect("QuotaFailure detail");
+                assert_eq!(quota.violations[0].subject, "monthly_requests");
+                assert!(
+                    quota.violations[0].description.contains("0 remaining"),
+                    "{quota:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    (ok, refused)
+}
+
+async fn exactly_k_of_200_succeed(postgres: bool) {
+    const K: usize = 37;
+    let db = Db::new(postgres).await;
+    let extra = format!("[metering.default_limits]\nmax_requests = {K}\n");
+    let app = TestApp::spawn_toml(&config_toml_with(&db.url(), FAST, FAST, &extra)).await;
+    let store = db.store().await;
+
+    // Watch the invariant while the burst runs.
+    let watcher_store = store.clone();
+    let watcher = tokio::spawn(async move {
+        let mut worst = 0;
+        for _ in 0..200 {
+            let b = ledger::balance_of(&watcher_store, "t1", month_now())
+                .await
+                .unwrap();
+            worst = worst.max(b.spent_requests + b.reserved_requests);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        worst
+    });
+    let (ok, refused) = burst(&[&app], 200).await;
+    assert_eq!((ok, refused), (K, 200 - K));
+    assert!(
+        watcher.await.unwrap() <= K as i64,
+        "spent + reserved overshot the cap mid-burst"
+    );
+
+    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    assert_eq!(
+        (
+            b.spent_requests,
+            b.reserved_requests,
+            b.reserved_tokens,
+            b.reserved_cost_micros
+        ),
+        (K as i64, 0, 0, 0)
+    );
+    assert_eq!(sweeper::open_reservations(&store).await.unwrap(), 0);
+    // Refused calls never reached a provider and left no record.
+    let s = summary::summarize(&store, "t1", month_now(), i64::MAX, &[])
+        .await
+        .unwrap();
+    assert_eq!(s.totals.requests, K as u64);
+    store.close().await;
+    app.stop().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn exactly_k_of_200_concurrent_calls_succeed_sqlite() {
+    exactly_k_of_200_succeed(false).await;
+}
+
+#[tokio::test]
+async fn exactly_k_of_200_concurrent_calls_succeed_postgres() {
+    exactly_k_of_200_succeed(true).await;
+}
+
+#[tokio::test]
+async fn two_replicas_sharing_postgres_never_overshoot() {
+    const K: usize = 23;
+    let db = Db::new(true).await;
+    let extra = format!("[metering.default_limits]\nmax_requests = {K}\n");
+    let toml = config_toml_with(&db.url(), FAST, FAST, &extra);
+    let (a, b) = (
+        TestApp::spawn_toml(&toml).await,
+        TestApp::spawn_toml(&toml).await,
+    );
+    let (ok, refused) = burst(&[&a, &b], 200).await;
+    assert_eq!((ok, refused), (K, 200 - K));
+    let store = db.store().await;
+    let bal = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    assert_eq!((bal.spent_requests, bal.reserved_requests), (K as i64, 0));
+    store.close().await;
+    a.stop().await;
+    b.stop().await;
+    db.cleanup().await;
+}
+
+async fn token_and_cost_caps_hold(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let app = TestApp::spawn_toml(&config_toml_with(&db.url(), FAST, FAST, "")).await;
+    let store = db.store().await;
+    // A per-team override set like the CLI does: a token cap a few calls wide.
+    ledger::set_caps(
+        &store,
+        "t1",
+        Caps {
+            tokens: Some(2_000),
+            requests: None,
+            cost_micros: None,
+        },
+        0,
+    )
+    .await
+    .unwrap();
+    let (ok, refused) = {
+        let mut calls = Vec::new();
+        for _ in 0..40 {
+            let mut c = app.client.clone();
+            calls.push(tokio::spawn(async move {
+                c.classify_sms(classify("How much is it?")).await
+            }));
+        }
+        let mut counts = (0, 0);
+        for call in calls {
+            match call.await.unwrap() {
+                Ok(_) => counts.0 += 1,
+                Err(s) => {
+                    assert_eq!(
+                        s.get_details_quota_failure().unwrap().violations[0].subject,
+                        "monthly_tokens"
+                    );
+                    counts.1 += 1;
+                }
+            }
+        }
+        counts
+    };
+    assert!(
+        ok >= 1 && refused >= 1,
+        "cap must admit some and refuse some: {ok} ok, {refused} refused"
+    );
+    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    assert!(
+        b.spent_tokens <= 2_000,
+        "settled tokens {} exceed the cap",
+        b.spent_tokens
+    );
+    assert_eq!(b.reserved_tokens, 0);
+
+    // GetUsage reports the override and what remains of it.
+    let usage = app
+        .client
+        .clone()
+        .get_usage(pb::GetUsageRequest {
+            team_id: "t1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(usage.limits.unwrap().max_tokens, Some(2_000));
+    assert_eq!(
+        usage.remaining.unwrap().max_tokens,
+        Some(2_000 - b.spent_tokens as u64)
+    );
+    store.close().await;
+    app.stop().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn token_caps_hold_and_are_reported_sqlite() {
+    token_and_cost_caps_hold(false).await;
+}
+
+#[tokio::test]
+async fn token_caps_hold_and_are_reported_postgres() {
+    token_and_cost_caps_hold(true).await;
+}
+
+async fn month_rollover(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let store = db.store().await;
+    let caps = Caps {
+        requests: Some(1),
+        ..Caps::default()
+    };
+    let reserve = |id: &str, month: i64| {
+        Op::Reserve(Reserve {
+            id: id.into(),
+            team_id: "t9".into(),
+            month_start_ms: month,
+            input_tokens: 10,
+            output_tokens: 10,
+            requests: 1,
+            cost_micros: 5,
+            default_caps: caps,
+            task: "sms_classify".into(),
+            user_id: String::new(),
+            trace_id: id.into(),
+            channel: "sms".into(),
+            priority: "interactive".into(),
+            created_at_ms: month,
+        })
+    };
+    let nov = summary::month_of(
+        chrono::DateTime::parse_from_rfc3339("2026-11-30T23:59:59Z")
+            .unwrap()
+            .into(),
+    )
+    .0;
+    let dec = summary::month_of(
+        chrono::DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z")
+            .unwrap()
+            .into(),
+    )
+    .0;
+    assert!(dec > nov);
+    let done = ledger::apply(
+        &store,
+        &[reserve("a", nov), reserve("b", nov), reserve("c", dec)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(done[0], Done::Admitted);
+    assert!(
+        matches!(done[1], Done::Refused(r) if r.remaining() == 0),
+        "November is full: {:?}",
+        done[1]
+    );
+    assert_eq!(done[2], Done::Admitted, "December starts from zero");
+    store.close().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn caps_reset_at_the_utc_month_boundary_sqlite() {
+    month_rollover(false).await;
+}
+
+#[tokio::test]
+async fn caps_reset_at_the_utc_month_boundary_postgres() {
+    month_rollover(true).await;
+}
+
+async fn cancelled_call_settles(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let slow = "latency = \"3s\"";
+    let app = TestApp::spawn_toml(&config_toml_with(&db.url(), slow, slow, "")).await;
+    let store = db.store().await;
+    let mut client = app.client.clone();
+    let mut request = tonic::Request::new(classify("Can you call me back?"));
+    request
+        .metadata_mut()
+        .insert("x-trace-id", "cancel-me".parse().unwrap());
+    let call = tokio::spawn(async move { client.classify_sms(request).await });
+
+    // Wait until the reservation exists, then walk away (client cancel).
+    wait_for(|| async { sweeper::open_reservations(&store).await.unwrap() == 1 }).await;
+    call.abort();
+
+    wait_for(|| async { sweeper::open_reservations(&store).await.unwrap() == 0 }).await;
+    let records = record::by_trace(&store, "cancel-me").await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].outcome, "CANCELLED");
+    assert!(records[0].input_tokens > 0, "charged at the estimate");
+    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    assert_eq!((b.reserved_requests, b.spent_requests), (0, 1));
+    store.close().await;
+    app.stop().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn cancelled_call_settles_sqlite() {
+    cancelled_call_settles(false).await;
+}
+
+#[tokio::test]
+async fn cancelled_call_settles_postgres() {
+    cancelled_call_settles(true).await;
+}
+
+async fn records_match_responses(postgres: bool) {
+    let db = Db::new(postgres).await;
+    // Primary always fails: every served call is degraded with a failed attempt.
+    let app =
+        TestApp::spawn_toml(&config_toml_with(&db.url(), "failure_rate = 1.0", FAST, "")).await;
+    let store = db.store().await;
+    let mut c = app.client.clone();
+    let (mut tokens_in, mut tokens_out, mut cost) = (0, 0, 0.0);
+    for message in ["When are you open?", "Yes!", "Maybe later", "STOP"] {
+        let meta = c
+            .classify_sms(classify(message))
+            .await
+            .unwrap()
+            .into_inner()
+            .meta
+            .unwrap();
+        let u = meta.usage.unwrap();
+        tokens_in += u.input_tokens;
+        tokens_out += u.output_tokens;
+        cost += u.cost_usd;
+        let records = record::by_trace(&store, &meta.trace_id).await.unwrap();
+        assert_eq!(records.len(), 1, "one record per call");
+        assert_eq!(records[0].input_tokens as u64, u.input_tokens);
+        if message == "STOP" {
+            assert_eq!(
+                (records[0].input_tokens, records[0].cost_micros),
+                (0, Some(0))
+            );
+        } else {
+            assert!(records[0].degraded);
+            let attempts: Vec<serde_json::Value> =
+                serde_json::from_str(&records[0].attempts).unwrap();
+            assert_eq!(attempts.len(), 2);
+            assert_eq!(attempts[0]["error_code"], "HTTP_503");
+        }
+    }
+    let usage = c
+        .get_usage(pb::GetUsageRequest {
+            team_id: "t1".into(),
+            group_by: vec![pb::UsageDimension::Model as i32],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let t = usage.totals.unwrap();
+    assert_eq!(
+        (t.requests, t.input_tokens, t.output_tokens, t.degraded),
+        (4, tokens_in, tokens_out, 3)
+    );
+    assert!(
+        (t.cost_usd - cost).abs() < 1e-9,
+        "GetUsage {} vs responses {cost}",
+        t.cost_usd
+    );
+    let bucket_sum: u64 = usage
+        .buckets
+        .iter()
+        .map(|b| b.totals.as_ref().unwrap().requests)
+        .sum();
+    assert_eq!(bucket_sum, 4);
+    // The ledger charged exactly what the records say.
+    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    assert_eq!(b.spent_tokens as u64, tokens_in + tokens_out);
+    assert_eq!(
+        b.spent_requests, 3,
+        "the keyword answer is recorded but not counted against caps"
+    );
+
+    // Every provider down: the failure is recorded with its attempts.
+    drop(c);
+    app.stop().await;
+    let down = TestApp::spawn_toml(&config_toml_with(
+        &db.url(),
+        "failure_rate = 1.0",
+        "failure_rate = 1.0",
+        "",
+    ))
+    .await;
+    let mut request = tonic::Request::new(classify("hello?"));
+    request
+        .metadata_mut()
+        .insert("x-trace-id", "all-down".parse().unwrap());
+    let status = down.client.clone().classify_sms(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    let records = record::by_trace(&store, "all-down").await.unwrap();
+    assert_eq!(records[0].outcome, "ALL_PROVIDERS_FAILED");
+    assert_eq!(
+        serde_json::from_str::<Vec<serde_json::Value>>(&records[0].attempts)
+            .unwrap()
+            .len(),
+        2
+    );
+    store.close().await;
+    down.stop().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn records_match_responses_and_get_usage_sqlite() {
+    records_match_responses(false).await;
+}
+
+#[tokio::test]
+async fn records_match_responses_and_get_usage_postgres() {
+    records_match_responses(true).await;
+}
+
+#[tokio::test]
+async fn budget_below_the_estimate_is_refused_before_any_call() {
+    let app = TestApp::spawn().await;
+    let status = app
+        .client
+        .clone()
+        .classify_sms(pb::ClassifySmsRequest {
+            context: ctx(),
+            budget: Some(pb::Budget {
+                max_latency_ms: 0,
+                max_cost_usd: 0.000_001,
+            }),
+            message: "What's the price?".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        status.get_details_error_info().unwrap().reason,
+        "BUDGET_EXCEEDED"
+    );
+    app.stop().await;
+}
+
+/// Polls `check` until it holds (10 s at most): for effects of another task.
+async fn wait_for<F, Fut>(check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("condition not reached within 10 s");
+}
