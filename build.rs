@@ -5,7 +5,10 @@ use prost::Message;
 use std::{env, fs, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/ai/orchestrator/v1/orchestrator.proto"];
+    let protos = [
+        "proto/ai/orchestrator/v1/orchestrator.proto",
+        "proto/ai/orchestrator/v1/prompt_admin.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

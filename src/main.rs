@@ -40,6 +40,7 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
         Command::CheckConfig => Ok(cli::check_config(&config)),
         Command::Migrate => cli::migrate(&config).await,
         Command::Limits { action } => cli::limits(&config, action).await,
+        Command::Prompts { action, actor } => cli::prompts(&config, action, &actor).await,
         Command::Serve { listen } => {
             let addr = listen.unwrap_or(config.server.listen);
             let listener = tokio::net::TcpListener::bind(addr)

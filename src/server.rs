@@ -2,8 +2,9 @@
 //! on a listener until a shutdown signal, then drained.
 
 use crate::{
-    api::{OrchestratorApi, pb},
+    api::{OrchestratorApi, admin::PromptAdminApi, pb},
     config::Config,
+    prompts::store::PromptStore,
     providers::Providers,
     router::Router,
     store::Store,
@@ -34,10 +35,8 @@ pub async fn serve(
     store.migrate().await.context("migrating the database")?;
     let providers = Providers::from_config(&config).context("building providers")?;
     let router = Router::new(config.clone(), providers);
-    let runner = TaskRunner {
-        config: config.clone(),
-        router,
-    };
+    let prompts = PromptStore::new(store.clone());
+    let runner = TaskRunner::new(config.clone(), router, prompts.clone());
     let metering = &config.metering;
     let (stop_writer, writer_stopped) = watch::channel(false);
     let (writer, writer_done) = if metering.enabled {
@@ -110,6 +109,9 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(pb::orchestrator_server::OrchestratorServer::new(api))
+        .add_service(pb::prompt_admin_server::PromptAdminServer::new(
+            PromptAdminApi::new(prompts),
+        ))
         .serve_with_incoming_shutdown(incoming, signal);
 
     let grace = config.server.shutdown_grace;

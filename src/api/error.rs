@@ -36,6 +36,8 @@ pub mod reason {
     pub const QUOTA_EXCEEDED: &str = "QUOTA_EXCEEDED";
     /// The call's estimated cost exceeds `budget.max_cost_usd`.
     pub const BUDGET_EXCEEDED: &str = "BUDGET_EXCEEDED";
+    /// The named prompt version does not exist.
+    pub const NOT_FOUND: &str = "NOT_FOUND";
     /// The database cannot be reached.
     pub const STORAGE_UNAVAILABLE: &str = "STORAGE_UNAVAILABLE";
     /// A bug on our side.
@@ -53,6 +55,8 @@ pub(crate) enum Failure {
     Route(RouteError),
     /// Storage failed.
     Storage(String),
+    /// A named thing does not exist.
+    NotFound(String),
     /// A monthly cap would be exceeded.
     Quota(Refusal),
     /// The estimated cost exceeds the request budget.
@@ -170,6 +174,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
                 "storage is unavailable".to_owned(),
             )
         }
+        Failure::NotFound(what) => (Code::NotFound, reason::NOT_FOUND, what),
         Failure::Quota(refusal) => {
             let (limit, remaining) = match refusal.cap {
                 CapKind::Cost => (

@@ -1,6 +1,7 @@
 //! The gRPC surface: parse proto → domain types, call the task, record usage,
 //! map errors once (in [`error`]).
 
+pub mod admin;
 pub mod convert;
 pub mod error;
 pub mod pb;
@@ -11,7 +12,7 @@ use crate::{
     router::AttemptRecord,
     store::Store,
     tasks::{
-        self, CallContext, CallMeta, TaskError, TaskRunner, execute, research, sms_classify,
+        CallContext, CallMeta, TaskError, TaskRunner, execute, research, sms_classify,
         sms_encoding::SmsEncoding, sms_generate,
     },
     telemetry::trace_id::TRACE_ID_HEADER,
@@ -249,11 +250,23 @@ impl Orchestrator for OrchestratorApi {
     ) -> Result<Response<Self::ExecuteStreamStream>, Status> {
         let (metadata, _, req) = request.into_parts();
         let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
-        let prepared = (|| {
+        let prepared = async {
             check_task_name(&req.task)?;
             let input = execute_input(self, req.input)?;
-            execute::prepare(&self.runner, &ctx, &req.task, input).map_err(Failure::from)
-        })();
+            let (rendered, request) =
+                execute::prepare(&self.runner, &ctx, &req.task, input).await?;
+            let chain = self
+                .runner
+                .router
+                .chain(&req.task)
+                .map_err(TaskError::from)?;
+            ctx.meter
+                .reserve(&req.task, chain, &request)
+                .await
+                .map_err(TaskError::from)?;
+            Ok::<_, Failure>((rendered, request))
+        }
+        .await;
         let (rendered, completion_request) = prepared.map_err(|f| to_status(f, &ctx.trace_id))?;
         let events = self
             .runner
@@ -288,7 +301,11 @@ impl Orchestrator for OrchestratorApi {
                             prompt_key: rendered.prompt.key.clone(),
                             prompt_version: rendered.prompt.version,
                         };
-                        let output = tasks::parse_json_object(&completion.text).ok();
+                        // Streamed text cannot be taken back: with an output schema,
+                        // `output` is set only when the whole answer matches it.
+                        let output = execute::parse(&completion.text, api.runner.output_validator(&task).as_deref())
+                            .ok()
+                            .and_then(|o| o.json);
                         match api.finish(&ctx, &task, Ok((completion.text, meta))).await {
                             Ok((text, meta)) => pb::execute_event::Event::Completed(pb::ExecuteResponse {
                                 output: output.map(convert::json_to_struct),

@@ -381,6 +381,11 @@ pub struct TaskConfig {
     /// Confidence below which a classification needs human review.
     #[serde(default = "default_review_threshold")]
     pub review_threshold: f64,
+    /// JSON schema the answer of a generic (`Execute`) task must match; the
+    /// model is asked for JSON of this shape and a non-matching answer counts
+    /// as a malformed response (the chain moves on).
+    #[serde(default)]
+    pub output_schema: Option<serde_json::Value>,
 }
 
 fn default_max_tokens() -> u32 {

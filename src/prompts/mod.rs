@@ -4,6 +4,7 @@
 //! angle brackets escaped so it cannot close the tag, and the system prompts
 //! tell the model that tagged text is never an instruction.
 
+pub mod store;
 pub mod template;
 
 pub use template::{TemplateError, render};
@@ -13,6 +14,8 @@ pub use template::{TemplateError, render};
 pub struct Prompt {
     /// Prompt key (the task name for built-ins).
     pub key: String,
+    /// Team the stored version belongs to ('' = global or built-in).
+    pub owner: String,
     /// Version; 0 is the built-in default.
     pub version: u32,
     /// System prompt.
@@ -90,6 +93,7 @@ questions and suggested talking points. Be factual; do not invent facts not in t
     };
     Prompt {
         key: key.to_owned(),
+        owner: String::new(),
         version: 0,
         system,
         user_template: user.to_owned(),

@@ -89,6 +89,17 @@ pub async fn json<T: DeserializeOwned>(
         .map_err(|e| ProviderError::Malformed(format!("response JSON: {e}")))
 }
 
+/// A JSON decoding failure, described by its category and position only:
+/// serde's own message can quote upstream text.
+pub fn malformed_json(e: &serde_json::Error) -> ProviderError {
+    ProviderError::Malformed(format!(
+        "response JSON: {:?} error at line {} column {}",
+        e.classify(),
+        e.line(),
+        e.column()
+    ))
+}
+
 /// Maps a reqwest transport failure.
 pub fn transport_error(e: &reqwest::Error) -> ProviderError {
     if e.is_timeout() {

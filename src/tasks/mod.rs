@@ -10,7 +10,7 @@ pub mod sms_generate;
 
 use crate::{
     config::Config,
-    prompts::{self, Prompt, TemplateError},
+    prompts::{self, Prompt, TemplateError, store::PromptStore},
     providers::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, Role, TokenUsage},
     router::{AttemptRecord, RouteError, Router},
     usage::{MeterError, MeterSession},
@@ -139,13 +139,17 @@ impl From<TemplateError> for TaskError {
     }
 }
 
-/// What tasks share: config, router.
+/// What tasks share: config, router, prompt store.
 #[derive(Clone)]
 pub struct TaskRunner {
     /// Loaded config.
     pub config: Arc<Config>,
     /// The router.
     pub router: Router,
+    /// Versioned prompts.
+    pub prompts: PromptStore,
+    /// Compiled output schemas of generic tasks, by task name.
+    pub output_schemas: Arc<std::collections::HashMap<String, Arc<jsonschema::Validator>>>,
 }
 
 /// A prompt ready to send: rendered system and user text.
@@ -156,14 +160,50 @@ pub(crate) struct Rendered {
 }
 
 impl TaskRunner {
-    /// Resolves and renders the prompt for `key` with `vars` (system and user
-    /// templates share the variables).
-    pub(crate) fn render(
+    /// A runner; compiles the tasks' output schemas (validated at config load).
+    pub fn new(config: Arc<Config>, router: Router, prompts: PromptStore) -> Self {
+        let output_schemas = config
+            .tasks
+            .iter()
+            .filter_map(|(name, t)| {
+                let schema = t.output_schema.as_ref()?;
+                jsonschema::validator_for(schema)
+                    .ok()
+                    .map(|v| (name.clone(), Arc::new(v)))
+            })
+            .collect();
+        Self {
+            config,
+            router,
+            prompts,
+            output_schemas: Arc::new(output_schemas),
+        }
+    }
+
+    /// The compiled output schema of `task`, if it has one.
+    pub fn output_validator(&self, task: &str) -> Option<Arc<jsonschema::Validator>> {
+        self.output_schemas.get(task).cloned()
+    }
+
+    /// Resolves the prompt for `key` (team version, global version, built-in)
+    /// and renders it with `vars` (system and user templates share them).
+    pub(crate) async fn render(
         &self,
+        ctx: &CallContext,
         key: &str,
         vars: &BTreeMap<String, String>,
     ) -> Result<Rendered, TaskError> {
-        let prompt = prompts::builtin(key);
+        let prompt = match self.prompts.resolve(&ctx.team_id, key).await {
+            Ok(p) => p,
+            Err(e) => {
+                // The built-in default keeps the product working when the
+                // prompt table cannot be read.
+                tracing::warn!(trace_id = %ctx.trace_id, error = %e, key, "prompt store unavailable; using the built-in prompt");
+                prompts::builtin(key)
+            }
+        };
+        ctx.meter
+            .note_prompt(&prompt.owner, &prompt.key, prompt.version);
         let system = prompts::render(&prompt.system, vars)?;
         let user = prompts::render(&prompt.user_template, vars)?;
         Ok(Rendered {

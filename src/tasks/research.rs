@@ -90,7 +90,7 @@ pub async fn research(
     }
     let task = depth.task();
     let vars = BTreeMap::from([("query".to_owned(), prompts::as_data(query))]);
-    let rendered = runner.render(task, &vars)?;
+    let rendered = runner.render(ctx, task, &vars).await?;
     let format = JsonSchemaFormat {
         name: "research_answer".into(),
         schema: schema(),

@@ -124,7 +124,7 @@ pub async fn classify(
         ("message".to_owned(), prompts::as_data(&input.message)),
         ("history".to_owned(), history_text(&input.history)),
     ]);
-    let rendered = runner.render(TASK, &vars)?;
+    let rendered = runner.render(ctx, TASK, &vars).await?;
     let format = JsonSchemaFormat {
         name: "sms_classification".into(),
         schema: schema(),

@@ -175,7 +175,7 @@ async fn draft(
     ctx: &CallContext,
     vars: &BTreeMap<String, String>,
 ) -> Result<(Draft, CallMeta), TaskError> {
-    let rendered = runner.render(TASK, vars)?;
+    let rendered = runner.render(ctx, TASK, vars).await?;
     let format = JsonSchemaFormat {
         name: "sms_reply".into(),
         schema: schema(),

@@ -120,6 +120,9 @@ pub struct Settle {
     pub record: UsageRecord,
     /// Month the call was admitted in.
     pub month_start_ms: i64,
+    /// Team owning the stored prompt version used ('' = global), to fold
+    /// this call into that version's stats; `None` for built-in prompts.
+    pub prompt_owner: Option<String>,
 }
 
 /// One ledger operation.
@@ -354,6 +357,25 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                             .await?;
                     }
                     crate::insert_usage_record!(&mut *tx, &s.record)?;
+                    if let Some(owner) = s
+                        .prompt_owner
+                        .as_ref()
+                        .filter(|_| s.record.prompt_version > 0)
+                    {
+                        let success = if s.record.outcome == "ok" {
+                            1.0_f64
+                        } else {
+                            0.0
+                        };
+                        sqlx::query(crate::prompts::store::RECORD_STATS)
+                            .bind(owner)
+                            .bind(&s.record.prompt_key)
+                            .bind(s.record.prompt_version)
+                            .bind(s.record.latency_ms as f64)
+                            .bind(success)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
                     done.push(Done::Settled);
                 }
             }

@@ -116,6 +116,8 @@ struct State {
     reservations: Vec<(String, i64, i64, i64, i64)>,
     task: String,
     settled: bool,
+    /// `(owner team, key, version)` of the stored prompt the task used.
+    prompt: Option<(String, String, u32)>,
 }
 
 /// Metering of one request.
@@ -210,15 +212,28 @@ impl MeterSession {
 
     /// Settles: releases the reservations, charges `record`'s actuals (when
     /// a provider was involved) and writes `record`, durably.
+    /// The stored prompt version the call used (see [`Self::note_prompt`])
+    /// gets this call folded into its stats, success or not.
     pub async fn settle(&self, mut record: UsageRecord) -> Result<(), MeterError> {
         let Some(writer) = &self.meter.writer else {
             return Ok(());
         };
-        let reservations = {
+        let (reservations, prompt) = {
             let mut state = self.lock();
             state.settled = true;
-            std::mem::take(&mut state.reservations)
+            (
+                std::mem::take(&mut state.reservations),
+                state.prompt.clone(),
+            )
         };
+        let mut prompt_owner = None;
+        if let Some((owner, key, version)) = prompt {
+            if record.prompt_key.is_empty() {
+                record.prompt_key = key;
+                record.prompt_version = i64::from(version);
+            }
+            prompt_owner = Some(owner);
+        }
         record.created_at_ms = self.started_at_ms;
         let op = Op::Settle(Settle {
             charge: !reservations.is_empty(),
@@ -228,9 +243,16 @@ impl MeterSession {
                 .collect(),
             record,
             month_start_ms: self.month_start_ms,
+            prompt_owner,
         });
         writer.submit(op).await?;
         Ok(())
+    }
+
+    /// Remembers the prompt the task resolved, for the record and the
+    /// prompt's stats (built-in prompts, version 0, have no stats).
+    pub fn note_prompt(&self, owner: &str, key: &str, version: u32) {
+        self.lock().prompt = (version > 0).then(|| (owner.to_owned(), key.to_owned(), version));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -280,6 +302,7 @@ impl Drop for MeterSession {
             charge: true,
             record,
             month_start_ms: self.month_start_ms,
+            prompt_owner: None,
         });
         let trace_id = self.who.trace_id.clone();
         runtime.spawn(async move {

@@ -1,0 +1,425 @@
+//! The versioned prompt store (`ai_prompts`).
+//!
+//! Resolution for (team, key): the team's active version, else the global
+//! (`team_id = ''`) active version, else the built-in default (version 0).
+//! The database enforces one active version per (team, key). Resolved prompts
+//! are cached briefly so the hot path rarely reads the database; changes made
+//! through this process invalidate the cache at once, other replicas see them
+//! within the TTL.
+
+use super::{Prompt, builtin, template};
+use crate::{
+    on_store,
+    store::{Store, StoreError},
+};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio::time::Instant;
+
+/// How long a resolved prompt is reused before the database is asked again.
+pub const CACHE_TTL: Duration = Duration::from_secs(5);
+
+/// A prompt store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    /// The template does not parse.
+    #[error("user_prompt_template: {0}")]
+    Template(#[from] template::TemplateError),
+    /// The version to activate does not exist.
+    #[error("no version {version} of prompt `{key}` for team `{team}`")]
+    NoSuchVersion {
+        /// Team ('' = global).
+        team: String,
+        /// Key.
+        key: String,
+        /// Version.
+        version: u32,
+    },
+    /// A field is unusable.
+    #[error("{field}: {why}")]
+    Invalid {
+        /// Field.
+        field: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for PromptError {
+    fn from(e: sqlx::Error) -> Self {
+        PromptError::Store(StoreError::Sqlx(e))
+    }
+}
+
+/// A stored prompt version with its stats.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredPrompt {
+    /// Team ('' = global default).
+    pub team_id: String,
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Active version of its (team, key).
+    pub is_active: bool,
+    /// Calls served with it.
+    pub usage_count: i64,
+    /// Mean latency of those calls, ms.
+    pub avg_latency_ms: f64,
+    /// Share of those calls that succeeded.
+    pub success_rate: f64,
+    /// Creation time, unix ms.
+    pub created_at_ms: i64,
+    /// Who created it.
+    pub created_by: String,
+}
+
+/// A new version to add.
+#[derive(Debug, Clone, Default)]
+pub struct NewPrompt {
+    /// Team ('' = global default).
+    pub team_id: String,
+    /// Key (a task name).
+    pub key: String,
+    /// System prompt (may use `{{variables}}`).
+    pub system: String,
+    /// User message template.
+    pub user_template: String,
+    /// Model override for the primary target.
+    pub model: Option<String>,
+    /// Temperature override.
+    pub temperature: Option<f32>,
+    /// Output cap override.
+    pub max_tokens: Option<u32>,
+    /// Activate it right away.
+    pub activate: bool,
+}
+
+const COLUMNS: &str = "team_id, prompt_key, version, system_prompt, user_prompt_template, model, temperature, \
+max_tokens, is_active, usage_count, avg_latency_ms, success_rate, created_at_ms, created_by";
+
+type Row = (
+    String,
+    String,
+    i64,
+    String,
+    String,
+    Option<String>,
+    Option<f64>,
+    Option<i64>,
+    i64,
+    i64,
+    f64,
+    f64,
+    i64,
+    String,
+);
+
+fn from_row(r: Row) -> StoredPrompt {
+    let (
+        team_id,
+        key,
+        version,
+        system,
+        user_template,
+        model,
+        temperature,
+        max_tokens,
+        active,
+        count,
+        latency,
+        success,
+        at,
+        by,
+    ) = r;
+    StoredPrompt {
+        prompt: Prompt {
+            key,
+            owner: team_id.clone(),
+            version: u32::try_from(version).unwrap_or(0),
+            system,
+            user_template,
+            model,
+            temperature: temperature.map(|t| t as f32),
+            max_tokens: max_tokens.and_then(|m| u32::try_from(m).ok()),
+        },
+        team_id,
+        is_active: active != 0,
+        usage_count: count,
+        avg_latency_ms: latency,
+        success_rate: success,
+        created_at_ms: at,
+        created_by: by,
+    }
+}
+
+/// The store, with a small resolution cache.
+#[derive(Clone)]
+pub struct PromptStore {
+    store: Store,
+    cache: Arc<Mutex<HashMap<(String, String), (Prompt, Instant)>>>,
+}
+
+impl PromptStore {
+    /// A store over `store`.
+    pub fn new(store: Store) -> Self {
+        Self {
+            store,
+            cache: Arc::default(),
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Prompt, Instant)>> {
+        // Plain data: a poisoned lock is still consistent.
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The prompt to use for `key` on behalf of `team`.
+    pub async fn resolve(&self, team: &str, key: &str) -> Result<Prompt, PromptError> {
+        let cache_key = (team.to_owned(), key.to_owned());
+        if let Some((prompt, at)) = self.cache().get(&cache_key) {
+            if at.elapsed() < CACHE_TTL {
+                return Ok(prompt.clone());
+            }
+        }
+        let sql = format!(
+            "SELECT {COLUMNS} FROM ai_prompts WHERE prompt_key = $1 AND is_active = 1 AND team_id IN ($2, '') \
+             ORDER BY CASE WHEN team_id = '' THEN 1 ELSE 0 END LIMIT 1"
+        );
+        let row: Option<Row> = on_store!(&self.store, |pool| {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(key)
+                .bind(team)
+                .fetch_optional(pool)
+                .await?
+        });
+        let prompt = row.map_or_else(|| builtin(key), |r| from_row(r).prompt);
+        self.cache()
+            .insert(cache_key, (prompt.clone(), Instant::now()));
+        Ok(prompt)
+    }
+
+    /// Adds the next version of (team, key); returns its number.
+    pub async fn add(&self, new: NewPrompt, actor: &str, now_ms: i64) -> Result<u32, PromptError> {
+        if new.key.trim().is_empty() {
+            return Err(PromptError::Invalid {
+                field: "prompt_key",
+                why: "is required".into(),
+            });
+        }
+        if new.user_template.trim().is_empty() {
+            return Err(PromptError::Invalid {
+                field: "user_prompt_template",
+                why: "is required".into(),
+            });
+        }
+        template::variables(&new.user_template)?;
+        template::variables(&new.system)?;
+        if let Some(t) = new.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
+            return Err(PromptError::Invalid {
+                field: "temperature",
+                why: format!("{t} is outside [0, 2]"),
+            });
+        }
+        let version = on_store!(&self.store, |pool| {
+            let mut tx = match &self.store {
+                Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
+                Store::Postgres(_) => pool.begin().await?,
+            };
+            let current: Option<i64> = sqlx::query_scalar(
+                "SELECT MAX(version) FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2",
+            )
+            .bind(&new.team_id)
+            .bind(&new.key)
+            .fetch_one(&mut *tx)
+            .await?;
+            let version = current.unwrap_or(0) + 1;
+            if new.activate {
+                sqlx::query(
+                    "UPDATE ai_prompts SET is_active = 0 WHERE team_id = $1 AND prompt_key = $2",
+                )
+                .bind(&new.team_id)
+                .bind(&new.key)
+                .execute(&mut *tx)
+                .await?;
+            }
+            sqlx::query(
+                "INSERT INTO ai_prompts (team_id, prompt_key, version, system_prompt, user_prompt_template, model, \
+                 temperature, max_tokens, is_active, created_at_ms, created_by) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            )
+            .bind(&new.team_id)
+            .bind(&new.key)
+            .bind(version)
+            .bind(&new.system)
+            .bind(&new.user_template)
+            .bind(&new.model)
+            .bind(new.temperature.map(f64::from))
+            .bind(new.max_tokens.map(i64::from))
+            .bind(i64::from(new.activate))
+            .bind(now_ms)
+            .bind(actor)
+            .execute(&mut *tx)
+            .await?;
+            audit!(
+                &mut *tx,
+                now_ms,
+                actor,
+                "create",
+                &new.team_id,
+                &new.key,
+                version
+            )?;
+            if new.activate {
+                audit!(
+                    &mut *tx,
+                    now_ms,
+                    actor,
+                    "activate",
+                    &new.team_id,
+                    &new.key,
+                    version
+                )?;
+            }
+            tx.commit().await?;
+            Ok::<_, PromptError>(version)
+        })?;
+        self.cache().remove(&(new.team_id.clone(), new.key.clone()));
+        if new.team_id.is_empty() {
+            self.cache().clear();
+        }
+        Ok(u32::try_from(version).unwrap_or(u32::MAX))
+    }
+
+    /// Makes `version` the active one of (team, key).
+    pub async fn activate(
+        &self,
+        team: &str,
+        key: &str,
+        version: u32,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<(), PromptError> {
+        on_store!(&self.store, |pool| {
+            let mut tx = match &self.store {
+                Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
+                Store::Postgres(_) => pool.begin().await?,
+            };
+            let exists: Option<i64> =
+                sqlx::query_scalar("SELECT version FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
+                    .bind(team)
+                    .bind(key)
+                    .bind(i64::from(version))
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if exists.is_none() {
+                return Err(PromptError::NoSuchVersion {
+                    team: team.to_owned(),
+                    key: key.to_owned(),
+                    version,
+                });
+            }
+            // Deactivate first: the unique index allows one active row at a time.
+            sqlx::query(
+                "UPDATE ai_prompts SET is_active = 0 WHERE team_id = $1 AND prompt_key = $2",
+            )
+            .bind(team)
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query("UPDATE ai_prompts SET is_active = 1 WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
+                .bind(team)
+                .bind(key)
+                .bind(i64::from(version))
+                .execute(&mut *tx)
+                .await?;
+            audit!(
+                &mut *tx,
+                now_ms,
+                actor,
+                "activate",
+                team,
+                key,
+                i64::from(version)
+            )?;
+            tx.commit().await?;
+            Ok::<(), PromptError>(())
+        })?;
+        if team.is_empty() {
+            self.cache().clear();
+        } else {
+            self.cache().remove(&(team.to_owned(), key.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// Every version, optionally filtered by team and key.
+    pub async fn list(
+        &self,
+        team: Option<&str>,
+        key: Option<&str>,
+    ) -> Result<Vec<StoredPrompt>, PromptError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM ai_prompts WHERE ($1 = '*' OR team_id = $1) AND ($2 = '*' OR prompt_key = $2) \
+             ORDER BY team_id, prompt_key, version"
+        );
+        let rows: Vec<Row> = on_store!(&self.store, |pool| {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(team.unwrap_or("*"))
+                .bind(key.unwrap_or("*"))
+                .fetch_all(pool)
+                .await?
+        });
+        Ok(rows.into_iter().map(from_row).collect())
+    }
+
+    /// The audit trail of (team, key): `(at_ms, actor, action, version)`.
+    pub async fn audit_trail(
+        &self,
+        team: &str,
+        key: &str,
+    ) -> Result<Vec<(i64, String, String, i64)>, PromptError> {
+        let rows = on_store!(&self.store, |pool| {
+            sqlx::query_as(
+                "SELECT at_ms, actor, action, version FROM ai_prompt_audit WHERE team_id = $1 AND prompt_key = $2 ORDER BY id",
+            )
+            .bind(team)
+            .bind(key)
+            .fetch_all(pool)
+            .await?
+        });
+        Ok(rows)
+    }
+}
+
+/// Appends to the audit trail with `$exec` (a transaction of either
+/// backend). A macro for the same reason as `insert_usage_record!`.
+macro_rules! audit {
+    ($exec:expr, $at:expr, $actor:expr, $action:expr, $team:expr, $key:expr, $version:expr) => {
+        sqlx::query(
+            "INSERT INTO ai_prompt_audit (at_ms, actor, action, team_id, prompt_key, version) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind($at)
+        .bind($actor)
+        .bind($action)
+        .bind($team)
+        .bind($key)
+        .bind($version)
+        .execute($exec)
+        .await
+        .map(drop)
+    };
+}
+use audit;
+
+/// SQL that folds one call into a prompt version's stats (running means).
+pub const RECORD_STATS: &str = "UPDATE ai_prompts SET \
+avg_latency_ms = (avg_latency_ms * usage_count + $4) / (usage_count + 1), \
+success_rate = (success_rate * usage_count + $5) / (usage_count + 1), \
+usage_count = usage_count + 1 \
+WHERE team_id = $1 AND prompt_key = $2 AND version = $3";
