@@ -3,13 +3,15 @@
 //! A request flows `api` (parse, validate) → `tasks` (prompt, parse the
 //! answer) → `router` (walk the task's fallback chain) → `providers` (one
 //! HTTP call in the provider's wire format), and its usage is written by
-//! `usage` to `store` before the response leaves.
+//! `usage` to `store` before the response leaves. `resilience` holds the
+//! per-provider breaker, limits, retry policy and health the router consults.
 
 pub mod api;
 pub mod cli;
 pub mod config;
 pub mod prompts;
 pub mod providers;
+pub mod resilience;
 pub mod router;
 pub mod server;
 pub mod store;

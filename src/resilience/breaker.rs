@@ -1,0 +1,392 @@
+//! Circuit breaker, one per provider (SPEC §4).
+//!
+//! ```text
+//! CLOSED ──failure_threshold consecutive counted failures──▶ OPEN
+//! OPEN ──open_for elapsed──▶ HALF_OPEN (at most half_open_max_probes calls at once)
+//! HALF_OPEN ──success_threshold successes──▶ CLOSED
+//! HALF_OPEN ──1 failure──▶ OPEN (a fresh open period)
+//! ```
+//!
+//! Every state change bumps a *generation*. A [`Permit`] remembers the
+//! generation it was issued in, and its result is ignored when the breaker has
+//! changed state since: a slow call started while CLOSED cannot close a breaker
+//! that has meanwhile opened, and cannot re-open one that has recovered.
+//!
+//! Independently of the state, a 429 puts the provider in *cooldown* until its
+//! `Retry-After`; it is skipped meanwhile but nothing counts as a failure.
+//!
+//! The breaker never sleeps or waits: OPEN → HALF_OPEN happens lazily when
+//! the breaker is next looked at. Its lock is a plain mutex, held only for a
+//! few field updates and never across an `.await`.
+
+mod permit;
+
+pub use permit::Permit;
+
+use super::instant_after;
+use crate::{config::BreakerConfig, providers::ProviderError};
+use std::{
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, SystemTime},
+};
+use tokio::time::Instant;
+
+/// Cooldown after a 429 that carried no `Retry-After`: long enough not to
+/// hammer a provider that is shedding load, short enough that a one-off 429
+/// barely matters.
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
+
+/// Longest cooldown one 429 can impose. A broken or hostile `Retry-After`
+/// (hours, days) must not silently disable a provider; after this the
+/// provider is tried again and can ask for more.
+pub const MAX_COOLDOWN: Duration = Duration::from_secs(300);
+
+/// Where the breaker is in its cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Calls flow; consecutive counted failures are being counted.
+    Closed,
+    /// Probing: a bounded number of calls decide between CLOSED and OPEN.
+    HalfOpen,
+    /// Every call is rejected until the open period ends.
+    Open,
+}
+
+impl BreakerState {
+    /// Value of the `circuit_breaker_state{provider}` gauge:
+    /// 0 = closed, 1 = half-open, 2 = open (higher is worse).
+    pub const fn metric_value(self) -> u8 {
+        match self {
+            BreakerState::Closed => 0,
+            BreakerState::HalfOpen => 1,
+            BreakerState::Open => 2,
+        }
+    }
+
+    /// Lower-case label for logs and the ops RPC.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Open => "open",
+        }
+    }
+}
+
+/// Why [`CircuitBreaker::try_acquire`] refused a call. The caller skips the
+/// provider without calling it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    /// The breaker is open; probing starts in `retry_in`.
+    #[error("circuit open (next probe in {retry_in:?})")]
+    Open {
+        /// Time until the breaker turns half-open.
+        retry_in: Duration,
+    },
+    /// Half-open and every probe slot is taken.
+    #[error("circuit half-open, probe slots busy")]
+    HalfOpenBusy,
+    /// The provider answered 429 and asked us to wait until `until`.
+    #[error("cooling down after rate limiting")]
+    CoolingDown {
+        /// End of the cooldown.
+        until: Instant,
+    },
+}
+
+impl Rejected {
+    /// Stable, low-cardinality code for attempt records and metrics.
+    pub const fn code(&self) -> &'static str {
+        match self {
+            Rejected::Open { .. } | Rejected::HalfOpenBusy => "CIRCUIT_OPEN",
+            Rejected::CoolingDown { .. } => "RATE_LIMITED",
+        }
+    }
+
+    /// True for a 429 cooldown (recorded as "skipped: rate limited"), false
+    /// for the breaker proper (recorded as "skipped: circuit open").
+    pub const fn is_cooldown(&self) -> bool {
+        matches!(self, Rejected::CoolingDown { .. })
+    }
+}
+
+/// What a call's result means for the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The provider answered usably.
+    Success,
+    /// A failure that counts (timeout, connection, 5xx, 408, malformed).
+    Failure,
+    /// Says nothing about the provider's health (client error, 429).
+    Ignored,
+}
+
+impl Outcome {
+    /// Classifies a provider error with [`ProviderError::counts_against_breaker`].
+    pub fn of_error(err: &ProviderError) -> Self {
+        if err.counts_against_breaker() {
+            Outcome::Failure
+        } else {
+            Outcome::Ignored
+        }
+    }
+}
+
+/// A point-in-time view of a breaker, for the ops RPC and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerSnapshot {
+    /// Current state (OPEN whose period has ended already shows HALF_OPEN).
+    pub state: BreakerState,
+    /// Counted failures in a row: below the threshold while CLOSED, at or
+    /// above it once the breaker has opened; reset when it closes.
+    pub consecutive_failures: u32,
+    /// Wall-clock time the breaker last opened; `None` while CLOSED.
+    pub opened_at: Option<SystemTime>,
+    /// Time until OPEN turns HALF_OPEN; `None` unless OPEN.
+    pub retry_in: Option<Duration>,
+    /// Probe successes so far in this HALF_OPEN period.
+    pub half_open_successes: u32,
+    /// Probe calls in flight in this HALF_OPEN period.
+    pub probes_in_flight: u32,
+    /// End of a 429 cooldown still in force.
+    pub cooldown_until: Option<Instant>,
+    /// Bumped on every state change.
+    pub generation: u64,
+}
+
+/// One provider's circuit breaker. Cheap to clone; clones share state.
+#[derive(Debug, Clone)]
+pub struct CircuitBreaker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    name: Arc<str>,
+    settings: Settings,
+    state: Mutex<State>,
+}
+
+/// [`BreakerConfig`] with zeros raised to 1 (config validation rejects them;
+/// this keeps a hand-built config from producing a breaker that never admits).
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    failure_threshold: u32,
+    open_for: Duration,
+    success_threshold: u32,
+    max_probes: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Closed,
+    Open { until: Instant },
+    HalfOpen { probes: u32, successes: u32 },
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    generation: u64,
+    consecutive_failures: u32,
+    opened_at: Option<SystemTime>,
+    cooldown_until: Option<Instant>,
+}
+
+impl CircuitBreaker {
+    /// A CLOSED breaker for the provider `name` (used in logs only).
+    pub fn new(name: &str, config: &BreakerConfig) -> Self {
+        let settings = Settings {
+            failure_threshold: config.failure_threshold.max(1),
+            open_for: config.open_for,
+            success_threshold: config.success_threshold.max(1),
+            max_probes: config.half_open_max_probes.max(1),
+        };
+        let state = State {
+            phase: Phase::Closed,
+            generation: 0,
+            consecutive_failures: 0,
+            opened_at: None,
+            cooldown_until: None,
+        };
+        Self {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                settings,
+                state: Mutex::new(state),
+            }),
+        }
+    }
+
+    /// Asks to make one call. On `Err` the provider must be skipped without
+    /// a network call. The permit's result is reported with
+    /// [`Permit::record`]; dropping it unrecorded means "cancelled".
+    pub fn try_acquire(&self) -> Result<Permit, Rejected> {
+        let now = Instant::now();
+        let mut st = self.inner.lock();
+        st.refresh(now);
+        if let Phase::Open { until } = st.phase {
+            return Err(Rejected::Open {
+                retry_in: until.saturating_duration_since(now),
+            });
+        }
+        match st.cooldown_until {
+            Some(until) if until > now => return Err(Rejected::CoolingDown { until }),
+            Some(_) => st.cooldown_until = None,
+            None => {}
+        }
+        if let Phase::HalfOpen { probes, .. } = &mut st.phase {
+            if *probes >= self.inner.settings.max_probes {
+                return Err(Rejected::HalfOpenBusy);
+            }
+            *probes += 1;
+        }
+        Ok(Permit::new(Arc::clone(&self.inner), st.generation))
+    }
+
+    /// Skips the provider until `now + d` (capped at [`MAX_COOLDOWN`])
+    /// without counting a failure; an existing longer cooldown is kept. Use
+    /// [`DEFAULT_COOLDOWN`] when a 429 carried no `Retry-After`
+    /// ([`Permit::record_error`] does this for you).
+    pub fn cooldown(&self, d: Duration) {
+        self.inner.cooldown(d);
+    }
+
+    /// The current state (see [`BreakerState::metric_value`] for the gauge).
+    pub fn state(&self) -> BreakerState {
+        self.snapshot().state
+    }
+
+    /// A consistent view of every field, for the ops RPC.
+    pub fn snapshot(&self) -> BreakerSnapshot {
+        let now = Instant::now();
+        let mut st = self.inner.lock();
+        st.refresh(now);
+        let (state, retry_in, half_open_successes, probes_in_flight) = match st.phase {
+            Phase::Closed => (BreakerState::Closed, None, 0, 0),
+            Phase::Open { until } => (
+                BreakerState::Open,
+                Some(until.saturating_duration_since(now)),
+                0,
+                0,
+            ),
+            Phase::HalfOpen { probes, successes } => {
+                (BreakerState::HalfOpen, None, successes, probes)
+            }
+        };
+        BreakerSnapshot {
+            state,
+            consecutive_failures: st.consecutive_failures,
+            opened_at: st.opened_at,
+            retry_in,
+            half_open_successes,
+            probes_in_flight,
+            cooldown_until: st.cooldown_until.filter(|u| *u > now),
+            generation: st.generation,
+        }
+    }
+}
+
+impl Inner {
+    /// A poisoned lock only means another thread panicked mid-update; the
+    /// state is plain counters, so carry on rather than propagate the panic.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn cooldown(&self, d: Duration) {
+        let until = instant_after(Instant::now(), d.min(MAX_COOLDOWN));
+        let mut st = self.lock();
+        st.cooldown_until = Some(st.cooldown_until.map_or(until, |u| u.max(until)));
+    }
+
+    /// Applies one permit's result (`None` = cancelled) under the lock.
+    fn finish(&self, generation: u64, outcome: Option<Outcome>) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.refresh(now);
+        if st.generation != generation {
+            // Stale: the breaker changed state after this permit was issued.
+            // Any probe slot it held belonged to a period that is over.
+            return;
+        }
+        let s = self.settings;
+        match st.phase {
+            Phase::Closed => match outcome {
+                Some(Outcome::Success) => st.consecutive_failures = 0,
+                Some(Outcome::Failure) => {
+                    st.consecutive_failures = st.consecutive_failures.saturating_add(1);
+                    if st.consecutive_failures >= s.failure_threshold {
+                        st.open(now, s.open_for, &self.name);
+                    }
+                }
+                Some(Outcome::Ignored) | None => {}
+            },
+            // Only probes are issued while HALF_OPEN, so this permit is one.
+            Phase::HalfOpen { probes, successes } => {
+                let probes = probes.saturating_sub(1);
+                match outcome {
+                    Some(Outcome::Success) if successes + 1 >= s.success_threshold => {
+                        st.close(&self.name);
+                    }
+                    Some(Outcome::Success) => {
+                        st.phase = Phase::HalfOpen {
+                            probes,
+                            successes: successes + 1,
+                        };
+                    }
+                    Some(Outcome::Failure) => {
+                        st.consecutive_failures = st.consecutive_failures.saturating_add(1);
+                        st.open(now, s.open_for, &self.name);
+                    }
+                    Some(Outcome::Ignored) | None => {
+                        st.phase = Phase::HalfOpen { probes, successes };
+                    }
+                }
+            }
+            // No permit is issued while OPEN and entering OPEN bumps the
+            // generation, so a current-generation permit never lands here.
+            Phase::Open { .. } => {}
+        }
+    }
+}
+
+impl State {
+    /// The only time-driven transition: OPEN → HALF_OPEN once the open
+    /// period is over.
+    fn refresh(&mut self, now: Instant) {
+        if let Phase::Open { until } = self.phase
+            && now >= until
+        {
+            self.phase = Phase::HalfOpen {
+                probes: 0,
+                successes: 0,
+            };
+            self.generation = self.generation.wrapping_add(1);
+        }
+    }
+
+    fn open(&mut self, now: Instant, open_for: Duration, name: &str) {
+        self.phase = Phase::Open {
+            until: instant_after(now, open_for),
+        };
+        self.generation = self.generation.wrapping_add(1);
+        self.opened_at = Some(SystemTime::now());
+        tracing::warn!(
+            provider = name,
+            consecutive_failures = self.consecutive_failures,
+            "circuit breaker opened"
+        );
+    }
+
+    fn close(&mut self, name: &str) {
+        self.phase = Phase::Closed;
+        self.generation = self.generation.wrapping_add(1);
+        self.consecutive_failures = 0;
+        self.opened_at = None;
+        tracing::info!(provider = name, "circuit breaker closed");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,178 @@
+//! Rolling per-provider call statistics for the ops RPC: recent error rate
+//! and latency percentiles.
+//!
+//! The window holds at most `capacity` calls (the most recent) and forgets
+//! calls older than `max_age`, so memory is bounded and an idle provider's
+//! numbers do not describe an outage from an hour ago. Only real calls are
+//! recorded: skipped targets (breaker open, saturated) say nothing about the
+//! provider. This is for display, never for routing decisions (the breaker
+//! owns those).
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+use tokio::time::Instant;
+
+/// Calls kept per provider: enough for a meaningful p99 (the 99th of 100),
+/// small enough that a snapshot's sort costs nothing.
+pub const DEFAULT_CAPACITY: usize = 100;
+
+/// Calls older than this no longer count as "recent".
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(5 * 60);
+
+/// Rolling statistics of one provider. Cheap to clone; clones share state.
+#[derive(Debug, Clone)]
+pub struct ProviderHealth {
+    inner: Arc<Mutex<Window>>,
+}
+
+#[derive(Debug)]
+struct Window {
+    capacity: usize,
+    max_age: Duration,
+    samples: VecDeque<Sample>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    latency: Duration,
+    ok: bool,
+}
+
+/// The window's numbers at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthSnapshot {
+    /// Calls in the window.
+    pub calls: usize,
+    /// Failed calls in the window.
+    pub errors: usize,
+    /// `errors / calls`, in `[0, 1]`; 0 when there were no calls.
+    pub error_rate: f64,
+    /// Median latency (nearest rank); `None` without calls.
+    pub p50: Option<Duration>,
+    /// 99th-percentile latency (nearest rank); `None` without calls.
+    pub p99: Option<Duration>,
+}
+
+impl Default for ProviderHealth {
+    fn default() -> Self {
+        Self::new(DEFAULT_CAPACITY, DEFAULT_MAX_AGE)
+    }
+}
+
+impl ProviderHealth {
+    /// A window of the last `capacity` calls (at least 1) within `max_age`.
+    pub fn new(capacity: usize, max_age: Duration) -> Self {
+        let capacity = capacity.max(1);
+        Self {
+            inner: Arc::new(Mutex::new(Window {
+                capacity,
+                max_age,
+                samples: VecDeque::with_capacity(capacity),
+            })),
+        }
+    }
+
+    /// Records one finished call: its latency, and whether it succeeded.
+    /// Latency is recorded for failures too (a timeout is what the caller
+    /// experienced).
+    pub fn record(&self, latency: Duration, ok: bool) {
+        let now = Instant::now();
+        let mut w = self.lock();
+        w.prune(now);
+        if w.samples.len() >= w.capacity {
+            w.samples.pop_front();
+        }
+        w.samples.push_back(Sample {
+            at: now,
+            latency,
+            ok,
+        });
+    }
+
+    /// Share of failed calls in the window, in `[0, 1]`; 0 without calls.
+    pub fn recent_error_rate(&self) -> f64 {
+        self.snapshot().error_rate
+    }
+
+    /// Nearest-rank latency percentile `pct` (in `(0, 100]`) over the window,
+    /// successes and failures alike; `None` without calls.
+    pub fn latency_percentile(&self, pct: f64) -> Option<Duration> {
+        nearest_rank(&self.sorted_latencies(), pct)
+    }
+
+    /// Calls, errors, error rate, p50 and p99 in one consistent view.
+    pub fn snapshot(&self) -> HealthSnapshot {
+        let (calls, errors, sorted) = {
+            let mut w = self.lock();
+            w.prune(Instant::now());
+            let errors = w.samples.iter().filter(|s| !s.ok).count();
+            (w.samples.len(), errors, sorted(&w.samples))
+        };
+        HealthSnapshot {
+            calls,
+            errors,
+            error_rate: if calls == 0 {
+                0.0
+            } else {
+                errors as f64 / calls as f64
+            },
+            p50: nearest_rank(&sorted, 50.0),
+            p99: nearest_rank(&sorted, 99.0),
+        }
+    }
+
+    fn sorted_latencies(&self) -> Vec<Duration> {
+        let mut w = self.lock();
+        w.prune(Instant::now());
+        sorted(&w.samples)
+    }
+
+    /// Plain data behind the lock: a poisoned lock is still usable.
+    fn lock(&self) -> MutexGuard<'_, Window> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Window {
+    /// Drops samples older than `max_age` (they sit at the front).
+    fn prune(&mut self, now: Instant) {
+        while let Some(oldest) = self.samples.front() {
+            if now.saturating_duration_since(oldest.at) <= self.max_age {
+                break;
+            }
+            self.samples.pop_front();
+        }
+    }
+}
+
+fn sorted(samples: &VecDeque<Sample>) -> Vec<Duration> {
+    let mut latencies: Vec<_> = samples.iter().map(|s| s.latency).collect();
+    latencies.sort_unstable();
+    latencies
+}
+
+/// The nearest-rank percentile of ascending `sorted`: the smallest value with
+/// at least `pct`% of the values at or below it, i.e. the value of 1-based
+/// rank `ceil(pct/100 · n)`. `pct` outside `(0, 100]` is clamped.
+fn nearest_rank(sorted: &[Duration], pct: f64) -> Option<Duration> {
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let pct = if pct.is_nan() {
+        100.0
+    } else {
+        pct.clamp(0.0, 100.0)
+    };
+    // pct·n/100, not pct/100·n: with integer pct the product is exact, so
+    // 99th of 100 is rank 99 and not 100 through rounding.
+    let rank = (pct * n as f64 / 100.0).ceil() as usize;
+    sorted.get(rank.clamp(1, n) - 1).copied()
+}
+
+#[cfg(test)]
+mod tests;

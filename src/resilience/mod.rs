@@ -1,0 +1,135 @@
+//! Resilience primitives for provider calls (SPEC §4): circuit breaker,
+//! retry/backoff policy, per-provider rate and concurrency limits, and rolling
+//! health statistics.
+//!
+//! Everything here is synchronous bookkeeping or a bounded wait; nothing in
+//! this module makes a network call, logs message contents, or decides *which*
+//! target to call — the router owns the chain walk and asks these types for
+//! permission and advice.
+//!
+//! # Layering (the order the router applies them, per target)
+//!
+//! ```text
+//! for target in chain:
+//!   loop (attempt = 1, 2, ...):
+//!     1. breaker.try_acquire()          OPEN / HALF_OPEN full / 429 cooldown
+//!                                       -> skip target, no network call
+//!     2. limits.try_acquire()           INTERACTIVE: saturated -> skip target
+//!        limits.acquire_until(deadline) BACKGROUND: wait, never past deadline
+//!     3. call the provider (attempt deadline = min(request deadline, timeout))
+//!     4. health.record(latency, ok)     every real call, never skipped ones
+//!        permit.record(Outcome::Success) / permit.record_error(&err)
+//!                                       (a 429 also starts the cooldown)
+//!     5. on error: policy.decide(..)    RetryAfter(d): drop both permits,
+//!                                       sleep d, next attempt at this target
+//!                                       NextTarget / GiveUp
+//! ```
+//!
+//! Why this order:
+//! - The breaker comes first so an open provider costs nothing: no rate-limit
+//!   token is spent and no concurrency slot is held for a call that will not
+//!   happen. If step 2 then fails, dropping the breaker permit unrecorded
+//!   frees its half-open probe slot and changes nothing else.
+//! - Limits are per replica and local; they shape our own traffic, whereas the
+//!   breaker reacts to the provider's behaviour.
+//! - Both permits must be dropped before a backoff sleep: a sleeping request
+//!   must not hold a concurrency slot or a half-open probe slot.
+//! - A stream records its breaker outcome when it ends (completed or failed),
+//!   not when the first byte arrives.
+//!
+//! All timing uses [`tokio::time::Instant`], so tests drive it with tokio's
+//! paused clock instead of sleeping.
+
+pub mod breaker;
+pub mod health;
+pub mod limits;
+pub mod retry;
+
+pub use breaker::{BreakerSnapshot, BreakerState, CircuitBreaker, Outcome, Permit, Rejected};
+pub use health::{HealthSnapshot, ProviderHealth};
+pub use limits::{LimitPermit, LimitRejected, ProviderLimits};
+pub use retry::{Decision, FixedJitter, JitterSource, RetryPolicy};
+
+use crate::config::{Config, ProviderConfig};
+use std::{collections::BTreeMap, time::Duration};
+use tokio::time::Instant;
+
+/// The resilience state of one provider. Clones share the same state.
+#[derive(Debug, Clone)]
+pub struct ProviderGuards {
+    /// The provider's circuit breaker.
+    pub breaker: CircuitBreaker,
+    /// The provider's rate and concurrency limits.
+    pub limits: ProviderLimits,
+    /// Rolling statistics of the provider's recent calls.
+    pub health: ProviderHealth,
+}
+
+impl ProviderGuards {
+    /// Fresh guards (breaker closed, no history) for one configured provider.
+    pub fn from_config(name: &str, config: &ProviderConfig) -> Self {
+        Self {
+            breaker: CircuitBreaker::new(name, &config.breaker),
+            limits: ProviderLimits::new(config.rpm, config.max_concurrency),
+            health: ProviderHealth::default(),
+        }
+    }
+}
+
+/// The guards of every configured provider plus the retry policy: what the
+/// router holds. Clones share the same state.
+#[derive(Debug, Clone)]
+pub struct Resilience {
+    providers: BTreeMap<String, ProviderGuards>,
+    /// How failed attempts are retried.
+    pub retry: RetryPolicy,
+}
+
+impl Resilience {
+    /// Guards for every provider in `config`, with the default retry policy.
+    pub fn from_config(config: &Config) -> Self {
+        let providers = config
+            .providers
+            .iter()
+            .map(|(name, p)| (name.clone(), ProviderGuards::from_config(name, p)))
+            .collect();
+        Self {
+            providers,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// The guards of one provider, `None` when it is not configured.
+    pub fn get(&self, provider: &str) -> Option<&ProviderGuards> {
+        self.providers.get(provider)
+    }
+
+    /// Every provider's guards by name, for the ops RPC and metrics.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &ProviderGuards)> {
+        self.providers.iter().map(|(k, v)| (k.as_str(), v))
+    }
+}
+
+/// `now + d` without the panic `Instant + Duration` has on overflow: an
+/// absurd duration from config saturates at roughly a century from now.
+pub(crate) fn instant_after(now: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(d)
+        .or_else(|| now.checked_add(CENTURY))
+        .unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instant_after_saturates_instead_of_panicking() {
+        let now = Instant::now();
+        assert_eq!(
+            instant_after(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+        assert!(instant_after(now, Duration::MAX) > now);
+    }
+}
