@@ -169,7 +169,7 @@ fn nearest_rank(sorted: &[Duration], pct: f64) -> Option<Duration> {
         pct.clamp(0.0, 100.0)
     };
     // pct·n/100, not pct/100·n: with integer pct the product is exact, so
-    // 99th of 100 is rank 99 and not 100 through rounding.
+    // the 7th percentile of 100 is rank 7, not 8 through rounding.
     let rank = (pct * n as f64 / 100.0).ceil() as usize;
     sorted.get(rank.clamp(1, n) - 1).copied()
 }

@@ -198,6 +198,25 @@ async fn a_stale_success_does_not_close_an_open_breaker() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn stale_permits_neither_count_as_probes_nor_free_probe_slots() {
+    let b = breaker();
+    let (late_success, late_cancel) = (b.try_acquire().unwrap(), b.try_acquire().unwrap());
+    half_open(&b).await;
+    let probe = b.try_acquire().unwrap();
+    late_success.record(Outcome::Success);
+    drop(late_cancel);
+    let snap = b.snapshot();
+    assert_eq!(snap.half_open_successes, 0, "not a probe success");
+    assert_eq!(
+        snap.probes_in_flight, 1,
+        "the real probe still holds its slot"
+    );
+    assert_eq!(b.try_acquire().unwrap_err(), Rejected::HalfOpenBusy);
+    probe.record(Outcome::Success);
+    assert_eq!(b.snapshot().half_open_successes, 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_stale_failure_does_not_touch_a_recovered_breaker() {
     let b = breaker();
     fail_n(&b, 4);

@@ -26,6 +26,9 @@ async fn error_rate_and_percentiles_on_known_data() {
     assert_eq!(snap.p99, Some(ms(99)));
     assert_eq!(h.latency_percentile(100.0), Some(ms(100)));
     assert_eq!(h.latency_percentile(1.0), Some(ms(1)));
+    // Percentiles where pct/100·n would round up a rank.
+    assert_eq!(h.latency_percentile(7.0), Some(ms(7)));
+    assert_eq!(h.latency_percentile(55.0), Some(ms(55)));
 }
 
 #[test]
