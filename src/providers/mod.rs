@@ -11,6 +11,8 @@
 mod error;
 pub mod http;
 pub mod mock;
+pub mod openai;
+mod perplexity;
 pub mod sse;
 
 pub use error::ProviderError;
@@ -188,10 +190,13 @@ impl Providers {
 fn build(
     name: &str,
     p: &ProviderConfig,
-    _config: &Config,
+    config: &Config,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
     match p.kind {
         ProviderKind::Mock => Ok(Arc::new(mock::MockProvider::new(p.mock.clone()))),
+        ProviderKind::Openai | ProviderKind::OpenaiCompatible | ProviderKind::Perplexity => {
+            Ok(Arc::new(openai::OpenAiProvider::new(name, p, config)?))
+        }
         other => Err(ProviderError::Unsupported(format!(
             "provider `{name}`: kind {} is not available in this build",
             other.as_str()

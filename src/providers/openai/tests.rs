@@ -1,0 +1,186 @@
+//! Request bodies and stream-chunk edge cases, without HTTP (the wire-level
+//! behaviour is covered by `tests/conformance`).
+
+use super::*;
+use crate::providers::{ChatMessage, JsonSchemaFormat};
+use tokio::time::Instant;
+
+fn request(format: bool) -> CompletionRequest {
+    CompletionRequest {
+        model: "gpt-4o-mini".into(),
+        system: Some("Be brief.".into()),
+        messages: vec![
+            ChatMessage {
+                role: Role::User,
+                content: "hi".into(),
+            },
+            ChatMessage {
+                role: Role::Assistant,
+                content: "hello".into(),
+            },
+        ],
+        temperature: None,
+        max_tokens: 32,
+        response_format: format.then(|| JsonSchemaFormat {
+            name: "answer".into(),
+            schema: json!({"type": "object"}),
+        }),
+        trace_id: "t".into(),
+        traceparent: None,
+        deadline: Instant::now(),
+    }
+}
+
+#[test]
+fn body_per_flavor() {
+    let body = |flavor, req: &CompletionRequest, stream| {
+        serde_json::to_value(wire(flavor, req, stream)).unwrap()
+    };
+    let openai = body(Flavor::Openai, &request(true), false);
+    assert_eq!(
+        openai,
+        json!({"model": "gpt-4o-mini", "max_tokens": 32,
+            "messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "hello"}],
+            "response_format": {"type": "json_schema", "json_schema":
+                {"name": "answer", "schema": {"type": "object"}, "strict": false}}})
+    );
+
+    let compat = body(Flavor::Compatible, &request(true), true);
+    assert_eq!(compat["response_format"], json!({"type": "json_object"}));
+    assert_eq!(compat["stream"], json!(true));
+    assert!(compat.get("stream_options").is_none(), "{compat}");
+    let system = compat["messages"][0]["content"].as_str().unwrap_or("");
+    assert!(system.starts_with("Be brief.") && system.contains(r#"{"type":"object"}"#));
+
+    let pplx = body(Flavor::Perplexity, &request(true), true);
+    assert_eq!(
+        pplx["response_format"],
+        json!({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}})
+    );
+    assert_eq!(pplx["stream_options"], json!({"include_usage": true}));
+
+    let mut plain = request(false);
+    plain.system = None;
+    plain.temperature = Some(0.5);
+    let plain = body(Flavor::Openai, &plain, false);
+    assert_eq!(plain["messages"][0]["role"], "user");
+    assert_eq!(plain["temperature"], json!(0.5));
+    assert!(plain.get("response_format").is_none() && plain.get("stream").is_none());
+}
+
+#[test]
+fn non_streaming_shapes() {
+    let parse = |v: Value| completion(Flavor::Openai, serde_json::from_value(v).unwrap());
+    let ok = parse(json!({"choices": [{"message": {"content": "x"}, "finish_reason": "length"}]}));
+    assert_eq!(
+        ok,
+        Ok(Completion {
+            text: "x".into(),
+            finish_reason: FinishReason::Length,
+            ..Completion::default()
+        }),
+        "missing usage is zero usage"
+    );
+    let refusal = json!({"choices": [{"message": {"content": null, "refusal": "no"}}]});
+    assert!(matches!(parse(refusal), Err(ProviderError::Malformed(_))));
+    assert!(matches!(
+        parse(json!({"choices": []})),
+        Err(ProviderError::Malformed(_))
+    ));
+}
+
+fn run(flavor: Flavor, lines: &[&str]) -> (Vec<Result<Step, ProviderError>>, StreamState) {
+    let mut state = StreamState::new(flavor);
+    let steps = lines.iter().map(|l| state.on_data(l)).collect();
+    (steps, state)
+}
+
+#[test]
+fn openai_usage_arrives_in_a_chunk_without_choices() {
+    let (steps, state) = run(
+        Flavor::Openai,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"usage":null}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}"#,
+            " [DONE] ",
+        ],
+    );
+    let expected = [
+        Step::Nothing,
+        Step::Delta("Hi".into()),
+        Step::Nothing,
+        Step::Nothing,
+        Step::Done,
+    ];
+    assert_eq!(steps, Vec::from(expected.map(Ok)));
+    let done = state.finish(true).unwrap();
+    assert_eq!(
+        (done.text.as_str(), done.finish_reason),
+        ("Hi", FinishReason::Stop)
+    );
+    assert_eq!((done.usage.input_tokens, done.usage.output_tokens), (9, 1));
+}
+
+#[test]
+fn perplexity_running_totals_and_sources_without_done() {
+    let (steps, state) = run(
+        Flavor::Perplexity,
+        &[
+            r#"{"citations":["https://a.example/"],"usage":{"prompt_tokens":5,"completion_tokens":1},"choices":[{"delta":{"content":"A"},"message":{"content":"A"},"finish_reason":null}]}"#,
+            r#"{"citations":["https://a.example/","https://b.example/"],"usage":{"prompt_tokens":5,"completion_tokens":2},"choices":[{"delta":{"content":"B"},"finish_reason":"stop"}]}"#,
+        ],
+    );
+    assert!(steps.iter().all(Result::is_ok));
+    let done = state.finish(false).unwrap();
+    assert_eq!(done.text, "AB");
+    assert_eq!(done.usage.output_tokens, 2);
+    assert_eq!(done.citations.len(), 2);
+}
+
+#[test]
+fn truncation_bad_json_and_in_stream_errors() {
+    let (_, cut) = run(
+        Flavor::Openai,
+        &[r#"{"choices":[{"delta":{"content":"A"}}]}"#],
+    );
+    assert!(matches!(
+        cut.finish(false),
+        Err(ProviderError::Malformed(_))
+    ));
+
+    let (steps, _) = run(
+        Flavor::Openai,
+        &[
+            r#"{"choices":[{"delta""#,
+            "42",
+            r#"{"choices":"canary-secret"}"#,
+            "",
+        ],
+    );
+    for bad in &steps[..3] {
+        assert!(
+            matches!(bad, Err(ProviderError::Malformed(m)) if !m.contains("canary")),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(steps[3], Ok(Step::Nothing), "keep-alive");
+
+    let (steps, _) = run(
+        Flavor::Openai,
+        &[
+            r#"{"error":{"message":"canary-secret","type":"server_error","code":null}}"#,
+            r#"{"object":"error","error":{"message":"canary-secret","type":"BadRequestError","code":400}}"#,
+        ],
+    );
+    let first = steps[0].as_ref().unwrap_err();
+    assert_eq!(first.code(), "HTTP_502");
+    assert!(first.is_retryable());
+    assert_eq!(steps[1].as_ref().unwrap_err().code(), "HTTP_400");
+    for err in steps.iter().filter_map(|s| s.as_ref().err()) {
+        assert!(!format!("{err:?}{err}").contains("canary"), "{err:?}");
+    }
+}
