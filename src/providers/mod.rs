@@ -8,12 +8,15 @@
 //!
 //! Nothing here may log message contents or API keys.
 
+pub mod anthropic;
 mod error;
+pub mod gemini;
 pub mod http;
 pub mod mock;
 pub mod openai;
 mod perplexity;
 pub mod sse;
+mod turns;
 
 pub use error::ProviderError;
 
@@ -192,14 +195,19 @@ fn build(
     p: &ProviderConfig,
     config: &Config,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
+    // Every kind but `mock` has a default base URL, and validation requires
+    // one for `openai_compatible`, so this only fails on a broken config.
+    let base_url = || {
+        config
+            .base_url(name)
+            .ok_or_else(|| ProviderError::Unsupported(format!("provider `{name}`: no base_url")))
+    };
     match p.kind {
         ProviderKind::Mock => Ok(Arc::new(mock::MockProvider::new(p.mock.clone()))),
         ProviderKind::Openai | ProviderKind::OpenaiCompatible | ProviderKind::Perplexity => {
             Ok(Arc::new(openai::OpenAiProvider::new(name, p, config)?))
         }
-        other => Err(ProviderError::Unsupported(format!(
-            "provider `{name}`: kind {} is not available in this build",
-            other.as_str()
-        ))),
+        ProviderKind::Anthropic => Ok(Arc::new(anthropic::AnthropicProvider::new(p, &base_url()?)?)),
+        ProviderKind::Gemini => Ok(Arc::new(gemini::GeminiProvider::new(p, &base_url()?)?)),
     }
 }

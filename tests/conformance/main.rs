@@ -1,7 +1,10 @@
 //! Provider conformance suite: every adapter against the same scenarios
-//! (see `harness.rs`), with local fake upstreams only.
+//! (see `harness.rs`), each adapter module supplying a [`harness::Fixture`]
+//! of recorded wire traffic; local fake upstreams only.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the assertion
 
+mod anthropic;
+mod gemini;
 mod harness;
 mod openai;
 mod openai_compatible;

@@ -1,0 +1,256 @@
+//! The `anthropic` provider: Anthropic's Messages API (`POST /v1/messages`),
+//! plain and streamed.
+//!
+//! Anthropic has no native structured output, so a JSON request carries its
+//! schema as an instruction in the top-level `system` field. The API rejects
+//! conversations that do not alternate user/assistant starting with the user;
+//! [`turns::alternating`] reshapes ours first.
+//!
+//! Streaming follows Anthropic's event sequence (`message_start`,
+//! `content_block_*`, `message_delta`, `message_stop`, `ping`, `error`); the
+//! parsing is in [`stream`]. Nothing here logs message contents or the key.
+
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use super::{
+    Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError,
+    StreamEvent, TokenUsage, http, sse, system_with_schema, turns,
+};
+use crate::config::ProviderConfig;
+use futures::StreamExt;
+use reqwest::header::HeaderValue;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The API version we speak; the event and field names below are those of it.
+const API_VERSION: &str = "2023-06-01";
+
+/// Anthropic accepts temperatures in [0, 1]; our config allows up to 2 (the
+/// OpenAI range), so a higher value is clamped rather than sent and refused.
+const MAX_TEMPERATURE: f32 = 1.0;
+
+/// A provider speaking the Anthropic Messages API.
+pub struct AnthropicProvider {
+    client: reqwest::Client,
+    url: String,
+    /// `x-api-key`, marked sensitive so it never shows in debug output.
+    api_key: Option<HeaderValue>,
+    stream_idle: Duration,
+}
+
+impl AnthropicProvider {
+    /// A provider calling `{base_url}/messages` with the config's key and
+    /// timeouts.
+    pub fn new(config: &ProviderConfig, base_url: &str) -> Result<Self, ProviderError> {
+        let api_key = config
+            .api_key
+            .as_ref()
+            .map(|key| {
+                let mut value = HeaderValue::from_str(key.expose()).map_err(|_| {
+                    ProviderError::Unsupported("API key is not a valid header value".into())
+                })?;
+                value.set_sensitive(true);
+                Ok::<_, ProviderError>(value)
+            })
+            .transpose()?;
+        Ok(Self {
+            client: http::client(config)?,
+            url: format!("{}/messages", base_url.trim_end_matches('/')),
+            api_key,
+            stream_idle: config.stream_idle_timeout,
+        })
+    }
+
+    async fn send(
+        &self,
+        req: &CompletionRequest,
+        stream: bool,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let mut builder = self
+            .client
+            .post(&self.url)
+            .header("anthropic-version", API_VERSION)
+            .json(&body(req, stream));
+        if let Some(key) = &self.api_key {
+            builder = builder.header("x-api-key", key.clone());
+        }
+        http::send(http::with_trace(builder, req), req.deadline).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for AnthropicProvider {
+    async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
+        let response = self.send(&req, false).await?;
+        let message: MessagesResponse = http::json(response, req.deadline).await?;
+        Ok(message.into_completion())
+    }
+
+    async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
+        let response = self.send(&req, true).await?;
+        let events = Box::pin(sse::events(response, self.stream_idle, req.deadline));
+        Ok(Box::pin(async_stream::stream! {
+            let mut events = events;
+            let mut state = stream::State::default();
+            while let Some(event) = events.next().await {
+                match event.and_then(|e| state.on_event(&e.data)) {
+                    Err(err) => {
+                        yield Err(err);
+                        return;
+                    }
+                    Ok(stream::Step::Skip) => {}
+                    Ok(stream::Step::Delta(text)) => yield Ok(StreamEvent::Delta(text)),
+                    Ok(stream::Step::Done(done)) => {
+                        yield Ok(StreamEvent::Done(done));
+                        return;
+                    }
+                }
+            }
+            yield Err(ProviderError::Malformed("stream ended before message_stop".into()));
+        }))
+    }
+}
+
+/// Request body of `POST /messages`.
+#[derive(Debug, Serialize)]
+struct MessagesRequest<'a> {
+    model: &'a str,
+    /// Required by Anthropic (no server-side default).
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<String>,
+    messages: Vec<WireMessage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct WireMessage {
+    role: &'static str,
+    content: String,
+}
+
+/// The request body for `req`. Kept separate from sending so tests can
+/// inspect the exact JSON.
+fn body(req: &CompletionRequest, stream: bool) -> MessagesRequest<'_> {
+    let messages = turns::alternating(&req.messages)
+        .into_iter()
+        .map(|(role, content)| WireMessage {
+            role: match role {
+                super::Role::User => "user",
+                super::Role::Assistant => "assistant",
+            },
+            content,
+        })
+        .collect();
+    MessagesRequest {
+        model: &req.model,
+        max_tokens: req.max_tokens,
+        system: system_with_schema(req),
+        messages,
+        temperature: req.temperature.map(|t| t.clamp(0.0, MAX_TEMPERATURE)),
+        stream,
+    }
+}
+
+/// A non-streamed answer; only the fields we use.
+#[derive(Debug, Deserialize)]
+struct MessagesResponse {
+    content: Vec<ContentBlock>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+/// The `message` of `message_start`: an empty answer with the prompt usage.
+#[derive(Debug, Deserialize)]
+struct MessagesResponseHead {
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+/// One `content[]` block. Only `text` blocks carry answer text; others
+/// (`thinking`, `tool_use`, ...) are skipped.
+#[derive(Debug, Deserialize)]
+struct ContentBlock {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// `usage` as sent in a response, `message_start` or `message_delta`; any
+/// field may be absent (or null) depending on where it appears.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    /// Prompt tokens processed. Anthropic's `input_tokens` excludes cache
+    /// writes and reads; we never set `cache_control` so those are zero in
+    /// practice, and when present they are added so no prompt token goes
+    /// unmetered.
+    fn prompt_tokens(&self) -> Option<u64> {
+        let parts = [
+            self.input_tokens,
+            self.cache_creation_input_tokens,
+            self.cache_read_input_tokens,
+        ];
+        parts
+            .iter()
+            .any(Option::is_some)
+            // Saturating: upstream numbers must not be able to panic us.
+            .then(|| {
+                parts
+                    .iter()
+                    .flatten()
+                    .fold(0, |a: u64, b| a.saturating_add(*b))
+            })
+    }
+}
+
+impl MessagesResponse {
+    fn into_completion(self) -> Completion {
+        let text = self
+            .content
+            .into_iter()
+            .filter(|block| block.kind == "text")
+            .filter_map(|block| block.text)
+            .collect();
+        let usage = self.usage.unwrap_or_default();
+        Completion {
+            text,
+            usage: TokenUsage {
+                input_tokens: usage.prompt_tokens().unwrap_or(0),
+                output_tokens: usage.output_tokens.unwrap_or(0),
+            },
+            finish_reason: finish_reason(self.stop_reason.as_deref()),
+            citations: Vec::new(),
+        }
+    }
+}
+
+/// Maps Anthropic's `stop_reason`.
+fn finish_reason(stop_reason: Option<&str>) -> FinishReason {
+    match stop_reason {
+        Some("end_turn" | "stop_sequence") => FinishReason::Stop,
+        // Both mean the output was cut off for lack of room.
+        Some("max_tokens" | "model_context_window_exceeded") => FinishReason::Length,
+        Some("refusal") => FinishReason::ContentFilter,
+        // tool_use, pause_turn, absent, anything added later.
+        _ => FinishReason::Other,
+    }
+}
