@@ -77,13 +77,13 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         {
             bad(at("temperature"), "must be between 0 and 2");
         }
-        if let Some(schema) = &t.output_schema {
-            if let Err(e) = jsonschema::validator_for(schema) {
-                bad(
-                    at("output_schema"),
-                    &format!("not a valid JSON schema: {e}"),
-                );
-            }
+        if let Some(schema) = &t.output_schema
+            && let Err(e) = jsonschema::validator_for(schema)
+        {
+            bad(
+                at("output_schema"),
+                &format!("not a valid JSON schema: {e}"),
+            );
         }
         if !(0.0..=1.0).contains(&t.review_threshold) {
             bad(at("review_threshold"), "must be between 0 and 1");

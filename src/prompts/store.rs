@@ -157,11 +157,14 @@ fn from_row(r: Row) -> StoredPrompt {
     }
 }
 
+/// Resolved prompts by (team, key), with the time they were read.
+type PromptCache = HashMap<(String, String), (Prompt, Instant)>;
+
 /// The store, with a small resolution cache.
 #[derive(Clone)]
 pub struct PromptStore {
     store: Store,
-    cache: Arc<Mutex<HashMap<(String, String), (Prompt, Instant)>>>,
+    cache: Arc<Mutex<PromptCache>>,
 }
 
 impl PromptStore {
@@ -173,7 +176,7 @@ impl PromptStore {
         }
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Prompt, Instant)>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, PromptCache> {
         // Plain data: a poisoned lock is still consistent.
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -181,10 +184,10 @@ impl PromptStore {
     /// The prompt to use for `key` on behalf of `team`.
     pub async fn resolve(&self, team: &str, key: &str) -> Result<Prompt, PromptError> {
         let cache_key = (team.to_owned(), key.to_owned());
-        if let Some((prompt, at)) = self.cache().get(&cache_key) {
-            if at.elapsed() < CACHE_TTL {
-                return Ok(prompt.clone());
-            }
+        if let Some((prompt, at)) = self.cache().get(&cache_key)
+            && at.elapsed() < CACHE_TTL
+        {
+            return Ok(prompt.clone());
         }
         let sql = format!(
             "SELECT {COLUMNS} FROM ai_prompts WHERE prompt_key = $1 AND is_active = 1 AND team_id IN ($2, '') \

@@ -207,7 +207,10 @@ fn build(
         ProviderKind::Openai | ProviderKind::OpenaiCompatible | ProviderKind::Perplexity => {
             Ok(Arc::new(openai::OpenAiProvider::new(name, p, config)?))
         }
-        ProviderKind::Anthropic => Ok(Arc::new(anthropic::AnthropicProvider::new(p, &base_url()?)?)),
+        ProviderKind::Anthropic => Ok(Arc::new(anthropic::AnthropicProvider::new(
+            p,
+            &base_url()?,
+        )?)),
         ProviderKind::Gemini => Ok(Arc::new(gemini::GeminiProvider::new(p, &base_url()?)?)),
     }
 }
