@@ -133,6 +133,43 @@ pub fn limits(caps: &Caps, b: &Balance) -> (pb::UsageLimits, pb::UsageLimits) {
     (limits, remaining)
 }
 
+/// Breaker and health snapshots → `ProviderHealth`.
+pub fn provider_health(
+    name: &str,
+    kind: &str,
+    breaker: &crate::resilience::BreakerSnapshot,
+    health: &crate::resilience::HealthSnapshot,
+) -> pb::ProviderHealth {
+    use crate::resilience::BreakerState;
+    let wall = |at: std::time::SystemTime| {
+        let d = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        prost_types::Timestamp {
+            seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nanos: d.subsec_nanos() as i32,
+        }
+    };
+    // The cooldown end is a monotonic instant; show it as wall-clock time.
+    let cooldown_until = breaker.cooldown_until.and_then(|until| {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        (!left.is_zero()).then(|| wall(std::time::SystemTime::now() + left))
+    });
+    pb::ProviderHealth {
+        provider: name.to_owned(),
+        kind: kind.to_owned(),
+        state: match breaker.state {
+            BreakerState::Closed => pb::BreakerState::Closed,
+            BreakerState::Open => pb::BreakerState::Open,
+            BreakerState::HalfOpen => pb::BreakerState::HalfOpen,
+        } as i32,
+        consecutive_failures: breaker.consecutive_failures,
+        opened_at: breaker.opened_at.map(wall),
+        recent_error_rate: health.error_rate,
+        latency_p50_ms: health.p50.map_or(0, millis),
+        latency_p99_ms: health.p99.map_or(0, millis),
+        cooldown_until,
+    }
+}
+
 /// Usage sums → `UsageTotals`.
 pub fn totals(t: &crate::usage::summary::Totals) -> pb::UsageTotals {
     pb::UsageTotals {

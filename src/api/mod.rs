@@ -268,10 +268,15 @@ impl Orchestrator for OrchestratorApi {
         }
         .await;
         let (rendered, completion_request) = prepared.map_err(|f| to_status(f, &ctx.trace_id))?;
-        let events = self
-            .runner
-            .router
-            .stream(&req.task, completion_request, ctx.deadline);
+        let events = self.runner.router.stream(
+            &req.task,
+            completion_request,
+            ctx.deadline,
+            &crate::router::RouteOptions {
+                priority: ctx.priority,
+                primary_model: rendered.prompt.model.clone(),
+            },
+        );
         let api = self.clone();
         let task = req.task.clone();
         let trace_id = ctx.trace_id.clone();
@@ -531,15 +536,25 @@ impl Orchestrator for OrchestratorApi {
         &self,
         _request: Request<pb::GetProviderHealthRequest>,
     ) -> Result<Response<pb::GetProviderHealthResponse>, Status> {
+        let resilience = self.runner.router.resilience();
         let providers = self
             .config
             .providers
             .iter()
-            .map(|(name, p)| pb::ProviderHealth {
-                provider: name.clone(),
-                kind: p.kind.as_str().to_owned(),
-                state: pb::BreakerState::Closed as i32,
-                ..Default::default()
+            .map(|(name, p)| {
+                let Some(guards) = resilience.get(name) else {
+                    return pb::ProviderHealth {
+                        provider: name.clone(),
+                        kind: p.kind.as_str().to_owned(),
+                        ..Default::default()
+                    };
+                };
+                convert::provider_health(
+                    name,
+                    p.kind.as_str(),
+                    &guards.breaker.snapshot(),
+                    &guards.health.snapshot(),
+                )
             })
             .collect();
         Ok(Response::new(pb::GetProviderHealthResponse { providers }))

@@ -97,6 +97,12 @@ impl AttemptRecord {
         }
     }
 
+    /// Same record with its retry number.
+    pub fn with_retry(mut self, retry: u32) -> Self {
+        self.retry = retry;
+        self
+    }
+
     /// Same record with the tokens the attempt consumed.
     pub fn with_usage(mut self, usage: TokenUsage) -> Self {
         self.usage = usage;

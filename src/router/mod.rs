@@ -13,8 +13,10 @@ pub use stream::RouteEvent;
 use crate::{
     config::{Config, TargetConfig},
     providers::{Completion, CompletionRequest, ProviderError, Providers, TokenUsage},
+    resilience::{Decision, Outcome, Resilience},
+    tasks::Priority,
 };
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Why a routed call produced no answer.
@@ -72,17 +74,47 @@ impl<T> Routed<T> {
     }
 }
 
-/// Walks task chains.
+/// How a request wants to be routed.
+#[derive(Debug, Clone, Default)]
+pub struct RouteOptions {
+    /// INTERACTIVE fails over instead of sleeping; BACKGROUND retries fully.
+    pub priority: Priority,
+    /// Model to use at the primary target instead of the chain's (a prompt
+    /// version's model override).
+    pub primary_model: Option<String>,
+}
+
+/// Walks task chains, guarded per provider by `resilience`.
 #[derive(Clone)]
 pub struct Router {
     config: Arc<Config>,
     providers: Providers,
+    resilience: Resilience,
+}
+
+/// What happened to one call at one target.
+enum Tried<T> {
+    /// Served: the parsed answer and the completion.
+    Served(T, Completion),
+    /// The target was skipped or failed; the attempt is recorded. `Some`
+    /// carries the error to decide about retrying.
+    Failed(Option<ProviderError>),
 }
 
 impl Router {
     /// A router over the configured tasks and providers.
     pub fn new(config: Arc<Config>, providers: Providers) -> Self {
-        Self { config, providers }
+        let resilience = Resilience::from_config(&config);
+        Self {
+            config,
+            providers,
+            resilience,
+        }
+    }
+
+    /// The per-provider guards (breakers, limits, health), for ops and metrics.
+    pub fn resilience(&self) -> &Resilience {
+        &self.resilience
     }
 
     /// The chain of a task.
@@ -103,57 +135,55 @@ impl Router {
             .map_or(deadline, |p| deadline.min(now + p.timeout))
     }
 
+    /// The model to send to `target` (the primary may be overridden).
+    fn model_for(target: &TargetConfig, index: usize, options: &RouteOptions) -> String {
+        match (&options.primary_model, index) {
+            (Some(model), 0) => model.clone(),
+            _ => target.model.clone(),
+        }
+    }
+
     /// Calls the task's targets in order until one answers and `parse`
-    /// accepts the answer. A `parse` error is a malformed response: it
-    /// counts as that target's failure and the walk moves on.
-    ///
-    /// `request.model` is replaced by each target's model; `deadline` bounds
-    /// the whole walk.
+    /// accepts the answer, applying per target (see `resilience`): the
+    /// breaker (an open provider is skipped with no call), the rate and
+    /// concurrency limits, the call bounded by the provider timeout and the
+    /// deadline, then the retry policy. A `parse` error is a malformed
+    /// response: it counts against the provider and the walk moves on.
+    /// Nothing starts after `deadline`; every attempt is recorded.
     pub async fn run<T>(
         &self,
         task: &str,
         request: CompletionRequest,
         deadline: Instant,
+        options: &RouteOptions,
         parse: impl Fn(&Completion) -> Result<T, String>,
     ) -> Result<Routed<T>, RouteError> {
         let chain = self.chain(task)?;
         let mut attempts = Vec::new();
-        for (index, target) in chain.iter().enumerate() {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(RouteError::DeadlineExceeded { attempts });
-            }
-            let Some(provider) = self.providers.get(&target.provider) else {
-                // Config validation makes this unreachable; record it anyway.
-                attempts.push(AttemptRecord::failed(
-                    target,
-                    0,
-                    Duration::ZERO,
-                    &ProviderError::Unsupported("provider missing".into()),
-                ));
-                continue;
+        for (index, chain_target) in chain.iter().enumerate() {
+            let target = TargetConfig {
+                provider: chain_target.provider.clone(),
+                model: Self::model_for(chain_target, index, options),
             };
-            let attempt_deadline = self.attempt_deadline(&target.provider, now, deadline);
-            let req = CompletionRequest {
-                model: target.model.clone(),
-                deadline: attempt_deadline,
-                ..request.clone()
-            };
-            let called =
-                match tokio::time::timeout_at(attempt_deadline, provider.complete(req)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(ProviderError::Timeout),
-                };
-            let elapsed = now.elapsed();
-            let failure = match called {
-                Ok(completion) => match parse(&completion) {
-                    Ok(value) => {
-                        attempts.push(AttemptRecord::succeeded(
-                            target,
-                            0,
-                            elapsed,
-                            completion.usage,
-                        ));
+            let has_next = index + 1 < chain.len();
+            let mut retry = 0_u32;
+            loop {
+                if Instant::now() >= deadline {
+                    return Err(RouteError::DeadlineExceeded { attempts });
+                }
+                let tried = self
+                    .try_target(
+                        &target,
+                        retry,
+                        &request,
+                        deadline,
+                        options.priority,
+                        &parse,
+                        &mut attempts,
+                    )
+                    .await;
+                let err = match tried {
+                    Tried::Served(value, completion) => {
                         return Ok(Routed {
                             value,
                             completion,
@@ -163,26 +193,132 @@ impl Router {
                             attempts,
                         });
                     }
-                    // An unusable answer still consumed tokens.
-                    Err(why) => {
-                        AttemptRecord::failed(target, 0, elapsed, &ProviderError::Malformed(why))
-                            .with_usage(completion.usage)
+                    Tried::Failed(None) => break,
+                    Tried::Failed(Some(err)) => err,
+                };
+                // `rand::rng()` is not Send: keep it inside this statement.
+                let decision = self.resilience.retry.decide(
+                    &err,
+                    retry + 1,
+                    options.priority,
+                    has_next,
+                    Instant::now(),
+                    deadline,
+                    &mut rand::rng(),
+                );
+                match decision {
+                    Decision::RetryAfter(wait) => {
+                        tokio::time::sleep(wait).await;
+                        retry += 1;
                     }
-                },
-                Err(err) => AttemptRecord::failed(target, 0, elapsed, &err),
-            };
-            tracing::warn!(
-                provider = %target.provider,
-                model = %target.model,
-                code = failure.error_code.as_deref().unwrap_or_default(),
-                "provider attempt failed"
-            );
-            attempts.push(failure);
+                    Decision::NextTarget | Decision::GiveUp => break,
+                }
+            }
         }
         if Instant::now() >= deadline {
             Err(RouteError::DeadlineExceeded { attempts })
         } else {
             Err(RouteError::AllProvidersFailed { attempts })
         }
+    }
+
+    /// One attempt at one target, through its breaker and limits.
+    #[allow(clippy::too_many_arguments)] // one attempt needs every one of these facts
+    async fn try_target<T>(
+        &self,
+        target: &TargetConfig,
+        retry: u32,
+        request: &CompletionRequest,
+        deadline: Instant,
+        priority: Priority,
+        parse: &impl Fn(&Completion) -> Result<T, String>,
+        attempts: &mut Vec<AttemptRecord>,
+    ) -> Tried<T> {
+        let (Some(provider), Some(guards)) = (
+            self.providers.get(&target.provider),
+            self.resilience.get(&target.provider),
+        ) else {
+            // Config validation makes this unreachable; record it anyway.
+            attempts.push(AttemptRecord::skipped(
+                target,
+                AttemptOutcome::Error,
+                "UNKNOWN_PROVIDER",
+            ));
+            return Tried::Failed(None);
+        };
+        let permit = match guards.breaker.try_acquire() {
+            Ok(permit) => permit,
+            Err(rejected) => {
+                let outcome = if rejected.is_cooldown() {
+                    AttemptOutcome::SkippedRateLimited
+                } else {
+                    AttemptOutcome::SkippedCircuitOpen
+                };
+                attempts.push(
+                    AttemptRecord::skipped(target, outcome, rejected.code()).with_retry(retry),
+                );
+                return Tried::Failed(None);
+            }
+        };
+        let slot = match priority {
+            Priority::Interactive => guards.limits.try_acquire(),
+            Priority::Background => guards.limits.acquire_until(deadline).await,
+        };
+        let _slot = match slot {
+            Ok(slot) => slot,
+            Err(_) => {
+                // Dropping the unrecorded breaker permit frees its probe slot.
+                drop(permit);
+                attempts.push(
+                    AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED")
+                        .with_retry(retry),
+                );
+                return Tried::Failed(None);
+            }
+        };
+        let started = Instant::now();
+        let attempt_deadline = self.attempt_deadline(&target.provider, started, deadline);
+        let req = CompletionRequest {
+            model: target.model.clone(),
+            deadline: attempt_deadline,
+            ..request.clone()
+        };
+        let called = match tokio::time::timeout_at(attempt_deadline, provider.complete(req)).await {
+            Ok(result) => result,
+            Err(_) => Err(ProviderError::Timeout),
+        };
+        let elapsed = started.elapsed();
+        let err = match called {
+            Ok(completion) => match parse(&completion) {
+                Ok(value) => {
+                    guards.health.record(elapsed, true);
+                    permit.record(Outcome::Success);
+                    attempts.push(AttemptRecord::succeeded(
+                        target,
+                        retry,
+                        elapsed,
+                        completion.usage,
+                    ));
+                    return Tried::Served(value, completion);
+                }
+                Err(why) => {
+                    let err = ProviderError::Malformed(why);
+                    // An unusable answer still consumed tokens.
+                    attempts.push(
+                        AttemptRecord::failed(target, retry, elapsed, &err)
+                            .with_usage(completion.usage),
+                    );
+                    err
+                }
+            },
+            Err(err) => {
+                attempts.push(AttemptRecord::failed(target, retry, elapsed, &err));
+                err
+            }
+        };
+        guards.health.record(elapsed, false);
+        permit.record_error(&err);
+        tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), "provider attempt failed");
+        Tried::Failed(Some(err))
     }
 }

@@ -1,9 +1,12 @@
 //! The streaming walk: like [`Router::run`], but output is passed through as
 //! it arrives. Falling back is only possible until the first piece of output
 //! has been handed to the caller; after that a failure ends the stream.
+//! Each target gets one attempt (breaker and limits apply as in `run`):
+//! a stream is not retried in place, it falls back.
 
-use super::{AttemptRecord, RouteError, Router};
+use super::{AttemptOutcome, AttemptRecord, RouteError, RouteOptions, Router};
 use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent};
+use crate::{config::TargetConfig, resilience::Outcome, tasks::Priority};
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
 
@@ -52,12 +55,22 @@ impl Router {
         task: &str,
         request: CompletionRequest,
         deadline: Instant,
+        options: &RouteOptions,
     ) -> impl Stream<Item = RouteEvent> + Send + 'static {
         let router = self.clone();
         let task = task.to_owned();
+        let priority = options.priority;
+        let primary_model = options.primary_model.clone();
         async_stream::stream! {
             let chain = match router.chain(&task) {
-                Ok(chain) => chain.to_vec(),
+                Ok(chain) => chain
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| match (&primary_model, i) {
+                        (Some(m), 0) => TargetConfig { provider: t.provider.clone(), model: m.clone() },
+                        _ => t.clone(),
+                    })
+                    .collect::<Vec<_>>(),
                 Err(err) => { yield RouteEvent::Failed(err); return; }
             };
             let mut attempts: Vec<AttemptRecord> = Vec::new();
@@ -67,7 +80,30 @@ impl Router {
                     yield RouteEvent::Failed(RouteError::DeadlineExceeded { attempts });
                     return;
                 }
-                let Some(provider) = router.providers.get(&target.provider) else { continue };
+                let (Some(provider), Some(guards)) = (router.providers.get(&target.provider), router.resilience.get(&target.provider)) else { continue };
+                let permit = match guards.breaker.try_acquire() {
+                    Ok(permit) => permit,
+                    Err(rejected) => {
+                        let outcome = if rejected.is_cooldown() { AttemptOutcome::SkippedRateLimited } else { AttemptOutcome::SkippedCircuitOpen };
+                        attempts.push(AttemptRecord::skipped(target, outcome, rejected.code()));
+                        if let Some(next) = chain.get(index + 1) {
+                            yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: rejected.code().to_owned() };
+                        }
+                        continue;
+                    }
+                };
+                let slot = match priority {
+                    Priority::Interactive => guards.limits.try_acquire(),
+                    Priority::Background => guards.limits.acquire_until(deadline).await,
+                };
+                let Ok(_slot) = slot else {
+                    drop(permit);
+                    attempts.push(AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED"));
+                    if let Some(next) = chain.get(index + 1) {
+                        yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: "SATURATED".to_owned() };
+                    }
+                    continue;
+                };
                 let attempt_deadline = router.attempt_deadline(&target.provider, now, deadline);
                 let req = CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() };
                 yield RouteEvent::Started { provider: target.provider.clone(), model: target.model.clone() };
@@ -76,6 +112,8 @@ impl Router {
                 let mut upstream = match opened {
                     Ok(Ok(s)) => s,
                     Ok(Err(err)) => {
+                        guards.health.record(now.elapsed(), false);
+                        permit.record_error(&err);
                         attempts.push(AttemptRecord::failed(target, 0, now.elapsed(), &err));
                         if let Some(next) = chain.get(index + 1) {
                             yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: err.code() };
@@ -83,6 +121,8 @@ impl Router {
                         continue;
                     }
                     Err(_) => {
+                        guards.health.record(now.elapsed(), false);
+                        permit.record_error(&ProviderError::Timeout);
                         attempts.push(AttemptRecord::failed(target, 0, now.elapsed(), &ProviderError::Timeout));
                         if let Some(next) = chain.get(index + 1) {
                             yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: ProviderError::Timeout.code() };
@@ -103,6 +143,8 @@ impl Router {
                             yield RouteEvent::Delta(text);
                         }
                         Ok(StreamEvent::Done(completion)) => {
+                            guards.health.record(now.elapsed(), true);
+                            permit.record(Outcome::Success);
                             attempts.push(AttemptRecord::succeeded(target, 0, now.elapsed(), completion.usage));
                             yield RouteEvent::Completed {
                                 completion,
@@ -114,6 +156,8 @@ impl Router {
                             return;
                         }
                         Err(err) => {
+                            guards.health.record(now.elapsed(), false);
+                            permit.record_error(&err);
                             attempts.push(AttemptRecord::failed(target, 0, now.elapsed(), &err));
                             if sent_output {
                                 yield RouteEvent::Failed(RouteError::AllProvidersFailed { attempts });

@@ -12,7 +12,7 @@ use crate::{
     config::Config,
     prompts::{self, Prompt, TemplateError, store::PromptStore},
     providers::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, Role, TokenUsage},
-    router::{AttemptRecord, RouteError, Router},
+    router::{AttemptRecord, RouteError, RouteOptions, Router},
     usage::{MeterError, MeterSession},
 };
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -257,7 +257,14 @@ impl TaskRunner {
         ctx.meter
             .reserve(task, self.router.chain(task)?, &request)
             .await?;
-        let routed = self.router.run(task, request, ctx.deadline, parse).await?;
+        let options = RouteOptions {
+            priority: ctx.priority,
+            primary_model: rendered.prompt.model.clone(),
+        };
+        let routed = self
+            .router
+            .run(task, request, ctx.deadline, &options, parse)
+            .await?;
         let meta = CallMeta {
             trace_id: ctx.trace_id.clone(),
             usage: routed.usage(),

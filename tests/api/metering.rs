@@ -403,8 +403,14 @@ async fn records_match_responses(postgres: bool) {
             assert!(records[0].degraded);
             let attempts: Vec<serde_json::Value> =
                 serde_json::from_str(&records[0].attempts).unwrap();
-            assert_eq!(attempts.len(), 2);
-            assert_eq!(attempts[0]["error_code"], "HTTP_503");
+            // The primary failed (or, once its breaker opened, was skipped);
+            // the fallback served.
+            assert!(attempts.len() >= 2, "{attempts:?}");
+            assert!(
+                ["HTTP_503", "CIRCUIT_OPEN"].contains(&attempts[0]["error_code"].as_str().unwrap()),
+                "{attempts:?}"
+            );
+            assert_eq!(attempts.last().unwrap()["outcome"], "Success");
         }
     }
     let usage = c
@@ -458,12 +464,9 @@ async fn records_match_responses(postgres: bool) {
     assert_eq!(status.code(), Code::Unavailable);
     let records = record::by_trace(&store, "all-down").await.unwrap();
     assert_eq!(records[0].outcome, "ALL_PROVIDERS_FAILED");
-    assert_eq!(
-        serde_json::from_str::<Vec<serde_json::Value>>(&records[0].attempts)
-            .unwrap()
-            .len(),
-        2
-    );
+    let attempts: Vec<serde_json::Value> = serde_json::from_str(&records[0].attempts).unwrap();
+    assert!(attempts.len() >= 2, "{attempts:?}");
+    assert!(attempts.iter().all(|a| a["outcome"] != "Success"));
     store.close().await;
     down.stop().await;
     db.cleanup().await;
