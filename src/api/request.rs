@@ -14,6 +14,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 
+/// Headroom kept before the caller's `grpc-timeout` (at most 10% of it).
+pub const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Longest accepted team/user ID.
 const MAX_ID_LEN: usize = 128;
 
@@ -51,7 +54,10 @@ pub(crate) fn call_context(
     let mut timeout = server.default_timeout;
     if let Some(grpc) = metadata.get("grpc-timeout").and_then(|v| v.to_str().ok()) {
         match parse_grpc_timeout(grpc) {
-            Some(t) => timeout = timeout.min(t),
+            // Finish a little before the caller's own timer fires, so it
+            // gets our DEADLINE_EXCEEDED with the attempts rather than a
+            // bare CANCELLED from its transport.
+            Some(t) => timeout = timeout.min(t.saturating_sub(DEADLINE_MARGIN.min(t / 10))),
             None => return fail("grpc-timeout", "malformed grpc-timeout header"),
         }
     }

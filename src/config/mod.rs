@@ -86,6 +86,39 @@ pub struct Config {
     /// Usage metering and monthly caps.
     #[serde(default)]
     pub metering: MeteringConfig,
+    /// Retry policy applied at every target of every chain.
+    #[serde(default)]
+    pub retry: RetryConfig,
+}
+
+/// Retries per target (SPEC §4 seed values by default).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Calls per target, the first included (1 disables retries).
+    pub max_attempts: u32,
+    /// Backoff cap after the first failure; doubles per retry (full jitter).
+    #[serde(with = "humantime_serde")]
+    pub base_backoff: Duration,
+    /// Largest backoff cap.
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+    /// INTERACTIVE requests retry the same target only when the wait is at
+    /// most this (else they fail over to the next target).
+    #[serde(with = "humantime_serde")]
+    pub interactive_max_wait: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        let seed = crate::resilience::RetryPolicy::default();
+        Self {
+            max_attempts: seed.max_attempts,
+            base_backoff: seed.base_backoff,
+            max_backoff: seed.max_backoff,
+            interactive_max_wait: seed.interactive_max_wait,
+        }
+    }
 }
 
 /// Price of one model in USD per 1M tokens, or explicitly unknown.

@@ -155,6 +155,18 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be greater than zero",
         );
     }
+    if config.retry.max_attempts == 0 {
+        bad(
+            "retry.max_attempts".into(),
+            "must be at least 1 (1 disables retries)",
+        );
+    }
+    if config.retry.max_backoff < config.retry.base_backoff {
+        bad(
+            "retry.max_backoff".into(),
+            "must be at least retry.base_backoff",
+        );
+    }
     if config.server.max_input_bytes == 0 {
         bad("server.max_input_bytes".into(), "must be at least 1");
     }

@@ -86,16 +86,22 @@ pub struct Resilience {
 }
 
 impl Resilience {
-    /// Guards for every provider in `config`, with the default retry policy.
+    /// Guards for every provider in `config`, and its retry policy.
     pub fn from_config(config: &Config) -> Self {
         let providers = config
             .providers
             .iter()
             .map(|(name, p)| (name.clone(), ProviderGuards::from_config(name, p)))
             .collect();
+        let r = &config.retry;
         Self {
             providers,
-            retry: RetryPolicy::default(),
+            retry: RetryPolicy {
+                max_attempts: r.max_attempts,
+                base_backoff: r.base_backoff,
+                max_backoff: r.max_backoff,
+                interactive_max_wait: r.interactive_max_wait,
+            },
         }
     }
 

@@ -143,7 +143,12 @@ impl TestApp {
 
     /// Server with a full config.
     pub async fn spawn_toml(toml: &str) -> Self {
-        let config = Config::from_toml_str(toml, |_| None).expect("valid test config");
+        Self::spawn_toml_env(toml, |_| None).await
+    }
+
+    /// Server with a full config and an injected environment (API keys).
+    pub async fn spawn_toml_env(toml: &str, env: impl Fn(&str) -> Option<String>) -> Self {
+        let config = Config::from_toml_str(toml, env).expect("valid test config");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, rx) = oneshot::channel::<()>();

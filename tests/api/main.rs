@@ -6,6 +6,7 @@ mod crash;
 mod errors;
 mod health;
 mod metering;
+mod routing;
 mod rpcs;
 mod storage;
 mod trace;

@@ -1,0 +1,461 @@
+//! Routing end to end: the real server, fake providers speaking the OpenAI
+//! wire format over real HTTP, exact upstream call counts.
+
+use crate::common::{TestApp, ctx};
+use ai_orchestrator::api::pb;
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tonic::Code;
+use tonic_types::StatusExt;
+use wiremock::{
+    Mock, MockServer, ResponseTemplate,
+    matchers::{method, path},
+};
+
+/// A Chat Completions success whose content is `content`.
+fn completion(content: &str) -> ResponseTemplate {
+    ResponseTemplate::new(200).set_body_json(json!({
+        "id": "chatcmpl-AbC123",
+        "object": "chat.completion",
+        "created": 1_732_000_000,
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "refusal": null},
+                     "logprobs": null, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 18, "total_tokens": 138},
+        "system_fingerprint": "fp_0ba0d124f1"
+    }))
+}
+
+fn classification() -> ResponseTemplate {
+    completion(r#"{"intent":"QUESTION","confidence":0.88,"reason":"asks about pricing"}"#)
+}
+
+fn error(status: u16) -> ResponseTemplate {
+    ResponseTemplate::new(status).set_body_json(json!({
+        "error": {"message": "canary-upstream-secret", "type": "server_error", "param": null, "code": null}
+    }))
+}
+
+/// Config with `primary` (openai) and `fallback` (openai_compatible) at the
+/// given fake servers; `retry` lines added to the `[retry]` table.
+fn toml(primary: &MockServer, fallback: &MockServer, retry: &str) -> String {
+    format!(
+        r#"
+[server]
+default_timeout = "10s"
+health_probe_interval = "1s"
+[database]
+url = "sqlite::memory:"
+max_connections = 1
+[providers.primary]
+kind = "openai"
+base_url = "{}/v1"
+api_key_env = "TEST_OPENAI_KEY"
+timeout = "2s"
+[providers.fallback]
+kind = "openai_compatible"
+base_url = "{}/v1"
+timeout = "2s"
+[tasks.sms_classify]
+chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "fallback", model = "llama3" }}]
+[pricing."gpt-4o-mini"]
+input_per_mtok = 0.15
+output_per_mtok = 0.60
+[pricing.llama3]
+price = "unknown"
+[retry]
+base_backoff = "20ms"
+max_backoff = "80ms"
+interactive_max_wait = "0ms"
+{retry}
+"#,
+        primary.uri(),
+        fallback.uri()
+    )
+}
+
+async fn spawn(primary: &MockServer, fallback: &MockServer, retry: &str) -> TestApp {
+    TestApp::spawn_toml_env(&toml(primary, fallback, retry), |name| {
+        (name == "TEST_OPENAI_KEY").then(|| "sk-test".to_owned())
+    })
+    .await
+}
+
+fn classify(priority: pb::Priority) -> pb::ClassifySmsRequest {
+    let mut context = ctx().unwrap();
+    context.priority = priority as i32;
+    pb::ClassifySmsRequest {
+        context: Some(context),
+        message: "How much does it cost?".into(),
+        ..Default::default()
+    }
+}
+
+async fn calls(server: &MockServer) -> usize {
+    server.received_requests().await.map_or(0, |r| r.len())
+}
+
+#[tokio::test]
+async fn background_retries_the_primary_then_falls_back() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(error(500))
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(classification())
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "").await;
+
+    let reply = app
+        .client
+        .clone()
+        .classify_sms(classify(pb::Priority::Background))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.intent, pb::SmsIntent::Question as i32);
+    let meta = reply.meta.unwrap();
+    assert!(meta.degraded);
+    assert_eq!(
+        (meta.provider.as_str(), meta.model.as_str()),
+        ("fallback", "llama3")
+    );
+    assert_eq!(calls(&primary).await, 3, "max_attempts = 3 at the primary");
+    assert_eq!(calls(&fallback).await, 1);
+    let summary: Vec<(String, u32, String)> = meta
+        .attempts
+        .iter()
+        .map(|a| (a.provider.clone(), a.retry, a.error_code.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("primary".into(), 0, "HTTP_500".into()),
+            ("primary".into(), 1, "HTTP_500".into()),
+            ("primary".into(), 2, "HTTP_500".into()),
+            ("fallback".into(), 0, String::new()),
+        ]
+    );
+    // The trace ID travelled upstream; the key only to its own provider.
+    let sent = &primary.received_requests().await.unwrap()[0];
+    assert_eq!(
+        sent.headers.get("x-trace-id").unwrap().to_str().unwrap(),
+        meta.trace_id
+    );
+    assert_eq!(
+        sent.headers.get("authorization").unwrap().to_str().unwrap(),
+        "Bearer sk-test"
+    );
+    let to_fallback = &fallback.received_requests().await.unwrap()[0];
+    assert!(
+        to_fallback.headers.get("authorization").is_none(),
+        "no key leaks to another provider"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn interactive_fails_over_instead_of_waiting_and_client_errors_are_not_retried() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(error(400))
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(classification())
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "").await;
+    let meta = app
+        .client
+        .clone()
+        .classify_sms(classify(pb::Priority::Background))
+        .await
+        .unwrap()
+        .into_inner()
+        .meta
+        .unwrap();
+    assert_eq!(calls(&primary).await, 1, "a 400 is never retried");
+    assert_eq!(meta.attempts[0].error_code, "HTTP_400");
+    app.stop().await;
+
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(error(503))
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(classification())
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "").await;
+    app.client
+        .clone()
+        .classify_sms(classify(pb::Priority::Interactive))
+        .await
+        .unwrap();
+    assert_eq!(
+        calls(&primary).await,
+        1,
+        "INTERACTIVE moves on rather than sleeping"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn breaker_opens_after_five_failures_and_skips_without_calling() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(error(502))
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(classification())
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "max_attempts = 1").await;
+    let mut c = app.client.clone();
+    for _ in 0..5 {
+        c.classify_sms(classify(pb::Priority::Interactive))
+            .await
+            .unwrap();
+    }
+    assert_eq!(calls(&primary).await, 5);
+    let meta = c
+        .classify_sms(classify(pb::Priority::Interactive))
+        .await
+        .unwrap()
+        .into_inner()
+        .meta
+        .unwrap();
+    assert_eq!(calls(&primary).await, 5, "an open breaker makes no call");
+    assert_eq!(
+        meta.attempts[0].outcome,
+        pb::AttemptOutcome::SkippedCircuitOpen as i32
+    );
+    assert_eq!(meta.attempts[0].error_code, "CIRCUIT_OPEN");
+
+    let health = c
+        .get_provider_health(pb::GetProviderHealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let p = health
+        .providers
+        .iter()
+        .find(|p| p.provider == "primary")
+        .unwrap();
+    assert_eq!(p.state, pb::BreakerState::Open as i32);
+    assert_eq!(p.consecutive_failures, 5);
+    assert!(p.opened_at.is_some());
+    assert_eq!(p.recent_error_rate, 1.0);
+    let f = health
+        .providers
+        .iter()
+        .find(|p| p.provider == "fallback")
+        .unwrap();
+    assert_eq!(
+        (f.state, f.recent_error_rate),
+        (pb::BreakerState::Closed as i32, 0.0)
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn rate_limited_provider_cools_down_until_retry_after() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(error(429).insert_header("retry-after", "30"))
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(classification())
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "").await;
+    let mut c = app.client.clone();
+    let first = c
+        .classify_sms(classify(pb::Priority::Interactive))
+        .await
+        .unwrap()
+        .into_inner()
+        .meta
+        .unwrap();
+    assert_eq!(first.attempts[0].error_code, "RATE_LIMITED");
+    let second = c
+        .classify_sms(classify(pb::Priority::Interactive))
+        .await
+        .unwrap()
+        .into_inner()
+        .meta
+        .unwrap();
+    assert_eq!(calls(&primary).await, 1, "cooling down: no second call");
+    assert_eq!(
+        second.attempts[0].outcome,
+        pb::AttemptOutcome::SkippedRateLimited as i32
+    );
+    let health = c
+        .get_provider_health(pb::GetProviderHealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let p = health
+        .providers
+        .iter()
+        .find(|p| p.provider == "primary")
+        .unwrap();
+    assert_eq!(
+        p.state,
+        pb::BreakerState::Closed as i32,
+        "a 429 is not a breaker failure"
+    );
+    assert!(p.cooldown_until.is_some());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_hanging_primary_is_cut_at_its_timeout_and_the_fallback_answers() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(classification().set_delay(Duration::from_secs(10)))
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(classification())
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "max_attempts = 1").await;
+    let started = Instant::now();
+    let meta = app
+        .client
+        .clone()
+        .classify_sms(classify(pb::Priority::Interactive))
+        .await
+        .unwrap()
+        .into_inner()
+        .meta
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(3500),
+        "provider timeout is 2 s; took {took:?}"
+    );
+    assert_eq!(meta.attempts[0].outcome, pb::AttemptOutcome::Timeout as i32);
+    assert!(meta.degraded);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_grpc_deadline_bounds_the_whole_chain() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    let slow = classification().set_delay(Duration::from_secs(10));
+    Mock::given(method("POST"))
+        .respond_with(slow.clone())
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(slow)
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "").await;
+    let mut request = tonic::Request::new(classify(pb::Priority::Background));
+    request.set_timeout(Duration::from_millis(500));
+    let started = Instant::now();
+    let status = app.client.clone().classify_sms(request).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "answered after {took:?}"
+    );
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let info = status.get_details_error_info().unwrap();
+    assert_eq!(info.reason, "DEADLINE_EXCEEDED");
+    assert!(
+        info.metadata["attempts"].contains("primary/gpt-4o-mini:TIMEOUT"),
+        "{:?}",
+        info.metadata
+    );
+    assert_eq!(
+        calls(&fallback).await,
+        0,
+        "nothing starts after the deadline"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_model_answer_falls_back() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(completion("Sure! The intent is QUESTION."))
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(classification())
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "").await;
+    let reply = app
+        .client
+        .clone()
+        .classify_sms(classify(pb::Priority::Interactive))
+        .await
+        .unwrap()
+        .into_inner();
+    let meta = reply.meta.unwrap();
+    assert_eq!(
+        meta.attempts[0].outcome,
+        pb::AttemptOutcome::Malformed as i32
+    );
+    assert_eq!(meta.attempts[0].error_code, "MALFORMED_RESPONSE");
+    assert_eq!(
+        calls(&primary).await,
+        1,
+        "a malformed answer is not re-rolled at the same target"
+    );
+    assert!(meta.degraded);
+    // The malformed answer still consumed tokens, and they are counted.
+    assert_eq!(meta.usage.unwrap().input_tokens, 240);
+    // The request asked for structured output in OpenAI's format.
+    let body: serde_json::Value = primary.received_requests().await.unwrap()[0]
+        .body_json()
+        .unwrap();
+    assert_eq!(body["response_format"]["type"], "json_schema");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn all_down_is_all_providers_failed_without_upstream_bodies() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(error(500))
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(error(503))
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "max_attempts = 2").await;
+    let status = app
+        .client
+        .clone()
+        .classify_sms(classify(pb::Priority::Background))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        status.get_details_error_info().unwrap().reason,
+        "ALL_PROVIDERS_FAILED"
+    );
+    assert_eq!((calls(&primary).await, calls(&fallback).await), (2, 2));
+    let everything = format!("{status:?}");
+    assert!(
+        !everything.contains("canary-upstream-secret"),
+        "raw upstream body leaked: {everything}"
+    );
+    app.stop().await;
+}
