@@ -9,4 +9,5 @@ mod metering;
 mod routing;
 mod rpcs;
 mod storage;
+mod tasks;
 mod trace;

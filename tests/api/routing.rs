@@ -58,6 +58,8 @@ base_url = "{}/v1"
 timeout = "2s"
 [tasks.sms_classify]
 chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "fallback", model = "llama3" }}]
+[tasks.meeting_brief]
+chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "fallback", model = "llama3" }}]
 [pricing."gpt-4o-mini"]
 input_per_mtok = 0.15
 output_per_mtok = 0.60
@@ -457,5 +459,86 @@ async fn all_down_is_all_providers_failed_without_upstream_bodies() {
         !everything.contains("canary-upstream-secret"),
         "raw upstream body leaked: {everything}"
     );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn execute_stream_falls_back_before_the_first_delta_and_passes_sse_through() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(error(503))
+        .mount(&primary)
+        .await;
+    let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
+        json!({"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1_732_000_000, "model": "llama3",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut sse = String::new();
+    for (delta, finish) in [
+        (json!({"role": "assistant", "content": ""}), json!(null)),
+        (json!({"content": "Meet "}), json!(null)),
+        (json!({"content": "Ann at 10."}), json!(null)),
+        (json!({}), json!("stop")),
+    ] {
+        sse.push_str(&format!("data: {}\n\n", chunk(delta, finish)));
+    }
+    sse.push_str(&format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1_732_000_000, "model": "llama3",
+               "choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 6, "total_tokens": 56}})
+    ));
+    sse.push_str("data: [DONE]\n\n");
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "text/event-stream")
+                .set_body_string(sse),
+        )
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "max_attempts = 1").await;
+    let mut stream = app
+        .client
+        .clone()
+        .execute_stream(pb::ExecuteRequest {
+            context: ctx(),
+            task: "meeting_brief".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    use pb::execute_event::Event;
+    let mut events = Vec::new();
+    while let Some(e) = stream.message().await.unwrap() {
+        events.push(e.event.unwrap());
+    }
+    assert!(matches!(&events[0], Event::Started(s) if s.provider == "primary"));
+    assert!(
+        matches!(&events[1], Event::Fallback(f) if f.to == "fallback" && f.reason == "HTTP_503")
+    );
+    assert!(matches!(&events[2], Event::Started(s) if s.provider == "fallback"));
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Delta(d) = e {
+                Some(d.text.as_str())
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(deltas, ["Meet ", "Ann at 10."]);
+    let Some(Event::Completed(done)) = events.last() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(done.text, "Meet Ann at 10.");
+    let meta = done.meta.as_ref().unwrap();
+    assert!(meta.degraded);
+    assert_eq!(meta.usage.as_ref().unwrap().output_tokens, 6);
+    let body: serde_json::Value = fallback.received_requests().await.unwrap()[0]
+        .body_json()
+        .unwrap();
+    assert_eq!(body["stream"], true);
     app.stop().await;
 }
