@@ -1,6 +1,7 @@
 //! Wiring: storage, providers, router, tasks and the gRPC services, served
 //! on a listener until a shutdown signal, then drained.
 
+use crate::{api::metrics_layer::GrpcMetricsLayer, telemetry::metrics};
 use crate::{
     api::{OrchestratorApi, admin::PromptAdminApi, pb},
     config::Config,
@@ -35,6 +36,7 @@ pub async fn serve(
     store.migrate().await.context("migrating the database")?;
     let providers = Providers::from_config(&config).context("building providers")?;
     let router = Router::new(config.clone(), providers);
+    let resilience = router.resilience().clone();
     let prompts = PromptStore::new(store.clone());
     let runner = TaskRunner::new(config.clone(), router, prompts.clone());
     let metering = &config.metering;
@@ -63,7 +65,15 @@ pub async fn serve(
     let api = OrchestratorApi::new(config.clone(), runner, store.clone(), meter);
 
     let (health, health_service) = tonic_health::server::health_reporter();
+    let (ready_tx, ready_rx) = watch::channel(true);
+    let health = Health {
+        reporter: health,
+        ready: Arc::new(ready_tx),
+    };
     set_health(&health, ServingStatus::Serving).await;
+    for (name, guards) in resilience.iter() {
+        metrics::breaker_state(name, guards.breaker.state().metric_value());
+    }
     let (stop_background, background_stopped) = watch::channel(false);
     let probe = tokio::spawn(probe_database(
         store.clone(),
@@ -71,6 +81,7 @@ pub async fn serve(
         config.server.health_probe_interval,
         background_stopped.clone(),
     ));
+    let background_stopped_for_metrics = background_stopped.clone();
     let sweeper = metering.enabled.then(|| {
         tokio::spawn(sweep_periodically(
             store.clone(),
@@ -79,6 +90,21 @@ pub async fn serve(
         ))
     });
 
+    let metrics_task = match config.server.metrics_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+            tracing::info!(addr = ?listener.local_addr().ok(), "metrics endpoint");
+            metrics::handle();
+            Some(tokio::spawn(metrics::serve_http(
+                listener,
+                ready_rx,
+                background_stopped_for_metrics,
+            )))
+        }
+        None => None,
+    };
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -105,6 +131,7 @@ pub async fn serve(
         let _ = draining_tx.send(true);
     };
     let server = Server::builder()
+        .layer(GrpcMetricsLayer)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
@@ -128,6 +155,9 @@ pub async fn serve(
     let _ = probe.await;
     if let Some(sweeper) = sweeper {
         let _ = sweeper.await;
+    }
+    if let Some(task) = metrics_task {
+        let _ = task.await;
     }
     // Calls still running past the grace period can no longer be recorded;
     // everything queued (incl. settlements of cancelled calls) is committed.
@@ -171,16 +201,27 @@ async fn sweep_periodically(store: Store, config: Arc<Config>, mut stop: watch::
     }
 }
 
-async fn set_health(health: &HealthReporter, status: ServingStatus) {
-    health.set_service_status("", status).await;
-    health.set_service_status(SERVICE_NAME, status).await;
+/// The gRPC health reporter plus the readiness flag `/readyz` serves.
+#[derive(Clone)]
+struct Health {
+    reporter: HealthReporter,
+    ready: Arc<watch::Sender<bool>>,
+}
+
+async fn set_health(health: &Health, status: ServingStatus) {
+    health.reporter.set_service_status("", status).await;
+    health
+        .reporter
+        .set_service_status(SERVICE_NAME, status)
+        .await;
+    let _ = health.ready.send(status == ServingStatus::Serving);
 }
 
 /// Keeps the health status in step with the database: NOT_SERVING while it
 /// cannot be reached, SERVING again when it can.
 async fn probe_database(
     store: Store,
-    health: HealthReporter,
+    health: Health,
     interval: Duration,
     mut stop: watch::Receiver<bool>,
 ) {

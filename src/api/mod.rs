@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod convert;
 pub mod error;
+pub mod metrics_layer;
 pub mod pb;
 pub(crate) mod request;
 
@@ -72,6 +73,7 @@ impl OrchestratorApi {
                     .pricing()
                     .cost_of_attempts(&meta.attempts)
                     .map(usd);
+                self.observe(task, ctx, &meta);
                 (self.record(ctx, task, &meta, "ok"), Ok((value, meta)))
             }
             Err(Failure::Route(err)) => {
@@ -87,19 +89,52 @@ impl OrchestratorApi {
                     latency: ctx.started.elapsed(),
                     ..CallMeta::default()
                 };
+                self.observe(task, ctx, &meta);
                 let outcome = error::route_reason(&err);
                 (
                     self.record(ctx, task, &meta, outcome),
                     Err(to_status(Failure::Route(err), &ctx.trace_id)),
                 )
             }
-            Err(other) => return Err(to_status(other, &ctx.trace_id)),
+            Err(other) => {
+                if matches!(other, Failure::Quota(_)) {
+                    crate::telemetry::metrics::quota_rejection(&ctx.team_id);
+                }
+                return Err(to_status(other, &ctx.trace_id));
+            }
         };
+
         // Durable before the response is sent: no acknowledged call unrecorded.
         if let Err(err) = ctx.meter.settle(record).await {
             return Err(to_status(Failure::Storage(err.to_string()), &ctx.trace_id));
         }
         outcome
+    }
+
+    /// Metrics of a finished call: tokens and cost per attempt, fallbacks,
+    /// and our overhead (request time minus time waiting on providers).
+    fn observe(&self, task: &str, ctx: &CallContext, meta: &CallMeta) {
+        use crate::telemetry::metrics;
+        let mut provider_time = std::time::Duration::ZERO;
+        let resilience = self.runner.router.resilience();
+        for a in &meta.attempts {
+            metrics::attempt(a);
+            if let Some(guards) = resilience.get(&a.provider) {
+                metrics::breaker_state(&a.provider, guards.breaker.state().metric_value());
+            }
+            let (input, output) = (a.usage.input_tokens, a.usage.output_tokens);
+            let cost = self
+                .meter
+                .pricing()
+                .cost_micros(&a.provider, &a.model, input, output)
+                .map(usd);
+            metrics::usage(&a.provider, &a.model, input, output, cost);
+            provider_time += a.latency;
+        }
+        if let (true, Some(first)) = (meta.degraded, meta.attempts.first()) {
+            metrics::fallback(task, &first.provider, &meta.provider);
+        }
+        metrics::overhead(ctx.started.elapsed().saturating_sub(provider_time));
     }
 
     fn record(&self, ctx: &CallContext, task: &str, meta: &CallMeta, outcome: &str) -> UsageRecord {

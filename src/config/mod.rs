@@ -192,6 +192,9 @@ pub struct LimitsConfig {
 pub struct ServerConfig {
     /// Address the gRPC server binds.
     pub listen: SocketAddr,
+    /// Address of the HTTP endpoint with `/metrics` (Prometheus), `/healthz`
+    /// and `/readyz`; absent = no metrics endpoint.
+    pub metrics_listen: Option<SocketAddr>,
     /// Largest accepted request input (message text, JSON input), in bytes.
     pub max_input_bytes: usize,
     /// Deadline applied when the caller sends neither `grpc-timeout` nor a budget.
@@ -209,6 +212,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            metrics_listen: None,
             // 64 KiB holds any SMS thread or research query many times over;
             // bigger inputs are almost always a caller bug.
             max_input_bytes: 64 * 1024,

@@ -318,6 +318,7 @@ impl Router {
         };
         guards.health.record(elapsed, false);
         permit.record_error(&err);
+
         tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), "provider attempt failed");
         Tried::Failed(Some(err))
     }

@@ -3,6 +3,7 @@
 //! Must never log message contents, prompts, replies or API keys: fields are
 //! chosen by hand at each call site, never whole requests.
 
+pub mod metrics;
 pub mod trace_id;
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};

@@ -6,6 +6,7 @@ mod crash;
 mod errors;
 mod health;
 mod metering;
+mod observability;
 mod routing;
 mod rpcs;
 mod storage;
