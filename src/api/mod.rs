@@ -25,6 +25,7 @@ use pb::orchestrator_server::Orchestrator;
 use prost::Message;
 use std::{pin::Pin, sync::Arc};
 use tonic::{Request, Response, Status, metadata::MetadataMap};
+use tracing::Instrument;
 
 /// The `Orchestrator` service.
 #[derive(Clone)]
@@ -184,6 +185,18 @@ fn attempts_json(attempts: &[AttemptRecord]) -> String {
     serde_json::Value::Array(list).to_string()
 }
 
+/// The span of one request: every log line inside it carries the trace ID.
+/// Only identifiers go here, never message contents.
+fn request_span(rpc: &'static str, ctx: &CallContext) -> tracing::Span {
+    tracing::info_span!(
+        "request",
+        rpc,
+        trace_id = %ctx.trace_id,
+        team_id = %ctx.team_id,
+        priority = ctx.priority.as_str(),
+    )
+}
+
 /// Wraps a body in a response carrying the `x-trace-id` metadata.
 fn reply<T>(trace_id: &str, body: T) -> Response<T> {
     let mut response = Response::new(body);
@@ -260,13 +273,18 @@ impl Orchestrator for OrchestratorApi {
     ) -> Result<Response<pb::ExecuteResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let span = request_span("Execute", &ctx);
         let result = async {
             check_task_name(&req.task)?;
             let input = execute_input(self, req.input)?;
             Ok(execute::execute(&self.runner, &ctx, &req.task, input).await?)
         }
+        .instrument(span.clone())
         .await;
-        let (output, meta) = self.finish(&ctx, &req.task, result).await?;
+        let (output, meta) = self
+            .finish(&ctx, &req.task, result)
+            .instrument(span)
+            .await?;
         Ok(reply(
             &ctx.trace_id,
             pb::ExecuteResponse {
@@ -285,6 +303,7 @@ impl Orchestrator for OrchestratorApi {
     ) -> Result<Response<Self::ExecuteStreamStream>, Status> {
         let (metadata, _, req) = request.into_parts();
         let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let span = request_span("ExecuteStream", &ctx);
         let prepared = async {
             check_task_name(&req.task)?;
             let input = execute_input(self, req.input)?;
@@ -301,6 +320,7 @@ impl Orchestrator for OrchestratorApi {
                 .map_err(TaskError::from)?;
             Ok::<_, Failure>((rendered, request))
         }
+        .instrument(span.clone())
         .await;
         let (rendered, completion_request) = prepared.map_err(|f| to_status(f, &ctx.trace_id))?;
         let events = self.runner.router.stream(
@@ -376,6 +396,7 @@ impl Orchestrator for OrchestratorApi {
     ) -> Result<Response<pb::ClassifySmsResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let span = request_span("ClassifySms", &ctx);
         let result = async {
             self.check_size("message", req.message.len() + history_bytes(&req.history))?;
             let input = sms_classify::ClassifyInput {
@@ -384,8 +405,12 @@ impl Orchestrator for OrchestratorApi {
             };
             Ok(sms_classify::classify(&self.runner, &ctx, input).await?)
         }
+        .instrument(span.clone())
         .await;
-        let (answer, meta) = self.finish(&ctx, sms_classify::TASK, result).await?;
+        let (answer, meta) = self
+            .finish(&ctx, sms_classify::TASK, result)
+            .instrument(span)
+            .await?;
         Ok(reply(
             &ctx.trace_id,
             pb::ClassifySmsResponse {
@@ -404,6 +429,7 @@ impl Orchestrator for OrchestratorApi {
     ) -> Result<Response<pb::GenerateSmsResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let span = request_span("GenerateSms", &ctx);
         let result = async {
             let lead = req.lead.unwrap_or_default();
             let lead_bytes = lead.first_name.len()
@@ -441,8 +467,12 @@ impl Orchestrator for OrchestratorApi {
             };
             Ok(sms_generate::generate(&self.runner, &ctx, input).await?)
         }
+        .instrument(span.clone())
         .await;
-        let (answer, meta) = self.finish(&ctx, sms_generate::TASK, result).await?;
+        let (answer, meta) = self
+            .finish(&ctx, sms_generate::TASK, result)
+            .instrument(span)
+            .await?;
         Ok(reply(
             &ctx.trace_id,
             pb::GenerateSmsResponse {
@@ -462,6 +492,7 @@ impl Orchestrator for OrchestratorApi {
     ) -> Result<Response<pb::ResearchResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let span = request_span("Research", &ctx);
         let depth = match pb::ResearchDepth::try_from(req.depth) {
             Ok(pb::ResearchDepth::Deep) => research::Depth::Deep,
             _ => research::Depth::Verify,
@@ -470,8 +501,12 @@ impl Orchestrator for OrchestratorApi {
             self.check_size("query", req.query.len())?;
             Ok(research::research(&self.runner, &ctx, &req.query, depth).await?)
         }
+        .instrument(span.clone())
         .await;
-        let (answer, meta) = self.finish(&ctx, depth.task(), result).await?;
+        let (answer, meta) = self
+            .finish(&ctx, depth.task(), result)
+            .instrument(span)
+            .await?;
         Ok(reply(
             &ctx.trace_id,
             pb::ResearchResponse {

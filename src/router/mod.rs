@@ -18,6 +18,7 @@ use crate::{
 };
 use std::sync::Arc;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Why a routed call produced no answer.
 #[derive(Debug, thiserror::Error)]
@@ -283,10 +284,32 @@ impl Router {
             deadline: attempt_deadline,
             ..request.clone()
         };
-        let called = match tokio::time::timeout_at(attempt_deadline, provider.complete(req)).await {
+        let span = tracing::info_span!(
+            "provider_attempt",
+            provider = %target.provider,
+            model = %target.model,
+            retry,
+            outcome = tracing::field::Empty,
+            input_tokens = tracing::field::Empty,
+            output_tokens = tracing::field::Empty,
+        );
+        let called = match tokio::time::timeout_at(attempt_deadline, provider.complete(req))
+            .instrument(span.clone())
+            .await
+        {
             Ok(result) => result,
             Err(_) => Err(ProviderError::Timeout),
         };
+        match &called {
+            Ok(c) => {
+                span.record("outcome", "ok");
+                span.record("input_tokens", c.usage.input_tokens);
+                span.record("output_tokens", c.usage.output_tokens);
+            }
+            Err(e) => {
+                span.record("outcome", e.code().as_str());
+            }
+        }
         let elapsed = started.elapsed();
         let err = match called {
             Ok(completion) => match parse(&completion) {
@@ -302,6 +325,7 @@ impl Router {
                     return Tried::Served(value, completion);
                 }
                 Err(why) => {
+                    span.record("outcome", "MALFORMED_RESPONSE");
                     let err = ProviderError::Malformed(why);
                     // An unusable answer still consumed tokens.
                     attempts.push(

@@ -18,21 +18,28 @@ pub enum LogFormat {
     Text,
 }
 
+/// The JSON log layer used in production: one object per line, with the
+/// fields of the current span (so `trace_id` on every line of a request).
+pub fn json_layer<S, W>(writer: W) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    fmt::layer()
+        .json()
+        .flatten_event(true)
+        .with_current_span(true)
+        .with_span_list(false)
+        .with_writer(writer)
+}
+
 /// Installs the global subscriber. `RUST_LOG` filters (default `info`).
 /// Safe to call twice (the second call does nothing), which tests rely on.
 pub fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
-        LogFormat::Json => registry
-            .with(
-                fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(true)
-                    .with_span_list(false),
-            )
-            .try_init(),
+        LogFormat::Json => registry.with(json_layer(std::io::stdout)).try_init(),
         LogFormat::Text => registry.with(fmt::layer()).try_init(),
     };
 }
