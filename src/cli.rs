@@ -370,7 +370,24 @@ pub enum Call {
 
 /// Validates the config file and describes it.
 pub fn check_config(config: &Config) -> String {
-    let mut out = String::from("config OK\n\nproviders:\n");
+    let mut out = String::from("config OK\n\nserver:\n");
+    let _ = writeln!(
+        out,
+        "  listen={} metrics={} database={} metering={} max_concurrent_requests={}",
+        config.server.listen,
+        config
+            .server
+            .metrics_listen
+            .map_or_else(|| "off".to_string(), |a| a.to_string()),
+        if config.database.url.starts_with("postgres") {
+            "postgres"
+        } else {
+            "sqlite"
+        },
+        if config.metering.enabled { "on" } else { "off" },
+        config.server.max_concurrent_requests,
+    );
+    out.push_str("\nproviders:\n");
     for (name, p) in &config.providers {
         let _ = writeln!(
             out,

@@ -131,14 +131,21 @@ pub async fn serve(
         let _ = draining_tx.send(true);
     };
     let server = Server::builder()
+        .http2_keepalive_interval(Some(config.server.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(config.server.http2_keepalive_timeout))
+        .max_concurrent_streams(config.server.max_concurrent_streams)
         .layer(GrpcMetricsLayer)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .add_service(pb::orchestrator_server::OrchestratorServer::new(api))
-        .add_service(pb::prompt_admin_server::PromptAdminServer::new(
-            PromptAdminApi::new(prompts),
-        ))
+        .add_service(
+            pb::orchestrator_server::OrchestratorServer::new(api)
+                .max_decoding_message_size(config.server.max_message_bytes),
+        )
+        .add_service(
+            pb::prompt_admin_server::PromptAdminServer::new(PromptAdminApi::new(prompts))
+                .max_decoding_message_size(config.server.max_message_bytes),
+        )
         .serve_with_incoming_shutdown(incoming, signal);
 
     let grace = config.server.shutdown_grace;

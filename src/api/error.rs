@@ -38,6 +38,8 @@ pub mod reason {
     pub const BUDGET_EXCEEDED: &str = "BUDGET_EXCEEDED";
     /// The named prompt version does not exist.
     pub const NOT_FOUND: &str = "NOT_FOUND";
+    /// Too many requests in flight on this replica; retry shortly.
+    pub const OVERLOADED: &str = "OVERLOADED";
     /// The database cannot be reached.
     pub const STORAGE_UNAVAILABLE: &str = "STORAGE_UNAVAILABLE";
     /// A bug on our side.
@@ -57,6 +59,8 @@ pub(crate) enum Failure {
     Storage(String),
     /// A named thing does not exist.
     NotFound(String),
+    /// Load shed: too many requests in flight.
+    Overloaded,
     /// A monthly cap would be exceeded.
     Quota(Refusal),
     /// The estimated cost exceeds the request budget.
@@ -175,6 +179,14 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             )
         }
         Failure::NotFound(what) => (Code::NotFound, reason::NOT_FOUND, what),
+        Failure::Overloaded => {
+            details.set_retry_info(Some(Duration::from_millis(200)));
+            (
+                Code::ResourceExhausted,
+                reason::OVERLOADED,
+                "too many requests in flight; retry shortly".to_owned(),
+            )
+        }
         Failure::Quota(refusal) => {
             let (limit, remaining) = match refusal.cap {
                 CapKind::Cost => (

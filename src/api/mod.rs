@@ -34,16 +34,21 @@ pub struct OrchestratorApi {
     runner: TaskRunner,
     store: Store,
     meter: Meter,
+    inflight: Arc<tokio::sync::Semaphore>,
 }
 
 impl OrchestratorApi {
     /// A service over the given config, task runner, store and meter.
     pub fn new(config: Arc<Config>, runner: TaskRunner, store: Store, meter: Meter) -> Self {
+        let inflight = Arc::new(tokio::sync::Semaphore::new(
+            config.server.max_concurrent_requests,
+        ));
         Self {
             config,
             runner,
             store,
             meter,
+            inflight,
         }
     }
 
@@ -53,8 +58,15 @@ impl OrchestratorApi {
         budget: Option<&pb::Budget>,
         metadata: &MetadataMap,
     ) -> Result<CallContext, Status> {
-        request::call_context(context, budget, metadata, &self.config.server, &self.meter)
-            .map_err(|(trace_id, failure)| to_status(failure, &trace_id))
+        let mut ctx =
+            request::call_context(context, budget, metadata, &self.config.server, &self.meter)
+                .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
+        // Shed at once rather than queue: a caller can retry elsewhere.
+        match self.inflight.clone().try_acquire_owned() {
+            Ok(slot) => ctx.slot = Some(Arc::new(slot)),
+            Err(_) => return Err(to_status(Failure::Overloaded, &ctx.trace_id)),
+        }
+        Ok(ctx)
     }
 
     /// Settles the call's metering (releasing its reservations, charging

@@ -95,6 +95,7 @@ pub(crate) fn call_context(
         started,
         deadline: started + timeout,
         meter: Arc::new(meter.session(who, chrono::Utc::now().timestamp_millis(), budget_usd)),
+        slot: None,
     })
 }
 

@@ -197,6 +197,21 @@ pub struct ServerConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Largest accepted request input (message text, JSON input), in bytes.
     pub max_input_bytes: usize,
+    /// Largest gRPC message decoded, in bytes (protects memory before any
+    /// field is looked at).
+    pub max_message_bytes: usize,
+    /// AI requests in flight at once on this replica; more are refused at
+    /// once with RESOURCE_EXHAUSTED (OVERLOADED) instead of queueing.
+    /// Health checks and reflection are never refused.
+    pub max_concurrent_requests: usize,
+    /// HTTP/2 streams one connection may have open.
+    pub max_concurrent_streams: u32,
+    /// HTTP/2 keepalive ping interval (dead connections are dropped).
+    #[serde(with = "humantime_serde")]
+    pub http2_keepalive_interval: Duration,
+    /// How long to wait for a keepalive ping answer.
+    #[serde(with = "humantime_serde")]
+    pub http2_keepalive_timeout: Duration,
     /// Deadline applied when the caller sends neither `grpc-timeout` nor a budget.
     #[serde(with = "humantime_serde")]
     pub default_timeout: Duration,
@@ -216,6 +231,14 @@ impl Default for ServerConfig {
             // 64 KiB holds any SMS thread or research query many times over;
             // bigger inputs are almost always a caller bug.
             max_input_bytes: 64 * 1024,
+            // 4 MiB is tonic's default; inputs are capped far lower anyway.
+            max_message_bytes: 4 * 1024 * 1024,
+            // Each in-flight call mostly waits on a provider; 1024 keeps
+            // memory bounded (~tens of MB) while far above normal load.
+            max_concurrent_requests: 1024,
+            max_concurrent_streams: 256,
+            http2_keepalive_interval: Duration::from_secs(30),
+            http2_keepalive_timeout: Duration::from_secs(10),
             // Above the slowest seed provider timeout (45 s) so one full attempt fits.
             default_timeout: Duration::from_secs(60),
             health_probe_interval: Duration::from_secs(5),
@@ -456,7 +479,14 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let mut figment = Figment::new()
             .merge(Toml::file_exact(path))
-            .merge(Env::prefixed("AIO_").split("__"));
+            // Only `__` paths are config keys: the CLI's own variables
+            // (`AIO_CONFIG`, `AIO_LOG_FORMAT`, `AIO_ADDR`) share the prefix
+            // and must not be rejected as unknown fields.
+            .merge(
+                Env::prefixed("AIO_")
+                    .filter(|key| key.as_str().contains("__"))
+                    .split("__"),
+            );
         if let Some(url) = env("DATABASE_URL") {
             figment = figment.merge(("database.url", url));
         }

@@ -167,6 +167,18 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be at least retry.base_backoff",
         );
     }
+    if config.server.max_concurrent_requests == 0 {
+        bad(
+            "server.max_concurrent_requests".into(),
+            "must be at least 1",
+        );
+    }
+    if config.server.max_message_bytes < config.server.max_input_bytes {
+        bad(
+            "server.max_message_bytes".into(),
+            "must be at least server.max_input_bytes",
+        );
+    }
     if config.server.max_input_bytes == 0 {
         bad("server.max_input_bytes".into(), "must be at least 1");
     }

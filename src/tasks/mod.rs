@@ -80,6 +80,8 @@ pub struct CallContext {
     pub deadline: Instant,
     /// Metering of this request.
     pub meter: Arc<MeterSession>,
+    /// This request's slot under `server.max_concurrent_requests`.
+    pub slot: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 /// What happened while serving a call (becomes `ResponseMeta`).

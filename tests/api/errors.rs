@@ -350,3 +350,82 @@ async fn all_providers_down_is_unavailable_with_every_attempt() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn an_over_limit_burst_is_shed_at_once_but_health_still_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("shed.db").display());
+    let toml = crate::common::config_toml(&url, "latency = \"600ms\"", "latency = \"600ms\"")
+        .replace(
+            "max_input_bytes = 2048",
+            "max_input_bytes = 2048\nmax_concurrent_requests = 3",
+        );
+    let app = TestApp::spawn_toml(&toml).await;
+    let mut calls = Vec::new();
+    for _ in 0..12 {
+        let mut c = app.client.clone();
+        calls.push(tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let r = c
+                .classify_sms(pb::ClassifySmsRequest {
+                    context: ctx(),
+                    message: "hi".into(),
+                    ..Default::default()
+                })
+                .await;
+            (r, started.elapsed())
+        }));
+    }
+    // While the burst is in flight, health checks are not shed.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(app.channel.clone());
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new()
+            })
+            .await
+            .is_ok()
+    );
+    let (mut ok, mut shed) = (0, 0);
+    for call in calls {
+        let (result, took) = call.await.unwrap();
+        match result {
+            Ok(_) => ok += 1,
+            Err(status) => {
+                assert_error(&status, Code::ResourceExhausted, "OVERLOADED", None);
+                assert!(status.get_details_retry_info().is_some());
+                assert!(
+                    took < std::time::Duration::from_millis(400),
+                    "shed at once, not queued: {took:?}"
+                );
+                shed += 1;
+            }
+        }
+    }
+    assert_eq!((ok, shed), (3, 9));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_oversized_grpc_message_is_refused_before_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("big.db").display());
+    let toml = crate::common::config_toml(&url, "", "").replace(
+        "max_input_bytes = 2048",
+        "max_input_bytes = 2048\nmax_message_bytes = 4096",
+    );
+    let app = TestApp::spawn_toml(&toml).await;
+    let status = app
+        .client
+        .clone()
+        .classify_sms(pb::ClassifySmsRequest {
+            context: ctx(),
+            message: "x".repeat(100_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    app.stop().await;
+}

@@ -209,3 +209,38 @@ fn shipped_configs_are_valid() {
     )
     .expect("example.toml with keys set");
 }
+
+/// The CLI's own `AIO_*` variables share the config prefix; only `__` paths
+/// are config keys, so a deployment can set both.
+#[test]
+fn cli_env_vars_and_config_overrides_coexist() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+        .arg("check-config")
+        .env("AIO_CONFIG", "config/local.toml")
+        .env("AIO_LOG_FORMAT", "json")
+        .env("AIO_ADDR", "http://127.0.0.1:1")
+        .env("AIO_SERVER__LISTEN", "127.0.0.1:50999")
+        .env("AIO_SERVER__MAX_CONCURRENT_REQUESTS", "77")
+        .output()
+        .expect("run check-config");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(
+        stdout.contains("127.0.0.1:50999"),
+        "override applied: {stdout}"
+    );
+
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+        .arg("check-config")
+        .env("AIO_CONFIG", "config/local.toml")
+        .env("AIO_SERVER__LISTEN_TYPO", "x")
+        .output()
+        .expect("run check-config");
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("listen_typo"), "names the key: {stderr}");
+}
