@@ -7,6 +7,7 @@
 //! per-provider breaker, limits, retry policy and health the router consults.
 
 pub mod api;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod prompts;

@@ -27,12 +27,13 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<String> {
     if let Command::Call {
         addr,
+        api_key,
         team,
         trace_id,
         rpc,
     } = cli.command
     {
-        return cli::call(addr, team, trace_id, rpc).await;
+        return cli::call(addr, api_key, team, trace_id, rpc).await;
     }
     let config =
         Config::load(&cli.config).map_err(|e| anyhow::anyhow!("{}: {e}", cli.config.display()))?;
@@ -40,6 +41,7 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
         Command::CheckConfig => Ok(cli::check_config(&config)),
         Command::Migrate => cli::migrate(&config).await,
         Command::Limits { action } => cli::limits(&config, action).await,
+        Command::Keys { action } => cli::keys(&config, action).await,
         Command::Prompts { action, actor } => cli::prompts(&config, action, &actor).await,
         Command::Serve { listen } => {
             let addr = listen.unwrap_or(config.server.listen);

@@ -3,7 +3,8 @@
 
 use crate::{api::metrics_layer::GrpcMetricsLayer, telemetry::metrics};
 use crate::{
-    api::{OrchestratorApi, admin::PromptAdminApi, pb},
+    api::{OrchestratorApi, admin::PromptAdminApi, auth::AuthInterceptor, pb},
+    auth::{Authenticator, keys::KeyStore},
     config::Config,
     prompts::store::PromptStore,
     providers::Providers,
@@ -15,7 +16,10 @@ use crate::{
 use anyhow::Context;
 use std::{future::Future, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
-use tonic::transport::{Server, server::TcpIncoming};
+use tonic::{
+    service::interceptor::InterceptedService,
+    transport::{Server, server::TcpIncoming},
+};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 /// Fully-qualified name of the main service, as reported by health checks.
@@ -34,6 +38,15 @@ pub async fn serve(
         .await
         .context("connecting to the database")?;
     store.migrate().await.context("migrating the database")?;
+    let auth = Authenticator::new(&config.auth);
+    let key_store = KeyStore::new(store.clone());
+    if auth.enabled() {
+        // Config keys work even if this fails; stored keys follow at the
+        // next refresh.
+        if let Err(e) = auth.refresh(&key_store).await {
+            tracing::error!(error = %e, "loading API keys from the database failed");
+        }
+    }
     let providers = Providers::from_config(&config).context("building providers")?;
     let router = Router::new(config.clone(), providers);
     let resilience = router.resilience().clone();
@@ -62,7 +75,7 @@ pub async fn serve(
         tokio::task::spawn_blocking(crate::usage::estimate::warm_up);
     }
     let meter = Meter::new(writer, Pricing::from_config(&config.pricing), metering);
-    let api = OrchestratorApi::new(config.clone(), runner, store.clone(), meter);
+    let api = OrchestratorApi::new(config.clone(), runner, store.clone(), meter, auth.clone());
 
     let (health, health_service) = tonic_health::server::health_reporter();
     let (ready_tx, ready_rx) = watch::channel(true);
@@ -82,6 +95,14 @@ pub async fn serve(
         background_stopped.clone(),
     ));
     let background_stopped_for_metrics = background_stopped.clone();
+    let key_refresher = auth.enabled().then(|| {
+        tokio::spawn(refresh_keys_periodically(
+            auth.clone(),
+            key_store,
+            config.auth.refresh_interval,
+            background_stopped.clone(),
+        ))
+    });
     let sweeper = metering.enabled.then(|| {
         tokio::spawn(sweep_periodically(
             store.clone(),
@@ -138,14 +159,20 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .add_service(
+        // Health and reflection stay open: probes and tooling carry no key.
+        .add_service(InterceptedService::new(
             pb::orchestrator_server::OrchestratorServer::new(api)
                 .max_decoding_message_size(config.server.max_message_bytes),
-        )
-        .add_service(
-            pb::prompt_admin_server::PromptAdminServer::new(PromptAdminApi::new(prompts))
-                .max_decoding_message_size(config.server.max_message_bytes),
-        )
+            AuthInterceptor::new(auth.clone()),
+        ))
+        .add_service(InterceptedService::new(
+            pb::prompt_admin_server::PromptAdminServer::new(PromptAdminApi::new(
+                prompts,
+                auth.clone(),
+            ))
+            .max_decoding_message_size(config.server.max_message_bytes),
+            AuthInterceptor::new(auth),
+        ))
         .serve_with_incoming_shutdown(incoming, signal);
 
     let grace = config.server.shutdown_grace;
@@ -162,6 +189,9 @@ pub async fn serve(
     let _ = probe.await;
     if let Some(sweeper) = sweeper {
         let _ = sweeper.await;
+    }
+    if let Some(task) = key_refresher {
+        let _ = task.await;
     }
     if let Some(task) = metrics_task {
         let _ = task.await;
@@ -204,6 +234,26 @@ async fn sweep_periodically(store: Store, config: Arc<Config>, mut stop: watch::
             Ok(0) => {}
             Ok(swept) => tracing::warn!(swept, "charged orphaned reservations at their estimate"),
             Err(e) => tracing::error!(error = %e, "sweeping orphaned reservations failed"),
+        }
+    }
+}
+
+/// Reloads the database's API keys, so created and revoked keys take effect
+/// on every replica without a restart.
+async fn refresh_keys_periodically(
+    auth: Authenticator,
+    keys: KeyStore,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        // On failure the last loaded keys stay in force.
+        if let Err(e) = auth.refresh(&keys).await {
+            tracing::error!(error = %e, "reloading API keys failed");
         }
     }
 }

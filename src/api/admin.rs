@@ -1,13 +1,16 @@
-//! `PromptAdmin`: manage versioned prompts over gRPC. Every change is audited
-//! with the actor: the authenticated principal once authentication is on,
-//! until then the `x-actor` request metadata (or `anonymous`).
+//! `PromptAdmin`: manage versioned prompts over gRPC; needs an `admin` key
+//! over the team when authentication is on. Every change is audited with the
+//! actor: the API key's name when authentication is on, else the `x-actor`
+//! request metadata (or `anonymous`).
 
 use super::{
+    auth::{check_admin, principal},
     error::{Failure, to_status},
     pb::{self, prompt_admin_server::PromptAdmin},
     request::check_id,
 };
 use crate::{
+    auth::Authenticator,
     prompts::store::{NewPrompt, PromptError, PromptStore, StoredPrompt},
     telemetry::trace_id,
 };
@@ -17,16 +20,37 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 #[derive(Clone)]
 pub struct PromptAdminApi {
     prompts: PromptStore,
+    auth: Authenticator,
 }
 
 impl PromptAdminApi {
     /// A service over the prompt store.
-    pub fn new(prompts: PromptStore) -> Self {
-        Self { prompts }
+    pub fn new(prompts: PromptStore, auth: Authenticator) -> Self {
+        Self { prompts, auth }
+    }
+
+    /// The caller's principal, if it may administer `team` ('' = global).
+    fn admin(
+        &self,
+        extensions: &tonic::Extensions,
+        team: &str,
+    ) -> Result<crate::auth::Principal, Failure> {
+        let p = principal(extensions, &self.auth)?;
+        check_admin(&p, (!team.is_empty() && team != "*").then_some(team))?;
+        Ok(p)
+    }
+
+    /// Who is making a change, for the audit trail.
+    fn actor(&self, metadata: &MetadataMap, principal: &crate::auth::Principal) -> String {
+        if self.auth.enabled() {
+            principal.name.clone()
+        } else {
+            actor(metadata)
+        }
     }
 }
 
-/// Who is making a change, for the audit trail.
+/// The `x-actor` metadata, for the audit trail while authentication is off.
 pub(crate) fn actor(metadata: &MetadataMap) -> String {
     metadata
         .get("x-actor")
@@ -104,7 +128,9 @@ impl PromptAdmin for PromptAdminApi {
         request: Request<pb::ListPromptsRequest>,
     ) -> Result<Response<pb::ListPromptsResponse>, Status> {
         let trace_id = trace(request.metadata());
-        let req = request.into_inner();
+        let (_, extensions, req) = request.into_parts();
+        self.admin(&extensions, &req.team_id)
+            .map_err(|f| to_status(f, &trace_id))?;
         let team = if req.team_id == "*" {
             None
         } else {
@@ -129,10 +155,11 @@ impl PromptAdmin for PromptAdminApi {
         request: Request<pb::CreatePromptVersionRequest>,
     ) -> Result<Response<pb::CreatePromptVersionResponse>, Status> {
         let trace_id = trace(request.metadata());
-        let actor = actor(request.metadata());
-        let req = request.into_inner();
+        let (metadata, extensions, req) = request.into_parts();
         let result = async {
             check_team(&req.team_id)?;
+            let principal = self.admin(&extensions, &req.team_id)?;
+            let actor = self.actor(&metadata, &principal);
             let new = NewPrompt {
                 team_id: req.team_id.clone(),
                 key: req.prompt_key.clone(),
@@ -159,10 +186,11 @@ impl PromptAdmin for PromptAdminApi {
         request: Request<pb::ActivatePromptVersionRequest>,
     ) -> Result<Response<pb::ActivatePromptVersionResponse>, Status> {
         let trace_id = trace(request.metadata());
-        let actor = actor(request.metadata());
-        let req = request.into_inner();
+        let (metadata, extensions, req) = request.into_parts();
         let result = async {
             check_team(&req.team_id)?;
+            let principal = self.admin(&extensions, &req.team_id)?;
+            let actor = self.actor(&metadata, &principal);
             if req.prompt_key.is_empty() {
                 return Err(Failure::invalid("prompt_key", "is required"));
             }

@@ -40,6 +40,14 @@ pub mod reason {
     pub const NOT_FOUND: &str = "NOT_FOUND";
     /// Too many requests in flight on this replica; retry shortly.
     pub const OVERLOADED: &str = "OVERLOADED";
+    /// No API key was presented (authentication is on).
+    pub const API_KEY_MISSING: &str = "API_KEY_MISSING";
+    /// The presented API key is unknown or revoked.
+    pub const API_KEY_INVALID: &str = "API_KEY_INVALID";
+    /// The key may not act for the team named in the request.
+    pub const TEAM_NOT_ALLOWED: &str = "TEAM_NOT_ALLOWED";
+    /// The RPC needs the `admin` role (with scope over the team).
+    pub const ADMIN_REQUIRED: &str = "ADMIN_REQUIRED";
     /// The database cannot be reached.
     pub const STORAGE_UNAVAILABLE: &str = "STORAGE_UNAVAILABLE";
     /// A bug on our side.
@@ -61,6 +69,17 @@ pub(crate) enum Failure {
     NotFound(String),
     /// Load shed: too many requests in flight.
     Overloaded,
+    /// No valid API key.
+    Unauthenticated(crate::auth::AuthError),
+    /// The key may not act for this team.
+    TeamNotAllowed {
+        /// The request field naming the team.
+        field: &'static str,
+        /// The team.
+        team: String,
+    },
+    /// The RPC needs the admin role over the team (`None`: global prompts).
+    AdminRequired(Option<String>),
     /// A monthly cap would be exceeded.
     Quota(Refusal),
     /// The estimated cost exceeds the request budget.
@@ -186,6 +205,32 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
                 reason::OVERLOADED,
                 "too many requests in flight; retry shortly".to_owned(),
             )
+        }
+        Failure::Unauthenticated(err) => {
+            let reason = match err {
+                crate::auth::AuthError::Missing => reason::API_KEY_MISSING,
+                crate::auth::AuthError::Invalid => reason::API_KEY_INVALID,
+            };
+            (Code::Unauthenticated, reason, err.to_string())
+        }
+        Failure::TeamNotAllowed { field, team } => {
+            info.insert("team_id".into(), team.clone());
+            info.insert("field".into(), field.into());
+            (
+                Code::PermissionDenied,
+                reason::TEAM_NOT_ALLOWED,
+                format!("this API key may not act for team `{team}` ({field})"),
+            )
+        }
+        Failure::AdminRequired(team) => {
+            let message = match &team {
+                Some(team) => {
+                    info.insert("team_id".into(), team.clone());
+                    format!("needs an admin API key for team `{team}`")
+                }
+                None => "global prompts need an admin API key for all teams".to_owned(),
+            };
+            (Code::PermissionDenied, reason::ADMIN_REQUIRED, message)
         }
         Failure::Quota(refusal) => {
             let (limit, remaining) = match refusal.cap {

@@ -2,6 +2,7 @@
 //! map errors once (in [`error`]).
 
 pub mod admin;
+pub mod auth;
 pub mod convert;
 pub mod error;
 pub mod metrics_layer;
@@ -34,12 +35,19 @@ pub struct OrchestratorApi {
     runner: TaskRunner,
     store: Store,
     meter: Meter,
+    auth: crate::auth::Authenticator,
     inflight: Arc<tokio::sync::Semaphore>,
 }
 
 impl OrchestratorApi {
     /// A service over the given config, task runner, store and meter.
-    pub fn new(config: Arc<Config>, runner: TaskRunner, store: Store, meter: Meter) -> Self {
+    pub fn new(
+        config: Arc<Config>,
+        runner: TaskRunner,
+        store: Store,
+        meter: Meter,
+        auth: crate::auth::Authenticator,
+    ) -> Self {
         let inflight = Arc::new(tokio::sync::Semaphore::new(
             config.server.max_concurrent_requests,
         ));
@@ -48,6 +56,7 @@ impl OrchestratorApi {
             runner,
             store,
             meter,
+            auth,
             inflight,
         }
     }
@@ -57,10 +66,14 @@ impl OrchestratorApi {
         context: Option<&pb::RequestContext>,
         budget: Option<&pb::Budget>,
         metadata: &MetadataMap,
+        extensions: &tonic::Extensions,
     ) -> Result<CallContext, Status> {
         let mut ctx =
             request::call_context(context, budget, metadata, &self.config.server, &self.meter)
                 .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
+        auth::principal(extensions, &self.auth)
+            .and_then(|p| auth::check_team(&p, "context.team_id", &ctx.team_id))
+            .map_err(|f| to_status(f, &ctx.trace_id))?;
         // Shed at once rather than queue: a caller can retry elsewhere.
         match self.inflight.clone().try_acquire_owned() {
             Ok(slot) => ctx.slot = Some(Arc::new(slot)),
@@ -283,8 +296,13 @@ impl Orchestrator for OrchestratorApi {
         &self,
         request: Request<pb::ExecuteRequest>,
     ) -> Result<Response<pb::ExecuteResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
-        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let (metadata, extensions, req) = request.into_parts();
+        let ctx = self.begin(
+            req.context.as_ref(),
+            req.budget.as_ref(),
+            &metadata,
+            &extensions,
+        )?;
         let span = request_span("Execute", &ctx);
         let result = async {
             check_task_name(&req.task)?;
@@ -313,8 +331,13 @@ impl Orchestrator for OrchestratorApi {
         &self,
         request: Request<pb::ExecuteRequest>,
     ) -> Result<Response<Self::ExecuteStreamStream>, Status> {
-        let (metadata, _, req) = request.into_parts();
-        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let (metadata, extensions, req) = request.into_parts();
+        let ctx = self.begin(
+            req.context.as_ref(),
+            req.budget.as_ref(),
+            &metadata,
+            &extensions,
+        )?;
         let span = request_span("ExecuteStream", &ctx);
         let prepared = async {
             check_task_name(&req.task)?;
@@ -406,8 +429,13 @@ impl Orchestrator for OrchestratorApi {
         &self,
         request: Request<pb::ClassifySmsRequest>,
     ) -> Result<Response<pb::ClassifySmsResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
-        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let (metadata, extensions, req) = request.into_parts();
+        let ctx = self.begin(
+            req.context.as_ref(),
+            req.budget.as_ref(),
+            &metadata,
+            &extensions,
+        )?;
         let span = request_span("ClassifySms", &ctx);
         let result = async {
             self.check_size("message", req.message.len() + history_bytes(&req.history))?;
@@ -439,8 +467,13 @@ impl Orchestrator for OrchestratorApi {
         &self,
         request: Request<pb::GenerateSmsRequest>,
     ) -> Result<Response<pb::GenerateSmsResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
-        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let (metadata, extensions, req) = request.into_parts();
+        let ctx = self.begin(
+            req.context.as_ref(),
+            req.budget.as_ref(),
+            &metadata,
+            &extensions,
+        )?;
         let span = request_span("GenerateSms", &ctx);
         let result = async {
             let lead = req.lead.unwrap_or_default();
@@ -502,8 +535,13 @@ impl Orchestrator for OrchestratorApi {
         &self,
         request: Request<pb::ResearchRequest>,
     ) -> Result<Response<pb::ResearchResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
-        let ctx = self.begin(req.context.as_ref(), req.budget.as_ref(), &metadata)?;
+        let (metadata, extensions, req) = request.into_parts();
+        let ctx = self.begin(
+            req.context.as_ref(),
+            req.budget.as_ref(),
+            &metadata,
+            &extensions,
+        )?;
         let span = request_span("Research", &ctx);
         let depth = match pb::ResearchDepth::try_from(req.depth) {
             Ok(pb::ResearchDepth::Deep) => research::Depth::Deep,
@@ -541,13 +579,16 @@ impl Orchestrator for OrchestratorApi {
         &self,
         request: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::GetUsageResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         let trace_id = crate::telemetry::trace_id::resolve("", &metadata)
             .map(|(t, _)| t)
             .unwrap_or_else(|_| crate::telemetry::trace_id::generate());
         let fail = |f: Failure| to_status(f, &trace_id);
         request::check_id(&req.team_id, true)
             .map_err(|why| fail(Failure::invalid("team_id", why)))?;
+        auth::principal(&extensions, &self.auth)
+            .and_then(|p| auth::check_team(&p, "team_id", &req.team_id))
+            .map_err(fail)?;
         let (month_start, month_end) = usage::summary::month_of(chrono::Utc::now());
         let start = req.period_start.map_or(month_start, |t| {
             t.seconds * 1000 + i64::from(t.nanos) / 1_000_000

@@ -89,6 +89,94 @@ pub struct Config {
     /// Retry policy applied at every target of every chain.
     #[serde(default)]
     pub retry: RetryConfig,
+    /// API keys; off by default (the service then trusts its network).
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// OpenTelemetry trace export.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+}
+
+/// `[auth]`: API keys mapped to teams and roles.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Require a key on every RPC except health checks and reflection.
+    pub enabled: bool,
+    /// Keys given by hash in the config (others live in the `api_keys`
+    /// table, managed with `ai-orchestrator keys`).
+    pub keys: Vec<ApiKeyConfig>,
+    /// How often keys in the database are reloaded (creation and
+    /// revocation take effect within this period).
+    #[serde(with = "humantime_serde")]
+    pub refresh_interval: Duration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            keys: Vec::new(),
+            refresh_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One `[[auth.keys]]` entry. The key itself never appears in the config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// Who holds the key (audit trail, logs).
+    pub name: String,
+    /// Lowercase hex SHA-256 of the key (`printf %s "$KEY" | sha256sum`).
+    pub sha256: String,
+    /// Teams the key may act for; `["*"]` for all (trusted internal services).
+    pub teams: Vec<String>,
+    /// `caller` (default) or `admin` (prompt administration too).
+    #[serde(default = "default_role")]
+    pub role: crate::auth::Role,
+}
+
+fn default_role() -> crate::auth::Role {
+    crate::auth::Role::Caller
+}
+
+/// `[server.tls]`: serve gRPC over TLS, optionally requiring client
+/// certificates (mTLS).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain of the server.
+    pub cert: std::path::PathBuf,
+    /// PEM private key of the server.
+    pub key: std::path::PathBuf,
+    /// PEM CA bundle; when set, clients must present a certificate it signed.
+    #[serde(default)]
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+/// `[telemetry]`: OpenTelemetry trace export (off unless an endpoint is set
+/// here or in `OTEL_EXPORTER_OTLP_ENDPOINT`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// OTLP/gRPC collector endpoint, e.g. `http://otel-collector:4317`.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` resource attribute (`OTEL_SERVICE_NAME` wins).
+    pub service_name: String,
+    /// Share of new traces sampled (0–1); a caller's sampled `traceparent`
+    /// is always followed.
+    pub sample_ratio: f64,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: "ai-orchestrator".into(),
+            sample_ratio: 1.0,
+        }
+    }
 }
 
 /// Retries per target (SPEC §4 seed values by default).
@@ -212,6 +300,9 @@ pub struct ServerConfig {
     /// How long to wait for a keepalive ping answer.
     #[serde(with = "humantime_serde")]
     pub http2_keepalive_timeout: Duration,
+    /// TLS for the gRPC port; plaintext when absent.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
     /// Deadline applied when the caller sends neither `grpc-timeout` nor a budget.
     #[serde(with = "humantime_serde")]
     pub default_timeout: Duration,
@@ -239,6 +330,7 @@ impl Default for ServerConfig {
             max_concurrent_streams: 256,
             http2_keepalive_interval: Duration::from_secs(30),
             http2_keepalive_timeout: Duration::from_secs(10),
+            tls: None,
             // Above the slowest seed provider timeout (45 s) so one full attempt fits.
             default_timeout: Duration::from_secs(60),
             health_probe_interval: Duration::from_secs(5),
@@ -537,7 +629,18 @@ impl Config {
 
 fn parse_error(err: figment::Error) -> ConfigError {
     // figment chains errors; the first names the first bad key.
-    let mut path = err.path.join(".");
+    // Array indexes as `keys[0]`, the spelling `validate` uses too.
+    let mut path = String::new();
+    for segment in &err.path {
+        if segment.parse::<usize>().is_ok() && !path.is_empty() {
+            path.push_str(&format!("[{segment}]"));
+        } else {
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(segment);
+        }
+    }
     if let figment::error::Kind::UnknownField(field, _) = &err.kind
         && !path.ends_with(field.as_str())
     {

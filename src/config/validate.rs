@@ -131,6 +131,38 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             }
         }
     }
+    let mut names = std::collections::BTreeSet::new();
+    for (i, key) in config.auth.keys.iter().enumerate() {
+        let at = |k: &str| format!("auth.keys[{i}].{k}");
+        if key.name.trim().is_empty() {
+            bad(at("name"), "must not be empty");
+        } else if !names.insert(key.name.as_str()) {
+            bad(at("name"), &format!("duplicate key name `{}`", key.name));
+        }
+        if crate::auth::keys::parse_hash(&key.sha256).is_none() {
+            bad(
+                at("sha256"),
+                "must be the 64-character hex SHA-256 of the key (printf %s \"$KEY\" | sha256sum)",
+            );
+        }
+        if key.teams.iter().all(|t| t.trim().is_empty()) {
+            bad(at("teams"), "needs at least one team ID, or \"*\" for all");
+        }
+    }
+    if config.auth.refresh_interval == Duration::ZERO {
+        bad("auth.refresh_interval".into(), "must be greater than zero");
+    }
+    if !(0.0..=1.0).contains(&config.telemetry.sample_ratio) {
+        bad("telemetry.sample_ratio".into(), "must be between 0 and 1");
+    }
+    if let Some(endpoint) = &config.telemetry.otlp_endpoint
+        && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+    {
+        bad(
+            "telemetry.otlp_endpoint".into(),
+            "must start with http:// or https://",
+        );
+    }
     let m = &config.metering;
     if let Some(cost) = m.default_limits.max_cost_usd
         && (!cost.is_finite() || cost < 0.0)

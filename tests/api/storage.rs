@@ -7,7 +7,7 @@ use ai_orchestrator::{
     store::Store,
 };
 
-const TABLES: [&str; 3] = ["ai_prompts", "tenant_limits", "usage_records"];
+const TABLES: [&str; 4] = ["ai_prompts", "api_keys", "tenant_limits", "usage_records"];
 
 async fn migrate_twice_and_list(url: &str) -> Vec<String> {
     let config = DatabaseConfig {
@@ -113,6 +113,28 @@ output_per_mtok = 2.0
     assert_eq!(
         invalid_paths(&base.replace("kind = \"mock\"", "kind = \"mystery\"")),
         ["providers.p.kind"]
+    );
+    assert_eq!(
+        invalid_paths(&format!(
+            "{base}\n[auth]\nenabled = true\n[[auth.keys]]\nname = \"a\"\nsha256 = \"not-hex\"\nteams = []\n[[auth.keys]]\nname = \"a\"\nsha256 = \"{}\"\nteams = [\"*\"]\nrole = \"admin\"",
+            "ab".repeat(32)
+        )),
+        [
+            "auth.keys[0].sha256",
+            "auth.keys[0].teams",
+            "auth.keys[1].name"
+        ]
+    );
+    assert_eq!(
+        invalid_paths(&format!(
+            "{base}\n[[auth.keys]]\nname = \"a\"\nsha256 = \"{}\"\nteams = [\"t\"]\nrole = \"root\"",
+            "ab".repeat(32)
+        )),
+        ["auth.keys[0].role"]
+    );
+    assert_eq!(
+        invalid_paths(&format!("{base}\n[telemetry]\nsample_ratio = 2.0")),
+        ["telemetry.sample_ratio"]
     );
     assert_eq!(
         invalid_paths(&base.replace("provider = \"p\"", "provider = \"nope\"")),
