@@ -11,7 +11,6 @@ use std::{io::Write, process::ExitCode};
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init_logging(cli.log_format);
     match run(cli).await {
         Ok(output) => {
             let _ = std::io::stdout().lock().write_all(output.as_bytes());
@@ -25,6 +24,9 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<String> {
+    if !matches!(cli.command, Command::Serve { .. }) {
+        telemetry::init_logging(cli.log_format, None);
+    }
     if let Command::Call {
         addr,
         api_key,
@@ -44,11 +46,22 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
         Command::Keys { action } => cli::keys(&config, action).await,
         Command::Prompts { action, actor } => cli::prompts(&config, action, &actor).await,
         Command::Serve { listen } => {
+            let otel = telemetry::otel::init(&config.telemetry)
+                .map_err(|e| anyhow::anyhow!("starting OpenTelemetry export: {e}"))?;
+            telemetry::init_logging(cli.log_format, otel.as_ref().map(|o| o.tracer()));
+            if let Some(endpoint) = telemetry::otel::endpoint(&config.telemetry) {
+                tracing::info!(%endpoint, "exporting traces over OTLP");
+            }
             let addr = listen.unwrap_or(config.server.listen);
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
-            ai_orchestrator::serve(listener, config, shutdown_signal()).await?;
+            let served = match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => ai_orchestrator::serve(listener, config, shutdown_signal()).await,
+                Err(e) => Err(anyhow::anyhow!("binding {addr}: {e}")),
+            };
+            if let Some(otel) = otel {
+                // Flushing blocks on the exporter thread; keep it off the workers.
+                let _ = tokio::task::spawn_blocking(move || otel.shutdown()).await;
+            }
+            served?;
             Ok(String::new())
         }
         Command::Call { .. } => unreachable!("handled above"),

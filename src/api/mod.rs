@@ -213,13 +213,17 @@ fn attempts_json(attempts: &[AttemptRecord]) -> String {
 /// The span of one request: every log line inside it carries the trace ID.
 /// Only identifiers go here, never message contents.
 fn request_span(rpc: &'static str, ctx: &CallContext) -> tracing::Span {
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "request",
         rpc,
         trace_id = %ctx.trace_id,
         team_id = %ctx.team_id,
         priority = ctx.priority.as_str(),
-    )
+    );
+    if let Some(tp) = &ctx.traceparent {
+        crate::telemetry::otel::continue_trace(&span, tp);
+    }
+    span
 }
 
 /// Wraps a body in a response carrying the `x-trace-id` metadata.

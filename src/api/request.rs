@@ -96,6 +96,11 @@ pub(crate) fn call_context(
         deadline: started + timeout,
         meter: Arc::new(meter.session(who, chrono::Utc::now().timestamp_millis(), budget_usd)),
         slot: None,
+        traceparent: metadata
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .filter(|tp| trace_id::traceparent_trace_id(tp).is_some())
+            .map(str::to_owned),
     })
 }
 

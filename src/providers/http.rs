@@ -31,9 +31,14 @@ pub fn client(config: &ProviderConfig) -> Result<reqwest::Client, ProviderError>
 }
 
 /// Adds the trace headers every provider call carries.
+/// `traceparent` names the current span (the provider attempt) when trace
+/// export is on, so the provider's spans nest under it; otherwise the
+/// caller's own `traceparent` passes through.
 pub fn with_trace(builder: RequestBuilder, req: &CompletionRequest) -> RequestBuilder {
     let builder = builder.header("x-trace-id", &req.trace_id);
-    match &req.traceparent {
+    match crate::telemetry::otel::traceparent_of(&tracing::Span::current())
+        .or_else(|| req.traceparent.clone())
+    {
         Some(tp) => builder.header("traceparent", tp),
         None => builder,
     }

@@ -82,6 +82,9 @@ pub struct CallContext {
     pub meter: Arc<MeterSession>,
     /// This request's slot under `server.max_concurrent_requests`.
     pub slot: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
+    /// The caller's valid W3C `traceparent`, continued by our spans and
+    /// forwarded upstream when trace export is off.
+    pub traceparent: Option<String>,
 }
 
 /// What happened while serving a call (becomes `ResponseMeta`).
@@ -242,7 +245,7 @@ impl TaskRunner {
                 .unwrap_or(512),
             response_format,
             trace_id: ctx.trace_id.clone(),
-            traceparent: None,
+            traceparent: ctx.traceparent.clone(),
             deadline: ctx.deadline,
         }
     }

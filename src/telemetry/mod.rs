@@ -1,9 +1,10 @@
-//! Logs, trace IDs and (later) metrics and OpenTelemetry export.
+//! Logs, trace IDs, Prometheus metrics and OpenTelemetry export.
 //!
 //! Must never log message contents, prompts, replies or API keys: fields are
 //! chosen by hand at each call site, never whole requests.
 
 pub mod metrics;
+pub mod otel;
 pub mod trace_id;
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
@@ -33,13 +34,29 @@ where
         .with_writer(writer)
 }
 
-/// Installs the global subscriber. `RUST_LOG` filters (default `info`).
+/// Installs the global subscriber. `RUST_LOG` filters log lines (default
+/// `info`) but never our spans: a `warn` line still carries its request's
+/// `trace_id`, and trace export does not depend on the log level.
+/// With a `tracer`, our spans are also exported over OpenTelemetry.
 /// Safe to call twice (the second call does nothing), which tests rely on.
-pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let registry = tracing_subscriber::registry().with(filter);
+pub fn init_logging(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tracer>) {
+    use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
+    let ours = |m: &tracing::Metadata<'_>| m.target().starts_with("ai_orchestrator");
+    let logs = || {
+        EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| EnvFilter::new("info"))
+            .or(filter_fn(move |m| m.is_span() && ours(m)))
+    };
+    let otel = tracer.map(|t| {
+        tracing_opentelemetry::layer()
+            .with_tracer(t)
+            .with_filter(Targets::new().with_target("ai_orchestrator", tracing::Level::INFO))
+    });
+    let registry = tracing_subscriber::registry().with(otel);
     let _ = match format {
-        LogFormat::Json => registry.with(json_layer(std::io::stdout)).try_init(),
-        LogFormat::Text => registry.with(fmt::layer()).try_init(),
+        LogFormat::Json => registry
+            .with(json_layer(std::io::stdout).with_filter(logs()))
+            .try_init(),
+        LogFormat::Text => registry.with(fmt::layer().with_filter(logs())).try_init(),
     };
 }

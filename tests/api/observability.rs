@@ -301,3 +301,253 @@ max_backoff = "5ms"
         "{spans:?}"
     );
 }
+
+/// Spans reach an OpenTelemetry exporter: the `request` span continues the
+/// caller's `traceparent` (same trace ID, the caller's span as parent), each
+/// `provider_attempt` is its child with provider/model/retry/outcome/tokens,
+/// and the upstream receives a `traceparent` naming the attempt's span.
+#[tokio::test]
+async fn spans_continue_the_callers_trace_and_nest_attempts() {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing_subscriber::prelude::*;
+    use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .with_sampler(ai_orchestrator::telemetry::otel::sampler(0.0))
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    // Thread-local: this test's current-thread runtime runs the whole server.
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const CALLER_SPAN: &str = "00f067aa0ba902b7";
+    const MESSAGE: &str = "CANARY-SPAN-MESSAGE call me";
+    let upstream = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500).set_body_string(
+            r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#,
+        ))
+        .up_to_n_times(1)
+        .mount(&upstream)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1_732_000_000,
+            "model": "gpt-4o-mini-2024-07-18",
+            "choices": [{"index": 0, "finish_reason": "stop", "logprobs": null,
+                "message": {"role": "assistant", "refusal": null,
+                    "content": "{\"intent\":\"QUESTION\",\"confidence\":0.9,\"reason\":\"asks\"}"}}],
+            "usage": {"prompt_tokens": 120, "completion_tokens": 18, "total_tokens": 138}
+        })))
+        .mount(&upstream)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+[database]
+url = "sqlite://{}"
+[providers.openai]
+kind = "openai"
+base_url = "{}/v1"
+api_key_env = "K"
+[tasks.sms_classify]
+chain = [{{ provider = "openai", model = "gpt-4o-mini" }}]
+[pricing."gpt-4o-mini"]
+input_per_mtok = 0.15
+output_per_mtok = 0.6
+[retry]
+max_attempts = 2
+base_backoff = "5ms"
+max_backoff = "5ms"
+"#,
+        dir.path().join("o.db").display(),
+        upstream.uri()
+    );
+    let app = TestApp::spawn_toml_env(&toml, |n| (n == "K").then(|| "sk-test".to_owned())).await;
+    let mut request = tonic::Request::new(pb::ClassifySmsRequest {
+        context: ctx(),
+        message: MESSAGE.into(),
+        ..Default::default()
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{TRACE}-{CALLER_SPAN}-01").parse().unwrap(),
+    );
+    let reply = app.client.clone().classify_sms(request).await.unwrap();
+    assert_eq!(reply.into_inner().meta.unwrap().trace_id, TRACE);
+    app.stop().await;
+
+    let spans = exporter.get_finished_spans().unwrap();
+    let request_span = spans
+        .iter()
+        .find(|s| s.name == "request")
+        .expect("a request span, sampled because the caller's was (ratio 0 for new traces)");
+    assert_eq!(request_span.span_context.trace_id().to_string(), TRACE);
+    assert_eq!(request_span.parent_span_id.to_string(), CALLER_SPAN);
+    let attr = |s: &opentelemetry_sdk::trace::SpanData, key: &str| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    };
+    assert_eq!(attr(request_span, "trace_id").as_deref(), Some(TRACE));
+    assert_eq!(attr(request_span, "team_id").as_deref(), Some("t1"));
+
+    let mut attempts: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "provider_attempt")
+        .collect();
+    attempts.sort_by_key(|s| attr(s, "retry"));
+    assert_eq!(attempts.len(), 2, "{spans:#?}");
+    for (i, a) in attempts.iter().enumerate() {
+        assert_eq!(a.span_context.trace_id().to_string(), TRACE);
+        assert_eq!(a.parent_span_id, request_span.span_context.span_id());
+        assert_eq!(attr(a, "provider").as_deref(), Some("openai"));
+        assert_eq!(attr(a, "model").as_deref(), Some("gpt-4o-mini"));
+        assert_eq!(attr(a, "retry").as_deref(), Some(i.to_string().as_str()));
+    }
+    assert_ne!(attr(attempts[0], "outcome").as_deref(), Some("ok"));
+    assert_eq!(attr(attempts[1], "outcome").as_deref(), Some("ok"));
+    assert_eq!(attr(attempts[1], "input_tokens").as_deref(), Some("120"));
+    assert_eq!(attr(attempts[1], "output_tokens").as_deref(), Some("18"));
+
+    // Upstream saw our attempt spans as parents, in the caller's trace.
+    let received = upstream.received_requests().await.unwrap();
+    assert_eq!(received.len(), 2);
+    for (r, a) in received.iter().zip(&attempts) {
+        let tp = r.headers.get("traceparent").unwrap().to_str().unwrap();
+        assert_eq!(
+            tp,
+            format!("00-{TRACE}-{}-01", a.span_context.span_id()),
+            "upstream traceparent names the attempt span"
+        );
+    }
+
+    // Contents never reach span attributes or events.
+    let dump = format!("{spans:?}");
+    assert!(!dump.contains("CANARY-SPAN-MESSAGE") && !dump.contains("sk-test"));
+}
+
+/// A fake OTLP/gRPC collector that keeps what it receives.
+#[derive(Clone, Default)]
+struct Collector {
+    spans: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for Collector
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        use opentelemetry_proto::tonic::common::v1::any_value::Value;
+        for rs in request.into_inner().resource_spans {
+            let service = rs
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| kv.value.as_ref())
+                .and_then(|v| match &v.value {
+                    Some(Value::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                for span in ss.spans {
+                    self.spans
+                        .lock()
+                        .unwrap()
+                        .push((service.clone(), span.name));
+                }
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+/// The real binary, with `OTEL_EXPORTER_OTLP_ENDPOINT` set, exports its spans
+/// to a collector over OTLP/gRPC (and flushes them at SIGTERM).
+#[tokio::test]
+async fn the_binary_exports_spans_over_otlp() {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+    let collector = Collector::default();
+    let otlp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let otlp_addr = otlp.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(collector.clone()))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(otlp)),
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let toml = config_toml_with(
+        &format!("sqlite://{}", dir.path().join("otlp.db").display()),
+        "latency = \"1ms\"",
+        "latency = \"1ms\"",
+        "",
+    )
+    .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}\""));
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, toml).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+        .args(["--config", config.to_str().unwrap(), "serve"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp_addr}"))
+        .env("OTEL_SERVICE_NAME", "aio-under-test")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let channel = crate::common::connect(addr).await;
+    let mut client = pb::orchestrator_client::OrchestratorClient::new(channel);
+    for _ in 0..3 {
+        client
+            .classify_sms(pb::ClassifySmsRequest {
+                context: ctx(),
+                message: "Is the offer still on?".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(std::time::Duration::from_secs(15), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+
+    let spans = collector.spans.lock().unwrap().clone();
+    let count = |name: &str| {
+        spans
+            .iter()
+            .filter(|(svc, n)| n == name && svc == "aio-under-test")
+            .count()
+    };
+    assert_eq!(count("request"), 3, "{spans:?}");
+    assert_eq!(count("provider_attempt"), 3, "{spans:?}");
+}

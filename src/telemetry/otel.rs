@@ -1,0 +1,172 @@
+//! OpenTelemetry traces: OTLP/gRPC export when an endpoint is configured,
+//! continuation of a caller's W3C `traceparent`, and the `traceparent` sent
+//! upstream from the current span.
+//!
+//! Spans come from `tracing` (the `request` span per RPC and its
+//! `provider_attempt` children) through `tracing-opentelemetry`; their fields
+//! are chosen at the call sites and never hold contents or keys.
+
+use crate::config::TelemetryConfig;
+use opentelemetry::{
+    Context,
+    propagation::{Extractor, TextMapPropagator},
+    trace::{TraceContextExt, TracerProvider as _},
+};
+use opentelemetry_sdk::{
+    Resource,
+    error::OTelSdkResult,
+    propagation::TraceContextPropagator,
+    trace::{Sampler, SdkTracerProvider, SpanData, SpanExporter, Tracer},
+};
+use std::{sync::Arc, time::Duration};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The collector endpoint: `OTEL_EXPORTER_OTLP_ENDPOINT` (the standard
+/// variable, so platform-injected settings work), else the config.
+pub fn endpoint(config: &TelemetryConfig) -> Option<String> {
+    std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .ok()
+        .filter(|e| !e.trim().is_empty())
+        .or_else(|| config.otlp_endpoint.clone())
+}
+
+/// A running OTLP pipeline; [`Otel::shutdown`] flushes it.
+pub struct Otel {
+    provider: SdkTracerProvider,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Otel {
+    /// The tracer to hand to the `tracing` layer.
+    pub fn tracer(&self) -> Tracer {
+        self.provider.tracer("ai-orchestrator")
+    }
+
+    /// Flushes pending spans and stops the exporter.
+    pub fn shutdown(mut self) {
+        if let Err(e) = self.provider.shutdown() {
+            tracing::warn!(error = %e, "flushing traces at shutdown failed");
+        }
+        if let Some(rt) = self.runtime.take() {
+            // Dropping a runtime inside another one's context would panic.
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Starts OTLP export when an endpoint is configured; `Ok(None)` otherwise.
+pub fn init(config: &TelemetryConfig) -> anyhow::Result<Option<Otel>> {
+    let Some(endpoint) = endpoint(config) else {
+        return Ok(None);
+    };
+    // The SDK's batch processor exports from a plain thread, but the tonic
+    // exporter needs a Tokio reactor: it gets a small runtime of its own.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("otel-export")
+        .enable_all()
+        .build()?;
+    let exporter = {
+        let _enter = runtime.enter();
+        use opentelemetry_otlp::WithExportConfig;
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .with_timeout(Duration::from_secs(5))
+            .build()?
+    };
+    let exporter = OnRuntime {
+        inner: Arc::new(exporter),
+        handle: runtime.handle().clone(),
+    };
+    let service = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| config.service_name.clone());
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_sampler(sampler(config.sample_ratio))
+        .with_resource(Resource::builder().with_service_name(service).build())
+        .build();
+    Ok(Some(Otel {
+        provider,
+        runtime: Some(runtime),
+    }))
+}
+
+/// Follows the caller's sampling decision; samples `ratio` of new traces.
+pub fn sampler(ratio: f64) -> Sampler {
+    Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio)))
+}
+
+/// Runs each export of `inner` on the exporter's own runtime.
+#[derive(Debug)]
+struct OnRuntime<E> {
+    inner: Arc<E>,
+    handle: tokio::runtime::Handle,
+}
+
+impl<E: SpanExporter + 'static> SpanExporter for OnRuntime<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let inner = self.inner.clone();
+        match self
+            .handle
+            .spawn(async move { inner.export(batch).await })
+            .await
+        {
+            Ok(result) => result,
+            Err(e) => Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                e.to_string(),
+            )),
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        // Called while the provider is built, before the exporter is shared.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.set_resource(resource);
+        }
+    }
+}
+
+struct OneHeader<'a>(&'a str);
+
+impl Extractor for OneHeader<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        (key == "traceparent").then_some(self.0)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent"]
+    }
+}
+
+/// Makes `span` a child of the caller's span, so the caller's trace ID is
+/// the trace ID of everything we record. A no-op while export is off.
+pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    let cx = TraceContextPropagator::new().extract(&OneHeader(traceparent));
+    if cx.span().span_context().is_valid() {
+        // Fails only when the span is disabled or already started; either
+        // way the trace simply starts here.
+        let _ = span.set_parent(cx);
+    }
+}
+
+/// The W3C `traceparent` of `span` (for upstream calls), when tracing is on.
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    let cx: Context = span.context();
+    let span_ref = cx.span();
+    let sc = span_ref.span_context();
+    sc.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            sc.trace_id(),
+            sc.span_id(),
+            sc.trace_flags().to_u8()
+        )
+    })
+}
