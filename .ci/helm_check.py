@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -429,6 +430,20 @@ def _():
     a = Render({}).deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     b = Render({"config": {"retry": {"max_attempts": 2}}}).deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     assert a != b
+
+
+@check("PrometheusRule expressions parse (promtool, when installed)")
+def _():
+    promtool = shutil.which("promtool")
+    if not promtool:
+        print("  note: promtool not installed (Debian: prometheus); PromQL not parsed")
+        return
+    rule = Render(ci_values("production")).one("PrometheusRule")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump({"groups": rule["spec"]["groups"]}, f)
+        f.flush()
+        out = subprocess.run([promtool, "check", "rules", f.name], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 # --- guard rails --------------------------------------------------------------
