@@ -364,7 +364,8 @@ def sqlite_extra(r: Render):
     assert secret["metadata"]["annotations"]["ai-orchestrator/dev-only"] == "true"
     assert r.env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "OPENAI_API_KEY"}
     assert set(r.config["providers"]) == {"openai"}
-    assert "ANTHROPIC_API_KEY" not in r.env
+    # the default providerKeys entries of the removed providers are not referenced
+    assert "ANTHROPIC_API_KEY" not in r.env and "PERPLEXITY_API_KEY" not in r.env
     annotations = r.deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["checksum/dev-secret"] == hashlib.sha256(r.file("secret-dev.yaml").encode()).hexdigest()
     assert r.container["livenessProbe"]["httpGet"]["path"] == "/healthz"
