@@ -38,9 +38,6 @@ SERVICE = "ai.orchestrator.v1.Orchestrator"
 # The chart's kubeVersion floor and the newest schema we have.
 KUBE_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 CRDS = {"ServiceMonitor", "PrometheusRule"}
-# Keys the service does not know yet (another branch adds them); a binary
-# that rejects only these is an older build, not a chart bug.
-UPCOMING = ("auth", "telemetry", "tls")
 
 chart = helm_python.Chart.load(str(CHART))
 results: list[tuple[str, str | None]] = []
@@ -512,15 +509,15 @@ def service_check(binary: str):
     env = {k: v for k, v in env.items() if not k.startswith("AIO_") and k != "DATABASE_URL"}
     off = {"auth": {"enabled": False}, "tls": {"enabled": False}, "telemetry": {"otlpEndpoint": ""}}
     cases = [
-        ("defaults", {}, False),
-        ("ci/sqlite-values.yaml", ci_values("sqlite"), False),
-        ("custom task with output_schema", CUSTOM_TASK, False),
-        ("ci/production-values.yaml, upcoming keys off", merge(ci_values("production"), off), False),
-        ("ci/production-values.yaml", ci_values("production"), True),
+        ("defaults", {}),
+        ("ci/sqlite-values.yaml", ci_values("sqlite")),
+        ("custom task with output_schema", CUSTOM_TASK),
+        ("ci/production-values.yaml, auth/tls/telemetry off", merge(ci_values("production"), off)),
+        ("ci/production-values.yaml", ci_values("production")),
     ]
-    for label, values, may_be_upcoming in cases:
+    for label, values in cases:
         @check(f"service check-config: {label}")
-        def _(values=values, may_be_upcoming=may_be_upcoming):
+        def _(values=values):
             r = Render(values)
             run_env = dict(env)
             if r.postgres:
@@ -530,16 +527,8 @@ def service_check(binary: str):
                 f.flush()
                 out = subprocess.run([binary, "--config", f.name, "check-config"], env=run_env,
                                      capture_output=True, text=True, timeout=30)
-            if out.returncode == 0:
-                return
-            error = out.stderr.strip()
-            # Only the upcoming section itself may be unknown: a binary that
-            # knows [auth] but rejects one of our keys in it is a real mismatch.
-            unknown = re.search(r"unknown field: found `(\w+)`", error)
-            if may_be_upcoming and unknown and unknown.group(1) in UPCOMING:
-                print(f"  note: {binary} does not know the upcoming keys yet: {error.splitlines()[0]}")
-                return
-            raise AssertionError(error)
+            if out.returncode != 0:
+                raise AssertionError(out.stderr.strip())
 
 
 def main():

@@ -37,8 +37,16 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
     {
         return cli::call(addr, api_key, team, trace_id, rpc).await;
     }
-    let config =
-        Config::load(&cli.config).map_err(|e| anyhow::anyhow!("{}: {e}", cli.config.display()))?;
+    let offline = matches!(
+        cli.command,
+        Command::Migrate | Command::Limits { .. } | Command::Prompts { .. } | Command::Keys { .. }
+    );
+    let config = if offline {
+        Config::load_without_provider_keys(&cli.config)
+    } else {
+        Config::load(&cli.config)
+    }
+    .map_err(|e| anyhow::anyhow!("{}: {e}", cli.config.display()))?;
     match cli.command {
         Command::CheckConfig => Ok(cli::check_config(&config)),
         Command::Migrate => cli::migrate(&config).await,

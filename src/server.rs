@@ -84,6 +84,11 @@ pub async fn serve(
         ready: Arc::new(ready_tx),
     };
     set_health(&health, ServingStatus::Serving).await;
+    if config.server.metrics_listen.is_some() {
+        // Install the recorder first: gauges set before it would be lost,
+        // and a fresh pod must already show every breaker as closed.
+        metrics::handle();
+    }
     for (name, guards) in resilience.iter() {
         metrics::breaker_state(name, guards.breaker.state().metric_value());
     }

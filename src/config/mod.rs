@@ -564,10 +564,25 @@ impl Config {
         Self::load_with_env(path, |name| std::env::var(name).ok())
     }
 
+    /// Like [`Config::load`], for commands that never call a provider
+    /// (`migrate`, `limits`, `prompts`, `keys`): provider keys need not be
+    /// set (a migration job should not hold them).
+    pub fn load_without_provider_keys(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_inner(path, |name| std::env::var(name).ok(), false)
+    }
+
     /// Like [`Config::load`], with the environment lookup injected (tests).
     pub fn load_with_env(
         path: &Path,
         env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        Self::load_inner(path, env, true)
+    }
+
+    fn load_inner(
+        path: &Path,
+        env: impl Fn(&str) -> Option<String>,
+        require_keys: bool,
     ) -> Result<Self, ConfigError> {
         let mut figment = Figment::new()
             .merge(Toml::file_exact(path))
@@ -582,7 +597,7 @@ impl Config {
         if let Some(url) = env("DATABASE_URL") {
             figment = figment.merge(("database.url", url));
         }
-        Self::from_figment(figment, env)
+        Self::from_figment(figment, env, require_keys)
     }
 
     /// Parses a TOML string with no environment overrides (tests, tooling).
@@ -590,12 +605,13 @@ impl Config {
         toml: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        Self::from_figment(Figment::from(Toml::string(toml)), env)
+        Self::from_figment(Figment::from(Toml::string(toml)), env, true)
     }
 
     fn from_figment(
         figment: Figment,
         env: impl Fn(&str) -> Option<String>,
+        require_keys: bool,
     ) -> Result<Self, ConfigError> {
         let mut config: Config = figment.extract().map_err(parse_error)?;
         let mut problems = Vec::new();
@@ -603,6 +619,7 @@ impl Config {
             if let Some(var) = &provider.api_key_env {
                 match env(var) {
                     Some(key) if !key.is_empty() => provider.api_key = Some(Secret::new(key)),
+                    _ if !require_keys => {}
                     _ => problems.push(Invalid {
                         path: format!("providers.{name}.api_key_env"),
                         message: format!("environment variable {var} is not set"),

@@ -284,8 +284,10 @@ impl Router {
             deadline: attempt_deadline,
             ..request.clone()
         };
+        // trace_id again: JSON log lines show only the innermost span.
         let span = tracing::info_span!(
             "provider_attempt",
+            trace_id = %req.trace_id,
             provider = %target.provider,
             model = %target.model,
             retry,

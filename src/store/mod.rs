@@ -54,8 +54,19 @@ pub enum Store {
     Postgres(PgPool),
 }
 
-static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
-static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+/// The embedded migrations of one backend. A database migrated by a newer
+/// release is accepted ("ignore missing"): migrations only ever add tables,
+/// columns and indexes, so an older binary still works on the newer schema,
+/// which is what a rollback or a rolling upgrade needs.
+fn migrator(postgres: bool) -> sqlx::migrate::Migrator {
+    let mut migrator = if postgres {
+        sqlx::migrate!("./migrations/postgres")
+    } else {
+        sqlx::migrate!("./migrations/sqlite")
+    };
+    migrator.set_ignore_missing(true);
+    migrator
+}
 
 impl Store {
     /// Connects (creating the SQLite file and its folder if missing). Does not migrate.
@@ -101,8 +112,8 @@ impl Store {
     /// sqlx takes a database lock while migrating.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
-            Store::Sqlite(pool) => SQLITE_MIGRATIONS.run(pool).await?,
-            Store::Postgres(pool) => POSTGRES_MIGRATIONS.run(pool).await?,
+            Store::Sqlite(pool) => migrator(false).run(pool).await?,
+            Store::Postgres(pool) => migrator(true).run(pool).await?,
         }
         Ok(())
     }

@@ -551,3 +551,49 @@ async fn the_binary_exports_spans_over_otlp() {
     assert_eq!(count("request"), 3, "{spans:?}");
     assert_eq!(count("provider_attempt"), 3, "{spans:?}");
 }
+
+/// A fresh process (as a new pod) already exposes every breaker's state,
+/// before any call: dashboards and alerts must not start from nothing.
+#[tokio::test]
+async fn a_fresh_process_exposes_every_breaker_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let metrics_port = free_port();
+    let toml = config_toml_with(
+        &format!("sqlite://{}", dir.path().join("fresh.db").display()),
+        "latency = \"1ms\"",
+        "latency = \"1ms\"",
+        "",
+    )
+    .replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"{addr}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\""),
+    );
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, toml).unwrap();
+    let _child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+        .args(["--config", config.to_str().unwrap(), "serve"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    crate::common::connect(addr).await;
+    let body = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for provider in ["primary", "fallback"] {
+        assert!(
+            body.contains(&format!(
+                "circuit_breaker_state{{provider=\"{provider}\"}} 0"
+            )),
+            "{provider} missing:\n{body}"
+        );
+    }
+}

@@ -266,3 +266,68 @@ fn cli_env_vars_and_config_overrides_coexist() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains("listen_typo"), "names the key: {stderr}");
 }
+
+/// A rollback: the database was migrated by a newer release (a migration
+/// this binary does not know); start-up must still succeed.
+#[tokio::test]
+async fn a_schema_from_a_newer_release_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = TestPostgres::create().await;
+    for url in [
+        format!("sqlite://{}", dir.path().join("newer.db").display()),
+        db.url.clone(),
+    ] {
+        let store = Store::connect(&DatabaseConfig {
+            url,
+            ..DatabaseConfig::default()
+        })
+        .await
+        .unwrap();
+        store.migrate().await.unwrap();
+        ai_orchestrator::on_store!(&store, |pool| {
+            sqlx::query(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                 VALUES (9999, 'from a newer release', TRUE, $1, 1)",
+            )
+            .bind(vec![0_u8; 48])
+            .execute(pool)
+            .await
+            .unwrap();
+        });
+        store
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", store.backend()));
+        store.close().await;
+    }
+    db.drop_now().await;
+}
+
+/// `migrate` (e.g. a Kubernetes Job) runs on the production config without
+/// the provider keys it never uses; `check-config` still demands them.
+#[test]
+fn migrate_needs_no_provider_keys_but_check_config_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |cmd: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+            .args(["--config", "config/example.toml", cmd])
+            .env(
+                "DATABASE_URL",
+                format!("sqlite://{}", dir.path().join("m.db").display()),
+            )
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("PERPLEXITY_API_KEY")
+            .output()
+            .unwrap()
+    };
+    let migrated = run("migrate");
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    let checked = run("check-config");
+    assert!(!checked.status.success());
+    assert!(String::from_utf8_lossy(&checked.stderr).contains("api_key_env"));
+}
