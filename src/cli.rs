@@ -83,6 +83,9 @@ pub enum Command {
         /// has `auth.enabled`).
         #[arg(long, env = "AIO_API_KEY", hide_env_values = true)]
         api_key: Option<String>,
+        /// TLS options for an `https://` address.
+        #[command(flatten)]
+        tls: ClientTls,
         /// Team to act for.
         #[arg(long, default_value = "demo")]
         team: String,
@@ -178,6 +181,37 @@ pub enum PromptsAction {
         #[arg(long)]
         version: u32,
     },
+}
+
+/// How the client mode reaches a TLS port.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientTls {
+    /// PEM CA bundle the server's certificate must chain to.
+    #[arg(long)]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate (mTLS), with `--tls-key`.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM client key (mTLS).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+}
+
+impl ClientTls {
+    fn config(&self) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = &self.tls_ca {
+            tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        Ok(tls)
+    }
 }
 
 /// `keys` sub-commands.
@@ -560,12 +594,19 @@ pub async fn migrate(config: &Config) -> anyhow::Result<String> {
 pub async fn call(
     addr: String,
     api_key: Option<String>,
+    tls: ClientTls,
     team: String,
     trace_id: Option<String>,
     rpc: Call,
 ) -> anyhow::Result<String> {
-    let channel = tonic::transport::Endpoint::from_shared(addr.clone())
-        .with_context(|| format!("bad --addr {addr}"))?
+    let mut endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
+        .with_context(|| format!("bad --addr {addr}"))?;
+    if addr.starts_with("https://") {
+        endpoint = endpoint
+            .tls_config(tls.config()?)
+            .context("configuring TLS")?;
+    }
+    let channel = endpoint
         .connect()
         .await
         .with_context(|| format!("connecting to {addr}"))?;

@@ -30,12 +30,13 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
     if let Command::Call {
         addr,
         api_key,
+        tls,
         team,
         trace_id,
         rpc,
     } = cli.command
     {
-        return cli::call(addr, api_key, team, trace_id, rpc).await;
+        return cli::call(addr, api_key, tls, team, trace_id, rpc).await;
     }
     let offline = matches!(
         cli.command,

@@ -18,7 +18,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 use tonic::{
     service::interceptor::InterceptedService,
-    transport::{Server, server::TcpIncoming},
+    transport::{Certificate, Identity, Server, ServerTlsConfig, server::TcpIncoming},
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 
@@ -156,7 +156,13 @@ pub async fn serve(
         set_health(&signal_health, ServingStatus::NotServing).await;
         let _ = draining_tx.send(true);
     };
-    let server = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = &config.server.tls {
+        builder = builder
+            .tls_config(server_tls(tls)?)
+            .context("configuring TLS for the gRPC port")?;
+    }
+    let server = builder
         .http2_keepalive_interval(Some(config.server.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(config.server.http2_keepalive_timeout))
         .max_concurrent_streams(config.server.max_concurrent_streams)
@@ -241,6 +247,23 @@ async fn sweep_periodically(store: Store, config: Arc<Config>, mut stop: watch::
             Err(e) => tracing::error!(error = %e, "sweeping orphaned reservations failed"),
         }
     }
+}
+
+/// Reads the PEM files of `[server.tls]`; errors name the file.
+fn server_tls(tls: &crate::config::TlsConfig) -> anyhow::Result<ServerTlsConfig> {
+    let read = |path: &std::path::Path, key: &str| {
+        std::fs::read(path).with_context(|| format!("server.tls.{key}: reading {}", path.display()))
+    };
+    let mut out = ServerTlsConfig::new().identity(Identity::from_pem(
+        read(&tls.cert, "cert")?,
+        read(&tls.key, "key")?,
+    ));
+    if let Some(ca) = &tls.client_ca {
+        // Clients without a certificate signed by this CA are refused in
+        // the handshake (mTLS).
+        out = out.client_ca_root(Certificate::from_pem(read(ca, "client_ca")?));
+    }
+    Ok(out)
 }
 
 /// Reloads the database's API keys, so created and revoked keys take effect

@@ -12,4 +12,5 @@ mod routing;
 mod rpcs;
 mod storage;
 mod tasks;
+mod tls;
 mod trace;
