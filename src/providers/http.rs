@@ -90,8 +90,7 @@ pub async fn json<T: DeserializeOwned>(
         Ok(Err(e)) => return Err(transport_error(&e)),
         Ok(Ok(b)) => b,
     };
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ProviderError::Malformed(format!("response JSON: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| malformed_json(&e))
 }
 
 /// A JSON decoding failure, described by its category and position only:

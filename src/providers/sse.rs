@@ -27,7 +27,7 @@ pub fn events(
     idle: Duration,
     deadline: Instant,
 ) -> impl Stream<Item = Result<SseEvent, ProviderError>> + Send + 'static {
-    let mut inner = response.bytes_stream().eventsource();
+    let mut inner = Box::pin(without_bom(response.bytes_stream()).eventsource());
     async_stream::stream! {
         loop {
             let wait_until = deadline.min(Instant::now() + idle);
@@ -40,10 +40,77 @@ pub fn events(
                     return;
                 }
                 Ok(Some(Err(e))) => {
-                    yield Err(ProviderError::Malformed(format!("SSE framing: {e}")));
+                    // The parser's message quotes the offending input
+                    // (upstream text): keep only what kind of error it was.
+                    let kind = match e {
+                        eventsource_stream::EventStreamError::Utf8(_) => "invalid UTF-8",
+                        _ => "unparsable event",
+                    };
+                    yield Err(ProviderError::Malformed(format!("SSE framing: {kind}")));
                     return;
                 }
             }
         }
+    }
+}
+
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Drops a leading UTF-8 byte-order mark, which SSE allows. The
+/// `eventsource-stream` parser slices it off at a wrong byte index and
+/// panics (0.2.3, unmaintained), so it never gets to see one.
+fn without_bom<S, E>(bytes: S) -> impl Stream<Item = Result<bytes::Bytes, E>> + Send + 'static
+where
+    S: Stream<Item = Result<bytes::Bytes, E>> + Send + 'static,
+    E: Send + 'static,
+{
+    async_stream::stream! {
+        futures::pin_mut!(bytes);
+        // Hold back the first bytes until it is clear whether they are a BOM
+        // (it may arrive split across chunks).
+        let mut head = Vec::new();
+        while head.len() < BOM.len() {
+            match bytes.next().await {
+                Some(Ok(chunk)) => head.extend_from_slice(&chunk),
+                Some(Err(e)) => {
+                    yield Err(e);
+                    return;
+                }
+                None => break,
+            }
+        }
+        let start = if head.starts_with(BOM) { BOM.len() } else { 0 };
+        if head.len() > start {
+            yield Ok(bytes::Bytes::copy_from_slice(&head[start..]));
+        }
+        while let Some(item) = bytes.next().await {
+            yield item;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn strip(chunks: &[&[u8]]) -> Vec<u8> {
+        let items: Vec<Result<bytes::Bytes, std::io::Error>> = chunks
+            .iter()
+            .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+            .collect();
+        let out: Vec<_> = without_bom(futures::stream::iter(items)).collect().await;
+        out.into_iter().flat_map(|b| b.unwrap().to_vec()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_leading_bom_is_dropped_even_when_split() {
+        assert_eq!(strip(&[b"\xEF\xBB\xBFdata: x\n\n"]).await, b"data: x\n\n");
+        assert_eq!(strip(&[b"\xEF", b"\xBB", b"\xBFdata: x"]).await, b"data: x");
+        assert_eq!(
+            strip(&[b"da", b"ta: \xEF\xBB\xBF"]).await,
+            b"data: \xEF\xBB\xBF"
+        );
+        assert_eq!(strip(&[b"\xEF"]).await, b"\xEF");
+        assert!(strip(&[]).await.is_empty());
     }
 }

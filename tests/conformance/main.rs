@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the assertion
 
 mod anthropic;
+mod fuzz;
 mod gemini;
 mod harness;
 mod openai;
