@@ -317,7 +317,8 @@ def production_extra(r: Render):
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     rules = {x["alert"]: x for g in r.one("PrometheusRule")["spec"]["groups"] for x in g["rules"]}
     for alert in ("AIOrchestratorCircuitBreakerOpen", "AIOrchestratorHighFallbackRate",
-                  "AIOrchestratorCallsUnavailable", "AIOrchestratorQuotaRejections",
+                  "AIOrchestratorAllProvidersFailing", "AIOrchestratorStorageUnavailable",
+                  "AIOrchestratorQuotaRejections",
                   "AIOrchestratorHighOverhead", "AIOrchestratorNotReady", "AIOrchestratorLoadShedding"):
         assert alert in rules, alert
     assert 'job="aio-ai-orchestrator"' in rules["AIOrchestratorCircuitBreakerOpen"]["expr"]

@@ -277,6 +277,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             )
         }
     };
+    crate::telemetry::metrics::error_reason(reason);
     details.set_error_info(reason, DOMAIN, info);
     let mut metadata = MetadataMap::new();
     if let Ok(value) = trace_id.parse() {

@@ -126,6 +126,14 @@ pub fn quota_rejection(team: &str) {
     counter!("usage_quota_rejections_total", "team_bucket" => bucket).increment(1);
 }
 
+/// An error returned to a caller, by its stable `ErrorInfo.reason` (a
+/// fixed set, so bounded cardinality): tells `ALL_PROVIDERS_FAILED` from
+/// `STORAGE_UNAVAILABLE`, `OVERLOADED` from `QUOTA_EXCEEDED`, which the
+/// gRPC code alone cannot.
+pub fn error_reason(reason: &'static str) {
+    counter!("orchestrator_errors_total", "reason" => reason).increment(1);
+}
+
 /// One gRPC call handled.
 pub fn grpc(method: &str, code: &str, took: Duration) {
     counter!("grpc_server_requests_total", "method" => method.to_owned(), "code" => code.to_owned()).increment(1);

@@ -1,0 +1,142 @@
+//! Spans in an OpenTelemetry exporter, in-process. Its own test binary:
+//! tracing caches callsite interest process-wide, and a thread-local
+//! subscriber races with other tests' threads over that cache.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the assertion
+
+#[path = "api/common.rs"]
+#[allow(dead_code)]
+mod common;
+
+use ai_orchestrator::api::pb;
+use common::{TestApp, ctx};
+
+/// Spans reach an OpenTelemetry exporter: the `request` span continues the
+/// caller's `traceparent` (same trace ID, the caller's span as parent), each
+/// `provider_attempt` is its child with provider/model/retry/outcome/tokens,
+/// and the upstream receives a `traceparent` naming the attempt's span.
+#[tokio::test]
+async fn spans_continue_the_callers_trace_and_nest_attempts() {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing_subscriber::prelude::*;
+    use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .with_sampler(ai_orchestrator::telemetry::otel::sampler(0.0))
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    // Thread-local: this test's current-thread runtime runs the whole server.
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const CALLER_SPAN: &str = "00f067aa0ba902b7";
+    const MESSAGE: &str = "CANARY-SPAN-MESSAGE call me";
+    let upstream = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500).set_body_string(
+            r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#,
+        ))
+        .up_to_n_times(1)
+        .mount(&upstream)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1_732_000_000,
+            "model": "gpt-4o-mini-2024-07-18",
+            "choices": [{"index": 0, "finish_reason": "stop", "logprobs": null,
+                "message": {"role": "assistant", "refusal": null,
+                    "content": "{\"intent\":\"QUESTION\",\"confidence\":0.9,\"reason\":\"asks\"}"}}],
+            "usage": {"prompt_tokens": 120, "completion_tokens": 18, "total_tokens": 138}
+        })))
+        .mount(&upstream)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+[database]
+url = "sqlite://{}"
+[providers.openai]
+kind = "openai"
+base_url = "{}/v1"
+api_key_env = "K"
+[tasks.sms_classify]
+chain = [{{ provider = "openai", model = "gpt-4o-mini" }}]
+[pricing."gpt-4o-mini"]
+input_per_mtok = 0.15
+output_per_mtok = 0.6
+[retry]
+max_attempts = 2
+base_backoff = "5ms"
+max_backoff = "5ms"
+"#,
+        dir.path().join("o.db").display(),
+        upstream.uri()
+    );
+    let app = TestApp::spawn_toml_env(&toml, |n| (n == "K").then(|| "sk-test".to_owned())).await;
+    let mut request = tonic::Request::new(pb::ClassifySmsRequest {
+        context: ctx(),
+        message: MESSAGE.into(),
+        ..Default::default()
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{TRACE}-{CALLER_SPAN}-01").parse().unwrap(),
+    );
+    let reply = app.client.clone().classify_sms(request).await.unwrap();
+    assert_eq!(reply.into_inner().meta.unwrap().trace_id, TRACE);
+    app.stop().await;
+
+    let spans = exporter.get_finished_spans().unwrap();
+    let request_span = spans
+        .iter()
+        .find(|s| s.name == "request")
+        .expect("a request span, sampled because the caller's was (ratio 0 for new traces)");
+    assert_eq!(request_span.span_context.trace_id().to_string(), TRACE);
+    assert_eq!(request_span.parent_span_id.to_string(), CALLER_SPAN);
+    let attr = |s: &opentelemetry_sdk::trace::SpanData, key: &str| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    };
+    assert_eq!(attr(request_span, "trace_id").as_deref(), Some(TRACE));
+    assert_eq!(attr(request_span, "team_id").as_deref(), Some("t1"));
+
+    let mut attempts: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "provider_attempt")
+        .collect();
+    attempts.sort_by_key(|s| attr(s, "retry"));
+    assert_eq!(attempts.len(), 2, "{spans:#?}");
+    for (i, a) in attempts.iter().enumerate() {
+        assert_eq!(a.span_context.trace_id().to_string(), TRACE);
+        assert_eq!(a.parent_span_id, request_span.span_context.span_id());
+        assert_eq!(attr(a, "provider").as_deref(), Some("openai"));
+        assert_eq!(attr(a, "model").as_deref(), Some("gpt-4o-mini"));
+        assert_eq!(attr(a, "retry").as_deref(), Some(i.to_string().as_str()));
+    }
+    assert_ne!(attr(attempts[0], "outcome").as_deref(), Some("ok"));
+    assert_eq!(attr(attempts[1], "outcome").as_deref(), Some("ok"));
+    assert_eq!(attr(attempts[1], "input_tokens").as_deref(), Some("120"));
+    assert_eq!(attr(attempts[1], "output_tokens").as_deref(), Some("18"));
+
+    // Upstream saw our attempt spans as parents, in the caller's trace.
+    let received = upstream.received_requests().await.unwrap();
+    assert_eq!(received.len(), 2);
+    for (r, a) in received.iter().zip(&attempts) {
+        let tp = r.headers.get("traceparent").unwrap().to_str().unwrap();
+        assert_eq!(
+            tp,
+            format!("00-{TRACE}-{}-01", a.span_context.span_id()),
+            "upstream traceparent names the attempt span"
+        );
+    }
+
+    // Contents never reach span attributes or events.
+    let dump = format!("{spans:?}");
+    assert!(!dump.contains("CANARY-SPAN-MESSAGE") && !dump.contains("sk-test"));
+}
