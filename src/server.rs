@@ -70,10 +70,6 @@ pub async fn serve(
         tracing::warn!("usage metering is OFF: no caps, no usage records");
         (None, None)
     };
-    if metering.enabled {
-        // Off the start-up path: health turns SERVING without waiting for it.
-        tokio::task::spawn_blocking(crate::usage::estimate::warm_up);
-    }
     let meter = Meter::new(writer, Pricing::from_config(&config.pricing), metering);
     let api = OrchestratorApi::new(config.clone(), runner, store.clone(), meter, auth.clone());
 

@@ -92,15 +92,19 @@ impl OrchestratorApi {
         task: &str,
         result: Result<(T, CallMeta), Failure>,
     ) -> Result<(T, CallMeta), Status> {
-        let (record, outcome) = match result {
+        let (record, outcome, provider_time) = match result {
             Ok((value, mut meta)) => {
                 meta.cost_usd = self
                     .meter
                     .pricing()
                     .cost_of_attempts(&meta.attempts)
                     .map(usd);
-                self.observe(task, ctx, &meta);
-                (self.record(ctx, task, &meta, "ok"), Ok((value, meta)))
+                let provider_time = self.observe(task, &meta);
+                (
+                    self.record(ctx, task, &meta, "ok"),
+                    Ok((value, meta)),
+                    provider_time,
+                )
             }
             Err(Failure::Route(err)) => {
                 let meta = CallMeta {
@@ -115,11 +119,12 @@ impl OrchestratorApi {
                     latency: ctx.started.elapsed(),
                     ..CallMeta::default()
                 };
-                self.observe(task, ctx, &meta);
+                let provider_time = self.observe(task, &meta);
                 let outcome = error::route_reason(&err);
                 (
                     self.record(ctx, task, &meta, outcome),
                     Err(to_status(Failure::Route(err), &ctx.trace_id)),
+                    provider_time,
                 )
             }
             Err(other) => {
@@ -131,15 +136,18 @@ impl OrchestratorApi {
         };
 
         // Durable before the response is sent: no acknowledged call unrecorded.
-        if let Err(err) = ctx.meter.settle(record).await {
+        let settled = ctx.meter.settle(record).await;
+        // Our overhead includes the settlement the response waits for.
+        crate::telemetry::metrics::overhead(ctx.started.elapsed().saturating_sub(provider_time));
+        if let Err(err) = settled {
             return Err(to_status(Failure::Storage(err.to_string()), &ctx.trace_id));
         }
         outcome
     }
 
-    /// Metrics of a finished call: tokens and cost per attempt, fallbacks,
-    /// and our overhead (request time minus time waiting on providers).
-    fn observe(&self, task: &str, ctx: &CallContext, meta: &CallMeta) {
+    /// Metrics of a finished call: tokens and cost per attempt, fallbacks.
+    /// Returns the time spent waiting on providers (not our overhead).
+    fn observe(&self, task: &str, meta: &CallMeta) -> std::time::Duration {
         use crate::telemetry::metrics;
         let mut provider_time = std::time::Duration::ZERO;
         let resilience = self.runner.router.resilience();
@@ -160,7 +168,7 @@ impl OrchestratorApi {
         if let (true, Some(first)) = (meta.degraded, meta.attempts.first()) {
             metrics::fallback(task, &first.provider, &meta.provider);
         }
-        metrics::overhead(ctx.started.elapsed().saturating_sub(provider_time));
+        provider_time
     }
 
     fn record(&self, ctx: &CallContext, task: &str, meta: &CallMeta, outcome: &str) -> UsageRecord {

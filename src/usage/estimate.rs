@@ -1,12 +1,22 @@
 //! Token estimates for reservations, before any provider call.
 //!
-//! OpenAI model families are counted with their real tokenizer
-//! (`tiktoken-rs`: `o200k_base` for gpt-4o/4.1/5 and o-series,
-//! `cl100k_base` for gpt-4/3.5). Other models (Claude, Gemini, Llama, ...)
-//! have no public Rust tokenizer here, so they use the documented
-//! approximation of one token per three bytes of UTF-8, which over-counts
-//! English (≈ 4 bytes/token) on purpose: a reservation should not be smaller
-//! than the call. Every message adds a few tokens of chat framing.
+//! Two precisions:
+//! - [`Precision::Bound`], used first on every call: costs nothing and never
+//!   under-counts OpenAI models, because every token of a byte-level BPE
+//!   vocabulary is at least one byte, so a text has at most as many tokens as
+//!   bytes (English averages about four bytes per token).
+//! - [`Precision::Exact`], used only when the bound is refused by a cap or a
+//!   budget: OpenAI model families are counted with their real tokenizer
+//!   (`tiktoken-rs`: `o200k_base` for gpt-4o/4.1/5 and o-series,
+//!   `cl100k_base` for gpt-4/3.5), so a call that fits is never refused for
+//!   the bound's slack. The tokenizer tables take ~50 MB (o200k) and ~20 MB
+//!   (cl100k) of memory and ~40 µs per KB of text, so they are only built
+//!   when first needed, on a blocking thread.
+//!
+//! Other models (Claude, Gemini, Llama, ...) have no public Rust tokenizer
+//! here, so both precisions use the documented approximation of one token
+//! per three bytes of UTF-8, which over-counts English (≈ 4 bytes/token) on
+//! purpose. Every message adds a few tokens of chat framing.
 
 use crate::providers::CompletionRequest;
 
@@ -42,41 +52,75 @@ fn tokenizer_for(model: &str) -> Tokenizer {
     }
 }
 
-/// Builds the tokenizer tables now (they take a while to build, longer in a
-/// debug build) so the first requests do not pay for it. Call from a
-/// blocking thread.
-pub fn warm_up() {
-    let _ = tiktoken_rs::o200k_base_singleton();
-    let _ = tiktoken_rs::cl100k_base_singleton();
+/// How an estimate is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// Never below the real count; no tokenizer (see the module docs).
+    Bound,
+    /// The model's own tokenizer where we have it (slow, memory-hungry).
+    Exact,
+}
+
+/// Whether [`Precision::Exact`] can give a smaller estimate than the bound
+/// for `model` (it has a real tokenizer).
+pub fn has_tokenizer(model: &str) -> bool {
+    !matches!(tokenizer_for(model), Tokenizer::Approximate)
 }
 
 /// Tokens in `text` for `model`.
-pub fn count(model: &str, text: &str) -> u64 {
-    match tokenizer_for(model) {
-        Tokenizer::O200k => tiktoken_rs::o200k_base_singleton()
+pub fn count(model: &str, text: &str, precision: Precision) -> u64 {
+    match (tokenizer_for(model), precision) {
+        (Tokenizer::Approximate, _) => (text.len() as u64).div_ceil(3),
+        // Every token of a byte-level BPE is at least one byte.
+        (_, Precision::Bound) => text.len() as u64,
+        (Tokenizer::O200k, Precision::Exact) => tiktoken_rs::o200k_base_singleton()
             .encode_ordinary(text)
             .len() as u64,
-        Tokenizer::Cl100k => tiktoken_rs::cl100k_base_singleton()
+        (Tokenizer::Cl100k, Precision::Exact) => tiktoken_rs::cl100k_base_singleton()
             .encode_ordinary(text)
             .len() as u64,
-        Tokenizer::Approximate => (text.len() as u64).div_ceil(3),
     }
 }
 
-/// Estimated input tokens of `req` sent to `model`.
-pub fn input_tokens(model: &str, req: &CompletionRequest) -> u64 {
+/// Bytes of `value` serialized as JSON, without building the string.
+fn json_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    let _ = serde_json::to_writer(&mut n, value);
+    n.0
+}
+
+/// Estimated input tokens of `req` sent to `model`. With
+/// [`Precision::Exact`] and a real tokenizer this is CPU-heavy: call it
+/// from a blocking thread.
+pub fn input_tokens(model: &str, req: &CompletionRequest, precision: Precision) -> u64 {
     let system = req
         .system
         .as_deref()
-        .map_or(0, |s| count(model, s) + PER_MESSAGE);
-    let schema = req
-        .response_format
-        .as_ref()
-        .map_or(0, |f| count(model, &f.schema.to_string()));
+        .map_or(0, |s| count(model, s, precision) + PER_MESSAGE);
+    let schema = req.response_format.as_ref().map_or(0, |f| {
+        match (precision, tokenizer_for(model)) {
+            (Precision::Exact, Tokenizer::O200k | Tokenizer::Cl100k) => {
+                count(model, &f.schema.to_string(), precision)
+            }
+            // Same rule as `count`, from the length alone.
+            (_, Tokenizer::Approximate) => (json_len(&f.schema) as u64).div_ceil(3),
+            (Precision::Bound, _) => json_len(&f.schema) as u64,
+        }
+    });
     let messages: u64 = req
         .messages
         .iter()
-        .map(|m| count(model, &m.content) + PER_MESSAGE)
+        .map(|m| count(model, &m.content, precision) + PER_MESSAGE)
         .sum();
     system + schema + messages + PER_REPLY
 }
@@ -88,9 +132,32 @@ mod tests {
     #[test]
     fn openai_models_use_their_tokenizer() {
         // "hello world" is two tokens in both OpenAI encodings.
-        assert_eq!(count("gpt-4o-mini", "hello world"), 2);
-        assert_eq!(count("gpt-4", "hello world"), 2);
+        assert_eq!(count("gpt-4o-mini", "hello world", Precision::Exact), 2);
+        assert_eq!(count("gpt-4", "hello world", Precision::Exact), 2);
         // Other models over-count rather than under-count.
-        assert_eq!(count("claude-3-haiku", "hello world"), 4);
+        assert_eq!(count("claude-3-haiku", "hello world", Precision::Exact), 4);
+        assert!(has_tokenizer("gpt-4o") && !has_tokenizer("claude-3-haiku"));
+    }
+
+    #[test]
+    fn the_bound_never_under_counts() {
+        let texts = [
+            "hello world",
+            "Yes, I'm interested - can you call me tomorrow afternoon?",
+            "数据可视化 🎉🎉 1234567890 !!!???... \n\t   spaces",
+            "{\"intent\":\"INTERESTED\",\"confidence\":0.92}",
+        ];
+        for model in ["gpt-4o-mini", "gpt-4"] {
+            for text in texts {
+                let exact = count(model, text, Precision::Exact);
+                let bound = count(model, text, Precision::Bound);
+                assert!(
+                    bound >= exact,
+                    "{model}: {text:?} bound {bound} < exact {exact}"
+                );
+            }
+        }
+        let schema = serde_json::json!({"type": "object", "required": ["a"]});
+        assert_eq!(json_len(&schema), schema.to_string().len());
     }
 }

@@ -5,7 +5,8 @@
 //! per cap, so it is atomic on either backend: PostgreSQL re-checks the
 //! `WHERE` on the locked row, SQLite has a single writer (`BEGIN IMMEDIATE`).
 //! Concurrent requests and replicas sharing PostgreSQL can never overshoot.
-//! A batch of operations runs in one transaction (group commit).
+//! A batch of operations runs in one transaction (group commit), applied by
+//! [`super::batch`] with one statement per team rather than per operation.
 
 use super::record::UsageRecord;
 use crate::{
@@ -162,10 +163,10 @@ pub struct Balance {
     pub reserved_cost_micros: i64,
 }
 
-const ENSURE_ROW: &str = "INSERT INTO usage_ledger (team_id, month_start_ms) VALUES ($1, $2) \
+pub(super) const ENSURE_ROW: &str = "INSERT INTO usage_ledger (team_id, month_start_ms) VALUES ($1, $2) \
 ON CONFLICT (team_id, month_start_ms) DO NOTHING";
 
-const GUARDED_RESERVE: &str = "UPDATE usage_ledger SET \
+pub(super) const GUARDED_RESERVE: &str = "UPDATE usage_ledger SET \
 reserved_tokens = reserved_tokens + $3, reserved_requests = reserved_requests + $4, \
 reserved_cost_micros = reserved_cost_micros + $5 \
 WHERE team_id = $1 AND month_start_ms = $2 \
@@ -173,27 +174,23 @@ AND (CAST($6 AS BIGINT) IS NULL OR spent_tokens + reserved_tokens + $3 <= $6) \
 AND (CAST($7 AS BIGINT) IS NULL OR spent_requests + reserved_requests + $4 <= $7) \
 AND (CAST($8 AS BIGINT) IS NULL OR spent_cost_micros + reserved_cost_micros + $5 <= $8)";
 
-const INSERT_RESERVATION: &str = "INSERT INTO usage_reservations (id, team_id, month_start_ms, \
-input_tokens, output_tokens, requests, cost_micros, task, user_id, trace_id, channel, priority, created_at_ms) \
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
-
-const TEAM_CAPS: &str =
+pub(super) const TEAM_CAPS: &str =
     "SELECT max_tokens, max_requests, max_cost_micros FROM tenant_limits WHERE team_id = $1";
 
-const BALANCE: &str = "SELECT spent_tokens, spent_requests, spent_cost_micros, reserved_tokens, \
+pub(super) const BALANCE: &str = "SELECT spent_tokens, spent_requests, spent_cost_micros, reserved_tokens, \
 reserved_requests, reserved_cost_micros FROM usage_ledger WHERE team_id = $1 AND month_start_ms = $2";
 
-const RELEASE: &str = "UPDATE usage_ledger SET reserved_tokens = reserved_tokens - $3, \
-reserved_requests = reserved_requests - $4, reserved_cost_micros = reserved_cost_micros - $5 \
+/// Settles a (team, month): releases estimates ($3..$5) and charges
+/// actuals ($6..$8) in one statement.
+pub(super) const CHARGE_AND_RELEASE: &str = "UPDATE usage_ledger SET \
+reserved_tokens = reserved_tokens - $3, reserved_requests = reserved_requests - $4, \
+reserved_cost_micros = reserved_cost_micros - $5, spent_tokens = spent_tokens + $6, \
+spent_requests = spent_requests + $7, spent_cost_micros = spent_cost_micros + $8 \
 WHERE team_id = $1 AND month_start_ms = $2";
 
-const CHARGE: &str = "UPDATE usage_ledger SET spent_tokens = spent_tokens + $3, \
-spent_requests = spent_requests + $4, spent_cost_micros = spent_cost_micros + $5 \
-WHERE team_id = $1 AND month_start_ms = $2";
+pub(super) type BalanceRow = (i64, i64, i64, i64, i64, i64);
 
-type BalanceRow = (i64, i64, i64, i64, i64, i64);
-
-fn balance(row: Option<BalanceRow>) -> Balance {
+pub(super) fn balance(row: Option<BalanceRow>) -> Balance {
     let (st, sr, sc, rt, rr, rc) = row.unwrap_or_default();
     Balance {
         spent_tokens: st,
@@ -206,7 +203,7 @@ fn balance(row: Option<BalanceRow>) -> Balance {
 }
 
 /// Which cap a reservation of `r` against `b` under `caps` would exceed.
-fn refusal(b: &Balance, caps: &Caps, r: &Reserve) -> Refusal {
+pub(super) fn refusal(b: &Balance, caps: &Caps, r: &Reserve) -> Refusal {
     let checks = [
         (
             CapKind::Requests,
@@ -248,142 +245,8 @@ fn refusal(b: &Balance, caps: &Caps, r: &Reserve) -> Refusal {
         })
 }
 
-/// Applies `ops` in one transaction, in order, and returns one result per op.
-pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
-    on_store!(store, |pool| {
-        // SQLite: take the write lock up front, so two writers never deadlock
-        // upgrading read locks; the busy timeout queues them instead.
-        let mut tx = match store {
-            Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
-            Store::Postgres(_) => pool.begin().await?,
-        };
-        let mut done = Vec::with_capacity(ops.len());
-        for op in ops {
-            match op {
-                Op::Reserve(r) => {
-                    sqlx::query(ENSURE_ROW)
-                        .bind(&r.team_id)
-                        .bind(r.month_start_ms)
-                        .execute(&mut *tx)
-                        .await?;
-                    let team_caps: Option<(Option<i64>, Option<i64>, Option<i64>)> =
-                        sqlx::query_as(TEAM_CAPS)
-                            .bind(&r.team_id)
-                            .fetch_optional(&mut *tx)
-                            .await?;
-                    let caps =
-                        team_caps.map_or(r.default_caps, |(tokens, requests, cost_micros)| Caps {
-                            tokens,
-                            requests,
-                            cost_micros,
-                        });
-                    let admitted = sqlx::query(GUARDED_RESERVE)
-                        .bind(&r.team_id)
-                        .bind(r.month_start_ms)
-                        .bind(r.tokens())
-                        .bind(r.requests)
-                        .bind(r.cost_micros)
-                        .bind(caps.tokens)
-                        .bind(caps.requests)
-                        .bind(caps.cost_micros)
-                        .execute(&mut *tx)
-                        .await?
-                        .rows_affected()
-                        == 1;
-                    if admitted {
-                        sqlx::query(INSERT_RESERVATION)
-                            .bind(&r.id)
-                            .bind(&r.team_id)
-                            .bind(r.month_start_ms)
-                            .bind(r.input_tokens)
-                            .bind(r.output_tokens)
-                            .bind(r.requests)
-                            .bind(r.cost_micros)
-                            .bind(&r.task)
-                            .bind(&r.user_id)
-                            .bind(&r.trace_id)
-                            .bind(&r.channel)
-                            .bind(&r.priority)
-                            .bind(r.created_at_ms)
-                            .execute(&mut *tx)
-                            .await?;
-                        done.push(Done::Admitted);
-                    } else {
-                        let row: Option<BalanceRow> = sqlx::query_as(BALANCE)
-                            .bind(&r.team_id)
-                            .bind(r.month_start_ms)
-                            .fetch_optional(&mut *tx)
-                            .await?;
-                        done.push(Done::Refused(refusal(&balance(row), &caps, r)));
-                    }
-                }
-                Op::Settle(s) => {
-                    let team = &s.record.team_id;
-                    sqlx::query(ENSURE_ROW)
-                        .bind(team)
-                        .bind(s.month_start_ms)
-                        .execute(&mut *tx)
-                        .await?;
-                    for (id, tokens, requests, cost) in &s.reservations {
-                        let deleted = sqlx::query("DELETE FROM usage_reservations WHERE id = $1")
-                            .bind(id)
-                            .execute(&mut *tx)
-                            .await?
-                            .rows_affected();
-                        if deleted == 1 {
-                            sqlx::query(RELEASE)
-                                .bind(team)
-                                .bind(s.month_start_ms)
-                                .bind(tokens)
-                                .bind(requests)
-                                .bind(cost)
-                                .execute(&mut *tx)
-                                .await?;
-                        } else {
-                            // Swept as orphaned (charged at its estimate) although the call
-                            // finished: charge the actuals too; over-counting beats losing.
-                            tracing::warn!(reservation = %id, "settling a reservation the sweeper already charged");
-                        }
-                    }
-                    if s.charge {
-                        let requests = i64::from(!s.reservations.is_empty());
-                        sqlx::query(CHARGE)
-                            .bind(team)
-                            .bind(s.month_start_ms)
-                            .bind(s.record.input_tokens + s.record.output_tokens)
-                            .bind(requests)
-                            .bind(s.record.cost_micros.unwrap_or(0))
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    crate::insert_usage_record!(&mut *tx, &s.record)?;
-                    if let Some(owner) = s
-                        .prompt_owner
-                        .as_ref()
-                        .filter(|_| s.record.prompt_version > 0)
-                    {
-                        let success = if s.record.outcome == "ok" {
-                            1.0_f64
-                        } else {
-                            0.0
-                        };
-                        sqlx::query(crate::prompts::store::RECORD_STATS)
-                            .bind(owner)
-                            .bind(&s.record.prompt_key)
-                            .bind(s.record.prompt_version)
-                            .bind(s.record.latency_ms as f64)
-                            .bind(success)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    done.push(Done::Settled);
-                }
-            }
-        }
-        tx.commit().await?;
-        Ok(done)
-    })
-}
+/// Applies a batch of operations in one transaction (see [`super::batch`]).
+pub use super::batch::apply;
 
 /// The team's balance for a month.
 pub async fn balance_of(

@@ -7,8 +7,9 @@
 //! reservations at their estimate: usage may be over-estimated, never lost.
 
 use super::{
-    UsageRecord, estimate,
-    ledger::{Caps, Done, Op, Refusal, Reserve, Settle},
+    UsageRecord,
+    estimate::{self, Precision},
+    ledger::{CapKind, Caps, Done, Op, Refusal, Reserve, Settle},
     pricing::{Pricing, micros_floor},
     summary::month_of,
     writer::{LedgerWriter, WriteError},
@@ -147,27 +148,81 @@ impl MeterSession {
     /// Reserves the worst case over `chain` for `req`: the largest input
     /// estimate plus the output cap, and the largest cost. Refuses when the
     /// team's caps or the request budget do not allow it.
+    ///
+    /// The input is first estimated with [`Precision::Bound`] (free, never
+    /// low); only if that is refused, and a model of the chain has a real
+    /// tokenizer, is it counted exactly and tried once more, so the bound's
+    /// slack never refuses a call that fits.
     pub async fn reserve(
         &self,
         task: &str,
         chain: &[TargetConfig],
         req: &CompletionRequest,
     ) -> Result<(), MeterError> {
-        let Some(writer) = &self.meter.writer else {
+        if self.meter.writer.is_none() {
             return Ok(());
+        }
+        let bound = self.estimate(chain, req, Precision::Bound);
+        let slack_matters = |e: &MeterError| match e {
+            MeterError::Quota(refusal) => refusal.cap != CapKind::Requests,
+            MeterError::Budget { .. } => true,
+            MeterError::Write(_) => false,
         };
+        match self.reserve_estimate(task, bound).await {
+            Err(e)
+                if slack_matters(&e) && chain.iter().any(|t| estimate::has_tokenizer(&t.model)) =>
+            {
+                let (meter, chain, req) = (self.meter.clone(), chain.to_vec(), req.clone());
+                let exact = tokio::task::spawn_blocking(move || {
+                    Self::estimate_with(&meter, &chain, &req, Precision::Exact)
+                })
+                .await
+                .unwrap_or(bound);
+                self.reserve_estimate(task, exact).await
+            }
+            other => other,
+        }
+    }
+
+    /// `(input tokens, output tokens, cost)`: the worst case over `chain`.
+    fn estimate(
+        &self,
+        chain: &[TargetConfig],
+        req: &CompletionRequest,
+        precision: Precision,
+    ) -> (i64, i64, i64) {
+        Self::estimate_with(&self.meter, chain, req, precision)
+    }
+
+    fn estimate_with(
+        meter: &Meter,
+        chain: &[TargetConfig],
+        req: &CompletionRequest,
+        precision: Precision,
+    ) -> (i64, i64, i64) {
         let output = i64::from(req.max_tokens);
         let (mut input, mut cost) = (0_i64, 0_i64);
         for target in chain {
-            let est = i64::try_from(estimate::input_tokens(&target.model, req)).unwrap_or(i64::MAX);
+            let est = i64::try_from(estimate::input_tokens(&target.model, req, precision))
+                .unwrap_or(i64::MAX);
             input = input.max(est);
-            let c = self
-                .meter
+            let c = meter
                 .pricing
                 .cost_micros(&target.provider, &target.model, est as u64, output as u64)
                 .unwrap_or(0);
             cost = cost.max(c);
         }
+        (input, output, cost)
+    }
+
+    async fn reserve_estimate(
+        &self,
+        task: &str,
+        (input, output, cost): (i64, i64, i64),
+    ) -> Result<(), MeterError> {
+        let Some(writer) = &self.meter.writer else {
+            return Ok(());
+        };
         if let Some(budget) = self.budget_micros
             && cost > budget
         {

@@ -46,20 +46,34 @@ pub struct UsageRecord {
     pub priority: String,
 }
 
-/// Inserts one record (SQL valid on both backends).
-pub const INSERT: &str = "INSERT INTO usage_records (created_at_ms, team_id, user_id, task, provider, model, \
-prompt_key, prompt_version, trace_id, input_tokens, output_tokens, cost_micros, latency_ms, outcome, \
-attempts, degraded, channel, priority) \
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+/// The columns of a usage record, in bind order.
+macro_rules! record_columns {
+    () => {
+        "created_at_ms, team_id, user_id, task, provider, model, prompt_key, prompt_version, \
+trace_id, input_tokens, output_tokens, cost_micros, latency_ms, outcome, attempts, degraded, \
+channel, priority"
+    };
+}
 
-/// Inserts `record` with the executor `exec` (a pool or a transaction of
-/// either backend). A macro because the two backends' executors share no
-/// object-safe trait; the SQL is the same.
+/// Columns bound per record by [`bind_usage_record!`](crate::bind_usage_record).
+pub const COLUMNS: usize = 18;
+
+/// `INSERT INTO usage_records (...)`, without `VALUES` (multi-row inserts).
+pub const INSERT_HEAD: &str = concat!("INSERT INTO usage_records (", record_columns!(), ")");
+
+/// Inserts one record (SQL valid on both backends).
+pub const INSERT: &str = concat!(
+    "INSERT INTO usage_records (",
+    record_columns!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+);
+
+/// Binds the [`COLUMNS`] values of record `$r` to query `$query`, in order.
 #[macro_export]
-macro_rules! insert_usage_record {
-    ($exec:expr, $r:expr) => {{
+macro_rules! bind_usage_record {
+    ($query:expr, $r:expr) => {{
         let r: &$crate::usage::UsageRecord = $r;
-        sqlx::query($crate::usage::record::INSERT)
+        $query
             .bind(r.created_at_ms)
             .bind(&r.team_id)
             .bind(&r.user_id)
@@ -78,6 +92,16 @@ macro_rules! insert_usage_record {
             .bind(i64::from(r.degraded))
             .bind(&r.channel)
             .bind(&r.priority)
+    }};
+}
+
+/// Inserts `record` with the executor `exec` (a pool or a transaction of
+/// either backend). A macro because the two backends' executors share no
+/// object-safe trait; the SQL is the same.
+#[macro_export]
+macro_rules! insert_usage_record {
+    ($exec:expr, $r:expr) => {{
+        $crate::bind_usage_record!(sqlx::query($crate::usage::record::INSERT), $r)
             .execute($exec)
             .await
     }};

@@ -1,0 +1,129 @@
+//! The server's own view: the `orchestrator_overhead_seconds` histogram
+//! scraped from `/metrics` before and after a step, and quantiles estimated
+//! from the bucket deltas (linear inside a bucket, as PromQL's
+//! `histogram_quantile` does). Bucket bounds limit the precision; `_sum /
+//! _count` gives an exact mean.
+
+/// Name of the histogram of request time not spent waiting on providers.
+pub const OVERHEAD: &str = "orchestrator_overhead_seconds";
+
+/// A cumulative Prometheus histogram (no labels).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    /// `(le, cumulative count)` in increasing `le`, `+Inf` last.
+    pub buckets: Vec<(f64, f64)>,
+    /// Sum of observations.
+    pub sum: f64,
+    /// Number of observations.
+    pub count: f64,
+}
+
+impl Histogram {
+    /// Parses histogram `name` out of a text exposition; empty when absent.
+    pub fn parse(text: &str, name: &str) -> Self {
+        let bucket = format!("{name}_bucket{{le=\"");
+        let (sum, count) = (format!("{name}_sum "), format!("{name}_count "));
+        let mut h = Histogram::default();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix(&bucket) {
+                let Some((le, value)) = rest.split_once("\"}") else {
+                    continue;
+                };
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap_or(f64::NAN)
+                };
+                if let (false, Ok(v)) = (le.is_nan(), value.trim().parse::<f64>()) {
+                    h.buckets.push((le, v));
+                }
+            } else if let Some(v) = line.strip_prefix(&sum) {
+                h.sum = v.trim().parse().unwrap_or(0.0);
+            } else if let Some(v) = line.strip_prefix(&count) {
+                h.count = v.trim().parse().unwrap_or(0.0);
+            }
+        }
+        h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        h
+    }
+
+    /// Observations made between `before` and `self`.
+    pub fn since(&self, before: &Histogram) -> Histogram {
+        let earlier = |le: f64| {
+            before
+                .buckets
+                .iter()
+                .find(|(b, _)| *b == le)
+                .map_or(0.0, |(_, c)| *c)
+        };
+        Histogram {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|&(le, c)| (le, (c - earlier(le)).max(0.0)))
+                .collect(),
+            sum: (self.sum - before.sum).max(0.0),
+            count: (self.count - before.count).max(0.0),
+        }
+    }
+
+    /// Mean observation, when there is any.
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0.0).then(|| self.sum / self.count)
+    }
+
+    /// Estimated `q` quantile. Observations above the last finite bound
+    /// report that bound (a lower bound of the truth).
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.buckets.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q * total;
+        let mut lower = (0.0, 0.0);
+        for &(le, cumulative) in &self.buckets {
+            if cumulative >= rank {
+                if le.is_infinite() {
+                    return Some(lower.0);
+                }
+                let in_bucket = cumulative - lower.1;
+                let frac = if in_bucket > 0.0 {
+                    (rank - lower.1) / in_bucket
+                } else {
+                    1.0
+                };
+                return Some(lower.0 + (le - lower.0) * frac);
+            }
+            lower = (le, cumulative);
+        }
+        Some(lower.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# TYPE orchestrator_overhead_seconds histogram
+orchestrator_overhead_seconds_bucket{le=\"0.0001\"} 10
+orchestrator_overhead_seconds_bucket{le=\"0.00025\"} 90
+orchestrator_overhead_seconds_bucket{le=\"0.0005\"} 100
+orchestrator_overhead_seconds_bucket{le=\"+Inf\"} 100
+orchestrator_overhead_seconds_sum 0.015
+orchestrator_overhead_seconds_count 100
+";
+
+    #[test]
+    fn quantiles_from_bucket_deltas() {
+        let after = Histogram::parse(TEXT, OVERHEAD);
+        assert_eq!(after.buckets.len(), 4);
+        assert_eq!(after.count, 100.0);
+        let q50 = after.quantile(0.5).unwrap();
+        assert!((q50 - 0.000175).abs() < 1e-9, "{q50}");
+        let before = Histogram::parse(&TEXT.replace("} 10\n", "} 5\n"), OVERHEAD);
+        let delta = after.since(&before);
+        assert_eq!(delta.buckets[0].1, 5.0);
+        assert_eq!(Histogram::default().quantile(0.5), None);
+        assert!((after.mean().unwrap() - 0.00015).abs() < 1e-12);
+    }
+}

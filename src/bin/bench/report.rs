@@ -1,0 +1,614 @@
+//! Results: the machine-readable shape (`results.json`), its validation
+//! when read back, and the Markdown tables (`results.md`).
+
+use crate::procfs::Machine;
+use serde::{Deserialize, Serialize};
+use std::{collections::BTreeMap, fmt::Write as _};
+
+/// Version of the JSON layout; bump on incompatible changes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Latency quantiles, microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Quantiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl Quantiles {
+    /// Quantiles of a histogram of microseconds.
+    pub fn of(h: &hdrhistogram::Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        Self {
+            p50: h.value_at_quantile(0.5) as f64,
+            p90: h.value_at_quantile(0.9) as f64,
+            p99: h.value_at_quantile(0.99) as f64,
+            p999: h.value_at_quantile(0.999) as f64,
+            max: h.max() as f64,
+            mean: h.mean(),
+        }
+    }
+
+    /// `self - base`, quantile by quantile (the added latency).
+    pub fn minus(&self, base: &Quantiles) -> Quantiles {
+        Quantiles {
+            p50: self.p50 - base.p50,
+            p90: self.p90 - base.p90,
+            p99: self.p99 - base.p99,
+            p999: self.p999 - base.p999,
+            max: self.max - base.max,
+            mean: self.mean - base.mean,
+        }
+    }
+}
+
+/// The server-side overhead histogram over one step, microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct ServerOverhead {
+    /// Observations (calls that reached the router or a fast path).
+    pub count: f64,
+    /// Exact mean (`_sum / _count`).
+    pub mean: f64,
+    /// Estimated from buckets.
+    pub p50: f64,
+    /// Estimated from buckets.
+    pub p90: f64,
+    /// Estimated from buckets.
+    pub p99: f64,
+    /// Estimated from buckets.
+    pub p999: f64,
+}
+
+/// One step of constant-rate load.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Step {
+    /// `load`, `saturation` or `breaker`.
+    pub kind: String,
+    /// `Execute`, `ClassifySms`, or the body the direct baseline replays.
+    pub rpc: String,
+    /// `orchestrator` or `direct` (straight to the fake upstream).
+    pub via: String,
+    /// `sqlite`, `postgres`, `off`; `none` for direct.
+    pub metering: String,
+    /// Task called (Execute).
+    pub task: String,
+    /// Fake upstream latency, ms.
+    pub upstream_latency_ms: u64,
+    /// Requests per second offered.
+    pub offered_rps: f64,
+    /// Seconds of sending.
+    pub duration_s: f64,
+    /// Requests scheduled.
+    pub sent: u64,
+    /// Successful responses.
+    pub ok: u64,
+    /// Failed requests.
+    pub errors: u64,
+    /// Failures by code.
+    pub errors_by_code: BTreeMap<String, u64>,
+    /// Successful responses per second.
+    pub achieved_rps: f64,
+    /// Latency of successful requests from their scheduled send time, µs.
+    pub latency_us: Quantiles,
+    /// How late the load generator sent, µs.
+    pub pacer_lag_us: Quantiles,
+    /// Orchestrator minus direct, per quantile, same rate and upstream latency, µs.
+    pub added_latency_us: Option<Quantiles>,
+    /// The server's `orchestrator_overhead_seconds` over the step, µs.
+    pub server_overhead_us: Option<ServerOverhead>,
+    /// Server CPU seconds per 1,000 requests sent.
+    pub server_cpu_s_per_1k: Option<f64>,
+    /// Server CPU use over the step, in cores.
+    pub server_cores_used: Option<f64>,
+    /// Server resident memory after the step, MiB.
+    pub server_rss_mb: Option<f64>,
+    /// Server peak resident memory so far (VmHWM), MiB.
+    pub server_peak_rss_mb: Option<f64>,
+    /// PostgreSQL backends' CPU seconds per 1,000 requests (postgres runs).
+    pub db_cpu_s_per_1k: Option<f64>,
+    /// This process (load generator + fake upstream) CPU seconds per 1,000.
+    pub bench_cpu_s_per_1k: f64,
+    /// Saturation steps: whether it met the pass criteria.
+    pub passed: Option<bool>,
+}
+
+/// One server process of the run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Group {
+    /// Metering mode.
+    pub metering: String,
+    /// Fake upstream latency, ms (or `breaker`, `cold start` purpose below).
+    pub upstream_latency_ms: u64,
+    /// What it was started for.
+    pub purpose: String,
+    /// Process start → health SERVING, ms.
+    pub cold_start_ms: Option<f64>,
+    /// Peak RSS over its life, MiB.
+    pub peak_rss_mb: Option<f64>,
+    /// Exited 0 after SIGTERM.
+    pub clean_exit: Option<bool>,
+    /// Why it did not run, if it did not.
+    pub skipped: Option<String>,
+}
+
+/// Highest rate that met the criteria, per metering mode.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Saturation {
+    /// Metering mode.
+    pub metering: String,
+    /// RPC.
+    pub rpc: String,
+    /// Fake upstream latency, ms.
+    pub upstream_latency_ms: u64,
+    /// Highest offered rate that passed.
+    pub highest_passing_rps: Option<f64>,
+    /// Achieved rate at that step.
+    pub achieved_rps: Option<f64>,
+    /// First offered rate that failed.
+    pub first_failing_rps: Option<f64>,
+    /// Why it failed.
+    pub failed_because: Option<String>,
+}
+
+/// Start-up times, ms.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ColdStart {
+    /// New SQLite file (created and migrated during start-up).
+    pub fresh_db_ms: Vec<f64>,
+    /// Restart on an existing SQLite file.
+    pub existing_db_ms: Vec<f64>,
+}
+
+/// The fast-fail path: breaker open on the primary → fallback.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Breaker {
+    /// Calls sent before the breaker was seen OPEN.
+    pub calls_to_open: u64,
+    /// Calls the failing upstream received before it opened.
+    pub broken_upstream_calls_to_open: u64,
+    /// Calls the failing upstream received while measuring (should be 0).
+    pub broken_upstream_calls_while_open: u64,
+    /// Chain straight to the healthy provider.
+    pub healthy: Option<Step>,
+    /// Chain whose open primary is skipped before the healthy fallback.
+    pub fast_fail: Option<Step>,
+    /// `fast_fail - healthy`, per quantile, µs.
+    pub added_latency_us: Option<Quantiles>,
+}
+
+/// One target of issue #6 and what this run reached.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Target {
+    /// What is measured.
+    pub name: String,
+    /// The goal.
+    pub goal: String,
+    /// What this run measured.
+    pub reached: String,
+    /// Met, missed, or not measured (null).
+    pub met: Option<bool>,
+}
+
+/// Everything a run measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Results {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Start, RFC 3339 UTC.
+    pub started_at: String,
+    /// End, RFC 3339 UTC.
+    pub finished_at: String,
+    /// Short CI mode (numbers meaningless).
+    pub smoke: bool,
+    /// `git rev-parse --short HEAD`, when available.
+    pub git_commit: Option<String>,
+    /// The server binary measured.
+    pub server_bin: String,
+    /// The machine.
+    pub machine: Option<Machine>,
+    /// Load average when the run ended.
+    pub load_avg_at_end: [f64; 3],
+    /// The settings used.
+    pub settings: serde_json::Value,
+    /// Server processes.
+    pub groups: Vec<Group>,
+    /// Load steps (fixed rates and direct baseline).
+    pub steps: Vec<Step>,
+    /// Saturation sweeps (steps included).
+    pub saturation: Vec<Saturation>,
+    /// Saturation steps.
+    pub saturation_steps: Vec<Step>,
+    /// Start-up times.
+    pub cold_start: ColdStart,
+    /// Breaker scenario.
+    pub breaker: Option<Breaker>,
+    /// Targets of issue #6.
+    pub targets: Vec<Target>,
+    /// Remarks (skipped parts, warnings).
+    pub notes: Vec<String>,
+}
+
+impl Results {
+    /// Every step of the run, whatever its scenario.
+    pub fn all_steps(&self) -> impl Iterator<Item = &Step> {
+        let breaker = self
+            .breaker
+            .iter()
+            .flat_map(|b| b.healthy.iter().chain(b.fast_fail.iter()));
+        self.steps
+            .iter()
+            .chain(self.saturation_steps.iter())
+            .chain(breaker)
+    }
+}
+
+/// Checks a results file read back: it parses, has the required parts, and
+/// some requests succeeded. With `strict`, every step must have successes.
+pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
+    let results: Results = serde_json::from_str(json)?;
+    anyhow::ensure!(
+        results.schema_version == SCHEMA_VERSION,
+        "schema_version {} (expected {SCHEMA_VERSION})",
+        results.schema_version
+    );
+    anyhow::ensure!(results.machine.is_some(), "no machine facts");
+    let steps: Vec<&Step> = results.all_steps().collect();
+    anyhow::ensure!(!steps.is_empty(), "no load steps were run");
+    let mut ok_total = 0;
+    for s in &steps {
+        anyhow::ensure!(s.sent > 0, "a {} {} step sent nothing", s.via, s.rpc);
+        anyhow::ensure!(
+            s.ok + s.errors >= s.sent,
+            "a {} {} step lost track of requests",
+            s.via,
+            s.rpc
+        );
+        let q = &s.latency_us;
+        anyhow::ensure!(
+            [q.p50, q.p90, q.p99, q.p999, s.achieved_rps]
+                .iter()
+                .all(|v| v.is_finite() && *v >= 0.0),
+            "non-finite numbers in a {} {} step",
+            s.via,
+            s.rpc
+        );
+        anyhow::ensure!(
+            q.p50 <= q.p90 && q.p90 <= q.p99 && q.p99 <= q.p999,
+            "quantiles out of order"
+        );
+        if strict {
+            anyhow::ensure!(
+                s.ok > 0,
+                "every request of a {} {} step ({} metering, {} rps) failed: {:?}",
+                s.via,
+                s.rpc,
+                s.metering,
+                s.offered_rps,
+                s.errors_by_code
+            );
+        }
+        ok_total += s.ok;
+    }
+    anyhow::ensure!(ok_total > 0, "every request failed");
+    Ok(results)
+}
+
+fn ms(us: f64) -> String {
+    if us.abs() >= 100_000.0 {
+        format!("{:.0}", us / 1000.0)
+    } else {
+        format!("{:.2}", us / 1000.0)
+    }
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "–".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+/// The Markdown report.
+pub fn markdown(r: &Results) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# ai-orchestrator benchmark results\n");
+    if r.smoke {
+        let _ = writeln!(
+            out,
+            "**Smoke run** (CI): seconds-long steps at low rates; the numbers only show that it runs.\n"
+        );
+    }
+    if let Some(m) = &r.machine {
+        let _ = writeln!(
+            out,
+            "Machine: {} cores, {}, {:.0} MiB RAM, Linux {}. Load average at start {:.2} / {:.2} / {:.2}, at end {:.2} / {:.2} / {:.2}. \
+             The fake upstream, the load generator and the server share these cores.",
+            m.cores,
+            m.cpu_model,
+            m.mem_total_mb,
+            m.kernel,
+            m.load_avg_at_start[0],
+            m.load_avg_at_start[1],
+            m.load_avg_at_start[2],
+            r.load_avg_at_end[0],
+            r.load_avg_at_end[1],
+            r.load_avg_at_end[2],
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nServer: `{}`{}. Run {} → {}.\n",
+        r.server_bin,
+        r.git_commit
+            .as_ref()
+            .map(|c| format!(" at commit `{c}`"))
+            .unwrap_or_default(),
+        r.started_at,
+        r.finished_at
+    );
+
+    if !r.targets.is_empty() {
+        let _ = writeln!(out, "## Targets (issue #6)\n");
+        let _ = writeln!(out, "| target | goal | reached | met |");
+        let _ = writeln!(out, "|---|---|---|---|");
+        for t in &r.targets {
+            let met = match t.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "not measured",
+            };
+            let _ = writeln!(out, "| {} | {} | {} | {} |", t.name, t.goal, t.reached, met);
+        }
+        out.push('\n');
+    }
+
+    if !r.steps.is_empty() {
+        let _ = writeln!(
+            out,
+            "## Fixed rates\n\nLatency in ms from the scheduled send time (open loop). \
+             *added* = orchestrator minus direct at the same quantile, rate and upstream latency; \
+             *server overhead* = the server's `orchestrator_overhead_seconds` (mean exact, p99 from buckets). \
+             CPU is the server process's, per 1,000 requests.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| via | rpc | metering | upstream ms | offered rps | achieved rps | errors | p50 | p90 | p99 | p99.9 | added p50 | added p99 | server overhead mean / p99 | CPU s/1k | peak RSS MiB |"
+        );
+        let _ = writeln!(
+            out,
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for s in &r.steps {
+            step_row(&mut out, s);
+        }
+        out.push('\n');
+    }
+
+    if !r.saturation.is_empty() {
+        let _ = writeln!(
+            out,
+            "## Saturation\n\nRate raised step by step until achieved < 95 % of offered, errors > 1 % or p99 > 100 ms.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| rpc | metering | upstream ms | highest passing rps | achieved rps | first failing rps | why it failed |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+        for s in &r.saturation {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                s.rpc,
+                s.metering,
+                s.upstream_latency_ms,
+                opt(s.highest_passing_rps, 0),
+                opt(s.achieved_rps, 0),
+                opt(s.first_failing_rps, 0),
+                s.failed_because.as_deref().unwrap_or("–")
+            );
+        }
+        let _ = writeln!(out, "\n<details><summary>Saturation steps</summary>\n");
+        let _ = writeln!(
+            out,
+            "| via | rpc | metering | upstream ms | offered rps | achieved rps | errors | p50 | p90 | p99 | p99.9 | added p50 | added p99 | server overhead mean / p99 | CPU s/1k | peak RSS MiB |"
+        );
+        let _ = writeln!(
+            out,
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for s in &r.saturation_steps {
+            step_row(&mut out, s);
+        }
+        let _ = writeln!(out, "\n</details>\n");
+    }
+
+    if let Some(b) = &r.breaker {
+        let _ = writeln!(
+            out,
+            "## Breaker fast-fail path\n\nPrimary answers 500 until its breaker opens ({} calls, {} reached the failing upstream); \
+             then every call skips it (no network call) and the fallback serves. \
+             The failing upstream received {} calls while measuring.\n",
+            b.calls_to_open, b.broken_upstream_calls_to_open, b.broken_upstream_calls_while_open
+        );
+        let _ = writeln!(
+            out,
+            "| chain | offered rps | achieved rps | errors | p50 | p90 | p99 | p99.9 | server overhead mean / p99 |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+        for (name, s) in [
+            ("healthy provider only", &b.healthy),
+            ("open primary → fallback", &b.fast_fail),
+        ] {
+            if let Some(s) = s {
+                let q = &s.latency_us;
+                let _ = writeln!(
+                    out,
+                    "| {name} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} |",
+                    s.offered_rps,
+                    s.achieved_rps,
+                    s.errors,
+                    ms(q.p50),
+                    ms(q.p90),
+                    ms(q.p99),
+                    ms(q.p999),
+                    overhead(s)
+                );
+            }
+        }
+        if let Some(a) = &b.added_latency_us {
+            let _ = writeln!(
+                out,
+                "\nAdded by the fast-fail path: p50 {} ms, p99 {} ms.",
+                ms(a.p50),
+                ms(a.p99)
+            );
+        }
+        out.push('\n');
+    }
+
+    let c = &r.cold_start;
+    if !c.fresh_db_ms.is_empty() || !c.existing_db_ms.is_empty() {
+        let _ = writeln!(
+            out,
+            "## Cold start\n\nProcess start → first SERVING answer of `grpc.health.v1.Health/Check`, SQLite metering.\n"
+        );
+        let _ = writeln!(out, "| database | runs | min ms | median ms | max ms |");
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        for (name, v) in [
+            ("new file (created + migrated)", &c.fresh_db_ms),
+            ("existing file", &c.existing_db_ms),
+        ] {
+            if let Some((min, med, max)) = summary(v) {
+                let _ = writeln!(
+                    out,
+                    "| {name} | {} | {min:.1} | {med:.1} | {max:.1} |",
+                    v.len()
+                );
+            }
+        }
+        out.push('\n');
+    }
+
+    if !r.groups.is_empty() {
+        let _ = writeln!(out, "## Server processes\n");
+        let _ = writeln!(
+            out,
+            "| purpose | metering | upstream ms | cold start ms | peak RSS MiB | clean exit | skipped |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+        for g in &r.groups {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                g.purpose,
+                g.metering,
+                g.upstream_latency_ms,
+                opt(g.cold_start_ms, 1),
+                opt(g.peak_rss_mb, 1),
+                g.clean_exit.map_or("–", |c| if c { "yes" } else { "no" }),
+                g.skipped.as_deref().unwrap_or("")
+            );
+        }
+        out.push('\n');
+    }
+    if !r.notes.is_empty() {
+        let _ = writeln!(out, "## Notes\n");
+        for n in &r.notes {
+            let _ = writeln!(out, "- {n}");
+        }
+    }
+    out
+}
+
+fn overhead(s: &Step) -> String {
+    s.server_overhead_us.map_or_else(
+        || "–".to_owned(),
+        |o| format!("{} / {}", ms(o.mean), ms(o.p99)),
+    )
+}
+
+fn step_row(out: &mut String, s: &Step) {
+    let q = &s.latency_us;
+    let (a50, a99) = s
+        .added_latency_us
+        .map_or(("–".to_owned(), "–".to_owned()), |a| {
+            (ms(a.p50), ms(a.p99))
+        });
+    let rpc = if s.task.is_empty() || s.rpc != "Execute" {
+        s.rpc.clone()
+    } else {
+        format!("{} ({})", s.rpc, s.task)
+    };
+    let _ = writeln!(
+        out,
+        "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        s.via,
+        rpc,
+        s.metering,
+        s.upstream_latency_ms,
+        s.offered_rps,
+        s.achieved_rps,
+        s.errors,
+        ms(q.p50),
+        ms(q.p90),
+        ms(q.p99),
+        ms(q.p999),
+        a50,
+        a99,
+        overhead(s),
+        opt(s.server_cpu_s_per_1k, 3),
+        opt(s.server_peak_rss_mb, 1),
+    );
+}
+
+/// `(min, median, max)`.
+pub fn summary(v: &[f64]) -> Option<(f64, f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    Some((s[0], s[s.len() / 2], s[s.len() - 1]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_rejects_runs_where_everything_failed() {
+        let mut r = Results {
+            schema_version: SCHEMA_VERSION,
+            machine: Some(crate::procfs::machine()),
+            ..Results::default()
+        };
+        assert!(
+            validate(&serde_json::to_string(&r).unwrap(), false).is_err(),
+            "no steps"
+        );
+        r.steps.push(Step {
+            sent: 10,
+            errors: 10,
+            ..Step::default()
+        });
+        assert!(
+            validate(&serde_json::to_string(&r).unwrap(), false).is_err(),
+            "all failed"
+        );
+        r.steps[0].ok = 5;
+        r.steps[0].errors = 5;
+        let back = validate(&serde_json::to_string(&r).unwrap(), true).unwrap();
+        assert_eq!(back.steps.len(), 1);
+        assert!(markdown(&back).contains("Fixed rates"));
+        assert!(validate("{\"schema_version\": 1}", false).is_err());
+    }
+}

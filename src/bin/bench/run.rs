@@ -1,0 +1,551 @@
+//! The run: one server process per (metering mode, upstream latency), each
+//! warmed up then driven at the fixed rates (and, at 0 ms upstream, up to
+//! saturation); the direct baseline; start-up times. Every number of a step
+//! is taken as a before/after difference around that step alone.
+
+use crate::{
+    loadgen::{self, MakeRequest, Plan},
+    procfs, prom,
+    report::{ColdStart, Group, Quantiles, Results, Saturation, ServerOverhead, Step},
+    server::{self, Metering, PgDatabase, Server},
+    target::{self, Expect, Rpc},
+    upstream::{Kind, Upstream},
+};
+use ai_orchestrator::api::pb::orchestrator_client::OrchestratorClient;
+use anyhow::Context;
+use std::{
+    collections::BTreeSet,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+use tonic::transport::Channel;
+
+/// What to run and how hard.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Orchestrator binary.
+    pub server_bin: PathBuf,
+    /// Fixed rates, requests/s.
+    pub rates: Vec<f64>,
+    /// Sending time of a fixed-rate step.
+    pub duration: Duration,
+    /// Load before measuring, per RPC, on each new server.
+    pub warmup: Duration,
+    /// Fake upstream latencies, ms.
+    pub latencies: Vec<u64>,
+    /// Metering modes.
+    pub metering: Vec<Metering>,
+    /// RPCs at fixed rates.
+    pub rpcs: Vec<Rpc>,
+    /// Run the direct baseline.
+    pub direct: bool,
+    /// Run the saturation sweep (Execute, lowest upstream latency).
+    pub saturation: bool,
+    /// HTTP/2 connections to the server.
+    pub connections: usize,
+    /// In-flight cap of the load generator.
+    pub max_inflight: usize,
+    /// Client-side timeout of one request.
+    pub timeout: Duration,
+    /// First saturation rate.
+    pub sat_start: f64,
+    /// Rate multiplier between saturation steps.
+    pub sat_factor: f64,
+    /// Most saturation steps.
+    pub sat_max_steps: usize,
+    /// Sending time of a saturation step.
+    pub sat_duration: Duration,
+    /// PostgreSQL admin URL (a database is created per server).
+    pub postgres_url: String,
+    /// Scratch folder (configs, SQLite files, server logs).
+    pub dir: PathBuf,
+}
+
+/// Saturation criteria (see docs/benchmarks.md).
+const MIN_ACHIEVED_SHARE: f64 = 0.95;
+const MAX_ERROR_SHARE: f64 = 0.01;
+const MAX_P99_US: f64 = 100_000.0;
+
+/// A run in progress.
+pub struct Bench {
+    /// Settings.
+    pub settings: Settings,
+    /// The fake upstream.
+    pub upstream: Upstream,
+    /// Client for `/metrics` and the direct baseline.
+    pub http: reqwest::Client,
+    /// What has been measured so far.
+    pub results: Results,
+    direct_done: BTreeSet<u64>,
+    servers: usize,
+}
+
+/// A started server with what a step needs around it.
+pub struct Live {
+    /// The process.
+    pub server: Server,
+    /// Connections to it.
+    pub clients: Arc<Vec<OrchestratorClient<Channel>>>,
+    /// Metering mode.
+    pub metering: Metering,
+    /// PostgreSQL database, for its backends' CPU.
+    pub pg: Option<PgDatabase>,
+    /// Index in `results.groups`.
+    pub group: usize,
+}
+
+impl Bench {
+    /// A run over `upstream` with `settings`.
+    pub fn new(settings: Settings, upstream: Upstream, results: Results) -> anyhow::Result<Self> {
+        let http = target::http_client(settings.max_inflight.min(4096))?;
+        Ok(Self {
+            settings,
+            upstream,
+            http,
+            results,
+            direct_done: BTreeSet::new(),
+            servers: 0,
+        })
+    }
+
+    /// Starts a server; on failure the group is recorded as skipped.
+    pub async fn start(
+        &mut self,
+        metering: Metering,
+        latency_ms: u64,
+        purpose: &str,
+        sqlite_file: Option<PathBuf>,
+    ) -> Option<Live> {
+        self.servers += 1;
+        let n = self.servers;
+        let mut group = Group {
+            metering: metering.name().into(),
+            upstream_latency_ms: latency_ms,
+            purpose: purpose.into(),
+            ..Group::default()
+        };
+        match self.try_start(metering, latency_ms, n, sqlite_file).await {
+            Ok((server, clients, pg)) => {
+                group.cold_start_ms = Some(server.cold_start.as_secs_f64() * 1000.0);
+                tracing::info!(
+                    purpose,
+                    metering = metering.name(),
+                    latency_ms,
+                    cold_start_ms = group.cold_start_ms,
+                    "server SERVING"
+                );
+                self.results.groups.push(group);
+                Some(Live {
+                    server,
+                    clients,
+                    metering,
+                    pg,
+                    group: self.results.groups.len() - 1,
+                })
+            }
+            Err(e) => {
+                tracing::error!(purpose, metering = metering.name(), error = %format!("{e:#}"), "server not started; skipping");
+                self.results.notes.push(format!(
+                    "{purpose} with {} metering at {latency_ms} ms skipped: {e:#}",
+                    metering.name()
+                ));
+                group.skipped = Some(format!("{e:#}").lines().next().unwrap_or("").to_owned());
+                self.results.groups.push(group);
+                None
+            }
+        }
+    }
+
+    async fn try_start(
+        &self,
+        metering: Metering,
+        latency_ms: u64,
+        n: usize,
+        sqlite_file: Option<PathBuf>,
+    ) -> anyhow::Result<(
+        Server,
+        Arc<Vec<OrchestratorClient<Channel>>>,
+        Option<PgDatabase>,
+    )> {
+        let dir = &self.settings.dir;
+        let (pg, url) = match metering {
+            Metering::Postgres => {
+                let db = PgDatabase::create(&self.settings.postgres_url, n).await?;
+                let url = db.url.clone();
+                (Some(db), url)
+            }
+            Metering::Sqlite | Metering::Off => {
+                let file = sqlite_file.unwrap_or_else(|| dir.join(format!("server-{n}.db")));
+                (None, format!("sqlite://{}", file.display()))
+            }
+        };
+        let (grpc, metrics) = server::free_ports()?;
+        let config = dir.join(format!("server-{n}.toml"));
+        std::fs::write(
+            &config,
+            server::config_toml(metering, &url, grpc, metrics, &self.upstream, latency_ms),
+        )?;
+        let log = dir.join(format!("server-{n}.log"));
+        let started = Server::start(&self.settings.server_bin, &config, grpc, metrics, &log).await;
+        let server = match started {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(db) = &pg {
+                    db.drop_now().await;
+                }
+                return Err(e);
+            }
+        };
+        let clients = target::connect(server.grpc, self.settings.connections).await?;
+        Ok((server, clients, pg))
+    }
+
+    /// Stops a server and records its peak memory and exit.
+    pub async fn stop(&mut self, live: Live) {
+        let peak = live.server.memory_mb().ok().map(|(_, hwm)| hwm);
+        let clean = live.server.stop().await;
+        if let Some(db) = &live.pg {
+            db.drop_now().await;
+        }
+        if let Some(g) = self.results.groups.get_mut(live.group) {
+            g.peak_rss_mb = peak;
+            g.clean_exit = Some(clean);
+        }
+    }
+
+    /// Load that is not measured: connections, caches, tokenizer tables.
+    async fn warm_up(&self, live: &Live, rpcs: &[Rpc]) -> anyhow::Result<()> {
+        for &rpc in rpcs {
+            let make = target::grpc(
+                live.clients.clone(),
+                rpc,
+                "meeting_brief",
+                Expect::Primary,
+                self.settings.timeout,
+            );
+            let rate = self
+                .settings
+                .rates
+                .first()
+                .copied()
+                .unwrap_or(200.0)
+                .min(200.0);
+            loadgen::run(self.plan(rate, self.settings.warmup), make).await?;
+        }
+        Ok(())
+    }
+
+    /// A plan at `rate` for `duration` with the run's limits.
+    pub fn plan(&self, rate: f64, duration: Duration) -> Plan {
+        Plan {
+            rate,
+            duration,
+            max_inflight: self.settings.max_inflight,
+            timeout: self.settings.timeout,
+        }
+    }
+
+    /// Runs one step and measures it, on the server when there is one.
+    pub async fn measure(
+        &self,
+        live: Option<&Live>,
+        plan: Plan,
+        make: MakeRequest,
+        mut step: Step,
+    ) -> anyhow::Result<Step> {
+        let pg = live.and_then(|l| l.pg.as_ref()).map(|db| db.name.clone());
+        let before = match live {
+            Some(l) => Some((
+                l.server.cpu_seconds()?,
+                l.server.overhead(&self.http).await?,
+            )),
+            None => None,
+        };
+        let pg_before = pg.as_deref().map(procfs::postgres_backends_cpu);
+        let bench_before = procfs::cpu_seconds("self")?;
+        let started = Instant::now();
+        let m = loadgen::run(plan, make).await?;
+        let wall = started.elapsed().as_secs_f64();
+        let per_1k = |secs: f64| secs / (m.sent as f64 / 1000.0);
+        step.offered_rps = plan.rate;
+        step.duration_s = plan.duration.as_secs_f64();
+        step.sent = m.sent;
+        step.ok = m.ok;
+        step.errors = m.error_count();
+        step.achieved_rps = m.achieved_rps();
+        step.latency_us = Quantiles::of(&m.latency);
+        step.pacer_lag_us = Quantiles::of(&m.lag);
+        step.bench_cpu_s_per_1k = per_1k(procfs::cpu_seconds("self")? - bench_before);
+        step.errors_by_code = m.errors;
+        if let (Some(l), Some((cpu, hist))) = (live, before) {
+            let cpu = l.server.cpu_seconds()? - cpu;
+            step.server_cpu_s_per_1k = Some(per_1k(cpu));
+            step.server_cores_used = Some(cpu / wall);
+            let delta = l.server.overhead(&self.http).await?.since(&hist);
+            step.server_overhead_us = overhead_us(&delta);
+            let (rss, peak) = l.server.memory_mb()?;
+            step.server_rss_mb = Some(rss);
+            step.server_peak_rss_mb = Some(peak);
+        }
+        if let (Some(db), Some(before)) = (pg.as_deref(), pg_before) {
+            step.db_cpu_s_per_1k = Some(per_1k(procfs::postgres_backends_cpu(db) - before));
+        }
+        let q = &step.latency_us;
+        tracing::info!(
+            via = %step.via, rpc = %step.rpc, metering = %step.metering, upstream_ms = step.upstream_latency_ms,
+            offered = step.offered_rps, achieved = format!("{:.0}", step.achieved_rps), errors = step.errors,
+            p50_ms = q.p50 / 1000.0, p99_ms = q.p99 / 1000.0, "step"
+        );
+        Ok(step)
+    }
+
+    /// A server group: warm-up, direct baseline (once per upstream latency),
+    /// fixed rates for each RPC, then saturation when asked.
+    pub async fn group(
+        &mut self,
+        metering: Metering,
+        latency_ms: u64,
+        saturation: bool,
+    ) -> anyhow::Result<()> {
+        let Some(live) = self.start(metering, latency_ms, "load", None).await else {
+            return Ok(());
+        };
+        let outcome = self.drive(&live, latency_ms, saturation).await;
+        self.stop(live).await;
+        outcome
+    }
+
+    async fn drive(
+        &mut self,
+        live: &Live,
+        latency_ms: u64,
+        saturation: bool,
+    ) -> anyhow::Result<()> {
+        let rpcs = self.settings.rpcs.clone();
+        let mut warm = rpcs.clone();
+        if self.settings.direct && !warm.contains(&Rpc::ClassifySms) {
+            warm.push(Rpc::ClassifySms);
+        }
+        if (self.settings.direct || saturation) && !warm.contains(&Rpc::Execute) {
+            warm.push(Rpc::Execute);
+        }
+        self.warm_up(live, &warm).await?;
+        if self.settings.direct && self.direct_done.insert(latency_ms) {
+            self.direct(latency_ms).await?;
+        }
+        for &rpc in &rpcs {
+            for &rate in &self.settings.rates.clone() {
+                let step = self
+                    .grpc_step(live, rpc, latency_ms, "load", rate, self.settings.duration)
+                    .await?;
+                self.results.steps.push(step);
+            }
+        }
+        if saturation {
+            self.saturate(live, latency_ms).await?;
+        }
+        Ok(())
+    }
+
+    async fn grpc_step(
+        &self,
+        live: &Live,
+        rpc: Rpc,
+        latency_ms: u64,
+        kind: &str,
+        rate: f64,
+        duration: Duration,
+    ) -> anyhow::Result<Step> {
+        let task = if rpc == Rpc::Execute {
+            "meeting_brief"
+        } else {
+            ""
+        };
+        let make = target::grpc(
+            live.clients.clone(),
+            rpc,
+            "meeting_brief",
+            Expect::Primary,
+            self.settings.timeout,
+        );
+        let step = Step {
+            kind: kind.into(),
+            rpc: rpc.name().into(),
+            via: "orchestrator".into(),
+            metering: live.metering.name().into(),
+            task: task.into(),
+            upstream_latency_ms: latency_ms,
+            ..Step::default()
+        };
+        self.measure(Some(live), self.plan(rate, duration), make, step)
+            .await
+    }
+
+    /// The same bodies straight to the fake upstream, at every fixed rate.
+    async fn direct(&mut self, latency_ms: u64) -> anyhow::Result<()> {
+        let url = format!(
+            "{}/chat/completions",
+            self.upstream.base_url(&format!("ok-{latency_ms}"))
+        );
+        for (rpc, kind) in [
+            (Rpc::Execute, Kind::Execute),
+            (Rpc::ClassifySms, Kind::Classify),
+        ] {
+            if !self.settings.rpcs.contains(&rpc) {
+                continue;
+            }
+            let body = self
+                .upstream
+                .sample(kind)
+                .context("the fake upstream saw no request to replay")?;
+            for &rate in &self.settings.rates.clone() {
+                let make = target::direct(self.http.clone(), url.clone(), body.clone());
+                let step = Step {
+                    kind: "load".into(),
+                    rpc: rpc.name().into(),
+                    via: "direct".into(),
+                    metering: "none".into(),
+                    upstream_latency_ms: latency_ms,
+                    ..Step::default()
+                };
+                let step = self
+                    .measure(None, self.plan(rate, self.settings.duration), make, step)
+                    .await?;
+                self.results.steps.push(step);
+            }
+        }
+        Ok(())
+    }
+
+    /// Raises the Execute rate until a step fails the criteria.
+    async fn saturate(&mut self, live: &Live, latency_ms: u64) -> anyhow::Result<()> {
+        let mut sat = Saturation {
+            metering: live.metering.name().into(),
+            rpc: Rpc::Execute.name().into(),
+            upstream_latency_ms: latency_ms,
+            ..Saturation::default()
+        };
+        let mut rate = self.settings.sat_start;
+        for _ in 0..self.settings.sat_max_steps {
+            let mut step = self
+                .grpc_step(
+                    live,
+                    Rpc::Execute,
+                    latency_ms,
+                    "saturation",
+                    rate,
+                    self.settings.sat_duration,
+                )
+                .await?;
+            let why = failure(&step);
+            step.passed = Some(why.is_none());
+            let achieved = step.achieved_rps;
+            self.results.saturation_steps.push(step);
+            match why {
+                None => {
+                    sat.highest_passing_rps = Some(rate);
+                    sat.achieved_rps = Some(achieved);
+                    rate = (rate * self.settings.sat_factor).round();
+                }
+                Some(why) => {
+                    sat.first_failing_rps = Some(rate);
+                    sat.failed_because = Some(why);
+                    break;
+                }
+            }
+        }
+        self.results.saturation.push(sat);
+        Ok(())
+    }
+
+    /// Start-up times: a new SQLite file each time, then a restart on it.
+    pub async fn cold_starts(&mut self, runs: usize) {
+        let mut times = ColdStart::default();
+        for i in 0..runs {
+            let file = self.settings.dir.join(format!("coldstart-{i}.db"));
+            for fresh in [true, false] {
+                let purpose = if fresh {
+                    "cold start (new db)"
+                } else {
+                    "cold start (existing db)"
+                };
+                let Some(live) = self
+                    .start(Metering::Sqlite, 0, purpose, Some(file.clone()))
+                    .await
+                else {
+                    continue;
+                };
+                let ms = live.server.cold_start.as_secs_f64() * 1000.0;
+                if fresh {
+                    times.fresh_db_ms.push(ms);
+                } else {
+                    times.existing_db_ms.push(ms);
+                }
+                self.stop(live).await;
+            }
+        }
+        self.results.cold_start = times;
+    }
+}
+
+/// Why a saturation step fails the criteria, if it does.
+fn failure(step: &Step) -> Option<String> {
+    let error_share = step.errors as f64 / step.sent.max(1) as f64;
+    if step.achieved_rps < MIN_ACHIEVED_SHARE * step.offered_rps {
+        Some(format!(
+            "achieved {:.0} < 95 % of offered",
+            step.achieved_rps
+        ))
+    } else if error_share > MAX_ERROR_SHARE {
+        Some(format!(
+            "{:.1} % errors {:?}",
+            error_share * 100.0,
+            step.errors_by_code
+        ))
+    } else if step.latency_us.p99 > MAX_P99_US {
+        Some(format!(
+            "p99 {:.0} ms > 100 ms",
+            step.latency_us.p99 / 1000.0
+        ))
+    } else {
+        None
+    }
+}
+
+fn overhead_us(h: &prom::Histogram) -> Option<ServerOverhead> {
+    let us = |s: Option<f64>| s.map_or(0.0, |v| v * 1e6);
+    Some(ServerOverhead {
+        count: h.count,
+        mean: us(Some(h.mean()?)),
+        p50: us(h.quantile(0.5)),
+        p90: us(h.quantile(0.9)),
+        p99: us(h.quantile(0.99)),
+        p999: us(h.quantile(0.999)),
+    })
+}
+
+/// Fills `added_latency_us` of orchestrator steps from the direct step at
+/// the same RPC, rate and upstream latency.
+pub fn add_baselines(results: &mut Results) {
+    let direct: Vec<Step> = results
+        .steps
+        .iter()
+        .filter(|s| s.via == "direct")
+        .cloned()
+        .collect();
+    let all = results
+        .steps
+        .iter_mut()
+        .chain(results.saturation_steps.iter_mut());
+    for s in all.filter(|s| s.via == "orchestrator") {
+        s.added_latency_us = direct
+            .iter()
+            .find(|d| {
+                d.rpc == s.rpc
+                    && d.upstream_latency_ms == s.upstream_latency_ms
+                    && d.offered_rps == s.offered_rps
+            })
+            .map(|d| s.latency_us.minus(&d.latency_us));
+    }
+}

@@ -1,0 +1,180 @@
+//! What the load generator sends: gRPC calls to the orchestrator over a few
+//! HTTP/2 connections (round-robin), or the same Chat Completions body sent
+//! straight to the fake upstream over pooled HTTP/1.1 (the baseline).
+
+use crate::loadgen::{MakeRequest, Outcome};
+use ai_orchestrator::api::pb::{self, orchestrator_client::OrchestratorClient};
+use axum::body::Bytes;
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+use tonic::transport::{Channel, Endpoint};
+
+/// Teams the load is spread over (each has its own ledger row).
+const TEAMS: [&str; 8] = [
+    "bench-t0", "bench-t1", "bench-t2", "bench-t3", "bench-t4", "bench-t5", "bench-t6", "bench-t7",
+];
+
+/// Input of the `Execute` calls (a `meeting_brief`).
+pub const BRIEF_INPUT: &str = r#"{"company":"Acme Corp","attendees":["Ann Lee (VP Sales)","Bob Diaz (CTO)"],"meeting_at":"2025-03-12T15:00:00Z","notes":"Second call. 40 reps on the current tool, renewal in Q3. Asked about SSO and volume pricing."}"#;
+
+/// The RPCs under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rpc {
+    /// `Execute` of a generic task.
+    Execute,
+    /// `ClassifySms`.
+    ClassifySms,
+}
+
+impl Rpc {
+    /// Name used in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rpc::Execute => "Execute",
+            Rpc::ClassifySms => "ClassifySms",
+        }
+    }
+}
+
+/// `count` separate HTTP/2 connections to the orchestrator.
+pub async fn connect(
+    addr: SocketAddr,
+    count: usize,
+) -> anyhow::Result<Arc<Vec<OrchestratorClient<Channel>>>> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5));
+    let mut clients = Vec::with_capacity(count);
+    for _ in 0..count.max(1) {
+        // Each `connect` opens its own connection.
+        clients.push(OrchestratorClient::new(endpoint.connect().await?));
+    }
+    Ok(Arc::new(clients))
+}
+
+fn context(i: u64) -> Option<pb::RequestContext> {
+    Some(pb::RequestContext {
+        team_id: TEAMS[(i % TEAMS.len() as u64) as usize].to_owned(),
+        user_id: "bench-user".to_owned(),
+        channel: pb::Channel::System as i32,
+        priority: pb::Priority::Interactive as i32,
+        ..Default::default()
+    })
+}
+
+fn status_code(status: &tonic::Status) -> String {
+    format!("GRPC_{:?}", status.code()).to_uppercase()
+}
+
+/// What a successful response must look like to count as OK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Served by the primary target.
+    Primary,
+    /// Served by a fallback (`meta.degraded`).
+    Degraded,
+}
+
+fn check_meta(meta: Option<&pb::ResponseMeta>, expect: Expect) -> Outcome {
+    let degraded = meta.is_some_and(|m| m.degraded);
+    match (expect, degraded) {
+        (Expect::Primary, false) | (Expect::Degraded, true) => Ok(()),
+        (Expect::Primary, true) => Err("UNEXPECTED_FALLBACK".into()),
+        (Expect::Degraded, false) => Err("NOT_DEGRADED".into()),
+    }
+}
+
+/// gRPC calls of `rpc` (for `Execute`, of `task`) round-robin over `clients`.
+pub fn grpc(
+    clients: Arc<Vec<OrchestratorClient<Channel>>>,
+    rpc: Rpc,
+    task: &str,
+    expect: Expect,
+    timeout: Duration,
+) -> MakeRequest {
+    let task = task.to_owned();
+    Arc::new(move |i| {
+        let mut client = clients[(i % clients.len() as u64) as usize].clone();
+        let task = task.clone();
+        Box::pin(async move {
+            match rpc {
+                Rpc::Execute => {
+                    let mut request = tonic::Request::new(pb::ExecuteRequest {
+                        context: context(i),
+                        budget: None,
+                        task,
+                        input: Some(pb::execute_request::Input::InputJson(
+                            BRIEF_INPUT.to_owned(),
+                        )),
+                    });
+                    request.set_timeout(timeout);
+                    match client.execute(request).await {
+                        Ok(r) => check_meta(r.get_ref().meta.as_ref(), expect),
+                        Err(status) => Err(status_code(&status)),
+                    }
+                }
+                Rpc::ClassifySms => {
+                    let mut request = tonic::Request::new(pb::ClassifySmsRequest {
+                        context: context(i),
+                        budget: None,
+                        message: "Yes, I'm interested - can you call me tomorrow afternoon?".to_owned(),
+                        history: vec![pb::SmsMessage {
+                            direction: pb::SmsDirection::Outbound as i32,
+                            text: "Hi Ann, this is Sam from Acme. Would a 15-minute call about SSO pricing help?"
+                                .to_owned(),
+                            sent_at: None,
+                        }],
+                    });
+                    request.set_timeout(timeout);
+                    match client.classify_sms(request).await {
+                        Ok(r) if r.get_ref().intent == pb::SmsIntent::Interested as i32 => {
+                            check_meta(r.get_ref().meta.as_ref(), expect)
+                        }
+                        Ok(_) => Err("WRONG_INTENT".into()),
+                        Err(status) => Err(status_code(&status)),
+                    }
+                }
+            }
+        })
+    })
+}
+
+/// The HTTP client of the direct baseline: pooled HTTP/1.1 keep-alive with
+/// Nagle off, as the orchestrator's own upstream client.
+pub fn http_client(pool: usize) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(pool)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()?)
+}
+
+/// `POST url` with `body` (the bytes the orchestrator sent upstream); OK
+/// when the status is 200 and the whole body has been read.
+pub fn direct(client: reqwest::Client, url: String, body: Bytes) -> MakeRequest {
+    Arc::new(move |i| {
+        let request = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer bench-dummy-key")
+            .header("x-trace-id", format!("bench-direct-{i}"))
+            .body(body.clone());
+        Box::pin(async move {
+            let response = request.send().await.map_err(|e| {
+                if e.is_connect() {
+                    "CONNECT"
+                } else {
+                    "TRANSPORT"
+                }
+                .to_owned()
+            })?;
+            let status = response.status();
+            let body = response.bytes().await.map_err(|_| "BODY".to_owned())?;
+            if status.is_success() && !body.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("HTTP_{}", status.as_u16()))
+            }
+        })
+    })
+}

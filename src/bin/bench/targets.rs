@@ -1,0 +1,133 @@
+//! The targets of issue #6, checked against a run's results. Reported, never
+//! asserted: the benchmark measures, it does not pass or fail on timing.
+
+use crate::report::{Results, Target, summary};
+
+/// Added p99 at this rate, SQLite metering.
+const ADDED_P99_RATE: f64 = 1000.0;
+const ADDED_P99_MAX_US: f64 = 1000.0;
+const SATURATION_MIN_RPS: f64 = 5000.0;
+const METERING_COST_MAX: f64 = 0.20;
+const PEAK_RSS_MAX_MB: f64 = 64.0;
+const COLD_START_MAX_MS: f64 = 100.0;
+
+/// Every target with what `r` reached.
+pub fn evaluate(r: &Results) -> Vec<Target> {
+    vec![
+        added_p99(r),
+        saturation(r),
+        metering_cost(r),
+        peak_rss(r),
+        cold_start(r),
+    ]
+}
+
+fn added_p99(r: &Results) -> Target {
+    let mut parts = Vec::new();
+    let mut worst: Option<f64> = None;
+    for s in r.steps.iter().filter(|s| {
+        s.via == "orchestrator" && s.metering == "sqlite" && s.offered_rps == ADDED_P99_RATE
+    }) {
+        if let Some(a) = s.added_latency_us {
+            parts.push(format!(
+                "{} @ {} ms upstream: {:.2} ms",
+                s.rpc,
+                s.upstream_latency_ms,
+                a.p99 / 1000.0
+            ));
+            worst = Some(worst.map_or(a.p99, |w: f64| w.max(a.p99)));
+        }
+    }
+    Target {
+        name: "added p99 latency at 1,000 rps (SQLite metering)".into(),
+        goal: "≤ 1 ms".into(),
+        reached: if parts.is_empty() {
+            "not measured".into()
+        } else {
+            parts.join("; ")
+        },
+        met: worst.map(|w| w <= ADDED_P99_MAX_US),
+    }
+}
+
+fn saturation_of(r: &Results, metering: &str) -> Option<f64> {
+    r.saturation
+        .iter()
+        .find(|s| s.metering == metering && s.rpc == "Execute")
+        .and_then(|s| s.highest_passing_rps)
+}
+
+fn saturation(r: &Results) -> Target {
+    let sqlite = saturation_of(r, "sqlite");
+    Target {
+        name: "saturation, Execute, 0 ms upstream, SQLite metering".into(),
+        goal: "≥ 5,000 rps".into(),
+        reached: sqlite.map_or_else(|| "not measured".into(), |v| format!("{v:.0} rps")),
+        met: sqlite.map(|v| v >= SATURATION_MIN_RPS),
+    }
+}
+
+fn metering_cost(r: &Results) -> Target {
+    let off = saturation_of(r, "off");
+    let cost = |m: &str| {
+        let (off, on) = (off?, saturation_of(r, m)?);
+        (off > 0.0).then(|| (off - on) / off)
+    };
+    let (sqlite, pg) = (cost("sqlite"), cost("postgres"));
+    let mut reached = Vec::new();
+    if let Some(c) = sqlite {
+        reached.push(format!("SQLite {:.0} %", c * 100.0));
+    }
+    if let Some(c) = pg {
+        reached.push(format!("PostgreSQL {:.0} %", c * 100.0));
+    }
+    Target {
+        name: "metering cost (saturation throughput lost vs metering off)".into(),
+        goal: "≤ 20 %".into(),
+        reached: if reached.is_empty() {
+            "not measured".into()
+        } else {
+            reached.join("; ")
+        },
+        met: sqlite.map(|c| c <= METERING_COST_MAX),
+    }
+}
+
+fn peak_rss(r: &Results) -> Target {
+    let peak = r
+        .groups
+        .iter()
+        .filter(|g| g.metering == "sqlite" && g.purpose == "load")
+        .filter_map(|g| g.peak_rss_mb)
+        .fold(None, |acc: Option<f64>, v| {
+            Some(acc.map_or(v, |a| a.max(v)))
+        });
+    Target {
+        name: "peak RSS under load (SQLite metering)".into(),
+        goal: "≤ 64 MB".into(),
+        reached: peak.map_or_else(|| "not measured".into(), |v| format!("{v:.1} MiB")),
+        met: peak.map(|v| v <= PEAK_RSS_MAX_MB),
+    }
+}
+
+fn cold_start(r: &Results) -> Target {
+    let fresh = summary(&r.cold_start.fresh_db_ms);
+    let existing = summary(&r.cold_start.existing_db_ms);
+    let mut reached = Vec::new();
+    if let Some((_, med, max)) = fresh {
+        reached.push(format!("new db: median {med:.1} ms, max {max:.1} ms"));
+    }
+    if let Some((_, med, max)) = existing {
+        reached.push(format!("existing db: median {med:.1} ms, max {max:.1} ms"));
+    }
+    Target {
+        name: "cold start (process start → health SERVING)".into(),
+        goal: "≤ 100 ms".into(),
+        reached: if reached.is_empty() {
+            "not measured".into()
+        } else {
+            reached.join("; ")
+        },
+        met: fresh.map(|(_, med, _)| med <= COLD_START_MAX_MS),
+    }
+}
