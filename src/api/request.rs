@@ -5,6 +5,7 @@ use super::error::Failure;
 use crate::{
     api::pb,
     config::ServerConfig,
+    resilience::instant_after,
     tasks::{CallContext, Channel, Priority},
     telemetry::trace_id,
     usage::{Meter, meter::Who},
@@ -52,8 +53,10 @@ pub(crate) fn call_context(
     }
 
     let mut timeout = server.default_timeout;
-    if let Some(grpc) = metadata.get("grpc-timeout").and_then(|v| v.to_str().ok()) {
-        match parse_grpc_timeout(grpc) {
+    // tonic's own deadline layer silently ignores a malformed header; we
+    // refuse it (docs/api.md), since the caller believes a deadline is set.
+    if let Some(grpc) = metadata.get("grpc-timeout") {
+        match grpc.to_str().ok().and_then(parse_grpc_timeout) {
             // Finish a little before the caller's own timer fires, so it
             // gets our DEADLINE_EXCEEDED with the attempts rather than a
             // bare CANCELLED from its transport.
@@ -93,7 +96,8 @@ pub(crate) fn call_context(
         channel,
         priority,
         started,
-        deadline: started + timeout,
+        // `default_timeout` comes from config: an absurd one must not overflow.
+        deadline: instant_after(started, timeout),
         meter: Arc::new(meter.session(who, chrono::Utc::now().timestamp_millis(), budget_usd)),
         slot: None,
         traceparent: metadata
@@ -124,7 +128,8 @@ pub(crate) fn check_id(id: &str, required: bool) -> Result<(), &'static str> {
 /// Parses the `grpc-timeout` header: up to 8 digits and a unit
 /// (`H` hours, `M` minutes, `S` seconds, `m` ms, `u` µs, `n` ns).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    // Checked split: a multi-byte last character must be refused, not panic.
+    let (digits, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
     if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -165,6 +170,70 @@ mod tests {
         assert_eq!(parse_grpc_timeout("S"), None);
         assert_eq!(parse_grpc_timeout("10x"), None);
         assert_eq!(parse_grpc_timeout(""), None);
+        assert_eq!(
+            parse_grpc_timeout("10é"),
+            None,
+            "no panic on a multi-byte unit"
+        );
+        assert_eq!(
+            parse_grpc_timeout("99999999H"),
+            Some(Duration::from_secs(99_999_999 * 3600))
+        );
+    }
+
+    fn meter() -> Meter {
+        Meter::new(
+            None,
+            crate::usage::pricing::Pricing::from_config(&Default::default()),
+            &Default::default(),
+        )
+    }
+
+    fn team() -> pb::RequestContext {
+        pb::RequestContext {
+            team_id: "t1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_absurd_default_timeout_does_not_overflow_the_deadline() {
+        let server = ServerConfig {
+            default_timeout: Duration::MAX,
+            ..Default::default()
+        };
+        let ctx = call_context(Some(&team()), None, &MetadataMap::new(), &server, &meter())
+            .map_err(|(_, f)| format!("{f:?}"))
+            .unwrap();
+        assert!(ctx.deadline > ctx.started + Duration::from_secs(365 * 24 * 3600));
+        // The largest grpc-timeout (99999999 hours) is fine too.
+        let mut metadata = MetadataMap::new();
+        metadata.insert("grpc-timeout", "99999999H".parse().unwrap());
+        assert!(call_context(Some(&team()), None, &metadata, &server, &meter()).is_ok());
+    }
+
+    #[test]
+    fn a_malformed_grpc_timeout_is_invalid_input() {
+        let server = ServerConfig::default();
+        for bad in ["soon", "10", "m", "-5m", "1.5S", "123456789m"] {
+            let mut metadata = MetadataMap::new();
+            metadata.insert("grpc-timeout", bad.parse().unwrap());
+            let Err((_, failure)) = call_context(Some(&team()), None, &metadata, &server, &meter())
+            else {
+                panic!("{bad:?} accepted");
+            };
+            assert!(
+                matches!(&failure, Failure::Invalid(v) if v[0].0 == "grpc-timeout"),
+                "{bad:?}: {failure:?}"
+            );
+        }
+        // Not even text: refused rather than ignored.
+        let mut metadata = MetadataMap::new();
+        metadata.insert(
+            "grpc-timeout",
+            tonic::metadata::MetadataValue::try_from(&b"1\xffm"[..]).unwrap(),
+        );
+        assert!(call_context(Some(&team()), None, &metadata, &server, &meter()).is_err());
     }
 
     #[test]

@@ -141,8 +141,16 @@ pub fn error_type(body: &[u8]) -> String {
     kind
 }
 
+/// Longest wait we take from a provider's `Retry-After`: the breaker's
+/// cooldown cap (5 min), which would cut a longer 429 cooldown there anyway.
+/// A larger value (`1e20`, a date decades ahead) is a broken or hostile
+/// header, not advice; and no retry ever sleeps past the request deadline.
+pub const MAX_RETRY_AFTER: Duration = crate::resilience::breaker::MAX_COOLDOWN;
+
 /// How long the provider asked us to wait: `retry-after-ms` (OpenAI),
-/// `retry-after` in seconds or as an HTTP-date.
+/// `retry-after` in seconds or as an HTTP-date; at most [`MAX_RETRY_AFTER`].
+/// A negative, NaN, infinite or unparsable value is ignored (`None`), so a
+/// header can never panic the request (`Duration::from_secs_f64` would).
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let get = |name: &str| {
         headers
@@ -150,19 +158,36 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
-    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
-        && ms.is_finite()
-        && ms >= 0.0
+    if let Some(wait) = get("retry-after-ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .and_then(|ms| capped_secs(ms / 1000.0))
     {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        return Some(wait);
     }
     let value = get("retry-after")?;
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return capped_secs(secs);
     }
     let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
-    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(at.timestamp()).ok()?);
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    let at = SystemTime::UNIX_EPOCH
+        .checked_add(Duration::from_secs(u64::try_from(at.timestamp()).ok()?))?;
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
+    )
+}
+
+/// `secs` as a wait of at most [`MAX_RETRY_AFTER`]; `None` when it is not a
+/// non-negative finite number.
+fn capped_secs(secs: f64) -> Option<Duration> {
+    if !secs.is_finite() || secs < 0.0 {
+        return None;
+    }
+    // `+ 0.0` turns -0.0 into 0.0; what is left only fails when too large.
+    Some(
+        Duration::try_from_secs_f64(secs + 0.0).map_or(MAX_RETRY_AFTER, |d| d.min(MAX_RETRY_AFTER)),
+    )
 }
 
 #[cfg(test)]
@@ -215,6 +240,63 @@ mod tests {
         assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
         assert_eq!(retry_after(&headers(&[("retry-after", "-3")]), now), None);
         assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn absurd_retry_after_values_are_capped_or_ignored_never_a_panic() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        let one =
+            |name: &'static str, value: &'static str| retry_after(&headers(&[(name, value)]), now);
+        // Too large for a `Duration` (from_secs_f64 panics on these): capped.
+        for huge in ["1e20", "1e300", "18446744073709551616", "1.8e19"] {
+            assert_eq!(one("retry-after", huge), Some(MAX_RETRY_AFTER), "{huge}");
+            assert_eq!(
+                one("retry-after-ms", huge),
+                Some(MAX_RETRY_AFTER),
+                "{huge} ms"
+            );
+        }
+        // Large but representable: capped too.
+        assert_eq!(one("retry-after", "86400"), Some(MAX_RETRY_AFTER));
+        assert_eq!(one("retry-after-ms", "3600000"), Some(MAX_RETRY_AFTER));
+        assert_eq!(
+            one("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT"),
+            Some(MAX_RETRY_AFTER),
+            "a date far ahead"
+        );
+        // Just under the cap is kept as sent.
+        assert_eq!(
+            one("retry-after", "299.5"),
+            Some(Duration::from_millis(299_500))
+        );
+        // Negative, NaN, infinite, garbage: ignored.
+        for bad in [
+            "-1", "-1e20", "-0.001", "NaN", "nan", "inf", "-inf", "infinity", "1e", "", "0x10",
+            "5s",
+        ] {
+            assert_eq!(one("retry-after-ms", bad), None, "ms {bad:?}");
+            assert_eq!(one("retry-after", bad), None, "{bad:?}");
+        }
+        // Zero (and negative zero) means now.
+        assert_eq!(one("retry-after", "0"), Some(Duration::ZERO));
+        assert_eq!(one("retry-after", "-0"), Some(Duration::ZERO));
+        assert_eq!(one("retry-after-ms", "-0.0"), Some(Duration::ZERO));
+        // An unusable precise header falls back to the seconds one.
+        assert_eq!(
+            retry_after(
+                &headers(&[("retry-after-ms", "NaN"), ("retry-after", "2")]),
+                now
+            ),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            retry_after(
+                &headers(&[("retry-after-ms", "1e30"), ("retry-after", "2")]),
+                now
+            ),
+            Some(MAX_RETRY_AFTER),
+            "a huge precise header is still the precise one, capped"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! timeout and the attempt deadline applied to every event.
 
 use super::ProviderError;
+use crate::resilience::instant_after;
 use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use reqwest::Response;
@@ -30,7 +31,8 @@ pub fn events(
     let mut inner = Box::pin(without_bom(response.bytes_stream()).eventsource());
     async_stream::stream! {
         loop {
-            let wait_until = deadline.min(Instant::now() + idle);
+            // `idle` comes from config: an absurd value must not overflow.
+            let wait_until = deadline.min(instant_after(Instant::now(), idle));
             match tokio::time::timeout_at(wait_until, inner.next()).await {
                 Err(_) => { yield Err(ProviderError::Timeout); return; }
                 Ok(None) => return,
@@ -112,5 +114,20 @@ mod tests {
         );
         assert_eq!(strip(&[b"\xEF"]).await, b"\xEF");
         assert!(strip(&[]).await.is_empty());
+    }
+
+    /// A response with `body`, as if read from the network.
+    fn response(body: &'static str) -> Response {
+        Response::from(axum::http::Response::new(body))
+    }
+
+    #[tokio::test]
+    async fn an_absurd_idle_timeout_does_not_overflow() {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let events: Vec<_> = events(response("data: a\n\ndata: b\n\n"), Duration::MAX, deadline)
+            .collect()
+            .await;
+        let data: Vec<_> = events.into_iter().map(|e| e.unwrap().data).collect();
+        assert_eq!(data, ["a", "b"]);
     }
 }

@@ -69,6 +69,27 @@ impl JitterSource for FixedJitter {
     }
 }
 
+/// The jitter a router draws from: `Copy` and `Send` (unlike `rand::rng()`,
+/// which is made fresh for each draw), so a router can hold one and tests can
+/// make its backoff exact.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Jitter {
+    /// Fresh randomness for every draw (production).
+    #[default]
+    Random,
+    /// Always this fraction, like [`FixedJitter`] (tests, reproducible runs).
+    Fixed(f64),
+}
+
+impl JitterSource for Jitter {
+    fn fraction(&mut self) -> f64 {
+        match self {
+            Jitter::Random => rand::rng().random::<f64>(),
+            Jitter::Fixed(f) => *f,
+        }
+    }
+}
+
 /// How failed attempts at one target are retried. `Default` is the SPEC's
 /// seed policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,6 +6,8 @@
 
 mod attempt;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 pub use attempt::{AttemptOutcome, AttemptRecord, total_usage};
 pub use stream::RouteEvent;
@@ -13,7 +15,7 @@ pub use stream::RouteEvent;
 use crate::{
     config::{Config, TargetConfig},
     providers::{Completion, CompletionRequest, ProviderError, Providers, TokenUsage},
-    resilience::{Decision, Outcome, Resilience},
+    resilience::{Decision, Outcome, Resilience, instant_after, retry::Jitter},
     tasks::Priority,
 };
 use std::sync::Arc;
@@ -91,6 +93,8 @@ pub struct Router {
     config: Arc<Config>,
     providers: Providers,
     resilience: Resilience,
+    /// Where backoff jitter comes from; random unless a test fixes it.
+    jitter: Jitter,
 }
 
 /// What happened to one call at one target.
@@ -110,7 +114,15 @@ impl Router {
             config,
             providers,
             resilience,
+            jitter: Jitter::Random,
         }
+    }
+
+    /// The same router drawing its backoff jitter from `jitter`
+    /// (`Jitter::Fixed` makes every wait exact, for tests).
+    pub fn with_jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
     }
 
     /// The per-provider guards (breakers, limits, health), for ops and metrics.
@@ -133,7 +145,8 @@ impl Router {
         self.config
             .providers
             .get(provider)
-            .map_or(deadline, |p| deadline.min(now + p.timeout))
+            // `timeout` comes from config: an absurd one must not overflow.
+            .map_or(deadline, |p| deadline.min(instant_after(now, p.timeout)))
     }
 
     /// The model to send to `target` (the primary may be overridden).
@@ -197,7 +210,7 @@ impl Router {
                     Tried::Failed(None) => break,
                     Tried::Failed(Some(err)) => err,
                 };
-                // `rand::rng()` is not Send: keep it inside this statement.
+                let mut jitter = self.jitter;
                 let decision = self.resilience.retry.decide(
                     &err,
                     retry + 1,
@@ -205,7 +218,7 @@ impl Router {
                     has_next,
                     Instant::now(),
                     deadline,
-                    &mut rand::rng(),
+                    &mut jitter,
                 );
                 match decision {
                     Decision::RetryAfter(wait) => {

@@ -238,9 +238,11 @@ async fn invalid_inputs_are_invalid_argument_with_field_violations() {
         .metadata_mut()
         .insert("grpc-timeout", "soon".parse().unwrap());
     let bad_timeout = c.classify_sms(bad_timeout).await.unwrap_err();
-    assert!(
-        matches!(bad_timeout.code(), Code::InvalidArgument | Code::Internal),
-        "{bad_timeout:?}"
+    assert_error(
+        &bad_timeout,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("grpc-timeout"),
     );
     app.stop().await;
 }

@@ -13,7 +13,7 @@ use wiremock::{
 };
 
 /// A Chat Completions success whose content is `content`.
-fn completion(content: &str) -> ResponseTemplate {
+pub(crate) fn completion(content: &str) -> ResponseTemplate {
     ResponseTemplate::new(200).set_body_json(json!({
         "id": "chatcmpl-AbC123",
         "object": "chat.completion",
@@ -26,7 +26,7 @@ fn completion(content: &str) -> ResponseTemplate {
     }))
 }
 
-fn classification() -> ResponseTemplate {
+pub(crate) fn classification() -> ResponseTemplate {
     completion(r#"{"intent":"QUESTION","confidence":0.88,"reason":"asks about pricing"}"#)
 }
 
@@ -37,8 +37,8 @@ fn error(status: u16) -> ResponseTemplate {
 }
 
 /// Config with `primary` (openai) and `fallback` (openai_compatible) at the
-/// given fake servers; `retry` lines added to the `[retry]` table.
-fn toml(primary: &MockServer, fallback: &MockServer, retry: &str) -> String {
+/// given fake servers' base URIs; `retry` lines added to the `[retry]` table.
+fn toml(primary: &str, fallback: &str, retry: &str) -> String {
     format!(
         r#"
 [server]
@@ -49,12 +49,12 @@ url = "sqlite::memory:"
 max_connections = 1
 [providers.primary]
 kind = "openai"
-base_url = "{}/v1"
+base_url = "{primary}/v1"
 api_key_env = "TEST_OPENAI_KEY"
 timeout = "2s"
 [providers.fallback]
 kind = "openai_compatible"
-base_url = "{}/v1"
+base_url = "{fallback}/v1"
 timeout = "2s"
 [tasks.sms_classify]
 chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "fallback", model = "llama3" }}]
@@ -70,20 +70,23 @@ base_backoff = "20ms"
 max_backoff = "80ms"
 interactive_max_wait = "0ms"
 {retry}
-"#,
-        primary.uri(),
-        fallback.uri()
+"#
     )
 }
 
 async fn spawn(primary: &MockServer, fallback: &MockServer, retry: &str) -> TestApp {
+    spawn_at(&primary.uri(), &fallback.uri(), retry).await
+}
+
+/// The server with `primary` and `fallback` at these base URIs (see [`toml`]).
+pub(crate) async fn spawn_at(primary: &str, fallback: &str, retry: &str) -> TestApp {
     TestApp::spawn_toml_env(&toml(primary, fallback, retry), |name| {
         (name == "TEST_OPENAI_KEY").then(|| "sk-test".to_owned())
     })
     .await
 }
 
-fn classify(priority: pb::Priority) -> pb::ClassifySmsRequest {
+pub(crate) fn classify(priority: pb::Priority) -> pb::ClassifySmsRequest {
     let mut context = ctx().unwrap();
     context.priority = priority as i32;
     pb::ClassifySmsRequest {
@@ -93,7 +96,7 @@ fn classify(priority: pb::Priority) -> pb::ClassifySmsRequest {
     }
 }
 
-async fn calls(server: &MockServer) -> usize {
+pub(crate) async fn calls(server: &MockServer) -> usize {
     server.received_requests().await.map_or(0, |r| r.len())
 }
 

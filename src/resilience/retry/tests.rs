@@ -262,8 +262,9 @@ fn background_uses_the_full_schedule_even_with_a_next_target() {
     );
 }
 
-/// Drives the policy the way the router will, against an always-failing
-/// target, and counts the calls it gets.
+/// Drives the policy the way the router does, against an always-failing
+/// target, and counts the calls it gets. (`router::tests` drives the real
+/// `Router::run` the same way.)
 async fn calls_until_done(deadline_in: Duration) -> (u32, Decision, Duration) {
     let policy = RetryPolicy::default();
     let start = Instant::now();
@@ -296,4 +297,15 @@ async fn a_background_walk_makes_exactly_three_calls_then_gives_up() {
     // With 2.5 s the second wait (2 s, after 1 s) would end past the deadline.
     let short = calls_until_done(Duration::from_millis(2_500)).await;
     assert_eq!(short, (2, Decision::GiveUp, SEC));
+}
+
+#[test]
+fn a_router_jitter_is_fixed_or_uniform_in_zero_one() {
+    assert_eq!(Jitter::default(), Jitter::Random);
+    assert_eq!(Jitter::Fixed(0.25).fraction(), 0.25);
+    let p = RetryPolicy::default();
+    assert_eq!(p.backoff(2, None, &mut Jitter::Fixed(1.0)), 2 * SEC);
+    let draws: Vec<f64> = (0..1_000).map(|_| Jitter::Random.fraction()).collect();
+    assert!(draws.iter().all(|f| (0.0..1.0).contains(f)));
+    assert!(draws.iter().any(|f| *f < 0.1) && draws.iter().any(|f| *f > 0.9));
 }
