@@ -140,3 +140,194 @@ max_backoff = "5ms"
     let dump = format!("{spans:?}");
     assert!(!dump.contains("CANARY-SPAN-MESSAGE") && !dump.contains("sk-test"));
 }
+
+/// A streamed call (ExecuteStream) traces like a unary one: the `request`
+/// span continues the caller's trace and lasts the whole stream, each
+/// target gets a `provider_attempt` child (the primary failing before any
+/// output, then the fallback streaming), and each upstream receives a
+/// `traceparent` naming its attempt span. No contents in spans.
+#[tokio::test]
+async fn streamed_calls_trace_each_attempt_under_the_request() {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing_subscriber::prelude::*;
+    use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .with_sampler(ai_orchestrator::telemetry::otel::sampler(0.0))
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    const CALLER_SPAN: &str = "b7ad6b7169203331";
+    const CANARY: &str = "CANARY-STREAM-INPUT";
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(503).set_body_string(
+            r#"{"error":{"message":"busy","type":"server_error","param":null,"code":null}}"#,
+        ))
+        .mount(&primary)
+        .await;
+    let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
+        serde_json::json!({"id": "chatcmpl-7", "object": "chat.completion.chunk",
+            "created": 1_732_000_000, "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut sse = String::new();
+    for (delta, finish) in [
+        (
+            serde_json::json!({"role": "assistant", "content": ""}),
+            serde_json::Value::Null,
+        ),
+        (
+            serde_json::json!({"content": "Brief: "}),
+            serde_json::Value::Null,
+        ),
+        (
+            serde_json::json!({"content": "meet Ann."}),
+            serde_json::Value::Null,
+        ),
+        (serde_json::json!({}), serde_json::json!("stop")),
+    ] {
+        sse.push_str(&format!("data: {}\n\n", chunk(delta, finish)));
+    }
+    sse.push_str(&format!(
+        "data: {}\n\n",
+        serde_json::json!({"id": "chatcmpl-7", "object": "chat.completion.chunk",
+            "created": 1_732_000_000, "model": "gpt-4o-mini", "choices": [],
+            "usage": {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45}})
+    ));
+    sse.push_str("data: [DONE]\n\n");
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "text/event-stream")
+                .set_body_string(sse),
+        )
+        .mount(&fallback)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+[database]
+url = "sqlite://{}"
+[providers.primary]
+kind = "openai"
+base_url = "{}/v1"
+api_key_env = "K"
+[providers.fallback]
+kind = "openai"
+base_url = "{}/v1"
+api_key_env = "K"
+[tasks.meeting_brief]
+chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "fallback", model = "gpt-4o" }}]
+[pricing."gpt-4o-mini"]
+input_per_mtok = 0.15
+output_per_mtok = 0.6
+[pricing."gpt-4o"]
+input_per_mtok = 2.5
+output_per_mtok = 10.0
+[retry]
+max_attempts = 1
+"#,
+        dir.path().join("s.db").display(),
+        primary.uri(),
+        fallback.uri()
+    );
+    let app = TestApp::spawn_toml_env(&toml, |n| (n == "K").then(|| "sk-test".to_owned())).await;
+    let mut request = tonic::Request::new(pb::ExecuteRequest {
+        context: ctx(),
+        task: "meeting_brief".into(),
+        input: Some(pb::execute_request::Input::InputJson(format!(
+            r#"{{"notes":"{CANARY}"}}"#
+        ))),
+        ..Default::default()
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{TRACE}-{CALLER_SPAN}-01").parse().unwrap(),
+    );
+    let mut stream = app
+        .client
+        .clone()
+        .execute_stream(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = None;
+    while let Some(event) = stream.message().await.unwrap() {
+        last = event.event;
+    }
+    let Some(pb::execute_event::Event::Completed(done)) = last else {
+        panic!("the stream must complete: {last:?}")
+    };
+    assert_eq!(done.text, "Brief: meet Ann.");
+    assert_eq!(done.meta.unwrap().trace_id, TRACE);
+    app.stop().await;
+
+    let spans = exporter.get_finished_spans().unwrap();
+    let attr = |s: &opentelemetry_sdk::trace::SpanData, key: &str| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    };
+    let request_span = spans
+        .iter()
+        .find(|s| s.name == "request" && attr(s, "rpc").as_deref() == Some("ExecuteStream"))
+        .expect("a request span for the stream");
+    assert_eq!(request_span.span_context.trace_id().to_string(), TRACE);
+    assert_eq!(request_span.parent_span_id.to_string(), CALLER_SPAN);
+
+    let attempts: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "provider_attempt")
+        .collect();
+    assert_eq!(attempts.len(), 2, "{spans:#?}");
+    let of = |p: &str| {
+        *attempts
+            .iter()
+            .find(|a| attr(a, "provider").as_deref() == Some(p))
+            .unwrap_or_else(|| panic!("no attempt span for {p}: {attempts:#?}"))
+    };
+    let (first, second) = (of("primary"), of("fallback"));
+    for a in [first, second] {
+        assert_eq!(a.span_context.trace_id().to_string(), TRACE);
+        assert_eq!(a.parent_span_id, request_span.span_context.span_id());
+        assert_eq!(attr(a, "retry").as_deref(), Some("0"));
+        // The request span lasts the whole stream: it ends after every attempt.
+        assert!(a.end_time <= request_span.end_time);
+    }
+    assert_eq!(attr(first, "model").as_deref(), Some("gpt-4o-mini"));
+    assert_eq!(attr(first, "outcome").as_deref(), Some("HTTP_503"));
+    assert_eq!(attr(second, "model").as_deref(), Some("gpt-4o"));
+    assert_eq!(attr(second, "outcome").as_deref(), Some("ok"));
+    assert_eq!(attr(second, "input_tokens").as_deref(), Some("40"));
+    assert_eq!(attr(second, "output_tokens").as_deref(), Some("5"));
+
+    for (server, a) in [(&primary, first), (&fallback, second)] {
+        let received = server.received_requests().await.unwrap();
+        assert_eq!(received.len(), 1);
+        let tp = received[0]
+            .headers
+            .get("traceparent")
+            .unwrap()
+            .to_str()
+            .unwrap();
+        assert_eq!(
+            tp,
+            format!("00-{TRACE}-{}-01", a.span_context.span_id()),
+            "upstream traceparent names the attempt span"
+        );
+        // The canary did go upstream (so its absence below means something).
+        assert!(String::from_utf8_lossy(&received[0].body).contains(CANARY));
+    }
+
+    let dump = format!("{spans:?}");
+    assert!(!dump.contains(CANARY) && !dump.contains("sk-test") && !dump.contains("meet Ann"));
+}

@@ -1,15 +1,52 @@
-//! A tower layer counting gRPC calls by method and status code, and timing
-//! them (until response headers: for a stream, its start).
+//! A tower layer counting gRPC calls by method and final status code, and
+//! timing them.
+//!
+//! A unary call is recorded when its response head leaves the service: an
+//! error travels trailers-only (its `grpc-status` is in the headers), a
+//! success is `OK`. A server stream's real outcome is only known at its end,
+//! in the trailers; a handler that streams takes the recording over with
+//! [`GrpcCall::defer`] and reports the final code (ExecuteStream does), so a
+//! stream failing midway is not counted as `OK` and its time covers the
+//! whole stream. Streams that do not (health `Watch`, reflection) are
+//! recorded at their start, as `OK`.
+//!
+//! This layer runs before authentication: its labels must never echo what a
+//! caller sent. Methods come from a fixed list, codes from the gRPC set.
 
 use crate::telemetry::metrics;
 use std::{
     future::Future,
     pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
     task::{Context, Poll},
 };
 use tokio::time::Instant;
-use tonic::codegen::http;
+use tonic::{Code, codegen::http};
 use tower::{Layer, Service};
+
+/// Every method this server serves (`service/method`, as in the request
+/// path): the `Orchestrator` and `PromptAdmin` services of `proto/`, gRPC
+/// health and server reflection (v1 and v1alpha). A unit test checks it
+/// against the compiled descriptor sets, so a new RPC cannot be forgotten.
+const METHODS: &[&str] = &[
+    "ai.orchestrator.v1.Orchestrator/Execute",
+    "ai.orchestrator.v1.Orchestrator/ExecuteStream",
+    "ai.orchestrator.v1.Orchestrator/ClassifySms",
+    "ai.orchestrator.v1.Orchestrator/GenerateSms",
+    "ai.orchestrator.v1.Orchestrator/Research",
+    "ai.orchestrator.v1.Orchestrator/GetUsage",
+    "ai.orchestrator.v1.Orchestrator/GetProviderHealth",
+    "ai.orchestrator.v1.PromptAdmin/ListPrompts",
+    "ai.orchestrator.v1.PromptAdmin/CreatePromptVersion",
+    "ai.orchestrator.v1.PromptAdmin/ActivatePromptVersion",
+    "grpc.health.v1.Health/Check",
+    "grpc.health.v1.Health/Watch",
+    "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
+
+/// Label of everything not in [`METHODS`] (scanners, typos, old clients).
+const OTHER: &str = "other";
 
 /// Adds gRPC server metrics to every call.
 #[derive(Debug, Clone, Copy, Default)]
@@ -29,42 +66,151 @@ pub struct GrpcMetrics<S> {
     inner: S,
 }
 
-/// Only our services get their own label; anything else a client sends is
-/// `other`, so a scanner cannot blow up the label cardinality.
-fn method_label(path: &str) -> String {
-    let known = [
-        "/ai.orchestrator.v1.",
-        "/grpc.health.v1.",
-        "/grpc.reflection.",
-    ];
-    if known.iter().any(|p| path.starts_with(p)) && path.len() < 128 {
-        path.trim_start_matches('/').to_owned()
-    } else {
-        "other".to_owned()
+/// The method label of a request path: one of [`METHODS`], else `other`.
+fn method_label(path: &str) -> &'static str {
+    let method = path.strip_prefix('/').unwrap_or(path);
+    METHODS
+        .iter()
+        .find(|known| **known == method)
+        .copied()
+        .unwrap_or(OTHER)
+}
+
+/// gRPC status code → canonical name (17 values).
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
-/// gRPC status number → canonical name.
-fn code_name(code: &str) -> &'static str {
-    match code {
-        "0" => "OK",
-        "1" => "CANCELLED",
-        "2" => "UNKNOWN",
-        "3" => "INVALID_ARGUMENT",
-        "4" => "DEADLINE_EXCEEDED",
-        "5" => "NOT_FOUND",
-        "6" => "ALREADY_EXISTS",
-        "7" => "PERMISSION_DENIED",
-        "8" => "RESOURCE_EXHAUSTED",
-        "9" => "FAILED_PRECONDITION",
-        "10" => "ABORTED",
-        "11" => "OUT_OF_RANGE",
-        "12" => "UNIMPLEMENTED",
-        "13" => "INTERNAL",
-        "14" => "UNAVAILABLE",
-        "15" => "DATA_LOSS",
-        "16" => "UNAUTHENTICATED",
-        _ => "UNKNOWN",
+/// Who records a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The layer, when the response head is out.
+    Head,
+    /// A handler asked to record a stream's end; the layer has not yet seen
+    /// the response (if the handler fails, the layer records after all).
+    Deferred,
+    /// The stream is running: its [`StreamEnd`] records.
+    Streaming,
+    /// Recorded.
+    Done,
+}
+
+#[derive(Debug)]
+struct CallState {
+    method: &'static str,
+    started: Instant,
+    phase: Mutex<Phase>,
+}
+
+/// One call's metrics, put in the request extensions by the layer so a
+/// streaming handler can [`defer`](GrpcCall::defer) them to the stream's end.
+#[derive(Debug, Clone)]
+pub struct GrpcCall(Arc<CallState>);
+
+impl GrpcCall {
+    fn new(method: &'static str) -> Self {
+        Self(Arc::new(CallState {
+            method,
+            started: Instant::now(),
+            phase: Mutex::new(Phase::Head),
+        }))
+    }
+
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        // The lock guards a plain enum: a poisoned one is still consistent.
+        self.0.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn observe(&self, code: Code) {
+        metrics::grpc(self.0.method, code_name(code), self.0.started.elapsed());
+    }
+
+    /// The response head left the service; `status` is its `grpc-status`
+    /// header (present when the call failed before any message).
+    fn responded(&self, status: Option<Code>) {
+        let mut phase = self.phase();
+        match (status, *phase) {
+            (_, Phase::Done) | (_, Phase::Streaming) => {}
+            (None, Phase::Deferred) => *phase = Phase::Streaming,
+            (status, Phase::Head | Phase::Deferred) => {
+                *phase = Phase::Done;
+                drop(phase);
+                self.observe(status.unwrap_or(Code::Ok));
+            }
+        }
+    }
+
+    /// Hands the recording of this call to the returned guard, to be moved
+    /// into the response stream: the call is counted with the code given to
+    /// [`StreamEnd::finish`], or as `CANCELLED` if the stream is dropped
+    /// unfinished (the client went away). Call it once nothing can fail
+    /// before the response; should the handler fail anyway, the layer
+    /// records as usual.
+    pub fn defer(&self) -> StreamEnd {
+        let mut phase = self.phase();
+        if *phase == Phase::Head {
+            *phase = Phase::Deferred;
+        }
+        StreamEnd {
+            call: self.clone(),
+            code: None,
+        }
+    }
+}
+
+/// Records a deferred streaming call when dropped (see [`GrpcCall::defer`]).
+#[derive(Debug)]
+pub struct StreamEnd {
+    call: GrpcCall,
+    code: Option<Code>,
+}
+
+impl StreamEnd {
+    /// The stream's final status (what its trailers will carry): the call
+    /// is recorded now, before the trailers go out.
+    pub fn finish(&mut self, code: Code) {
+        self.code = Some(code);
+        let mut phase = self.call.phase();
+        if *phase == Phase::Streaming {
+            *phase = Phase::Done;
+            drop(phase);
+            self.call.observe(code);
+        }
+    }
+}
+
+impl Drop for StreamEnd {
+    fn drop(&mut self) {
+        let mut phase = self.call.phase();
+        match *phase {
+            // Dropped unfinished: the client went away.
+            Phase::Streaming => {
+                *phase = Phase::Done;
+                drop(phase);
+                self.call.observe(self.code.unwrap_or(Code::Cancelled));
+            }
+            // Dropped before the response went out: the layer records it.
+            Phase::Deferred => *phase = Phase::Head,
+            Phase::Head | Phase::Done => {}
+        }
     }
 }
 
@@ -81,23 +227,20 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = method_label(request.uri().path());
-        let started = Instant::now();
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let call = GrpcCall::new(method_label(request.uri().path()));
+        request.extensions_mut().insert(call.clone());
         let future = self.inner.call(request);
         Box::pin(async move {
             let response = future.await;
-            // Errors travel trailers-only, so their status is in the headers;
-            // a unary success carries it in trailers after the body.
-            let code = match &response {
-                Ok(r) => r
-                    .headers()
-                    .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .map_or("OK", code_name),
-                Err(_) => "UNKNOWN",
-            };
-            metrics::grpc(&method, code, started.elapsed());
+            match &response {
+                Ok(r) => call.responded(
+                    r.headers()
+                        .get("grpc-status")
+                        .map(|v| Code::from_bytes(v.as_bytes())),
+                ),
+                Err(_) => call.responded(Some(Code::Unknown)),
+            }
             response
         })
     }
@@ -105,7 +248,56 @@ where
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use prost::Message;
+    use std::collections::BTreeSet;
+
+    /// Every `service/method` of an encoded descriptor set.
+    fn methods_of(set: &[u8]) -> Vec<String> {
+        let set = prost_types::FileDescriptorSet::decode(set).unwrap();
+        let mut out = Vec::new();
+        for file in set.file {
+            for service in &file.service {
+                for method in &service.method {
+                    out.push(format!(
+                        "{}.{}/{}",
+                        file.package(),
+                        service.name(),
+                        method.name()
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_allow_list_is_exactly_the_served_methods() {
+        let served: BTreeSet<String> = [
+            crate::api::pb::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ]
+        .into_iter()
+        .flat_map(methods_of)
+        .collect();
+        let listed: BTreeSet<String> = METHODS.iter().map(|m| (*m).to_owned()).collect();
+        assert_eq!(listed, served);
+        assert_eq!(listed.len(), METHODS.len(), "no duplicates");
+        use crate::api::pb::{orchestrator_server, prompt_admin_server};
+        for service in [
+            orchestrator_server::SERVICE_NAME,
+            prompt_admin_server::SERVICE_NAME,
+        ] {
+            assert!(
+                METHODS
+                    .iter()
+                    .any(|m| m.starts_with(&format!("{service}/")))
+            );
+        }
+    }
 
     #[test]
     fn labels_are_bounded() {
@@ -113,7 +305,58 @@ mod tests {
             method_label("/ai.orchestrator.v1.Orchestrator/ClassifySms"),
             "ai.orchestrator.v1.Orchestrator/ClassifySms"
         );
-        assert_eq!(method_label("/evil.Service/Random123"), "other");
-        assert_eq!(code_name("8"), "RESOURCE_EXHAUSTED");
+        for unknown in [
+            "/evil.Service/Random123",
+            "/ai.orchestrator.v1.Xq8Zr1",
+            "/ai.orchestrator.v1.Orchestrator/ClassifySmsX",
+            "/ai.orchestrator.v1.Orchestrator/",
+            "/grpc.health.v1.Health/Check/extra",
+            "/grpc.reflection.v2.ServerReflection/ServerReflectionInfo",
+            "ai.orchestrator.v1.Orchestrator/Execute/",
+            "",
+            "/",
+        ] {
+            assert_eq!(method_label(unknown), "other", "{unknown}");
+        }
+        assert_eq!(code_name(Code::from_bytes(b"8")), "RESOURCE_EXHAUSTED");
+        assert_eq!(code_name(Code::from_bytes(b"99")), "UNKNOWN");
+        assert_eq!(code_name(Code::from_bytes(b"x")), "UNKNOWN");
+    }
+
+    #[test]
+    fn a_deferred_call_is_recorded_once_by_whoever_owns_it() {
+        let phase = |c: &GrpcCall| *c.phase();
+        // Stream started: the guard records, at its drop.
+        let call = GrpcCall::new(OTHER);
+        let mut end = call.defer();
+        call.responded(None);
+        assert_eq!(phase(&call), Phase::Streaming);
+        end.finish(Code::Unavailable);
+        assert_eq!(phase(&call), Phase::Done, "recorded before the trailers");
+        drop(end);
+        assert_eq!(phase(&call), Phase::Done);
+
+        // Dropped unfinished (client gone): recorded at the drop.
+        let call = GrpcCall::new(OTHER);
+        let end = call.defer();
+        call.responded(None);
+        drop(end);
+        assert_eq!(phase(&call), Phase::Done);
+
+        // The handler failed after deferring: the layer records the error.
+        let call = GrpcCall::new(OTHER);
+        drop(call.defer());
+        assert_eq!(phase(&call), Phase::Head);
+        call.responded(Some(Code::ResourceExhausted));
+        assert_eq!(phase(&call), Phase::Done);
+
+        // Trailers-only error while the guard lives: the layer records, the
+        // guard then does nothing.
+        let call = GrpcCall::new(OTHER);
+        let end = call.defer();
+        call.responded(Some(Code::NotFound));
+        assert_eq!(phase(&call), Phase::Done);
+        drop(end);
+        assert_eq!(phase(&call), Phase::Done);
     }
 }

@@ -9,6 +9,32 @@ use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent
 use crate::{config::TargetConfig, resilience::Outcome, tasks::Priority};
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
+use tracing::Instrument;
+
+/// The span of one streamed attempt, with the fields of the unary
+/// `provider_attempt` span (a stream is never retried in place: `retry` is
+/// 0). It is a child of the span the stream is polled in (the request's);
+/// it ends when the attempt does, or when the stream is dropped.
+fn attempt_span(target: &TargetConfig, trace_id: &str) -> tracing::Span {
+    // trace_id again: JSON log lines show only the innermost span.
+    tracing::info_span!(
+        "provider_attempt",
+        trace_id = %trace_id,
+        provider = %target.provider,
+        model = %target.model,
+        retry = 0_u32,
+        outcome = tracing::field::Empty,
+        input_tokens = tracing::field::Empty,
+        output_tokens = tracing::field::Empty,
+    )
+}
+
+/// Records a failed attempt on its span and in the log (code only).
+fn failed(span: &tracing::Span, target: &TargetConfig, err: &ProviderError) {
+    let code = err.code();
+    span.record("outcome", code.as_str());
+    tracing::warn!(provider = %target.provider, model = %target.model, retry = 0_u32, code = %code, "provider attempt failed");
+}
 
 /// What the streaming walk reports, in order.
 #[derive(Debug)]
@@ -104,26 +130,34 @@ impl Router {
                     }
                     continue;
                 };
-                let attempt_deadline = router.attempt_deadline(&target.provider, now, deadline);
+                // Timed from here, as in `run`: a rate-limiter wait is not provider time.
+                let started = Instant::now();
+                let attempt_deadline = router.attempt_deadline(&target.provider, started, deadline);
                 let req = CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() };
+                let span = attempt_span(target, &req.trace_id);
                 yield RouteEvent::Started { provider: target.provider.clone(), model: target.model.clone() };
 
-                let opened = tokio::time::timeout_at(attempt_deadline, provider.stream(req)).await;
+                // Opened inside the attempt span: the upstream `traceparent` names it.
+                let opened = tokio::time::timeout_at(attempt_deadline, provider.stream(req))
+                    .instrument(span.clone())
+                    .await;
                 let mut upstream = match opened {
                     Ok(Ok(s)) => s,
                     Ok(Err(err)) => {
-                        guards.health.record(now.elapsed(), false);
+                        failed(&span, target, &err);
+                        guards.health.record(started.elapsed(), false);
                         permit.record_error(&err);
-                        attempts.push(AttemptRecord::failed(target, 0, now.elapsed(), &err));
+                        attempts.push(AttemptRecord::failed(target, 0, started.elapsed(), &err));
                         if let Some(next) = chain.get(index + 1) {
                             yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: err.code() };
                         }
                         continue;
                     }
                     Err(_) => {
-                        guards.health.record(now.elapsed(), false);
+                        failed(&span, target, &ProviderError::Timeout);
+                        guards.health.record(started.elapsed(), false);
                         permit.record_error(&ProviderError::Timeout);
-                        attempts.push(AttemptRecord::failed(target, 0, now.elapsed(), &ProviderError::Timeout));
+                        attempts.push(AttemptRecord::failed(target, 0, started.elapsed(), &ProviderError::Timeout));
                         if let Some(next) = chain.get(index + 1) {
                             yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: ProviderError::Timeout.code() };
                         }
@@ -132,7 +166,8 @@ impl Router {
                 };
                 let mut sent_output = false;
                 loop {
-                    let item = match tokio::time::timeout_at(attempt_deadline, upstream.next()).await {
+                    let next = tokio::time::timeout_at(attempt_deadline, upstream.next());
+                    let item = match next.instrument(span.clone()).await {
                         Ok(Some(item)) => item,
                         Ok(None) => Err(ProviderError::Malformed("stream ended without completion".into())),
                         Err(_) => Err(ProviderError::Timeout),
@@ -143,9 +178,13 @@ impl Router {
                             yield RouteEvent::Delta(text);
                         }
                         Ok(StreamEvent::Done(completion)) => {
-                            guards.health.record(now.elapsed(), true);
+                            span.record("outcome", "ok");
+                            span.record("input_tokens", completion.usage.input_tokens);
+                            span.record("output_tokens", completion.usage.output_tokens);
+                            drop(span);
+                            guards.health.record(started.elapsed(), true);
                             permit.record(Outcome::Success);
-                            attempts.push(AttemptRecord::succeeded(target, 0, now.elapsed(), completion.usage));
+                            attempts.push(AttemptRecord::succeeded(target, 0, started.elapsed(), completion.usage));
                             yield RouteEvent::Completed {
                                 completion,
                                 provider: target.provider.clone(),
@@ -156,9 +195,10 @@ impl Router {
                             return;
                         }
                         Err(err) => {
-                            guards.health.record(now.elapsed(), false);
+                            failed(&span, target, &err);
+                            guards.health.record(started.elapsed(), false);
                             permit.record_error(&err);
-                            attempts.push(AttemptRecord::failed(target, 0, now.elapsed(), &err));
+                            attempts.push(AttemptRecord::failed(target, 0, started.elapsed(), &err));
                             if sent_output {
                                 yield RouteEvent::Failed(RouteError::AllProvidersFailed { attempts });
                                 return;

@@ -113,17 +113,23 @@ pub fn fallback(task: &str, from: &str, to: &str) {
         .increment(1);
 }
 
-/// Request time not spent waiting on providers.
+/// Request time outside provider attempts. It includes the router's waits
+/// between attempts (retry backoff, `Retry-After`, rate-limiter waits), which
+/// attempts do not time: alert on its median (docs/operations.md §10).
 pub fn overhead(d: Duration) {
     histogram!("orchestrator_overhead_seconds").record(d.as_secs_f64());
 }
 
-/// A call refused by a monthly cap.
-pub fn quota_rejection(team: &str) {
+/// The `team_bucket` label of a team: `b00` … `b15`, a hash of its ID.
+pub fn team_bucket(team: &str) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     team.hash(&mut h);
-    let bucket = format!("b{:02}", h.finish() % TEAM_BUCKETS);
-    counter!("usage_quota_rejections_total", "team_bucket" => bucket).increment(1);
+    format!("b{:02}", h.finish() % TEAM_BUCKETS)
+}
+
+/// A call refused by a monthly cap.
+pub fn quota_rejection(team: &str) {
+    counter!("usage_quota_rejections_total", "team_bucket" => team_bucket(team)).increment(1);
 }
 
 /// An error returned to a caller, by its stable `ErrorInfo.reason` (a
@@ -134,10 +140,11 @@ pub fn error_reason(reason: &'static str) {
     counter!("orchestrator_errors_total", "reason" => reason).increment(1);
 }
 
-/// One gRPC call handled.
-pub fn grpc(method: &str, code: &str, took: Duration) {
-    counter!("grpc_server_requests_total", "method" => method.to_owned(), "code" => code.to_owned()).increment(1);
-    histogram!("grpc_server_handling_seconds", "method" => method.to_owned())
+/// One gRPC call handled, by method and final status code (both from fixed
+/// sets, see [`crate::api::metrics_layer`]).
+pub fn grpc(method: &'static str, code: &'static str, took: Duration) {
+    counter!("grpc_server_requests_total", "method" => method, "code" => code).increment(1);
+    histogram!("grpc_server_handling_seconds", "method" => method, "code" => code)
         .record(took.as_secs_f64());
 }
 

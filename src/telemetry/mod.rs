@@ -7,7 +7,41 @@ pub mod metrics;
 pub mod otel;
 pub mod trace_id;
 
+use std::{
+    pin::Pin,
+    task::{Context, Poll},
+};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+/// A stream polled inside `span`: what `tracing::Instrument` does for a
+/// future. The span stays open until the stream is dropped, so a response
+/// stream's request span covers the whole stream, and spans and log lines
+/// made while it is polled (provider attempts) are its children.
+pub struct InSpan<S> {
+    inner: S,
+    span: tracing::Span,
+}
+
+impl<S> InSpan<S> {
+    /// `inner`, polled inside `span`.
+    pub fn new(inner: S, span: tracing::Span) -> Self {
+        Self { inner, span }
+    }
+}
+
+impl<S: futures::Stream + Unpin> futures::Stream for InSpan<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let this = &mut *self;
+        let _entered = this.span.enter();
+        Pin::new(&mut this.inner).poll_next(cx)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+}
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]

@@ -47,6 +47,18 @@ async fn metrics_are_scraped_and_parse() {
             ..Default::default()
         })
         .await;
+    // A scanner's made-up method (the metrics layer runs before auth).
+    let mut raw = tonic::client::Grpc::new(app.channel.clone());
+    raw.ready().await.unwrap();
+    let made_up = raw
+        .unary::<(), (), _>(
+            tonic::Request::new(()),
+            "/ai.orchestrator.v1.Xq8Zr1/Random77".parse().unwrap(),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(made_up.code(), tonic::Code::Unimplemented);
 
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
@@ -106,11 +118,45 @@ async fn metrics_are_scraped_and_parse() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    assert!(
-        names.contains("llm_response_time_seconds_bucket")
-            || names.contains("llm_response_time_seconds"),
-        "{names:?}"
-    );
+    // Histograms parse as one sample without `le` (or as `_bucket` lines).
+    let has_histogram = |metric: &str, labels: &[(&str, &str)]| {
+        has(metric, labels) || has(&format!("{metric}_bucket"), labels)
+    };
+    for (provider, model) in [("primary", "gpt-4o-mini"), ("fallback", "claude-3-haiku")] {
+        assert!(
+            has_histogram(
+                "llm_response_time_seconds",
+                &[("provider", provider), ("model", model)]
+            ),
+            "{names:?}"
+        );
+    }
+    for code in ["OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"] {
+        assert!(
+            has_histogram(
+                "grpc_server_handling_seconds",
+                &[
+                    ("method", "ai.orchestrator.v1.Orchestrator/ClassifySms"),
+                    ("code", code)
+                ]
+            ),
+            "{code}: {}",
+            body.lines()
+                .filter(|l| l.starts_with("grpc_server_handling"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    // Unknown methods share one label; nothing a caller sent becomes a label.
+    assert!(has(
+        "grpc_server_requests_total",
+        &[("method", "other"), ("code", "UNIMPLEMENTED")]
+    ));
+    assert!(has_histogram(
+        "grpc_server_handling_seconds",
+        &[("method", "other"), ("code", "UNIMPLEMENTED")]
+    ));
+    assert!(!body.contains("Xq8Zr1") && !body.contains("Random77"));
     assert!(has(
         "llm_tokens_total",
         &[("provider", "fallback"), ("type", "input")]
@@ -173,6 +219,198 @@ async fn metrics_are_scraped_and_parse() {
     assert!(
         !body.contains("Any discount"),
         "message contents never reach metrics"
+    );
+    app.stop().await;
+}
+
+/// The metrics endpoint of an app, parsed.
+async fn scrape(port: u16) -> prometheus_parse::Scrape {
+    let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap()
+}
+
+/// A counter's value (0 when the series does not exist yet). The recorder
+/// is process-wide: tests compare before and after, on labels only they use.
+fn counter(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+/// The number of observations in a histogram series (0 when absent).
+fn histogram_count(
+    scrape: &prometheus_parse::Scrape,
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match &s.value {
+            prometheus_parse::Value::Histogram(buckets) => {
+                buckets.iter().map(|b| b.count).fold(0.0, f64::max)
+            }
+            _ => 0.0,
+        })
+        .sum()
+}
+
+const EXECUTE_STREAM: &str = "ai.orchestrator.v1.Orchestrator/ExecuteStream";
+
+/// ExecuteStream refused by a team's cap counts in
+/// `usage_quota_rejections_total` (it is refused before `finish`), and in
+/// the gRPC metrics as RESOURCE_EXHAUSTED.
+#[tokio::test]
+async fn execute_stream_quota_refusals_are_counted() {
+    use ai_orchestrator::telemetry::metrics::team_bucket;
+    const TEAM: &str = "stream-quota-team";
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("q.db").display());
+    let toml = config_toml_with(
+        &url,
+        "latency = \"1ms\"",
+        "latency = \"1ms\"",
+        "[metering.default_limits]\nmax_requests = 1\n",
+    )
+    .replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:{port}\""),
+    );
+    let app = TestApp::spawn_toml(&toml).await;
+    let request = || pb::ExecuteRequest {
+        context: Some(pb::RequestContext {
+            team_id: TEAM.into(),
+            ..Default::default()
+        }),
+        task: "meeting_brief".into(),
+        ..Default::default()
+    };
+    let mut first = app
+        .client
+        .clone()
+        .execute_stream(request())
+        .await
+        .unwrap()
+        .into_inner();
+    while first.message().await.unwrap().is_some() {}
+
+    let bucket = team_bucket(TEAM);
+    let rejections = [("team_bucket", bucket.as_str())];
+    let refused_stream = [("method", EXECUTE_STREAM), ("code", "RESOURCE_EXHAUSTED")];
+    let before = scrape(port).await;
+    let status = app
+        .client
+        .clone()
+        .execute_stream(request())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    let after = scrape(port).await;
+    assert!(
+        counter(&after, "usage_quota_rejections_total", &rejections)
+            >= counter(&before, "usage_quota_rejections_total", &rejections) + 1.0
+    );
+    assert!(
+        counter(&after, "grpc_server_requests_total", &refused_stream)
+            >= counter(&before, "grpc_server_requests_total", &refused_stream) + 1.0
+    );
+    app.stop().await;
+}
+
+/// A stream that fails after output has been sent ends with UNAVAILABLE in
+/// its trailers; the gRPC metrics record that code (not the OK of its
+/// headers), in the counter and the latency histogram.
+#[tokio::test]
+async fn a_stream_failing_midway_is_counted_with_its_final_code() {
+    use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+    let upstream = MockServer::start().await;
+    let chunk = serde_json::json!({"id": "chatcmpl-3", "object": "chat.completion.chunk",
+        "created": 1_732_000_000, "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Half an "}, "finish_reason": null}]});
+    let sse = format!(
+        "data: {chunk}\n\ndata: {}\n\n",
+        serde_json::json!({"error": {"message": "upstream broke", "type": "server_error"}})
+    );
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "text/event-stream")
+                .set_body_string(sse),
+        )
+        .mount(&upstream)
+        .await;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+metrics_listen = "127.0.0.1:{port}"
+[database]
+url = "sqlite://{}"
+[providers.openai]
+kind = "openai"
+base_url = "{}/v1"
+api_key_env = "K"
+[tasks.meeting_brief]
+chain = [{{ provider = "openai", model = "gpt-4o-mini" }}]
+[pricing."gpt-4o-mini"]
+input_per_mtok = 0.15
+output_per_mtok = 0.6
+"#,
+        dir.path().join("mid.db").display(),
+        upstream.uri()
+    );
+    let app = TestApp::spawn_toml_env(&toml, |n| (n == "K").then(|| "sk-test".to_owned())).await;
+    let failed = [("method", EXECUTE_STREAM), ("code", "UNAVAILABLE")];
+    let before = scrape(port).await;
+    let mut stream = app
+        .client
+        .clone()
+        .execute_stream(pb::ExecuteRequest {
+            context: ctx(),
+            task: "meeting_brief".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("the stream starts (headers say OK)")
+        .into_inner();
+    let mut deltas = 0;
+    let status = loop {
+        match stream.message().await {
+            Ok(Some(e)) => {
+                if matches!(e.event, Some(pb::execute_event::Event::Delta(_))) {
+                    deltas += 1;
+                }
+            }
+            Ok(None) => panic!("the stream must fail"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(deltas, 1);
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    // Recorded when the final status was decided, before the trailers left.
+    let after = scrape(port).await;
+    assert!(
+        counter(&after, "grpc_server_requests_total", &failed)
+            >= counter(&before, "grpc_server_requests_total", &failed) + 1.0
+    );
+    assert!(
+        histogram_count(&after, "grpc_server_handling_seconds", &failed)
+            >= histogram_count(&before, "grpc_server_handling_seconds", &failed) + 1.0
     );
     app.stop().await;
 }
