@@ -6,7 +6,7 @@ use super::{
     parse_json_object,
     sms_encoding::{self, SmsEncoding, SmsSize},
 };
-use crate::{prompts, providers::JsonSchemaFormat, router::RouteError};
+use crate::{prompts, providers::JsonSchemaFormat, router::RouteError, usage::MeterError};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -153,6 +153,23 @@ pub async fn generate(
         Err(TaskError::Route(err)) => {
             // The first draft's attempts still happened and cost tokens.
             return Err(TaskError::Route(prepend_attempts(err, &meta)));
+        }
+        Err(TaskError::Meter(refused @ (MeterError::Quota(_) | MeterError::Budget { .. }))) => {
+            // The retry cannot be afforded. The first draft was made and is
+            // paid for: answer with an escalation (the reply does not fit), so
+            // the call settles with the first draft's actual usage.
+            let limit = match refused {
+                MeterError::Quota(refusal) => format!("the team's {} cap", refusal.cap.as_str()),
+                _ => "budget.max_cost_usd".to_owned(),
+            };
+            return Ok((
+                escalation(&format!(
+                    "reply does not fit in {max_segments} SMS segment(s) (needs {}); \
+                     a shorter retry would exceed {limit}",
+                    size.segments
+                )),
+                meta,
+            ));
         }
         Err(other) => return Err(other),
     };

@@ -18,7 +18,7 @@
 
 use super::ledger::{
     BALANCE, BalanceRow, CHARGE_AND_RELEASE, Caps, Done, ENSURE_ROW, GUARDED_RESERVE, Op, Reserve,
-    Settle, TEAM_CAPS, balance, refusal,
+    Settle, TEAM_CAPS, balance, exceeded, refusal,
 };
 use super::record::{self, UsageRecord};
 use crate::{
@@ -380,13 +380,33 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                 if fits {
                     admitted.push(r);
                     done[*i] = Done::Admitted;
+                    continue;
+                }
+                let row: Option<BalanceRow> = sqlx::query_as(BALANCE)
+                    .bind(team)
+                    .bind(month)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let b = balance(row);
+                // Under PostgreSQL's READ COMMITTED the re-read can see a
+                // settlement committed after the UPDATE refused: when the
+                // reservation fits now, ask once more (still guarded).
+                let fits_now = exceeded(&b, &caps, r).is_none()
+                    && guarded!(
+                        tx,
+                        team,
+                        month,
+                        caps,
+                        ensured,
+                        r.tokens(),
+                        r.requests,
+                        r.cost_micros
+                    );
+                if fits_now {
+                    admitted.push(r);
+                    done[*i] = Done::Admitted;
                 } else {
-                    let row: Option<BalanceRow> = sqlx::query_as(BALANCE)
-                        .bind(team)
-                        .bind(month)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                    done[*i] = Done::Refused(refusal(&balance(row), &caps, r));
+                    done[*i] = Done::Refused(refusal(&b, &caps, r));
                 }
             }
         }

@@ -202,9 +202,9 @@ pub(super) fn balance(row: Option<BalanceRow>) -> Balance {
     }
 }
 
-/// Which cap a reservation of `r` against `b` under `caps` would exceed.
-pub(super) fn refusal(b: &Balance, caps: &Caps, r: &Reserve) -> Refusal {
-    let checks = [
+/// `(cap, limit, used, requested)` of every cap that is set.
+fn checks(b: &Balance, caps: &Caps, r: &Reserve) -> Vec<(CapKind, i64, i64, i64)> {
+    [
         (
             CapKind::Requests,
             caps.requests,
@@ -223,26 +223,64 @@ pub(super) fn refusal(b: &Balance, caps: &Caps, r: &Reserve) -> Refusal {
             b.spent_cost_micros + b.reserved_cost_micros,
             r.cost_micros,
         ),
-    ];
-    checks
-        .iter()
-        .find_map(|&(cap, limit, used, requested)| {
-            limit
-                .filter(|l| used + requested > *l)
-                .map(|limit| Refusal {
-                    cap,
-                    limit,
-                    used,
-                    requested,
-                })
+    ]
+    .into_iter()
+    .filter_map(|(cap, limit, used, requested)| limit.map(|l| (cap, l, used, requested)))
+    .collect()
+}
+
+/// The first cap (requests, tokens, cost) that a reservation of `r` against
+/// `b` under `caps` would exceed; `None` when it fits `b`.
+pub(super) fn exceeded(b: &Balance, caps: &Caps, r: &Reserve) -> Option<Refusal> {
+    checks(b, caps, r)
+        .into_iter()
+        .find(|&(_, limit, used, requested)| used.saturating_add(requested) > limit)
+        .map(|(cap, limit, used, requested)| Refusal {
+            cap,
+            limit,
+            used,
+            requested,
         })
-        // The row changed between UPDATE and SELECT; report the request cap.
-        .unwrap_or(Refusal {
+}
+
+/// Why a reservation of `r` was refused, described against the balance `b`
+/// re-read after the guarded `UPDATE` refused it.
+///
+/// Usually `b` shows the cap that is exceeded. Under PostgreSQL's READ
+/// COMMITTED the re-read can see a settlement committed after the `UPDATE`,
+/// so `r` seems to fit; the refusal then names the cap closest to being
+/// exceeded (the largest share of its limit used with `r`), with its real
+/// limit and use, rather than a cap that played no part.
+pub(super) fn refusal(b: &Balance, caps: &Caps, r: &Reserve) -> Refusal {
+    if let Some(refusal) = exceeded(b, caps, r) {
+        return refusal;
+    }
+    let share = |limit: i64, used: i64, requested: i64| {
+        if limit <= 0 {
+            1.0
+        } else {
+            used.saturating_add(requested) as f64 / limit as f64
+        }
+    };
+    let closest = checks(b, caps, r)
+        .into_iter()
+        .max_by(|x, y| share(x.1, x.2, x.3).total_cmp(&share(y.1, y.2, y.3)));
+    match closest {
+        Some((cap, limit, used, requested)) => Refusal {
+            cap,
+            limit,
+            used,
+            requested,
+        },
+        // No cap at all: the guarded UPDATE always admits, so this is never
+        // reached; describe the request count as it stands.
+        None => Refusal {
             cap: CapKind::Requests,
-            limit: caps.requests.unwrap_or(0),
-            used: 0,
+            limit: b.spent_requests + b.reserved_requests,
+            used: b.spent_requests + b.reserved_requests,
             requested: r.requests,
-        })
+        },
+    }
 }
 
 /// Applies a batch of operations in one transaction (see [`super::batch`]).
@@ -314,4 +352,87 @@ pub async fn clear_caps(store: &Store, team: &str) -> Result<bool, StoreError> {
             .rows_affected()
     });
     Ok(n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reserve(tokens: i64, requests: i64, cost_micros: i64) -> Reserve {
+        Reserve {
+            id: "r".into(),
+            team_id: "t".into(),
+            month_start_ms: 0,
+            input_tokens: tokens,
+            output_tokens: 0,
+            requests,
+            cost_micros,
+            default_caps: Caps::default(),
+            task: String::new(),
+            user_id: String::new(),
+            trace_id: String::new(),
+            channel: String::new(),
+            priority: String::new(),
+            created_at_ms: 0,
+        }
+    }
+
+    const CAPS: Caps = Caps {
+        tokens: Some(1_000),
+        requests: Some(100),
+        cost_micros: Some(50_000),
+    };
+
+    #[test]
+    fn refusal_names_the_exceeded_cap() {
+        let b = Balance {
+            spent_tokens: 900,
+            reserved_requests: 10,
+            ..Balance::default()
+        };
+        let r = refusal(&b, &CAPS, &reserve(200, 1, 10));
+        assert_eq!(
+            r,
+            Refusal {
+                cap: CapKind::Tokens,
+                limit: 1_000,
+                used: 900,
+                requested: 200
+            }
+        );
+        assert_eq!(r.remaining(), 100);
+    }
+
+    #[test]
+    fn refusal_against_a_balance_that_fits_names_the_closest_cap() {
+        // Re-read after a concurrent settlement (READ COMMITTED): it fits
+        // now. Cost is at 90 % of its cap, tokens at 50 %, requests at 11 %.
+        let b = Balance {
+            spent_tokens: 400,
+            spent_requests: 10,
+            spent_cost_micros: 40_000,
+            reserved_cost_micros: 4_000,
+            ..Balance::default()
+        };
+        let r = reserve(100, 1, 1_000);
+        assert_eq!(exceeded(&b, &CAPS, &r), None);
+        assert_eq!(
+            refusal(&b, &CAPS, &r),
+            Refusal {
+                cap: CapKind::Cost,
+                limit: 50_000,
+                used: 44_000,
+                requested: 1_000
+            }
+        );
+
+        // Only a request cap set: it is the one named, with its real limit.
+        let caps = Caps {
+            requests: Some(20),
+            ..Caps::default()
+        };
+        let r = refusal(&b, &caps, &reserve(100, 1, 1_000));
+        assert_eq!((r.cap, r.limit, r.used), (CapKind::Requests, 20, 10));
+        assert_eq!(r.remaining(), 10);
+    }
 }

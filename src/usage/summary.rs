@@ -98,6 +98,27 @@ pub fn month_of(at: DateTime<Utc>) -> (i64, i64) {
     (start.timestamp_millis(), end.timestamp_millis())
 }
 
+/// Seconds of the earliest and latest instants a protobuf `Timestamp` may
+/// hold: 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z.
+const TIMESTAMP_SECONDS: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
+
+/// Unix ms of a protobuf `Timestamp`'s `(seconds, nanos)`, or `None` when it
+/// is not a valid `Timestamp` (outside years 1..=9999, or `nanos` outside
+/// `0..1e9`). Callers supply these, so nothing here may overflow.
+pub fn timestamp_ms(seconds: i64, nanos: i32) -> Option<i64> {
+    if !TIMESTAMP_SECONDS.contains(&seconds) || !(0..1_000_000_000).contains(&nanos) {
+        return None;
+    }
+    seconds
+        .checked_mul(1000)?
+        .checked_add(i64::from(nanos / 1_000_000))
+}
+
+/// [`month_of`] the instant `ms` (unix ms); `None` outside chrono's range.
+pub fn month_of_ms(ms: i64) -> Option<(i64, i64)> {
+    DateTime::from_timestamp_millis(ms).map(month_of)
+}
+
 type SumRow = (i64, i64, i64, i64, i64, i64, i64);
 
 /// Sums the team's records in `[start_ms, end_ms)`, grouped by `dims`.
@@ -252,6 +273,22 @@ mod tests {
                 .unwrap()
                 .timestamp_millis()
         );
+    }
+
+    #[test]
+    fn timestamps_outside_the_protobuf_range_are_refused() {
+        assert_eq!(timestamp_ms(1, 999_999_999), Some(1_999));
+        assert_eq!(timestamp_ms(-1, 500_000_000), Some(-500));
+        assert_eq!(timestamp_ms(i64::MAX, 0), None);
+        assert_eq!(timestamp_ms(i64::MIN, 0), None);
+        assert_eq!(timestamp_ms(253_402_300_800, 0), None);
+        assert_eq!(timestamp_ms(-62_135_596_801, 0), None);
+        assert_eq!(timestamp_ms(0, -1), None);
+        assert_eq!(timestamp_ms(0, 1_000_000_000), None);
+        let latest = timestamp_ms(253_402_300_799, 999_999_999).unwrap();
+        assert!(month_of_ms(latest).is_some());
+        let earliest = timestamp_ms(-62_135_596_800, 0).unwrap();
+        assert_eq!(month_of_ms(earliest).map(|m| m.0), Some(earliest));
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Crash durability: the real binary under load is killed with SIGKILL
 //! several times; every call a client saw succeed has its usage record, and
-//! after a restart no reservation stays open.
+//! after a restart no reservation stays open. Runs on SQLite and PostgreSQL.
 
-use crate::common::connect;
+use crate::{
+    common::connect,
+    metering::{Db, wait_for},
+};
 use ai_orchestrator::{
     api::pb::{self, orchestrator_client::OrchestratorClient},
-    config::DatabaseConfig,
-    store::Store,
     usage::{record, sweeper},
 };
 use std::{
@@ -22,14 +23,18 @@ fn free_addr() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
-fn write_config(dir: &std::path::Path, addr: SocketAddr) -> std::path::PathBuf {
-    let db = dir.join("crash.db");
-    let toml = crate::common::config_toml(
-        &format!("sqlite://{}", db.display()),
+/// A config for `addr` on `database_url`. Orphans are swept after 3 s (the
+/// request timeout is 2 s): on PostgreSQL a reservation is an orphan only
+/// once older than that, so a short value keeps the test quick.
+fn write_config(dir: &std::path::Path, addr: SocketAddr, database_url: &str) -> std::path::PathBuf {
+    let toml = crate::common::config_toml_with(
+        database_url,
         "latency = \"15ms\"",
         "latency = \"15ms\"",
+        "[metering]\nsweep_after = \"3s\"\nsweep_interval = \"200ms\"\n",
     )
-    .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}\""));
+    .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}\""))
+    .replace("default_timeout = \"10s\"", "default_timeout = \"2s\"");
     let path = dir.join("config.toml");
     std::fs::write(&path, toml).unwrap();
     path
@@ -48,11 +53,11 @@ async fn start(config: &std::path::Path, addr: SocketAddr) -> Child {
     child
 }
 
-#[tokio::test]
-async fn every_acknowledged_call_survives_sigkill() {
+async fn every_acknowledged_call_survives_sigkill(postgres: bool) {
+    let db = Db::new(postgres).await;
     let dir = tempfile::tempdir().unwrap();
     let addr = free_addr();
-    let config = write_config(dir.path(), addr);
+    let config = write_config(dir.path(), addr, &db.url());
     let acked: Arc<Mutex<Vec<String>>> = Arc::default();
 
     for round in 0..3 {
@@ -101,14 +106,10 @@ async fn every_acknowledged_call_survives_sigkill() {
         }
     }
 
-    // Restart: the start-up sweep charges what the crashes orphaned.
+    // Restart: the sweeper charges what the crashes orphaned (on SQLite all
+    // at start-up; on PostgreSQL once they are older than `sweep_after`).
     let mut server = start(&config, addr).await;
-    let store = Store::connect(&DatabaseConfig {
-        url: format!("sqlite://{}", dir.path().join("crash.db").display()),
-        ..DatabaseConfig::default()
-    })
-    .await
-    .unwrap();
+    let store = db.store().await;
     let acked = acked.lock().unwrap().clone();
     assert!(
         acked.len() >= 90,
@@ -124,12 +125,26 @@ async fn every_acknowledged_call_survives_sigkill() {
         );
         assert_eq!(records[0].outcome, "ok");
     }
-    assert_eq!(
-        sweeper::open_reservations(&store).await.unwrap(),
-        0,
-        "no reservation left open"
-    );
+    if !postgres {
+        assert_eq!(
+            sweeper::open_reservations(&store).await.unwrap(),
+            0,
+            "no reservation left open after the start-up sweep"
+        );
+    }
+    wait_for(|| async { sweeper::open_reservations(&store).await.unwrap() == 0 }).await;
     store.close().await;
     server.start_kill().unwrap();
     server.wait().await.unwrap();
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn every_acknowledged_call_survives_sigkill_sqlite() {
+    every_acknowledged_call_survives_sigkill(false).await;
+}
+
+#[tokio::test]
+async fn every_acknowledged_call_survives_sigkill_postgres() {
+    every_acknowledged_call_survives_sigkill(true).await;
 }

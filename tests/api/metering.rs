@@ -1,7 +1,8 @@
 //! Metering: caps hold exactly under concurrency (one server and two sharing
 //! PostgreSQL), month rollover, cancelled and failed calls settle, GetUsage
 //! agrees with the records and the responses. Every scenario runs on SQLite
-//! and on PostgreSQL.
+//! and on PostgreSQL; GetUsage and the caps' other paths are in the
+//! submodules.
 
 use crate::common::{TestApp, TestPostgres, config_toml_with, ctx};
 use ai_orchestrator::{
@@ -17,14 +18,17 @@ use std::time::Duration;
 use tonic::Code;
 use tonic_types::StatusExt;
 
+mod caps;
+mod get_usage;
+
 /// A database for one scenario: a temp SQLite file or a fresh PostgreSQL db.
-enum Db {
+pub(crate) enum Db {
     Sqlite(tempfile::TempDir),
     Postgres(TestPostgres),
 }
 
 impl Db {
-    async fn new(postgres: bool) -> Self {
+    pub(crate) async fn new(postgres: bool) -> Self {
         if postgres {
             Db::Postgres(TestPostgres::create().await)
         } else {
@@ -32,14 +36,14 @@ impl Db {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         match self {
             Db::Sqlite(dir) => format!("sqlite://{}", dir.path().join("metering.db").display()),
             Db::Postgres(pg) => pg.url.clone(),
         }
     }
 
-    async fn store(&self) -> Store {
+    pub(crate) async fn store(&self) -> Store {
         let store = Store::connect(&DatabaseConfig {
             url: self.url(),
             ..DatabaseConfig::default()
@@ -50,7 +54,7 @@ impl Db {
         store
     }
 
-    async fn cleanup(self) {
+    pub(crate) async fn cleanup(self) {
         if let Db::Postgres(pg) = self {
             pg.drop_now().await;
         }
@@ -507,8 +511,17 @@ async fn budget_below_the_estimate_is_refused_before_any_call() {
     app.stop().await;
 }
 
+/// A call with a trace ID, so its usage record can be read back.
+fn traced<T>(body: T, trace_id: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(body);
+    request
+        .metadata_mut()
+        .insert("x-trace-id", trace_id.parse().unwrap());
+    request
+}
+
 /// Polls `check` until it holds (10 s at most): for effects of another task.
-async fn wait_for<F, Fut>(check: F)
+pub(crate) async fn wait_for<F, Fut>(check: F)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,

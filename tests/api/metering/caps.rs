@@ -1,0 +1,253 @@
+//! Caps from every side: a cost cap refusing with `QuotaFailure`, a refused
+//! top-up settling what was already used, and the `limits` CLI (the real
+//! binary) setting caps a server enforces.
+
+use super::{Db, FAST, classify, month_now, traced};
+use crate::common::{TestApp, config_toml_with, ctx};
+use ai_orchestrator::{
+    api::pb,
+    usage::{
+        ledger::{self, Caps},
+        record, summary, sweeper,
+    },
+};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+async fn cost_cap_refuses(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let app = TestApp::spawn_toml(&config_toml_with(&db.url(), FAST, FAST, "")).await;
+    let store = db.store().await;
+    // 0.002 USD: a classify call's worst-case estimate fits (~0.001), its
+    // actual cost is far less, so a few calls are admitted before the cap.
+    ledger::set_caps(
+        &store,
+        "t1",
+        Caps {
+            cost_micros: Some(2_000),
+            ..Caps::default()
+        },
+        0,
+    )
+    .await
+    .unwrap();
+    let mut c = app.client.clone();
+    let mut admitted = 0;
+    let status = loop {
+        match c.classify_sms(classify("What does it cost?")).await {
+            Ok(_) => admitted += 1,
+            Err(status) => break status,
+        }
+        assert!(admitted < 200, "the cost cap never refused");
+    };
+    assert!(admitted >= 1, "the first call fits the cap");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let info = status.get_details_error_info().unwrap();
+    assert_eq!(info.reason, "QUOTA_EXCEEDED");
+    assert_eq!(info.metadata["cap"], "monthly_cost_usd");
+    assert_eq!(info.metadata["limit"], "0.002000");
+    let quota = status.get_details_quota_failure().unwrap();
+    assert_eq!(quota.violations[0].subject, "monthly_cost_usd");
+    let remaining = &info.metadata["remaining"];
+    assert!(
+        quota.violations[0]
+            .description
+            .contains(&format!("{remaining} remaining")),
+        "{quota:?}"
+    );
+
+    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    assert!(b.spent_cost_micros <= 2_000, "{b:?}");
+    assert_eq!((b.reserved_cost_micros, b.spent_requests), (0, admitted));
+    // Refused before any provider call: only the admitted calls have records.
+    let s = summary::summarize(&store, "t1", month_now(), i64::MAX, &[])
+        .await
+        .unwrap();
+    assert_eq!(s.totals.requests, admitted as u64);
+    assert_eq!(s.totals.cost_micros, b.spent_cost_micros);
+    store.close().await;
+    app.stop().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn cost_cap_refuses_with_quota_failure_sqlite() {
+    cost_cap_refuses(false).await;
+}
+
+#[tokio::test]
+async fn cost_cap_refuses_with_quota_failure_postgres() {
+    cost_cap_refuses(true).await;
+}
+
+async fn refused_top_up_settles_the_first_draft(postgres: bool) {
+    let db = Db::new(postgres).await;
+    // A reply that never fits 2 segments, so GenerateSms wants a second,
+    // stricter draft; a huge output cap makes each reservation ~100k tokens.
+    let too_long = format!(
+        "reply = '{{\"reply\":\"{}\",\"escalate\":false,\"escalate_reason\":\"\"}}'",
+        "Thanks for reaching out! ".repeat(20)
+    );
+    let toml = config_toml_with(&db.url(), &too_long, FAST, "").replace(
+        "[tasks.sms_generate]\n",
+        "[tasks.sms_generate]\nmax_tokens = 100000\n",
+    );
+    let app = TestApp::spawn_toml(&toml).await;
+    let store = db.store().await;
+    // Admits the first draft's reservation (~102k), never a second one too.
+    ledger::set_caps(
+        &store,
+        "t1",
+        Caps {
+            tokens: Some(150_000),
+            ..Caps::default()
+        },
+        0,
+    )
+    .await
+    .unwrap();
+    let reply = app
+        .client
+        .clone()
+        .generate_sms(traced(
+            pb::GenerateSmsRequest {
+                context: ctx(),
+                inbound_message: "Can you tell me about the offer?".into(),
+                ..Default::default()
+            },
+            "top-up-refused",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.escalate && reply.response.is_empty());
+    assert!(
+        reply.escalate_reason.contains("monthly_tokens"),
+        "{}",
+        reply.escalate_reason
+    );
+    let meta = reply.meta.unwrap();
+    assert_eq!(meta.attempts.len(), 1, "only the first draft was made");
+    let usage = meta.usage.unwrap();
+
+    // Settled at the first draft's actual usage, not cancelled at an estimate.
+    let records = record::by_trace(&store, "top-up-refused").await.unwrap();
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(r.outcome, "ok");
+    assert_eq!(
+        (r.input_tokens as u64, r.output_tokens as u64),
+        (usage.input_tokens, usage.output_tokens)
+    );
+    assert!(r.output_tokens < 1_000, "actual, not the 100k estimate");
+    let cost = r.cost_micros.expect("priced model");
+    assert!((usage.cost_usd - cost as f64 / 1e6).abs() < 1e-12);
+    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    assert_eq!(
+        (
+            b.spent_tokens,
+            b.spent_requests,
+            b.spent_cost_micros,
+            b.reserved_tokens,
+            b.reserved_requests
+        ),
+        (r.input_tokens + r.output_tokens, 1, cost, 0, 0)
+    );
+    assert_eq!(sweeper::open_reservations(&store).await.unwrap(), 0);
+    store.close().await;
+    app.stop().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn refused_top_up_settles_the_first_draft_sqlite() {
+    refused_top_up_settles_the_first_draft(false).await;
+}
+
+#[tokio::test]
+async fn refused_top_up_settles_the_first_draft_postgres() {
+    refused_top_up_settles_the_first_draft(true).await;
+}
+
+/// Runs `ai-orchestrator --config <config> limits <args>`; returns stdout.
+async fn limits_cli(config: &std::path::Path, args: &[&str]) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+        .arg("--config")
+        .arg(config)
+        .arg("limits")
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("run the binary");
+    assert!(
+        out.status.success(),
+        "limits {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn limits_cli_sets_shows_clears_and_the_server_enforces() {
+    let db = Db::new(false).await;
+    let Db::Sqlite(dir) = &db else { unreachable!() };
+    let toml = config_toml_with(&db.url(), FAST, FAST, "");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, &toml).unwrap();
+
+    let set = limits_cli(
+        &config,
+        &[
+            "set",
+            "--team",
+            "t1",
+            "--max-requests",
+            "2",
+            "--max-cost-usd",
+            "5",
+        ],
+    )
+    .await;
+    assert!(set.starts_with("updated\n"), "{set}");
+    let show = limits_cli(&config, &["show", "--team", "t1"]).await;
+    assert!(
+        show.contains("max_requests 2  (used 0 + reserved 0)"),
+        "{show}"
+    );
+    assert!(show.contains("max_cost_usd 5.000000"), "{show}");
+    assert!(show.contains("max_tokens   unlimited"), "{show}");
+
+    // A server on the same database enforces the cap the CLI set.
+    let app = TestApp::spawn_toml(&toml).await;
+    let mut c = app.client.clone();
+    for _ in 0..2 {
+        c.classify_sms(classify("Hello there")).await.unwrap();
+    }
+    let status = c.classify_sms(classify("Hello again")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.get_details_quota_failure().unwrap().violations[0].subject,
+        "monthly_requests"
+    );
+    let show = limits_cli(&config, &["show", "--team", "t1"]).await;
+    assert!(
+        show.contains("max_requests 2  (used 2 + reserved 0)"),
+        "{show}"
+    );
+
+    let cleared = limits_cli(&config, &["clear", "--team", "t1"]).await;
+    assert_eq!(
+        cleared,
+        "team t1: override removed, config defaults apply\n"
+    );
+    let show = limits_cli(&config, &["show", "--team", "t1"]).await;
+    assert!(show.contains("max_requests unlimited"), "{show}");
+    // The running server sees the override gone on its next admission.
+    c.classify_sms(classify("Third time lucky")).await.unwrap();
+    let again = limits_cli(&config, &["clear", "--team", "t1"]).await;
+    assert_eq!(again, "team t1 had no override\n");
+    app.stop().await;
+    db.cleanup().await;
+}
