@@ -369,7 +369,13 @@ impl Orchestrator for OrchestratorApi {
         }
         .instrument(span.clone())
         .await;
-        let (rendered, completion_request) = prepared.map_err(|f| to_status(f, &ctx.trace_id))?;
+        let (rendered, completion_request) = prepared.map_err(|f| {
+            // Refused before any provider work, so `finish` never sees it.
+            if matches!(f, Failure::Quota(_)) {
+                crate::telemetry::metrics::quota_rejection(&ctx.team_id);
+            }
+            to_status(f, &ctx.trace_id)
+        })?;
         let events = self.runner.router.stream(
             &req.task,
             completion_request,
@@ -383,6 +389,11 @@ impl Orchestrator for OrchestratorApi {
         let task = req.task.clone();
         let trace_id = ctx.trace_id.clone();
         let event_trace_id = trace_id.clone();
+        // From here the call cannot fail before streaming: the gRPC metrics
+        // wait for the stream's final status.
+        let mut stream_end = extensions
+            .get::<metrics_layer::GrpcCall>()
+            .map(metrics_layer::GrpcCall::defer);
         let stream = async_stream::stream! {
             use crate::router::RouteEvent;
             futures::pin_mut!(events);
@@ -419,21 +430,29 @@ impl Orchestrator for OrchestratorApi {
                                 text,
                                 meta: Some(convert::meta(&meta)),
                             }),
-                            Err(status) => { yield Err(status); return; }
+                            Err(status) => {
+                                if let Some(end) = stream_end.as_mut() { end.finish(status.code()); }
+                                yield Err(status);
+                                return;
+                            }
                         }
                     }
                     RouteEvent::Failed(err) => {
                         let failure = Failure::from(TaskError::Route(err));
-                        match api.finish::<()>(&ctx, &task, Err(failure)).await {
-                            Err(status) => yield Err(status),
-                            Ok(_) => {}
+                        if let Err(status) = api.finish::<()>(&ctx, &task, Err(failure)).await {
+                            if let Some(end) = stream_end.as_mut() { end.finish(status.code()); }
+                            yield Err(status);
                         }
                         return;
                     }
                 };
                 yield Ok(pb::ExecuteEvent { event: Some(out) });
             }
+            if let Some(end) = stream_end.as_mut() { end.finish(tonic::Code::Ok); }
         };
+        // The request span covers the whole stream (settlement included), and
+        // provider attempts made while it is polled are its children.
+        let stream = crate::telemetry::InSpan::new(Box::pin(stream), span);
         Ok(reply(&trace_id, Box::pin(stream) as EventStream))
     }
 
@@ -602,12 +621,18 @@ impl Orchestrator for OrchestratorApi {
             .and_then(|p| auth::check_team(&p, "team_id", &req.team_id))
             .map_err(fail)?;
         let (month_start, month_end) = usage::summary::month_of(chrono::Utc::now());
-        let start = req.period_start.map_or(month_start, |t| {
-            t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
-        });
-        let end = req.period_end.map_or(month_end, |t| {
-            t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
-        });
+        // Caller-supplied: validated, never trusted to fit in the arithmetic.
+        let instant = |field: &str, t: Option<prost_types::Timestamp>, default: i64| match t {
+            None => Ok(default),
+            Some(t) => usage::summary::timestamp_ms(t.seconds, t.nanos).ok_or_else(|| {
+                fail(Failure::invalid(
+                    field,
+                    "must be a valid Timestamp between 0001-01-01 and 9999-12-31 UTC",
+                ))
+            }),
+        };
+        let start = instant("period_start", req.period_start, month_start)?;
+        let end = instant("period_end", req.period_end, month_end)?;
         if end <= start {
             return Err(fail(Failure::invalid(
                 "period_end",
@@ -635,7 +660,10 @@ impl Orchestrator for OrchestratorApi {
         let caps = ledger::caps_of(&self.store, &req.team_id, self.meter.default_caps())
             .await
             .map_err(|e| fail(Failure::Storage(e.to_string())))?;
-        let balance = ledger::balance_of(&self.store, &req.team_id, month_start)
+        // Limits and remaining describe the month the period starts in (caps
+        // are per month; a period spanning months has no single "remaining").
+        let start_month = usage::summary::month_of_ms(start).map_or(month_start, |(m, _)| m);
+        let balance = ledger::balance_of(&self.store, &req.team_id, start_month)
             .await
             .map_err(|e| fail(Failure::Storage(e.to_string())))?;
         let (limits, remaining) = convert::limits(&caps, &balance);
@@ -669,8 +697,12 @@ impl Orchestrator for OrchestratorApi {
 
     async fn get_provider_health(
         &self,
-        _request: Request<pb::GetProviderHealthRequest>,
+        request: Request<pb::GetProviderHealthRequest>,
     ) -> Result<Response<pb::GetProviderHealthResponse>, Status> {
+        // No context here: the trace ID comes from the metadata or is new.
+        let trace_id = crate::telemetry::trace_id::resolve("", request.metadata())
+            .map(|(t, _)| t)
+            .unwrap_or_else(|_| crate::telemetry::trace_id::generate());
         let resilience = self.runner.router.resilience();
         let providers = self
             .config
@@ -692,6 +724,9 @@ impl Orchestrator for OrchestratorApi {
                 )
             })
             .collect();
-        Ok(Response::new(pb::GetProviderHealthResponse { providers }))
+        Ok(reply(
+            &trace_id,
+            pb::GetProviderHealthResponse { providers },
+        ))
     }
 }

@@ -29,7 +29,7 @@ pub enum PromptError {
     #[error("user_prompt_template: {0}")]
     Template(#[from] template::TemplateError),
     /// The version to activate does not exist.
-    #[error("no version {version} of prompt `{key}` for team `{team}`")]
+    #[error("no version {version} of prompt `{key}` for {}", owner_label(team))]
     NoSuchVersion {
         /// Team ('' = global).
         team: String,
@@ -49,6 +49,15 @@ pub enum PromptError {
     /// Storage failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// How an owning team reads in messages.
+fn owner_label(team: &str) -> String {
+    if team.is_empty() {
+        "the global default".to_owned()
+    } else {
+        format!("team `{team}`")
+    }
 }
 
 impl From<sqlx::Error> for PromptError {
@@ -220,8 +229,27 @@ impl PromptStore {
                 why: "is required".into(),
             });
         }
-        template::variables(&new.user_template)?;
-        template::variables(&new.system)?;
+        let user_vars = template::variables(&new.user_template)?;
+        let system_vars = template::variables(&new.system)?;
+        // A typed task provides a fixed set of variables: refuse a version
+        // that could never render rather than fail every call later.
+        if let Some(provided) = super::typed_variables(&new.key) {
+            for (field, used) in [
+                ("user_prompt_template", &user_vars),
+                ("system_prompt", &system_vars),
+            ] {
+                if let Some(name) = used.iter().find(|v| !provided.contains(&v.as_str())) {
+                    return Err(PromptError::Invalid {
+                        field,
+                        why: format!(
+                            "unknown template variable `{name}`; `{}` provides: {}",
+                            new.key,
+                            provided.join(", ")
+                        ),
+                    });
+                }
+            }
+        }
         if let Some(t) = new.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
             return Err(PromptError::Invalid {
                 field: "temperature",

@@ -133,14 +133,43 @@ impl TaskError {
     }
 }
 
-impl From<TemplateError> for TaskError {
-    fn from(err: TemplateError) -> Self {
-        match &err {
-            TemplateError::Missing(name) => {
-                TaskError::invalid(format!("input.{name}"), err.to_string())
-            }
-            TemplateError::Unclosed => TaskError::invalid("prompt", err.to_string()),
+/// The variable holding `Execute`'s whole input object; only `Execute`
+/// provides it, so its presence tells the two kinds of caller apart.
+const EXECUTE_INPUT_VAR: &str = "input";
+
+/// Reports a prompt that does not render. For `Execute` a missing variable
+/// is a missing input field (`input.<name>`), which the caller can supply.
+/// A typed RPC has no `input` field and fixed variables, so there the stored
+/// prompt is at fault: the violation is on `prompt` and names the variable,
+/// the prompt version and what the RPC provides.
+fn template_error(
+    err: TemplateError,
+    prompt: &Prompt,
+    vars: &BTreeMap<String, String>,
+) -> TaskError {
+    match &err {
+        TemplateError::Missing(name) if vars.contains_key(EXECUTE_INPUT_VAR) => {
+            TaskError::invalid(format!("input.{name}"), err.to_string())
         }
+        TemplateError::Missing(name) => {
+            let owner = if prompt.owner.is_empty() {
+                "global".to_owned()
+            } else {
+                format!("team `{}`", prompt.owner)
+            };
+            let rpc = prompts::typed_rpc(&prompt.key).unwrap_or("this RPC");
+            let provided = vars.keys().map(String::as_str).collect::<Vec<_>>();
+            TaskError::invalid(
+                "prompt",
+                format!(
+                    "prompt `{}` v{} ({owner}) uses template variable `{name}`, which {rpc} does not provide (it provides: {}); activate a version that uses only those",
+                    prompt.key,
+                    prompt.version,
+                    provided.join(", ")
+                ),
+            )
+        }
+        TemplateError::Unclosed => TaskError::invalid("prompt", err.to_string()),
     }
 }
 
@@ -209,8 +238,10 @@ impl TaskRunner {
         };
         ctx.meter
             .note_prompt(&prompt.owner, &prompt.key, prompt.version);
-        let system = prompts::render(&prompt.system, vars)?;
-        let user = prompts::render(&prompt.user_template, vars)?;
+        let system =
+            prompts::render(&prompt.system, vars).map_err(|e| template_error(e, &prompt, vars))?;
+        let user = prompts::render(&prompt.user_template, vars)
+            .map_err(|e| template_error(e, &prompt, vars))?;
         Ok(Rendered {
             prompt,
             system,
@@ -329,5 +360,51 @@ pub(crate) fn parse_json_object(
         Ok(serde_json::Value::Object(map)) => Ok(map),
         Ok(_) => Err("answer is not a JSON object".into()),
         Err(e) => Err(format!("answer is not JSON: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(names: &[&str]) -> BTreeMap<String, String> {
+        names
+            .iter()
+            .map(|n| ((*n).to_owned(), String::new()))
+            .collect()
+    }
+
+    fn violation(err: TaskError) -> (String, String) {
+        match err {
+            TaskError::Invalid(mut v) => v.remove(0),
+            other => panic!("not invalid input: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_missing_variable_is_an_input_field_only_for_execute() {
+        let missing = || TemplateError::Missing("company".into());
+        let mut prompt = prompts::builtin("sms_classify");
+        prompt.owner = "t1".into();
+        prompt.version = 3;
+
+        let (field, why) = violation(template_error(
+            missing(),
+            &prompt,
+            &vars(&["message", "history"]),
+        ));
+        assert_eq!(field, "prompt");
+        assert_eq!(
+            why,
+            "prompt `sms_classify` v3 (team `t1`) uses template variable `company`, which \
+ClassifySms does not provide (it provides: history, message); activate a version that uses only those"
+        );
+
+        let (field, _) = violation(template_error(
+            missing(),
+            &prompt,
+            &vars(&["input", "task", "message"]),
+        ));
+        assert_eq!(field, "input.company", "Execute on the same key");
     }
 }

@@ -112,19 +112,22 @@ pub fn parse(text: &str, citations: &[Citation]) -> Result<Answer, String> {
         .and_then(Value::as_str)
         .ok_or("missing summary")?
         .to_owned();
-    let mut findings = Vec::new();
-    for (i, f) in obj
+    let listed = obj
         .get("findings")
         .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+        .ok_or("missing findings")?;
+    let mut findings = Vec::new();
+    for (i, f) in listed.iter().enumerate() {
         let claim = f
             .get("claim")
             .and_then(Value::as_str)
             .ok_or(format!("finding {i}: missing claim"))?;
-        let confidence = f.get("confidence").and_then(Value::as_f64).unwrap_or(0.5);
+        // The contract gives every finding a confidence; inventing one would
+        // pass a guess off as the model's, so a missing one is malformed.
+        let confidence = f
+            .get("confidence")
+            .and_then(Value::as_f64)
+            .ok_or(format!("finding {i}: missing confidence"))?;
         if !(0.0..=1.0).contains(&confidence) {
             return Err(format!(
                 "finding {i}: confidence {confidence} outside [0, 1]"
@@ -204,12 +207,22 @@ mod tests {
     fn rejects_bad_answers() {
         assert!(parse("plain text", &[]).is_err());
         assert!(parse(r#"{"findings":[]}"#, &[]).is_err());
-        assert!(
-            parse(
-                r#"{"summary":"s","findings":[{"claim":"c","confidence":3}]}"#,
-                &[]
-            )
-            .is_err()
-        );
+        assert!(parse(r#"{"summary":"s"}"#, &[]).is_err());
+        assert!(parse(r#"{"summary":"s","findings":[]}"#, &[]).is_ok());
+        for bad in [
+            r#"{"summary":"s","findings":[{"claim":"c","confidence":3}]}"#,
+            r#"{"summary":"s","findings":[{"claim":"c","confidence":-0.1}]}"#,
+            r#"{"summary":"s","findings":[{"claim":"c","sources":[]}]}"#,
+            r#"{"summary":"s","findings":[{"claim":"c","confidence":"high"}]}"#,
+            r#"{"summary":"s","findings":[{"sources":[],"confidence":0.5}]}"#,
+        ] {
+            assert!(parse(bad, &[]).is_err(), "{bad}");
+        }
+        let err = parse(
+            r#"{"summary":"s","findings":[{"claim":"c","confidence":0.5},{"claim":"d"}]}"#,
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err, "finding 1: missing confidence");
     }
 }

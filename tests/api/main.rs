@@ -2,8 +2,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the assertion
 
 mod auth;
+mod cli;
 mod common;
 mod crash;
+mod deadlines;
 mod errors;
 mod health;
 mod metering;

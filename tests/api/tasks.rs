@@ -1,7 +1,10 @@
-//! The typed tasks end to end: classification thresholds, reply escalation
-//! paths and SMS encoding, research citations from a Perplexity-format fake,
-//! the versioned prompt store (resolution, stats, audit), template variables,
-//! and output schemas of generic tasks.
+//! The typed tasks end to end: reply escalation paths and SMS encoding, the
+//! versioned prompt store (resolution, stats, audit), template variables,
+//! and output schemas of generic tasks. Classification and research have
+//! their own files under `tasks/`.
+
+mod classify;
+mod research;
 
 use crate::common::{TestApp, config_toml_with, ctx};
 use ai_orchestrator::{
@@ -10,17 +13,19 @@ use ai_orchestrator::{
     prompts::store::PromptStore,
     store::Store,
 };
-use serde_json::json;
 use tonic::Code;
 use tonic_types::StatusExt;
-use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
 
 /// A mock whose every answer is `reply` (TOML-escaped here).
-fn replying(reply: &str) -> String {
+pub(crate) fn replying(reply: &str) -> String {
     format!("reply = '''{reply}'''")
 }
 
-async fn app_with(primary: &str, fallback: &str, extra: &str) -> (TestApp, tempfile::TempDir) {
+pub(crate) async fn app_with(
+    primary: &str,
+    fallback: &str,
+    extra: &str,
+) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("tasks.db").display());
     (
@@ -29,7 +34,7 @@ async fn app_with(primary: &str, fallback: &str, extra: &str) -> (TestApp, tempf
     )
 }
 
-fn classify(message: &str) -> pb::ClassifySmsRequest {
+pub(crate) fn classify(message: &str) -> pb::ClassifySmsRequest {
     pb::ClassifySmsRequest {
         context: ctx(),
         message: message.into(),
@@ -49,25 +54,6 @@ fn generate(message: &str, max_segments: u32) -> pb::GenerateSmsRequest {
         }),
         ..Default::default()
     }
-}
-
-#[tokio::test]
-async fn needs_review_follows_the_threshold() {
-    let unsure = replying(
-        r#"{"intent":"CALLBACK_LATER","confidence":0.69,"reason":"says maybe next week"}"#,
-    );
-    let (app, _dir) = app_with(&unsure, "", "").await;
-    let r = app
-        .client
-        .clone()
-        .classify_sms(classify("maybe next week?"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.intent, pb::SmsIntent::CallbackLater as i32);
-    assert!(r.needs_review, "0.69 < 0.70");
-    assert_eq!(r.reason, "says maybe next week");
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -152,84 +138,6 @@ async fn reply_encoding_and_segments_are_reported() {
         .unwrap()
         .into_inner();
     assert_eq!((r.encoding, r.segments), (pb::SmsEncoding::Gsm7 as i32, 1));
-    app.stop().await;
-}
-
-#[tokio::test]
-async fn research_sources_come_from_perplexity_citations() {
-    let perplexity = MockServer::start().await;
-    let answer = json!({
-        "summary": "Acme is hiring backend engineers.",
-        "findings": [
-            {"claim": "Acme posted 12 engineering roles", "sources": ["[1]"], "confidence": 0.9},
-            {"claim": "Hiring is concentrated in Berlin", "sources": [], "confidence": 0.6}
-        ]
-    });
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "id": "3c90c3cc-0d44-4b50-8888-8dd25736052a",
-            "model": "llama-3.1-sonar-small-128k-online",
-            "object": "chat.completion",
-            "created": 1_732_000_000,
-            "citations": ["https://acme.example/careers", "https://news.example/acme-berlin"],
-            "search_results": [
-                {"title": "Careers at Acme", "url": "https://acme.example/careers", "date": "2026-11-01"},
-                {"title": "Acme expands in Berlin", "url": "https://news.example/acme-berlin", "date": "2026-10-20"}
-            ],
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": answer.to_string()}}],
-            "usage": {"prompt_tokens": 210, "completion_tokens": 95, "total_tokens": 305}
-        })))
-        .mount(&perplexity)
-        .await;
-    let dir = tempfile::tempdir().unwrap();
-    let toml = format!(
-        r#"
-[database]
-url = "sqlite://{}"
-[providers.perplexity]
-kind = "perplexity"
-base_url = "{}"
-api_key_env = "PPLX"
-[tasks.research_deep]
-chain = [{{ provider = "perplexity", model = "llama-3.1-sonar-small-128k-online" }}]
-[pricing."llama-3.1-sonar-small-128k-online"]
-input_per_mtok = 0.2
-output_per_mtok = 0.2
-"#,
-        dir.path().join("r.db").display(),
-        perplexity.uri()
-    );
-    let app =
-        TestApp::spawn_toml_env(&toml, |n| (n == "PPLX").then(|| "pplx-test".to_owned())).await;
-    let r = app
-        .client
-        .clone()
-        .research(pb::ResearchRequest {
-            context: ctx(),
-            query: "Is Acme hiring?".into(),
-            depth: pb::ResearchDepth::Deep as i32,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.summary, "Acme is hiring backend engineers.");
-    assert_eq!(r.findings[0].sources, ["https://acme.example/careers"]);
-    assert_eq!(
-        r.findings[1].sources.len(),
-        2,
-        "no reference given: every citation"
-    );
-    assert_eq!(r.findings[0].confidence, 0.9);
-    let meta = r.meta.unwrap();
-    assert_eq!(
-        (
-            meta.usage.as_ref().unwrap().input_tokens,
-            meta.prompt_key.as_str()
-        ),
-        (210, "research_deep")
-    );
     app.stop().await;
 }
 
@@ -407,6 +315,67 @@ async fn a_missing_template_variable_is_invalid_argument_naming_it() {
     assert_eq!(status.code(), Code::InvalidArgument);
     let bad = status.get_details_bad_request().unwrap();
     assert_eq!(bad.field_violations[0].field, "input.agenda");
+    app.stop().await;
+}
+
+/// Typed RPCs have no `input` field: a stored prompt using a variable the
+/// RPC does not provide is refused when created, and one that got into the
+/// table anyway (an older release, manual SQL) is reported on `prompt`,
+/// naming the variable, never as `input.<name>`.
+#[tokio::test]
+async fn a_typed_prompt_with_a_variable_its_rpc_lacks_names_the_prompt() {
+    let (app, dir) = app_with("", "", "").await;
+    let refused = PromptAdminClient::new(app.channel.clone())
+        .create_prompt_version(pb::CreatePromptVersionRequest {
+            prompt_key: "sms_classify".into(),
+            system_prompt: "Classify.".into(),
+            user_prompt_template: "{{message}} from {{company}}".into(),
+            activate: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    let violation = &refused.get_details_bad_request().unwrap().field_violations[0];
+    assert_eq!(violation.field, "user_prompt_template");
+    assert!(
+        violation.description.contains("`company`")
+            && violation.description.contains("history, message"),
+        "{}",
+        violation.description
+    );
+
+    let store = Store::connect(&DatabaseConfig {
+        url: format!("sqlite://{}", dir.path().join("tasks.db").display()),
+        ..DatabaseConfig::default()
+    })
+    .await
+    .unwrap();
+    ai_orchestrator::on_store!(&store, |pool| {
+        sqlx::query(
+            "INSERT INTO ai_prompts (team_id, prompt_key, version, system_prompt, user_prompt_template, is_active, created_at_ms) \
+             VALUES ('t1', 'sms_classify', 4, 'Classify.', '{{message}} from {{company}}', 1, 0)",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+    });
+    store.close().await;
+    let status = app
+        .client
+        .clone()
+        .classify_sms(classify("What's the price?"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let violations = status.get_details_bad_request().unwrap().field_violations;
+    assert_eq!(violations.len(), 1);
+    assert_eq!(violations[0].field, "prompt");
+    assert_eq!(
+        violations[0].description,
+        "prompt `sms_classify` v4 (team `t1`) uses template variable `company`, which ClassifySms \
+does not provide (it provides: history, message); activate a version that uses only those"
+    );
     app.stop().await;
 }
 

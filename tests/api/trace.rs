@@ -103,3 +103,54 @@ async fn trace_id_is_in_error_details_and_unusable_ids_are_refused() {
     assert_eq!(bad.field_violations[0].field, "context.trace_id");
     app.stop().await;
 }
+
+/// Ops RPCs answer with the trace ID too (SPEC §3: every response).
+#[tokio::test]
+async fn provider_health_carries_the_trace_id() {
+    let app = TestApp::spawn().await;
+    let mut request = Request::new(pb::GetProviderHealthRequest {});
+    request
+        .metadata_mut()
+        .insert("x-trace-id", "health-trace-1".parse().unwrap());
+    let response = app
+        .client
+        .clone()
+        .get_provider_health(request)
+        .await
+        .unwrap();
+    assert_eq!(
+        response.metadata().get("x-trace-id").unwrap(),
+        "health-trace-1"
+    );
+    assert!(!response.into_inner().providers.is_empty());
+
+    let mut request = Request::new(pb::GetProviderHealthRequest {});
+    request
+        .metadata_mut()
+        .insert("traceparent", TRACEPARENT.parse().unwrap());
+    let response = app
+        .client
+        .clone()
+        .get_provider_health(request)
+        .await
+        .unwrap();
+    assert_eq!(
+        response.metadata().get("x-trace-id").unwrap(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+
+    let response = app
+        .client
+        .clone()
+        .get_provider_health(pb::GetProviderHealthRequest {})
+        .await
+        .unwrap();
+    let generated = response
+        .metadata()
+        .get("x-trace-id")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert_eq!(generated.len(), 32, "generated when none is given");
+    app.stop().await;
+}
