@@ -353,6 +353,23 @@ pub struct DatabaseConfig {
     /// How long to wait for a pooled connection.
     #[serde(with = "humantime_serde")]
     pub acquire_timeout: Duration,
+    /// When a SQLite commit counts as done (ignored for PostgreSQL).
+    pub sqlite_synchronous: SqliteDurability,
+}
+
+/// SQLite's `synchronous` setting (WAL mode), i.e. what a commit survives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteDurability {
+    /// Every commit is fsynced before it returns: an acknowledged call's
+    /// usage record survives a process crash and a power loss.
+    #[default]
+    Full,
+    /// Commits reach the OS before they return, fsync happens at WAL
+    /// checkpoints: survives a process crash (SIGKILL, OOM kill, panic) but
+    /// the last commits can be lost on power loss or a kernel crash. Saves
+    /// one fsync per group commit.
+    Normal,
 }
 
 impl Default for DatabaseConfig {
@@ -362,6 +379,7 @@ impl Default for DatabaseConfig {
             max_connections: 8,
             busy_timeout: Duration::from_secs(5),
             acquire_timeout: Duration::from_secs(5),
+            sqlite_synchronous: SqliteDurability::Full,
         }
     }
 }

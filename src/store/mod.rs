@@ -6,7 +6,7 @@
 //! types. Queries that must be atomic are written per backend in the modules
 //! that own them (`usage`, `prompts`); this module only owns connections.
 
-use crate::config::DatabaseConfig;
+use crate::config::{DatabaseConfig, SqliteDurability};
 use sqlx::{
     PgPool, SqlitePool,
     postgres::PgPoolOptions,
@@ -90,9 +90,13 @@ impl Store {
             .create_if_missing(true)
             // WAL lets readers (GetUsage) run beside the single writer.
             .journal_mode(SqliteJournalMode::Wal)
-            // FULL: a commit is on disk before we acknowledge the call, even
-            // on power loss; group commit amortises the fsync.
-            .synchronous(SqliteSynchronous::Full)
+            // FULL (default): a commit is on disk before we acknowledge the
+            // call, even on power loss; group commit amortises the fsync.
+            // NORMAL is the operator's trade (see docs/configuration.md).
+            .synchronous(match config.sqlite_synchronous {
+                SqliteDurability::Full => SqliteSynchronous::Full,
+                SqliteDurability::Normal => SqliteSynchronous::Normal,
+            })
             .busy_timeout(config.busy_timeout)
             .foreign_keys(true);
         if let Some(parent) = options.get_filename().parent()

@@ -26,7 +26,12 @@ fn free_addr() -> SocketAddr {
 /// A config for `addr` on `database_url`. Orphans are swept after 3 s (the
 /// request timeout is 2 s): on PostgreSQL a reservation is an orphan only
 /// once older than that, so a short value keeps the test quick.
-fn write_config(dir: &std::path::Path, addr: SocketAddr, database_url: &str) -> std::path::PathBuf {
+fn write_config(
+    dir: &std::path::Path,
+    addr: SocketAddr,
+    database_url: &str,
+    sqlite_synchronous: &str,
+) -> std::path::PathBuf {
     let toml = crate::common::config_toml_with(
         database_url,
         "latency = \"15ms\"",
@@ -34,7 +39,11 @@ fn write_config(dir: &std::path::Path, addr: SocketAddr, database_url: &str) -> 
         "[metering]\nsweep_after = \"3s\"\nsweep_interval = \"200ms\"\n",
     )
     .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}\""))
-    .replace("default_timeout = \"10s\"", "default_timeout = \"2s\"");
+    .replace("default_timeout = \"10s\"", "default_timeout = \"2s\"")
+    .replace(
+        &format!("url = \"{database_url}\""),
+        &format!("url = \"{database_url}\"\nsqlite_synchronous = \"{sqlite_synchronous}\""),
+    );
     let path = dir.join("config.toml");
     std::fs::write(&path, toml).unwrap();
     path
@@ -53,11 +62,17 @@ async fn start(config: &std::path::Path, addr: SocketAddr) -> Child {
     child
 }
 
-async fn every_acknowledged_call_survives_sigkill(postgres: bool) {
+async fn every_acknowledged_call_survives_sigkill(postgres: bool, sqlite_synchronous: &str) {
     let db = Db::new(postgres).await;
     let dir = tempfile::tempdir().unwrap();
     let addr = free_addr();
-    let config = write_config(dir.path(), addr, &db.url());
+    let config = write_config(dir.path(), addr, &db.url(), sqlite_synchronous);
+    assert!(
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .contains(&format!("sqlite_synchronous = \"{sqlite_synchronous}\"")),
+        "the durability setting is in the config"
+    );
     let acked: Arc<Mutex<Vec<String>>> = Arc::default();
 
     for round in 0..3 {
@@ -141,10 +156,17 @@ async fn every_acknowledged_call_survives_sigkill(postgres: bool) {
 
 #[tokio::test]
 async fn every_acknowledged_call_survives_sigkill_sqlite() {
-    every_acknowledged_call_survives_sigkill(false).await;
+    every_acknowledged_call_survives_sigkill(false, "full").await;
+}
+
+/// `sqlite_synchronous = "normal"` skips the fsync per commit; a killed
+/// process still loses nothing (the commit reached the OS before the reply).
+#[tokio::test]
+async fn every_acknowledged_call_survives_sigkill_sqlite_normal() {
+    every_acknowledged_call_survives_sigkill(false, "normal").await;
 }
 
 #[tokio::test]
 async fn every_acknowledged_call_survives_sigkill_postgres() {
-    every_acknowledged_call_survives_sigkill(true).await;
+    every_acknowledged_call_survives_sigkill(true, "full").await;
 }

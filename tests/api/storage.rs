@@ -331,3 +331,54 @@ fn migrate_needs_no_provider_keys_but_check_config_does() {
     assert!(!checked.status.success());
     assert!(String::from_utf8_lossy(&checked.stderr).contains("api_key_env"));
 }
+
+#[tokio::test]
+async fn sqlite_durability_is_the_configured_synchronous_level() {
+    use ai_orchestrator::config::SqliteDurability;
+    let dir = tempfile::tempdir().unwrap();
+    // SQLite's codes: 1 = NORMAL, 2 = FULL.
+    for (durability, code) in [(SqliteDurability::Full, 2), (SqliteDurability::Normal, 1)] {
+        let config = DatabaseConfig {
+            url: format!("sqlite://{}", dir.path().join("d.db").display()),
+            sqlite_synchronous: durability,
+            ..DatabaseConfig::default()
+        };
+        let store = Store::connect(&config).await.expect("connect");
+        let Store::Sqlite(pool) = &store else {
+            panic!("expected SQLite")
+        };
+        // Every pooled connection gets the setting, not only the first.
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let mut conn = pool.acquire().await.expect("connection");
+            let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut *conn)
+                .await
+                .expect("pragma");
+            assert_eq!(level, code, "{durability:?}");
+            held.push(conn);
+        }
+        drop(held);
+        store.close().await;
+    }
+
+    let base = r#"
+[providers.p]
+kind = "mock"
+[tasks.t]
+chain = [{ provider = "p", model = "m" }]
+[pricing.m]
+input_per_mtok = 1.0
+output_per_mtok = 2.0
+[database]
+"#;
+    let normal = Config::from_toml_str(&format!("{base}sqlite_synchronous = \"normal\""), |_| None)
+        .expect("normal is accepted");
+    assert_eq!(normal.database.sqlite_synchronous, SqliteDurability::Normal);
+    let default = Config::from_toml_str(base, |_| None).expect("default");
+    assert_eq!(default.database.sqlite_synchronous, SqliteDurability::Full);
+    assert_eq!(
+        invalid_paths(&format!("{base}sqlite_synchronous = \"off\"")),
+        ["database.sqlite_synchronous"]
+    );
+}

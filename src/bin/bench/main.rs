@@ -61,8 +61,13 @@ struct Args {
     /// RPCs at fixed rates: execute, classify.
     #[arg(long, value_delimiter = ',', default_value = "execute,classify")]
     rpcs: Vec<String>,
-    /// Metering modes: sqlite, postgres, off.
-    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres,off")]
+    /// Metering modes: sqlite (fsync per commit, the default durability),
+    /// sqlite-normal (`sqlite_synchronous = "normal"`), postgres, off.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "sqlite,sqlite-normal,postgres,off"
+    )]
     metering: Vec<String>,
     /// Fixed rates, requests/s [default: 200,1000,3000; smoke: 50].
     #[arg(long, value_delimiter = ',')]

@@ -175,7 +175,7 @@ impl Bench {
                 let url = db.url.clone();
                 (Some(db), url)
             }
-            Metering::Sqlite | Metering::Off => {
+            Metering::Sqlite | Metering::SqliteNormal | Metering::Off => {
                 let file = sqlite_file.unwrap_or_else(|| dir.join(format!("server-{n}.db")));
                 (None, format!("sqlite://{}", file.display()))
             }
