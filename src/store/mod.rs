@@ -105,6 +105,10 @@ impl Store {
             std::fs::create_dir_all(parent)?;
         }
         let pool = SqlitePoolOptions::new()
+            // A connection to a local file cannot go stale; the default ping
+            // before every acquire is a round trip to the connection's worker
+            // thread (two context switches) on every ledger batch.
+            .test_before_acquire(false)
             .max_connections(config.max_connections)
             .acquire_timeout(config.acquire_timeout)
             .connect_with(options)

@@ -215,10 +215,11 @@ fn sum(reserves: &[(usize, &Reserve)]) -> (i64, i64, i64) {
 }
 
 /// One guarded reservation of `(tokens, requests, cost)` for (team, month)
-/// under `caps`: true when admitted. The ledger row is created on the first
+/// under the team's caps, `$defaults` when it has no `tenant_limits` row:
+/// true when admitted. The ledger row is created on the first
 /// miss (`ensured` remembers it), so the common case is one statement.
 macro_rules! guarded {
-    ($tx:ident, $team:expr, $month:expr, $caps:expr, $ensured:ident, $tokens:expr, $requests:expr, $cost:expr) => {{
+    ($tx:ident, $team:expr, $month:expr, $defaults:expr, $ensured:ident, $tokens:expr, $requests:expr, $cost:expr) => {{
         loop {
             let rows = sqlx::query(GUARDED_RESERVE)
                 .bind($team)
@@ -226,9 +227,9 @@ macro_rules! guarded {
                 .bind($tokens)
                 .bind($requests)
                 .bind($cost)
-                .bind($caps.tokens)
-                .bind($caps.requests)
-                .bind($caps.cost_micros)
+                .bind($defaults.tokens)
+                .bind($defaults.requests)
+                .bind($defaults.cost_micros)
                 .execute(&mut *$tx)
                 .await?
                 .rows_affected();
@@ -344,26 +345,28 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                 continue;
             };
             let (team, month) = (first.team_id.as_str(), first.month_start_ms);
-            let team_caps: Option<(Option<i64>, Option<i64>, Option<i64>)> =
-                sqlx::query_as(TEAM_CAPS)
-                    .bind(team)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let caps =
-                team_caps.map_or(first.default_caps, |(tokens, requests, cost_micros)| Caps {
-                    tokens,
-                    requests,
-                    cost_micros,
-                });
+            // The guarded UPDATE resolves the team's own caps itself; they
+            // are read here only to explain a refusal (`caps` below).
+            let defaults = first.default_caps;
             let mut ensured = false;
             let (tokens, requests, cost) = sum(group);
-            if guarded!(tx, team, month, caps, ensured, tokens, requests, cost) {
+            if guarded!(tx, team, month, defaults, ensured, tokens, requests, cost) {
                 admitted.extend(group.iter().map(|(_, r)| *r));
                 for (i, _) in group {
                     done[*i] = Done::Admitted;
                 }
                 continue;
             }
+            let team_caps: Option<(Option<i64>, Option<i64>, Option<i64>)> =
+                sqlx::query_as(TEAM_CAPS)
+                    .bind(team)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let caps = team_caps.map_or(defaults, |(tokens, requests, cost_micros)| Caps {
+                tokens,
+                requests,
+                cost_micros,
+            });
             for (i, r) in group {
                 // A lone reservation was just refused; do not ask twice.
                 let fits = group.len() > 1
@@ -371,7 +374,7 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                         tx,
                         team,
                         month,
-                        caps,
+                        defaults,
                         ensured,
                         r.tokens(),
                         r.requests,
@@ -396,7 +399,7 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                         tx,
                         team,
                         month,
-                        caps,
+                        defaults,
                         ensured,
                         r.tokens(),
                         r.requests,

@@ -166,13 +166,25 @@ pub struct Balance {
 pub(super) const ENSURE_ROW: &str = "INSERT INTO usage_ledger (team_id, month_start_ms) VALUES ($1, $2) \
 ON CONFLICT (team_id, month_start_ms) DO NOTHING";
 
-pub(super) const GUARDED_RESERVE: &str = "UPDATE usage_ledger SET \
+/// Reserves `($3, $4, $5)` = (tokens, requests, cost) for team `$1`, month
+/// `$2` when it fits under the team's caps: its `tenant_limits` row when it
+/// has one (a NULL there is "no cap"), else the defaults `($6, $7, $8)`.
+/// Resolving the caps inside the statement saves a round trip per
+/// reservation group (see docs/metering.md). Under PostgreSQL's READ
+/// COMMITTED, a concurrently updated ledger row makes the server re-check
+/// the `WHERE` on its newest version, so the guard holds across replicas.
+pub(super) const GUARDED_RESERVE: &str = "WITH caps (t, r, c) AS (\
+SELECT max_tokens, max_requests, max_cost_micros FROM tenant_limits WHERE team_id = $1 \
+UNION ALL SELECT CAST($6 AS BIGINT), CAST($7 AS BIGINT), CAST($8 AS BIGINT) \
+WHERE NOT EXISTS (SELECT 1 FROM tenant_limits WHERE team_id = $1)) \
+UPDATE usage_ledger SET \
 reserved_tokens = reserved_tokens + $3, reserved_requests = reserved_requests + $4, \
 reserved_cost_micros = reserved_cost_micros + $5 \
-WHERE team_id = $1 AND month_start_ms = $2 \
-AND (CAST($6 AS BIGINT) IS NULL OR spent_tokens + reserved_tokens + $3 <= $6) \
-AND (CAST($7 AS BIGINT) IS NULL OR spent_requests + reserved_requests + $4 <= $7) \
-AND (CAST($8 AS BIGINT) IS NULL OR spent_cost_micros + reserved_cost_micros + $5 <= $8)";
+FROM caps \
+WHERE usage_ledger.team_id = $1 AND usage_ledger.month_start_ms = $2 \
+AND (caps.t IS NULL OR usage_ledger.spent_tokens + usage_ledger.reserved_tokens + $3 <= caps.t) \
+AND (caps.r IS NULL OR usage_ledger.spent_requests + usage_ledger.reserved_requests + $4 <= caps.r) \
+AND (caps.c IS NULL OR usage_ledger.spent_cost_micros + usage_ledger.reserved_cost_micros + $5 <= caps.c)";
 
 pub(super) const TEAM_CAPS: &str =
     "SELECT max_tokens, max_requests, max_cost_micros FROM tenant_limits WHERE team_id = $1";
