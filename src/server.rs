@@ -149,6 +149,11 @@ pub async fn serve(
     let signal = async move {
         shutdown.await;
         tracing::info!("shutdown requested: draining in-flight calls");
+        // The database probe goes first (cancelled mid-ping if need be): a
+        // database recovering during the drain must not flip health back to
+        // SERVING while the load balancer is taking this replica out.
+        probe.abort();
+        let _ = probe.await;
         set_health(&signal_health, ServingStatus::NotServing).await;
         let _ = draining_tx.send(true);
     };
@@ -193,7 +198,6 @@ pub async fn serve(
     }
 
     let _ = stop_background.send(true);
-    let _ = probe.await;
     if let Some(sweeper) = sweeper {
         let _ = sweeper.await;
     }

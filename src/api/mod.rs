@@ -620,6 +620,12 @@ impl Orchestrator for OrchestratorApi {
         auth::principal(&extensions, &self.auth)
             .and_then(|p| auth::check_team(&p, "team_id", &req.team_id))
             .map_err(fail)?;
+        // It reads the database: shed with the calls under the same bound.
+        let _slot = self
+            .inflight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| fail(Failure::Overloaded))?;
         let (month_start, month_end) = usage::summary::month_of(chrono::Utc::now());
         // Caller-supplied: validated, never trusted to fit in the arithmetic.
         let instant = |field: &str, t: Option<prost_types::Timestamp>, default: i64| match t {

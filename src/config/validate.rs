@@ -217,6 +217,25 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     if config.server.default_timeout == Duration::ZERO {
         bad("server.default_timeout".into(), "must be greater than zero");
     }
+    // Zero streams would refuse every call; a zero keepalive period would
+    // ping without pause (or never wait for the answer).
+    if config.server.max_concurrent_streams == 0 {
+        bad("server.max_concurrent_streams".into(), "must be at least 1");
+    }
+    for (key, value) in [
+        (
+            "server.http2_keepalive_interval",
+            config.server.http2_keepalive_interval,
+        ),
+        (
+            "server.http2_keepalive_timeout",
+            config.server.http2_keepalive_timeout,
+        ),
+    ] {
+        if value == Duration::ZERO {
+            bad(key.into(), "must be greater than zero");
+        }
+    }
     let url = &config.database.url;
     if !(url.starts_with("sqlite:")
         || url.starts_with("postgres://")

@@ -223,11 +223,14 @@ impl MeterSession {
         let Some(writer) = &self.meter.writer else {
             return Ok(());
         };
+        // The budget bounds the whole request: a second reservation (a
+        // redrafted SMS reply) adds to what the first one already holds.
+        let held: i64 = self.lock().reservations.iter().map(|r| r.4).sum();
         if let Some(budget) = self.budget_micros
-            && cost > budget
+            && held.saturating_add(cost) > budget
         {
             return Err(MeterError::Budget {
-                estimate_micros: cost,
+                estimate_micros: held.saturating_add(cost),
                 budget_micros: budget,
             });
         }

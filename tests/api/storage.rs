@@ -116,6 +116,16 @@ output_per_mtok = 2.0
     );
     assert_eq!(
         invalid_paths(&format!(
+            "{base}\n[server]\nmax_concurrent_streams = 0\nhttp2_keepalive_interval = \"0s\"\nhttp2_keepalive_timeout = \"0s\""
+        )),
+        [
+            "server.max_concurrent_streams",
+            "server.http2_keepalive_interval",
+            "server.http2_keepalive_timeout"
+        ]
+    );
+    assert_eq!(
+        invalid_paths(&format!(
             "{base}\n[auth]\nenabled = true\n[[auth.keys]]\nname = \"a\"\nsha256 = \"not-hex\"\nteams = []\n[[auth.keys]]\nname = \"a\"\nsha256 = \"{}\"\nteams = [\"*\"]\nrole = \"admin\"",
             "ab".repeat(32)
         )),

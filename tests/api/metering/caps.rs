@@ -169,6 +169,50 @@ async fn refused_top_up_settles_the_first_draft_postgres() {
     refused_top_up_settles_the_first_draft(true).await;
 }
 
+/// `budget.max_cost_usd` bounds the whole request: a redrafted reply's
+/// second reservation counts what the first one holds (each is ~$0.126 at
+/// the chain's worst price for 100k output tokens; the budget is $0.20).
+#[tokio::test]
+async fn the_budget_bounds_both_drafts_together() {
+    let db = Db::new(false).await;
+    let too_long = format!(
+        "reply = '{{\"reply\":\"{}\",\"escalate\":false,\"escalate_reason\":\"\"}}'",
+        "Thanks for reaching out! ".repeat(20)
+    );
+    let toml = config_toml_with(&db.url(), &too_long, FAST, "").replace(
+        "[tasks.sms_generate]\n",
+        "[tasks.sms_generate]\nmax_tokens = 100000\n",
+    );
+    let app = TestApp::spawn_toml(&toml).await;
+    let reply = app
+        .client
+        .clone()
+        .generate_sms(traced(
+            pb::GenerateSmsRequest {
+                context: ctx(),
+                inbound_message: "Can you tell me about the offer?".into(),
+                budget: Some(pb::Budget {
+                    max_cost_usd: 0.20,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            "budget-both-drafts",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.escalate && reply.response.is_empty());
+    assert!(
+        reply.escalate_reason.contains("budget.max_cost_usd"),
+        "{}",
+        reply.escalate_reason
+    );
+    assert_eq!(reply.meta.unwrap().attempts.len(), 1, "no second draft");
+    app.stop().await;
+    db.cleanup().await;
+}
+
 /// Runs `ai-orchestrator --config <config> limits <args>`; returns stdout.
 async fn limits_cli(config: &std::path::Path, args: &[&str]) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
