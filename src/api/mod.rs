@@ -146,7 +146,8 @@ impl OrchestratorApi {
     }
 
     /// Metrics of a finished call: tokens and cost per attempt, fallbacks.
-    /// Returns the time spent waiting on providers (not our overhead).
+    /// Returns the time spent waiting on providers (not our overhead):
+    /// their calls, retry backoff and their rate/concurrency limits.
     fn observe(&self, task: &str, meta: &CallMeta) -> std::time::Duration {
         use crate::telemetry::metrics;
         let mut provider_time = std::time::Duration::ZERO;
@@ -163,7 +164,8 @@ impl OrchestratorApi {
                 .cost_micros(&a.provider, &a.model, input, output)
                 .map(usd);
             metrics::usage(&a.provider, &a.model, input, output, cost);
-            provider_time += a.latency;
+            // Backoff and limiter waits are waiting on providers too.
+            provider_time += a.latency + a.waited;
         }
         if let (true, Some(first)) = (meta.degraded, meta.attempts.first()) {
             metrics::fallback(task, &first.provider, &meta.provider);

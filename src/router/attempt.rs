@@ -40,6 +40,11 @@ pub struct AttemptRecord {
     pub retry: u32,
     /// Tokens it consumed (a malformed answer still costs tokens).
     pub usage: TokenUsage,
+    /// Time spent waiting *for* this attempt before it was made: the retry
+    /// backoff (incl. `Retry-After`) before it and the provider's rate and
+    /// concurrency limits. Waiting on a provider, not work of ours, so the
+    /// overhead metric leaves it out.
+    pub waited: Duration,
 }
 
 impl AttemptRecord {
@@ -58,6 +63,7 @@ impl AttemptRecord {
             error_code: None,
             retry,
             usage,
+            waited: Duration::ZERO,
         }
     }
 
@@ -81,6 +87,7 @@ impl AttemptRecord {
             error_code: Some(err.code()),
             retry,
             usage: TokenUsage::default(),
+            waited: Duration::ZERO,
         }
     }
 
@@ -94,6 +101,7 @@ impl AttemptRecord {
             error_code: Some(code.to_owned()),
             retry: 0,
             usage: TokenUsage::default(),
+            waited: Duration::ZERO,
         }
     }
 
@@ -106,6 +114,12 @@ impl AttemptRecord {
     /// Same record with the tokens the attempt consumed.
     pub fn with_usage(mut self, usage: TokenUsage) -> Self {
         self.usage = usage;
+        self
+    }
+
+    /// Same record with the time it waited for a rate or concurrency slot.
+    pub fn with_waited(mut self, waited: Duration) -> Self {
+        self.waited = waited;
         self
     }
 }

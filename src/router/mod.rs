@@ -18,7 +18,7 @@ use crate::{
     resilience::{Decision, Outcome, Resilience, instant_after, retry::Jitter},
     tasks::Priority,
 };
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -173,7 +173,7 @@ impl Router {
         parse: impl Fn(&Completion) -> Result<T, String>,
     ) -> Result<Routed<T>, RouteError> {
         let chain = self.chain(task)?;
-        let mut attempts = Vec::new();
+        let mut attempts: Vec<AttemptRecord> = Vec::new();
         for (index, chain_target) in chain.iter().enumerate() {
             let target = TargetConfig {
                 provider: chain_target.provider.clone(),
@@ -181,10 +181,16 @@ impl Router {
             };
             let has_next = index + 1 < chain.len();
             let mut retry = 0_u32;
+            // Backoff slept before the next attempt (credited to it).
+            let mut slept = Duration::ZERO;
             loop {
                 if Instant::now() >= deadline {
+                    if let Some(last) = attempts.last_mut() {
+                        last.waited += slept;
+                    }
                     return Err(RouteError::DeadlineExceeded { attempts });
                 }
+                let first_new = attempts.len();
                 let tried = self
                     .try_target(
                         &target,
@@ -196,6 +202,9 @@ impl Router {
                         &mut attempts,
                     )
                     .await;
+                if let Some(record) = attempts.get_mut(first_new) {
+                    record.waited += std::mem::take(&mut slept);
+                }
                 let err = match tried {
                     Tried::Served(value, completion) => {
                         return Ok(Routed {
@@ -222,7 +231,9 @@ impl Router {
                 );
                 match decision {
                     Decision::RetryAfter(wait) => {
+                        let before = Instant::now();
                         tokio::time::sleep(wait).await;
+                        slept = before.elapsed();
                         retry += 1;
                     }
                     Decision::NextTarget | Decision::GiveUp => break,
@@ -274,10 +285,12 @@ impl Router {
                 return Tried::Failed(None);
             }
         };
+        let queued = Instant::now();
         let slot = match priority {
             Priority::Interactive => guards.limits.try_acquire(),
             Priority::Background => guards.limits.acquire_until(deadline).await,
         };
+        let waited = queued.elapsed();
         let _slot = match slot {
             Ok(slot) => slot,
             Err(_) => {
@@ -285,7 +298,8 @@ impl Router {
                 drop(permit);
                 attempts.push(
                     AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED")
-                        .with_retry(retry),
+                        .with_retry(retry)
+                        .with_waited(waited),
                 );
                 return Tried::Failed(None);
             }
@@ -331,12 +345,10 @@ impl Router {
                 Ok(value) => {
                     guards.health.record(elapsed, true);
                     permit.record(Outcome::Success);
-                    attempts.push(AttemptRecord::succeeded(
-                        target,
-                        retry,
-                        elapsed,
-                        completion.usage,
-                    ));
+                    attempts.push(
+                        AttemptRecord::succeeded(target, retry, elapsed, completion.usage)
+                            .with_waited(waited),
+                    );
                     return Tried::Served(value, completion);
                 }
                 Err(why) => {
@@ -345,13 +357,15 @@ impl Router {
                     // An unusable answer still consumed tokens.
                     attempts.push(
                         AttemptRecord::failed(target, retry, elapsed, &err)
-                            .with_usage(completion.usage),
+                            .with_usage(completion.usage)
+                            .with_waited(waited),
                     );
                     err
                 }
             },
             Err(err) => {
-                attempts.push(AttemptRecord::failed(target, retry, elapsed, &err));
+                attempts
+                    .push(AttemptRecord::failed(target, retry, elapsed, &err).with_waited(waited));
                 err
             }
         };

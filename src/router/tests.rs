@@ -177,6 +177,10 @@ async fn background_makes_exactly_three_attempts_with_the_full_backoff() {
         [t0, t0 + CALL + SEC, t0 + 2 * CALL + 3 * SEC]
     );
     assert_eq!(t0.elapsed(), 3 * CALL + 3 * SEC, "no wait after the last");
+    // The backoff is credited to the attempt it waited for (the overhead
+    // metric counts it as waiting on the provider, not as our work).
+    let waited: Vec<Duration> = attempts.iter().map(|a| a.waited).collect();
+    assert_eq!(waited, [Duration::ZERO, SEC, 2 * SEC]);
 }
 
 #[tokio::test(start_paused = true)]
