@@ -64,7 +64,18 @@ pub async fn serve(
                 "charged reservations orphaned by an earlier crash at their estimate"
             );
         }
-        let (writer, done) = LedgerWriter::spawn(store.clone(), metering.batch_max, writer_stopped);
+        let (writer, done) = LedgerWriter::spawn(
+            store.clone(),
+            &config.database,
+            metering.batch_max,
+            // Each writer holds a pooled connection while it commits; half
+            // the pool stays for reads (GetUsage, health, prompts).
+            metering
+                .ledger_writers
+                .min((config.database.max_connections as usize / 2).max(1)),
+            writer_stopped,
+        )
+        .context("opening the ledger writer")?;
         (Some(writer), Some(done))
     } else {
         tracing::warn!("usage metering is OFF: no caps, no usage records");

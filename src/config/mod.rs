@@ -236,6 +236,11 @@ pub struct MeteringConfig {
     pub default_limits: LimitsConfig,
     /// Most ledger operations written in one transaction (group commit).
     pub batch_max: usize,
+    /// PostgreSQL only: ledger writers, each committing its own batches on
+    /// its own connection (a team always uses the same one); at most half of
+    /// `database.max_connections`, so reads keep the rest. SQLite has one
+    /// writer whatever this says.
+    pub ledger_writers: usize,
     /// A reservation older than this belongs to a crashed process and is
     /// charged at its estimate. Must exceed `server.default_timeout`.
     #[serde(with = "humantime_serde")]
@@ -253,6 +258,9 @@ impl Default for MeteringConfig {
             // Large enough to amortise one fsync over a burst, small enough
             // that one transaction never holds the SQLite lock for long.
             batch_max: 256,
+            // Enough to overlap the round trips of a few batches; each
+            // holds a pooled connection while it commits.
+            ledger_writers: 4,
             sweep_after: Duration::from_secs(300),
             sweep_interval: Duration::from_secs(60),
         }

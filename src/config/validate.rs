@@ -175,6 +175,9 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     if m.batch_max == 0 {
         bad("metering.batch_max".into(), "must be at least 1");
     }
+    if m.ledger_writers == 0 {
+        bad("metering.ledger_writers".into(), "must be at least 1");
+    }
     if m.sweep_after <= config.server.default_timeout {
         bad(
             "metering.sweep_after".into(),

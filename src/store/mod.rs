@@ -23,6 +23,10 @@ pub enum StoreError {
     /// The database could not be reached or a query failed.
     #[error("database error: {0}")]
     Sqlx(#[from] sqlx::Error),
+    /// The ledger writer's own SQLite connection failed (see
+    /// `usage::sqlite_writer`).
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     /// A migration failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),

@@ -8,9 +8,12 @@
 //! writer is a single task, so statements per call bound the throughput of
 //! every replica's metering.
 //!
-//! Order inside a batch: settlements first, then reservations. Operations
-//! in one batch were submitted concurrently, so any order is a valid
-//! serialization; settling first frees the estimates being released. The
+//! Order inside a batch: per (team, month), in key order, settlements first,
+//! then reservations. Operations in one batch were submitted concurrently,
+//! so any order is a valid serialization; settling first frees the
+//! estimates being released, and the key order means every transaction
+//! (several writers per replica, several replicas) locks ledger rows in the
+//! same order, so PostgreSQL never aborts one to break a deadlock. The
 //! guarded admission is unchanged: a team's reservations are admitted
 //! together when their sum fits (exactly when one-by-one admission would
 //! admit them all, amounts being non-negative), otherwise one by one in
@@ -26,7 +29,7 @@ use crate::{
     store::{Store, StoreError},
 };
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     sync::OnceLock,
 };
 
@@ -53,7 +56,7 @@ fn chunks(n: usize) -> Vec<(usize, usize)> {
 /// parameter's name, a linear scan, which makes a 1,152-parameter insert
 /// quadratic (it showed up as the top symbol of the SQLite thread).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Params {
+pub(super) enum Params {
     Numbered,
     Anonymous,
 }
@@ -108,11 +111,11 @@ fn cached(
         .map_or("", String::as_str)
 }
 
-const RESERVATION_HEAD: &str = "INSERT INTO usage_reservations (id, team_id, month_start_ms, \
+pub(super) const RESERVATION_HEAD: &str = "INSERT INTO usage_reservations (id, team_id, month_start_ms, \
 input_tokens, output_tokens, requests, cost_micros, task, user_id, trace_id, channel, priority, created_at_ms)";
 const RESERVATION_COLUMNS: usize = 13;
 
-fn insert_reservations(rows: usize, params: Params) -> &'static str {
+pub(super) fn insert_reservations(rows: usize, params: Params) -> &'static str {
     static CACHE: Texts = OnceLock::new();
     cached(
         &CACHE,
@@ -149,14 +152,14 @@ fn delete_reservations(rows: usize, params: Params) -> &'static str {
 
 /// Ledger deltas of one (team, month): released estimates and charged actuals.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Delta {
-    released: [i64; 3],
-    charged: [i64; 3],
+pub(super) struct Delta {
+    pub(super) released: [i64; 3],
+    pub(super) charged: [i64; 3],
 }
 
 /// What the settlements of a batch do to each (team, month), given the
 /// reservations that were still open (deleted now).
-fn settle_deltas<'a>(
+pub(super) fn settle_deltas<'a>(
     settles: &[&'a Settle],
     deleted: &HashSet<String>,
 ) -> BTreeMap<(&'a str, i64), Delta> {
@@ -188,7 +191,7 @@ fn settle_deltas<'a>(
 
 /// Reservations grouped by (team, month, default caps), groups in order of
 /// first appearance, operations in submission order.
-fn reserve_groups(ops: &[Op]) -> Vec<Vec<(usize, &Reserve)>> {
+pub(super) fn reserve_groups(ops: &[Op]) -> Vec<Vec<(usize, &Reserve)>> {
     let mut groups: Vec<Vec<(usize, &Reserve)>> = Vec::new();
     for (i, op) in ops.iter().enumerate() {
         let Op::Reserve(r) = op else { continue };
@@ -207,8 +210,15 @@ fn reserve_groups(ops: &[Op]) -> Vec<Vec<(usize, &Reserve)>> {
     groups
 }
 
+/// The (team, month) of a reservation group.
+fn group_key<'a>(group: &Vec<(usize, &'a Reserve)>) -> Option<(&'a str, i64)> {
+    group
+        .first()
+        .map(|(_, r)| (r.team_id.as_str(), r.month_start_ms))
+}
+
 /// `(tokens, requests, cost)` of several reservations together.
-fn sum(reserves: &[(usize, &Reserve)]) -> (i64, i64, i64) {
+pub(super) fn sum(reserves: &[(usize, &Reserve)]) -> (i64, i64, i64) {
     reserves.iter().fold((0, 0, 0), |(t, n, c), (_, r)| {
         (t + r.tokens(), n + r.requests, c + r.cost_micros)
     })
@@ -272,8 +282,8 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
             Store::Postgres(_) => pool.begin().await?,
         };
 
-        // Settlements: release what is still reserved, charge the actuals,
-        // write the records and the prompt stats.
+        // Settlements: release what is still reserved (the rows deleted
+        // here), write the records; the ledger rows follow per team.
         let mut deleted = HashSet::new();
         for (start, len) in chunks(ids.len()) {
             let mut q = sqlx::query_scalar::<_, String>(delete_reservations(len, params));
@@ -281,30 +291,6 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                 q = q.bind(*id);
             }
             deleted.extend(q.fetch_all(&mut *tx).await?);
-        }
-        for ((team, month), d) in settle_deltas(&settles, &deleted) {
-            for attempt in 0..2 {
-                let updated = sqlx::query(CHARGE_AND_RELEASE)
-                    .bind(team)
-                    .bind(month)
-                    .bind(d.released[0])
-                    .bind(d.released[1])
-                    .bind(d.released[2])
-                    .bind(d.charged[0])
-                    .bind(d.charged[1])
-                    .bind(d.charged[2])
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                if updated > 0 || attempt > 0 {
-                    break;
-                }
-                sqlx::query(ENSURE_ROW)
-                    .bind(team)
-                    .bind(month)
-                    .execute(&mut *tx)
-                    .await?;
-            }
         }
         let records: Vec<&UsageRecord> = settles.iter().map(|s| &s.record).collect();
         for (start, len) in chunks(records.len()) {
@@ -314,7 +300,137 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
             }
             q.execute(&mut *tx).await?;
         }
-        for s in &settles {
+        // Ledger rows in (team, month) order, each settled before its new
+        // reservations are admitted: every transaction, of this replica's
+        // writers or another's, locks ledger rows in the same order, so
+        // PostgreSQL never has a lock cycle to break by aborting a batch.
+        let deltas = settle_deltas(&settles, &deleted);
+        let mut keys: BTreeSet<(&str, i64)> = deltas.keys().copied().collect();
+        keys.extend(groups.iter().filter_map(group_key));
+        let mut admitted: Vec<&Reserve> = Vec::new();
+        for key in keys {
+            if let Some(d) = deltas.get(&key) {
+                let (team, month) = key;
+                for attempt in 0..2 {
+                    let updated = sqlx::query(CHARGE_AND_RELEASE)
+                        .bind(team)
+                        .bind(month)
+                        .bind(d.released[0])
+                        .bind(d.released[1])
+                        .bind(d.released[2])
+                        .bind(d.charged[0])
+                        .bind(d.charged[1])
+                        .bind(d.charged[2])
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                    if updated > 0 || attempt > 0 {
+                        break;
+                    }
+                    sqlx::query(ENSURE_ROW)
+                        .bind(team)
+                        .bind(month)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            // Its reservations: one guarded UPDATE per group when the whole
+            // group fits, else one per reservation, in order.
+            for group in groups.iter().filter(|g| group_key(g) == Some(key)) {
+                let Some((_, first)) = group.first() else {
+                    continue;
+                };
+                let (team, month) = (first.team_id.as_str(), first.month_start_ms);
+                // The guarded UPDATE resolves the team's own caps itself; they
+                // are read here only to explain a refusal (`caps` below).
+                let defaults = first.default_caps;
+                let mut ensured = false;
+                let (tokens, requests, cost) = sum(group);
+                if guarded!(tx, team, month, defaults, ensured, tokens, requests, cost) {
+                    admitted.extend(group.iter().map(|(_, r)| *r));
+                    for (i, _) in group {
+                        done[*i] = Done::Admitted;
+                    }
+                    continue;
+                }
+                let team_caps: Option<(Option<i64>, Option<i64>, Option<i64>)> =
+                    sqlx::query_as(TEAM_CAPS)
+                        .bind(team)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let caps = team_caps.map_or(defaults, |(tokens, requests, cost_micros)| Caps {
+                    tokens,
+                    requests,
+                    cost_micros,
+                });
+                for (i, r) in group {
+                    // A lone reservation was just refused; do not ask twice.
+                    let fits = group.len() > 1
+                        && guarded!(
+                            tx,
+                            team,
+                            month,
+                            defaults,
+                            ensured,
+                            r.tokens(),
+                            r.requests,
+                            r.cost_micros
+                        );
+                    if fits {
+                        admitted.push(r);
+                        done[*i] = Done::Admitted;
+                        continue;
+                    }
+                    let row: Option<BalanceRow> = sqlx::query_as(BALANCE)
+                        .bind(team)
+                        .bind(month)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    let b = balance(row);
+                    // Under PostgreSQL's READ COMMITTED the re-read can see a
+                    // settlement committed after the UPDATE refused: when the
+                    // reservation fits now, ask once more (still guarded).
+                    let fits_now = exceeded(&b, &caps, r).is_none()
+                        && guarded!(
+                            tx,
+                            team,
+                            month,
+                            defaults,
+                            ensured,
+                            r.tokens(),
+                            r.requests,
+                            r.cost_micros
+                        );
+                    if fits_now {
+                        admitted.push(r);
+                        done[*i] = Done::Admitted;
+                    } else {
+                        done[*i] = Done::Refused(refusal(&b, &caps, r));
+                    }
+                }
+            }
+        }
+        // Prompt stats last, in key order: their rows are shared by every
+        // team (and writer) using a global prompt, so they are locked after
+        // the ledger rows and always in the same order.
+        let mut stats_of: Vec<&Settle> = settles
+            .iter()
+            .copied()
+            .filter(|s| s.prompt_owner.is_some() && s.record.prompt_version > 0)
+            .collect();
+        stats_of.sort_by(|a, b| {
+            (
+                &a.prompt_owner,
+                &a.record.prompt_key,
+                a.record.prompt_version,
+            )
+                .cmp(&(
+                    &b.prompt_owner,
+                    &b.record.prompt_key,
+                    b.record.prompt_version,
+                ))
+        });
+        for s in &stats_of {
             let Some(owner) = s
                 .prompt_owner
                 .as_ref()
@@ -337,82 +453,6 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                 .await?;
         }
 
-        // Reservations: one guarded UPDATE per group when the whole group
-        // fits, else one per reservation, in order.
-        let mut admitted: Vec<&Reserve> = Vec::new();
-        for group in &groups {
-            let Some((_, first)) = group.first() else {
-                continue;
-            };
-            let (team, month) = (first.team_id.as_str(), first.month_start_ms);
-            // The guarded UPDATE resolves the team's own caps itself; they
-            // are read here only to explain a refusal (`caps` below).
-            let defaults = first.default_caps;
-            let mut ensured = false;
-            let (tokens, requests, cost) = sum(group);
-            if guarded!(tx, team, month, defaults, ensured, tokens, requests, cost) {
-                admitted.extend(group.iter().map(|(_, r)| *r));
-                for (i, _) in group {
-                    done[*i] = Done::Admitted;
-                }
-                continue;
-            }
-            let team_caps: Option<(Option<i64>, Option<i64>, Option<i64>)> =
-                sqlx::query_as(TEAM_CAPS)
-                    .bind(team)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let caps = team_caps.map_or(defaults, |(tokens, requests, cost_micros)| Caps {
-                tokens,
-                requests,
-                cost_micros,
-            });
-            for (i, r) in group {
-                // A lone reservation was just refused; do not ask twice.
-                let fits = group.len() > 1
-                    && guarded!(
-                        tx,
-                        team,
-                        month,
-                        defaults,
-                        ensured,
-                        r.tokens(),
-                        r.requests,
-                        r.cost_micros
-                    );
-                if fits {
-                    admitted.push(r);
-                    done[*i] = Done::Admitted;
-                    continue;
-                }
-                let row: Option<BalanceRow> = sqlx::query_as(BALANCE)
-                    .bind(team)
-                    .bind(month)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                let b = balance(row);
-                // Under PostgreSQL's READ COMMITTED the re-read can see a
-                // settlement committed after the UPDATE refused: when the
-                // reservation fits now, ask once more (still guarded).
-                let fits_now = exceeded(&b, &caps, r).is_none()
-                    && guarded!(
-                        tx,
-                        team,
-                        month,
-                        defaults,
-                        ensured,
-                        r.tokens(),
-                        r.requests,
-                        r.cost_micros
-                    );
-                if fits_now {
-                    admitted.push(r);
-                    done[*i] = Done::Admitted;
-                } else {
-                    done[*i] = Done::Refused(refusal(&b, &caps, r));
-                }
-            }
-        }
         for (start, len) in chunks(admitted.len()) {
             let mut q = sqlx::query(insert_reservations(len, params));
             for r in &admitted[start..start + len] {

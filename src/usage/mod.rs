@@ -7,6 +7,7 @@ pub mod ledger;
 pub mod meter;
 pub mod pricing;
 pub mod record;
+pub mod sqlite_writer;
 pub mod summary;
 pub mod sweeper;
 pub mod writer;

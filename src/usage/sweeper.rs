@@ -51,10 +51,13 @@ pub async fn sweep(store: &Store, before_ms: i64) -> Result<u64, StoreError> {
                 Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
                 Store::Postgres(_) => pool.begin().await?,
             };
-            let rows: Vec<OrphanRow> = sqlx::query_as(ORPHANS)
+            let mut rows: Vec<OrphanRow> = sqlx::query_as(ORPHANS)
                 .bind(before_ms)
                 .fetch_all(&mut *tx)
                 .await?;
+            // Ledger rows in (team, month) order, as the ledger writers take
+            // them, so a sweep and a batch never wait on each other in a cycle.
+            rows.sort_by(|a, b| (&a.1, a.2).cmp(&(&b.1, b.2)));
             let mut swept = 0_u64;
             for (
                 id,

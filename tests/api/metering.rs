@@ -189,6 +189,63 @@ async fn two_replicas_sharing_postgres_never_overshoot() {
     db.cleanup().await;
 }
 
+/// Many teams over two replicas, each with several ledger writers sharing
+/// one PostgreSQL database: batches of different teams commit in parallel
+/// and lock ledger rows in one order, so every call is either served or
+/// refused by its own team's cap (no batch is aborted as a deadlock
+/// victim), and each team's cap holds exactly.
+#[tokio::test]
+async fn many_teams_over_replicas_and_writers_hold_every_cap() {
+    const TEAMS: usize = 6;
+    const K: usize = 9;
+    const CALLS: usize = 240;
+    let db = Db::new(true).await;
+    let extra =
+        format!("[metering]\nledger_writers = 2\n[metering.default_limits]\nmax_requests = {K}\n");
+    let toml = config_toml_with(&db.url(), FAST, FAST, &extra);
+    let (a, b) = (
+        TestApp::spawn_toml(&toml).await,
+        TestApp::spawn_toml(&toml).await,
+    );
+    let mut calls = Vec::new();
+    for i in 0..CALLS {
+        let mut client = [&a, &b][i % 2].client.clone();
+        let team = format!("team-{}", (i / 2) % TEAMS);
+        calls.push(tokio::spawn(async move {
+            let mut request = classify("Is the offer still valid?");
+            if let Some(c) = request.context.as_mut() {
+                c.team_id = team.clone();
+            }
+            (team, client.classify_sms(request).await)
+        }));
+    }
+    let mut ok = std::collections::BTreeMap::<String, usize>::new();
+    for call in calls {
+        let (team, result) = call.await.unwrap();
+        match result {
+            Ok(_) => *ok.entry(team).or_default() += 1,
+            Err(status) => assert_eq!(
+                status.get_details_error_info().map(|i| i.reason),
+                Some("QUOTA_EXCEEDED".to_owned()),
+                "{status:?}"
+            ),
+        }
+    }
+    let store = db.store().await;
+    for t in 0..TEAMS {
+        let team = format!("team-{t}");
+        assert_eq!(ok.get(&team), Some(&K), "{team}: {ok:?}");
+        let bal = ledger::balance_of(&store, &team, month_now())
+            .await
+            .unwrap();
+        assert_eq!((bal.spent_requests, bal.reserved_requests), (K as i64, 0));
+    }
+    store.close().await;
+    a.stop().await;
+    b.stop().await;
+    db.cleanup().await;
+}
+
 async fn token_and_cost_caps_hold(postgres: bool) {
     let db = Db::new(postgres).await;
     let app = TestApp::spawn_toml(&config_toml_with(&db.url(), FAST, FAST, "")).await;
@@ -335,6 +392,114 @@ async fn caps_reset_at_the_utc_month_boundary_sqlite() {
 #[tokio::test]
 async fn caps_reset_at_the_utc_month_boundary_postgres() {
     month_rollover(true).await;
+}
+
+/// The SQLite ledger writer's own connection (`usage::sqlite_writer`)
+/// applies a batch exactly as the pooled path does: the same admissions and
+/// refusals (a team's group that fits, one that does not and is admitted one
+/// by one, a first-time team), the same settlement, the same balances.
+#[tokio::test]
+async fn the_sqlite_writer_connection_agrees_with_the_pooled_path() {
+    let caps = Caps {
+        requests: Some(3),
+        tokens: Some(1_000),
+        ..Caps::default()
+    };
+    let reserve = |id: &str, team: &str, tokens: i64| {
+        Op::Reserve(Reserve {
+            id: id.into(),
+            team_id: team.into(),
+            month_start_ms: 0,
+            input_tokens: tokens,
+            output_tokens: 0,
+            requests: 1,
+            cost_micros: 7,
+            default_caps: caps,
+            task: "meeting_brief".into(),
+            user_id: "u".into(),
+            trace_id: id.into(),
+            channel: "api".into(),
+            priority: "interactive".into(),
+            created_at_ms: 0,
+        })
+    };
+    let first = vec![
+        reserve("a1", "ta", 100),
+        reserve("b1", "tb", 400),
+        reserve("a2", "ta", 100),
+        reserve("b2", "tb", 700),
+        reserve("b3", "tb", 500),
+    ];
+    let settle = Op::Settle(ledger::Settle {
+        reservations: vec![("a1".into(), 100, 1, 7), ("swept".into(), 5, 1, 1)],
+        charge: true,
+        record: record::UsageRecord {
+            team_id: "ta".into(),
+            task: "meeting_brief".into(),
+            trace_id: "a1".into(),
+            input_tokens: 30,
+            output_tokens: 20,
+            cost_micros: Some(3),
+            outcome: "ok".into(),
+            attempts: "[]".into(),
+            ..record::UsageRecord::default()
+        },
+        month_start_ms: 0,
+        prompt_owner: None,
+    });
+    let second = vec![reserve("a3", "ta", 100), settle, reserve("a4", "ta", 100)];
+
+    let mut outcomes = Vec::new();
+    for own_connection in [false, true] {
+        let db = Db::new(false).await;
+        let store = db.store().await;
+        let mut conn = own_connection.then(|| {
+            let path = ai_orchestrator::usage::sqlite_writer::file_of(&db.url()).unwrap();
+            ai_orchestrator::usage::sqlite_writer::open(&path, &DatabaseConfig::default()).unwrap()
+        });
+        let mut done = Vec::new();
+        for batch in [&first, &second] {
+            done.push(match conn.as_mut() {
+                Some(conn) => ai_orchestrator::usage::sqlite_writer::apply(conn, batch).unwrap(),
+                None => ledger::apply(&store, batch).await.unwrap(),
+            });
+        }
+        let balances = (
+            ledger::balance_of(&store, "ta", 0).await.unwrap(),
+            ledger::balance_of(&store, "tb", 0).await.unwrap(),
+        );
+        let records = record::by_trace(&store, "a1").await.unwrap();
+        outcomes.push((
+            done,
+            balances,
+            records,
+            sweeper::open_reservations(&store).await.unwrap(),
+        ));
+        store.close().await;
+        db.cleanup().await;
+    }
+    let (done, (ta, tb), records, open) = &outcomes[0];
+    // ta: both fit together; tb: 400 + 700 > 1000 tokens, so one by one:
+    // b1 fits, b2 does not, b3 does (900).
+    assert_eq!(done[0][0], Done::Admitted);
+    assert_eq!(done[0][2], Done::Admitted);
+    assert_eq!(done[0][1], Done::Admitted);
+    assert!(matches!(done[0][3], Done::Refused(r) if r.limit == 1_000 && r.used == 400));
+    assert_eq!(done[0][4], Done::Admitted);
+    // Second batch: a1 settles (a request spent, its reservation released;
+    // "swept" was already gone), a3 is ta's third request, a4 its fourth.
+    assert_eq!(done[1][1], Done::Settled);
+    assert_eq!(done[1][0], Done::Admitted);
+    assert!(matches!(done[1][2], Done::Refused(r) if r.limit == 3 && r.used == 3));
+    assert_eq!(
+        (ta.spent_tokens, ta.spent_requests, ta.spent_cost_micros),
+        (50, 1, 3)
+    );
+    assert_eq!((ta.reserved_tokens, ta.reserved_requests), (200, 2));
+    assert_eq!((tb.reserved_tokens, tb.reserved_requests), (900, 2));
+    assert_eq!(records.len(), 1);
+    assert_eq!(*open, 4, "a2, a3, b1, b3 are still open");
+    assert_eq!(outcomes[0], outcomes[1], "both paths agree");
 }
 
 async fn cancelled_call_settles(postgres: bool) {

@@ -92,8 +92,9 @@ metrics_listen = "{metrics}"
 default_timeout = "30s"
 health_probe_interval = "5s"
 shutdown_grace = "5s"
-# Far above the in-flight count of any step, so no request is shed.
-max_concurrent_requests = 20000
+# server.max_concurrent_requests keeps the product default (1024): in
+# overload the server sheds with RESOURCE_EXHAUSTED (counted as errors)
+# instead of holding thousands of calls in memory, as it would in production.
 
 [database]
 url = "{database_url}"

@@ -1,0 +1,303 @@
+//! The SQLite ledger writer's own connection: a batch applied on one
+//! thread, statement after statement, with no hop between threads.
+//!
+//! Why not sqlx here: sqlx drives SQLite from a worker thread per
+//! connection, so every statement of a batch is a round trip between that
+//! thread and the runtime (two context switches). The ledger runs ~6–20
+//! statements per group commit and every metered call waits for two group
+//! commits; the benchmark's profile had `finish_task_switch` as its largest
+//! symbol. A synchronous connection (rusqlite, on the same linked SQLite as
+//! sqlx) runs the whole batch inside one blocking task: one hand-off per
+//! batch instead of one per statement. Everything else (reads, the sweeper,
+//! prompts, limits) stays on the sqlx pool; WAL and the busy timeout order
+//! the writers, as between any two pooled connections.
+//!
+//! The SQL and the admission rules are the ones of [`super::batch`] (the
+//! same constants and helpers); only the driver differs, and the ledger's
+//! tests run against both paths (SQLite files here, PostgreSQL there).
+
+use super::{
+    batch::{self, Params},
+    ledger::{
+        BALANCE, BalanceRow, CHARGE_AND_RELEASE, Caps, Done, ENSURE_ROW, GUARDED_RESERVE, Op,
+        Reserve, Settle, TEAM_CAPS, balance, exceeded, refusal,
+    },
+    record::{self, UsageRecord},
+};
+use crate::config::{DatabaseConfig, SqliteDurability};
+use rusqlite::{
+    CachedStatement, Connection, OpenFlags, OptionalExtension, ToSql, Transaction,
+    TransactionBehavior,
+};
+use std::{collections::HashSet, ffi::CStr, path::PathBuf, str::FromStr};
+
+/// Parameter names `$1`..`$18`, for binding by name: the shared SQL numbers
+/// its parameters, and SQLite indexes them in order of first appearance,
+/// which is not their number in `GUARDED_RESERVE` or `CHARGE_AND_RELEASE`.
+const NAMES: [&CStr; 18] = [
+    c"$1", c"$2", c"$3", c"$4", c"$5", c"$6", c"$7", c"$8", c"$9", c"$10", c"$11", c"$12", c"$13",
+    c"$14", c"$15", c"$16", c"$17", c"$18",
+];
+
+/// The database file behind a `sqlite:` URL, or `None` when the database
+/// lives only in memory (a second connection would open another database;
+/// such stores keep the sqlx writer).
+pub fn file_of(url: &str) -> Option<PathBuf> {
+    if url.contains(":memory:") || url.contains("mode=memory") {
+        return None;
+    }
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url).ok()?;
+    Some(options.get_filename().to_path_buf())
+}
+
+/// Opens the writer's connection to the (already created and migrated)
+/// file with the pool's settings: busy timeout, `synchronous`, foreign keys.
+pub fn open(path: &std::path::Path, config: &DatabaseConfig) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(config.busy_timeout)?;
+    // WAL is a property of the file (set by the pool on creation); asking
+    // again is harmless and makes this connection's view explicit.
+    let _mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        match config.sqlite_synchronous {
+            SqliteDurability::Full => "FULL",
+            SqliteDurability::Normal => "NORMAL",
+        },
+    )?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    // Checkpoints run beside this connection (see `writer::checkpoint`), so
+    // no ledger commit pays for copying the WAL back into the database.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    // Every SQL text the ledger uses, with room to spare.
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(conn)
+}
+
+/// Runs a cached statement whose parameters are `$1..$n`, bound by name.
+fn execute(tx: &Transaction<'_>, sql: &str, args: &[&dyn ToSql]) -> rusqlite::Result<usize> {
+    let mut stmt = tx.prepare_cached(sql)?;
+    bind(&mut stmt, args)?;
+    stmt.raw_execute()
+}
+
+fn bind(stmt: &mut CachedStatement<'_>, args: &[&dyn ToSql]) -> rusqlite::Result<()> {
+    for (name, value) in NAMES.iter().zip(args) {
+        stmt.raw_bind_parameter(*name, value)?;
+    }
+    Ok(())
+}
+
+/// The guarded reservation of [`GUARDED_RESERVE`], creating the ledger row
+/// on the first miss: true when admitted.
+fn guarded(
+    tx: &Transaction<'_>,
+    team: &str,
+    month: i64,
+    defaults: &Caps,
+    ensured: &mut bool,
+    (tokens, requests, cost): (i64, i64, i64),
+) -> rusqlite::Result<bool> {
+    loop {
+        let rows = execute(
+            tx,
+            GUARDED_RESERVE,
+            &[
+                &team,
+                &month,
+                &tokens,
+                &requests,
+                &cost,
+                &defaults.tokens,
+                &defaults.requests,
+                &defaults.cost_micros,
+            ],
+        )?;
+        if rows == 1 || *ensured {
+            return Ok(rows == 1);
+        }
+        execute(tx, ENSURE_ROW, &[&team, &month])?;
+        *ensured = true;
+    }
+}
+
+fn insert_record(tx: &Transaction<'_>, r: &UsageRecord) -> rusqlite::Result<usize> {
+    execute(
+        tx,
+        record::INSERT,
+        &[
+            &r.created_at_ms,
+            &r.team_id,
+            &r.user_id,
+            &r.task,
+            &r.provider,
+            &r.model,
+            &r.prompt_key,
+            &r.prompt_version,
+            &r.trace_id,
+            &r.input_tokens,
+            &r.output_tokens,
+            &r.cost_micros,
+            &r.latency_ms,
+            &r.outcome,
+            &r.attempts,
+            &i64::from(r.degraded),
+            &r.channel,
+            &r.priority,
+        ],
+    )
+}
+
+fn insert_reservation(tx: &Transaction<'_>, r: &Reserve) -> rusqlite::Result<usize> {
+    execute(
+        tx,
+        batch::insert_reservations(1, Params::Numbered),
+        &[
+            &r.id,
+            &r.team_id,
+            &r.month_start_ms,
+            &r.input_tokens,
+            &r.output_tokens,
+            &r.requests,
+            &r.cost_micros,
+            &r.task,
+            &r.user_id,
+            &r.trace_id,
+            &r.channel,
+            &r.priority,
+            &r.created_at_ms,
+        ],
+    )
+}
+
+/// Applies `ops` in one `BEGIN IMMEDIATE` transaction and returns one result
+/// per op, in order: the semantics of [`super::batch::apply`] (settlements
+/// first, then reservations, a team's group admitted together when it fits,
+/// else one by one). Blocking: call it from a blocking task.
+pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
+    let settles: Vec<&Settle> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Settle(s) => Some(s),
+            Op::Reserve(_) => None,
+        })
+        .collect();
+    let groups = batch::reserve_groups(ops);
+    let mut done: Vec<Done> = vec![Done::Settled; ops.len()];
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+
+    let mut deleted = HashSet::new();
+    for s in &settles {
+        for (id, ..) in &s.reservations {
+            if execute(&tx, "DELETE FROM usage_reservations WHERE id = $1", &[id])? == 1 {
+                deleted.insert(id.clone());
+            }
+        }
+    }
+    for ((team, month), d) in batch::settle_deltas(&settles, &deleted) {
+        let args: [&dyn ToSql; 8] = [
+            &team,
+            &month,
+            &d.released[0],
+            &d.released[1],
+            &d.released[2],
+            &d.charged[0],
+            &d.charged[1],
+            &d.charged[2],
+        ];
+        if execute(&tx, CHARGE_AND_RELEASE, &args)? == 0 {
+            execute(&tx, ENSURE_ROW, &[&team, &month])?;
+            execute(&tx, CHARGE_AND_RELEASE, &args)?;
+        }
+    }
+    for s in &settles {
+        insert_record(&tx, &s.record)?;
+        let Some(owner) = s
+            .prompt_owner
+            .as_ref()
+            .filter(|_| s.record.prompt_version > 0)
+        else {
+            continue;
+        };
+        let success = if s.record.outcome == "ok" { 1.0 } else { 0.0 };
+        execute(
+            &tx,
+            crate::prompts::store::RECORD_STATS,
+            &[
+                owner,
+                &s.record.prompt_key,
+                &s.record.prompt_version,
+                &(s.record.latency_ms as f64),
+                &success,
+            ],
+        )?;
+    }
+
+    for group in &groups {
+        let Some((_, first)) = group.first() else {
+            continue;
+        };
+        let (team, month) = (first.team_id.as_str(), first.month_start_ms);
+        let defaults = first.default_caps;
+        let mut ensured = false;
+        if guarded(&tx, team, month, &defaults, &mut ensured, batch::sum(group))? {
+            for (i, r) in group {
+                insert_reservation(&tx, r)?;
+                done[*i] = Done::Admitted;
+            }
+            continue;
+        }
+        let caps = tx
+            .prepare_cached(TEAM_CAPS)?
+            .query_row([team], |row| {
+                Ok(Caps {
+                    tokens: row.get(0)?,
+                    requests: row.get(1)?,
+                    cost_micros: row.get(2)?,
+                })
+            })
+            .optional()?
+            .unwrap_or(defaults);
+        for (i, r) in group {
+            let one = (r.tokens(), r.requests, r.cost_micros);
+            // A lone reservation was just refused; do not ask twice. SQLite
+            // has one writer, so the balance read next is the one the
+            // guarded UPDATE saw.
+            let fits = group.len() > 1 && guarded(&tx, team, month, &defaults, &mut ensured, one)?;
+            if fits {
+                insert_reservation(&tx, r)?;
+                done[*i] = Done::Admitted;
+                continue;
+            }
+            let row: Option<BalanceRow> = tx
+                .prepare_cached(BALANCE)?
+                .query_row(rusqlite::params![team, month], |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                        row.get(5)?,
+                    ))
+                })
+                .optional()?;
+            let b = balance(row);
+            done[*i] = match exceeded(&b, &caps, r) {
+                // Unreachable with one writer, kept for symmetry with the
+                // pooled path: admit only through the guard.
+                None if guarded(&tx, team, month, &defaults, &mut ensured, one)? => {
+                    insert_reservation(&tx, r)?;
+                    Done::Admitted
+                }
+                _ => Done::Refused(refusal(&b, &caps, r)),
+            };
+        }
+    }
+    tx.commit()?;
+    Ok(done)
+}
