@@ -3,8 +3,9 @@
 //! burst while every caller still waits until its own operation is durable.
 //!
 //! A SQLite file has one writer, with its own synchronous connection
-//! ([`super::sqlite_writer`]), a batch per blocking task; WAL checkpoints
-//! run beside it on the pool, so no commit waits for one. PostgreSQL has
+//! ([`super::sqlite_writer`]), a batch per blocking task; with
+//! `synchronous = NORMAL`, WAL checkpoints run beside it on the pool, so no
+//! commit waits for one. PostgreSQL has
 //! `metering.ledger_writers` writers, each on its own pooled connection,
 //! and a team always goes to the same one: batches for different teams
 //! commit in parallel (a network round trip per statement no longer
@@ -117,9 +118,11 @@ impl LedgerWriter {
             (Store::Sqlite(_), Some(path)) => {
                 let conn = sqlite_writer::open(&path, config)?;
                 appliers.push(Applier::Sqlite(Arc::new(Mutex::new(conn))));
-                let (alive, writer_gone) = watch::channel(());
-                tokio::spawn(checkpoint(store.clone(), writer_gone));
-                checkpointer = Some(alive);
+                if sqlite_writer::checkpoints_beside(config) {
+                    let (alive, writer_gone) = watch::channel(());
+                    tokio::spawn(checkpoint(store.clone(), writer_gone));
+                    checkpointer = Some(alive);
+                }
             }
             (Store::Postgres(_), _) => {
                 for _ in 0..postgres_writers.max(1) {
@@ -238,11 +241,11 @@ async fn run(
 }
 
 /// Checkpoints the SQLite WAL through the pool every [`CHECKPOINT_EVERY`]
-/// until the writer is gone. The writer's connection never checkpoints
-/// itself (`wal_autocheckpoint = 0`): a commit that crosses the
-/// auto-checkpoint threshold would copy the WAL into the database and fsync
-/// it before its caller hears back, the largest tail latency of a metered
-/// call. A passive checkpoint here runs beside the writer without blocking it.
+/// until the writer is gone, when the writer's connection does not
+/// checkpoint itself ([`sqlite_writer::checkpoints_beside`]): a commit that
+/// crosses the auto-checkpoint threshold would copy the WAL into the
+/// database and fsync it before its caller hears back. A passive checkpoint
+/// here runs beside the writer without blocking it.
 async fn checkpoint(store: Store, mut writer_gone: watch::Receiver<()>) {
     let Store::Sqlite(pool) = store else { return };
     loop {
