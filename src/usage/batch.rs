@@ -210,6 +210,16 @@ pub(super) fn reserve_groups(ops: &[Op]) -> Vec<Vec<(usize, &Reserve)>> {
     groups
 }
 
+/// The settlements among `ops`, in order.
+pub(super) fn settles_of(ops: &[Op]) -> Vec<&Settle> {
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::Settle(s) => Some(s),
+            Op::Reserve(_) => None,
+        })
+        .collect()
+}
+
 /// The (team, month) of a reservation group.
 fn group_key<'a>(group: &Vec<(usize, &'a Reserve)>) -> Option<(&'a str, i64)> {
     group
@@ -229,14 +239,15 @@ pub(super) fn sum(reserves: &[(usize, &Reserve)]) -> (i64, i64, i64) {
 /// true when admitted. The ledger row is created on the first
 /// miss (`ensured` remembers it), so the common case is one statement.
 macro_rules! guarded {
-    ($tx:ident, $team:expr, $month:expr, $defaults:expr, $ensured:ident, $tokens:expr, $requests:expr, $cost:expr) => {{
+    ($tx:ident, $team:expr, $month:expr, $defaults:expr, $ensured:ident, $amount:expr) => {{
+        let (tokens, requests, cost): (i64, i64, i64) = $amount;
         loop {
             let rows = sqlx::query(GUARDED_RESERVE)
                 .bind($team)
                 .bind($month)
-                .bind($tokens)
-                .bind($requests)
-                .bind($cost)
+                .bind(tokens)
+                .bind(requests)
+                .bind(cost)
                 .bind($defaults.tokens)
                 .bind($defaults.requests)
                 .bind($defaults.cost_micros)
@@ -259,13 +270,7 @@ macro_rules! guarded {
 /// Applies `ops` in one transaction and returns one result per op, in order
 /// (settlements first, then reservations; see the module docs).
 pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
-    let settles: Vec<&Settle> = ops
-        .iter()
-        .filter_map(|op| match op {
-            Op::Settle(s) => Some(s),
-            Op::Reserve(_) => None,
-        })
-        .collect();
+    let settles = settles_of(ops);
     let ids: Vec<&str> = settles
         .iter()
         .flat_map(|s| s.reservations.iter().map(|(id, ..)| id.as_str()))
@@ -345,8 +350,7 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                 // are read here only to explain a refusal (`caps` below).
                 let defaults = first.default_caps;
                 let mut ensured = false;
-                let (tokens, requests, cost) = sum(group);
-                if guarded!(tx, team, month, defaults, ensured, tokens, requests, cost) {
+                if guarded!(tx, team, month, defaults, ensured, sum(group)) {
                     admitted.extend(group.iter().map(|(_, r)| *r));
                     for (i, _) in group {
                         done[*i] = Done::Admitted;
@@ -365,17 +369,8 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                 });
                 for (i, r) in group {
                     // A lone reservation was just refused; do not ask twice.
-                    let fits = group.len() > 1
-                        && guarded!(
-                            tx,
-                            team,
-                            month,
-                            defaults,
-                            ensured,
-                            r.tokens(),
-                            r.requests,
-                            r.cost_micros
-                        );
+                    let fits =
+                        group.len() > 1 && guarded!(tx, team, month, defaults, ensured, r.amount());
                     if fits {
                         admitted.push(r);
                         done[*i] = Done::Admitted;
@@ -391,16 +386,7 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                     // settlement committed after the UPDATE refused: when the
                     // reservation fits now, ask once more (still guarded).
                     let fits_now = exceeded(&b, &caps, r).is_none()
-                        && guarded!(
-                            tx,
-                            team,
-                            month,
-                            defaults,
-                            ensured,
-                            r.tokens(),
-                            r.requests,
-                            r.cost_micros
-                        );
+                        && guarded!(tx, team, month, defaults, ensured, r.amount());
                     if fits_now {
                         admitted.push(r);
                         done[*i] = Done::Admitted;
@@ -416,7 +402,7 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
         let mut stats_of: Vec<&Settle> = settles
             .iter()
             .copied()
-            .filter(|s| s.prompt_owner.is_some() && s.record.prompt_version > 0)
+            .filter(|s| s.prompt_stats().is_some())
             .collect();
         stats_of.sort_by(|a, b| {
             (
@@ -431,17 +417,8 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
                 ))
         });
         for s in &stats_of {
-            let Some(owner) = s
-                .prompt_owner
-                .as_ref()
-                .filter(|_| s.record.prompt_version > 0)
-            else {
+            let Some((owner, success)) = s.prompt_stats() else {
                 continue;
-            };
-            let success = if s.record.outcome == "ok" {
-                1.0_f64
-            } else {
-                0.0
             };
             sqlx::query(crate::prompts::store::RECORD_STATS)
                 .bind(owner)

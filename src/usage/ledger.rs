@@ -106,6 +106,11 @@ impl Reserve {
     pub fn tokens(&self) -> i64 {
         self.input_tokens + self.output_tokens
     }
+
+    /// `(tokens, requests, cost_micros)`: what the guarded reservation adds.
+    pub fn amount(&self) -> (i64, i64, i64) {
+        (self.tokens(), self.requests, self.cost_micros)
+    }
 }
 
 /// The end of a call: release its reservations, charge what it used, and
@@ -124,6 +129,24 @@ pub struct Settle {
     /// Team owning the stored prompt version used ('' = global), to fold
     /// this call into that version's stats; `None` for built-in prompts.
     pub prompt_owner: Option<String>,
+}
+
+impl Settle {
+    /// `(owner, success)` when this call is folded into a stored prompt
+    /// version's stats: it used one (built-in prompts, version 0, have no
+    /// stats); success is 1.0 for an `ok` outcome, else 0.0.
+    pub fn prompt_stats(&self) -> Option<(&str, f64)> {
+        let owner = self
+            .prompt_owner
+            .as_deref()
+            .filter(|_| self.record.prompt_version > 0)?;
+        let success = if self.record.outcome == "ok" {
+            1.0
+        } else {
+            0.0
+        };
+        Some((owner, success))
+    }
 }
 
 /// One ledger operation.

@@ -20,7 +20,7 @@ use super::{
     batch::{self, Params},
     ledger::{
         BALANCE, BalanceRow, CHARGE_AND_RELEASE, Caps, Done, ENSURE_ROW, GUARDED_RESERVE, Op,
-        Reserve, Settle, TEAM_CAPS, balance, exceeded, refusal,
+        Reserve, TEAM_CAPS, balance, exceeded, refusal,
     },
     record::{self, UsageRecord},
 };
@@ -193,13 +193,7 @@ fn insert_reservation(tx: &Transaction<'_>, r: &Reserve) -> rusqlite::Result<usi
 /// first, then reservations, a team's group admitted together when it fits,
 /// else one by one). Blocking: call it from a blocking task.
 pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
-    let settles: Vec<&Settle> = ops
-        .iter()
-        .filter_map(|op| match op {
-            Op::Settle(s) => Some(s),
-            Op::Reserve(_) => None,
-        })
-        .collect();
+    let settles = batch::settles_of(ops);
     let groups = batch::reserve_groups(ops);
     let mut done: Vec<Done> = vec![Done::Settled; ops.len()];
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -230,19 +224,14 @@ pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
     }
     for s in &settles {
         insert_record(&tx, &s.record)?;
-        let Some(owner) = s
-            .prompt_owner
-            .as_ref()
-            .filter(|_| s.record.prompt_version > 0)
-        else {
+        let Some((owner, success)) = s.prompt_stats() else {
             continue;
         };
-        let success = if s.record.outcome == "ok" { 1.0 } else { 0.0 };
         execute(
             &tx,
             crate::prompts::store::RECORD_STATS,
             &[
-                owner,
+                &owner,
                 &s.record.prompt_key,
                 &s.record.prompt_version,
                 &(s.record.latency_ms as f64),
@@ -277,7 +266,7 @@ pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
             .optional()?
             .unwrap_or(defaults);
         for (i, r) in group {
-            let one = (r.tokens(), r.requests, r.cost_micros);
+            let one = r.amount();
             // A lone reservation was just refused; do not ask twice. SQLite
             // has one writer, so the balance read next is the one the
             // guarded UPDATE saw.
