@@ -20,7 +20,7 @@ use super::{
     batch::{self, Params},
     ledger::{
         BALANCE, BalanceRow, CHARGE_AND_RELEASE, Caps, Done, ENSURE_ROW, GUARDED_RESERVE, Op,
-        Reserve, TEAM_CAPS, balance, exceeded, refusal,
+        Reserve, TEAM_CAPS, balance, refusal,
     },
     record::{self, UsageRecord},
 };
@@ -267,9 +267,7 @@ pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
             .unwrap_or(defaults);
         for (i, r) in group {
             let one = r.amount();
-            // A lone reservation was just refused; do not ask twice. SQLite
-            // has one writer, so the balance read next is the one the
-            // guarded UPDATE saw.
+            // A lone reservation was just refused; do not ask twice.
             let fits = group.len() > 1 && guarded(&tx, team, month, &defaults, &mut ensured, one)?;
             if fits {
                 insert_reservation(&tx, r)?;
@@ -289,16 +287,10 @@ pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
                     ))
                 })
                 .optional()?;
-            let b = balance(row);
-            done[*i] = match exceeded(&b, &caps, r) {
-                // Unreachable with one writer, kept for symmetry with the
-                // pooled path: admit only through the guard.
-                None if guarded(&tx, team, month, &defaults, &mut ensured, one)? => {
-                    insert_reservation(&tx, r)?;
-                    Done::Admitted
-                }
-                _ => Done::Refused(refusal(&b, &caps, r)),
-            };
+            // One writer: this is the balance the guarded UPDATE just
+            // refused against (the pooled path re-asks under PostgreSQL's
+            // READ COMMITTED; here there is nothing newer to see).
+            done[*i] = Done::Refused(refusal(&balance(row), &caps, r));
         }
     }
     tx.commit()?;

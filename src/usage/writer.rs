@@ -261,3 +261,66 @@ async fn checkpoint(store: Store, mut writer_gone: watch::Receiver<()>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::usage::ledger::{Reserve, Settle};
+
+    fn reserve(team: &str) -> Op {
+        Op::Reserve(Reserve {
+            id: "r".into(),
+            team_id: team.into(),
+            month_start_ms: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            requests: 1,
+            cost_micros: 0,
+            default_caps: ledger::Caps::default(),
+            task: String::new(),
+            user_id: String::new(),
+            trace_id: String::new(),
+            channel: String::new(),
+            priority: String::new(),
+            created_at_ms: 0,
+        })
+    }
+
+    fn settle(team: &str) -> Op {
+        Op::Settle(Settle {
+            reservations: Vec::new(),
+            charge: false,
+            record: crate::usage::UsageRecord {
+                team_id: team.into(),
+                ..Default::default()
+            },
+            month_start_ms: 0,
+            prompt_owner: None,
+        })
+    }
+
+    #[test]
+    fn a_team_always_uses_one_writer_and_teams_spread_over_all() {
+        let (senders, _receivers): (Vec<_>, Vec<_>) = (0..4).map(|_| mpsc::channel(1)).unzip();
+        let writer = LedgerWriter {
+            shards: senders.into(),
+        };
+        let index = |op: &Op| {
+            let shard = writer.shard(op).unwrap();
+            writer
+                .shards
+                .iter()
+                .position(|s| s.same_channel(shard))
+                .unwrap()
+        };
+        let mut used = std::collections::HashSet::new();
+        for t in 0..64 {
+            let team = format!("team-{t}");
+            let first = index(&reserve(&team));
+            assert_eq!(index(&settle(&team)), first, "{team}");
+            assert_eq!(index(&reserve(&team)), first, "{team}");
+            used.insert(first);
+        }
+        assert_eq!(used.len(), 4, "64 teams use every writer");
+    }
+}
