@@ -80,10 +80,10 @@ async fn cost_cap_refuses_with_quota_failure_postgres() {
     cost_cap_refuses(true).await;
 }
 
-async fn refused_top_up_settles_the_first_draft(postgres: bool) {
-    let db = Db::new(postgres).await;
-    // A reply that never fits 2 segments, so GenerateSms wants a second,
-    // stricter draft; a huge output cap makes each reservation ~100k tokens.
+/// A server whose model's SMS reply never fits 2 segments, so GenerateSms
+/// wants a second, stricter draft; a huge output cap makes each draft's
+/// reservation ~100k tokens.
+async fn redrafting_app(db: &Db) -> TestApp {
     let too_long = format!(
         "reply = '{{\"reply\":\"{}\",\"escalate\":false,\"escalate_reason\":\"\"}}'",
         "Thanks for reaching out! ".repeat(20)
@@ -92,7 +92,12 @@ async fn refused_top_up_settles_the_first_draft(postgres: bool) {
         "[tasks.sms_generate]\n",
         "[tasks.sms_generate]\nmax_tokens = 100000\n",
     );
-    let app = TestApp::spawn_toml(&toml).await;
+    TestApp::spawn_toml(&toml).await
+}
+
+async fn refused_top_up_settles_the_first_draft(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let app = redrafting_app(&db).await;
     let store = db.store().await;
     // Admits the first draft's reservation (~102k), never a second one too.
     ledger::set_caps(
@@ -175,15 +180,7 @@ async fn refused_top_up_settles_the_first_draft_postgres() {
 #[tokio::test]
 async fn the_budget_bounds_both_drafts_together() {
     let db = Db::new(false).await;
-    let too_long = format!(
-        "reply = '{{\"reply\":\"{}\",\"escalate\":false,\"escalate_reason\":\"\"}}'",
-        "Thanks for reaching out! ".repeat(20)
-    );
-    let toml = config_toml_with(&db.url(), &too_long, FAST, "").replace(
-        "[tasks.sms_generate]\n",
-        "[tasks.sms_generate]\nmax_tokens = 100000\n",
-    );
-    let app = TestApp::spawn_toml(&toml).await;
+    let app = redrafting_app(&db).await;
     let reply = app
         .client
         .clone()

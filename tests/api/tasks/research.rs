@@ -26,6 +26,24 @@ fn perplexity_answer(model: &str, answer: &Value) -> ResponseTemplate {
     }))
 }
 
+/// A server with a SQLite file in `dir` and one `perplexity` provider at
+/// `upstream` (key from `PPLX`), plus `tasks` (task and pricing tables).
+async fn perplexity_app(dir: &tempfile::TempDir, upstream: &MockServer, tasks: &str) -> TestApp {
+    let toml = format!(
+        r#"
+[database]
+url = "sqlite://{}"
+[providers.perplexity]
+kind = "perplexity"
+base_url = "{}"
+api_key_env = "PPLX"
+{tasks}"#,
+        dir.path().join("research.db").display(),
+        upstream.uri()
+    );
+    TestApp::spawn_toml_env(&toml, |n| (n == "PPLX").then(|| "pplx-test".to_owned())).await
+}
+
 #[tokio::test]
 async fn research_sources_come_from_perplexity_citations() {
     let perplexity = MockServer::start().await;
@@ -44,25 +62,18 @@ async fn research_sources_come_from_perplexity_citations() {
         .mount(&perplexity)
         .await;
     let dir = tempfile::tempdir().unwrap();
-    let toml = format!(
+    let app = perplexity_app(
+        &dir,
+        &perplexity,
         r#"
-[database]
-url = "sqlite://{}"
-[providers.perplexity]
-kind = "perplexity"
-base_url = "{}"
-api_key_env = "PPLX"
 [tasks.research_deep]
-chain = [{{ provider = "perplexity", model = "llama-3.1-sonar-small-128k-online" }}]
+chain = [{ provider = "perplexity", model = "llama-3.1-sonar-small-128k-online" }]
 [pricing."llama-3.1-sonar-small-128k-online"]
 input_per_mtok = 0.2
 output_per_mtok = 0.2
 "#,
-        dir.path().join("r.db").display(),
-        perplexity.uri()
-    );
-    let app =
-        TestApp::spawn_toml_env(&toml, |n| (n == "PPLX").then(|| "pplx-test".to_owned())).await;
+    )
+    .await;
     let r = app
         .client
         .clone()
@@ -112,14 +123,8 @@ async fn verify_depth_runs_the_research_verify_task() {
         .await;
     let dir = tempfile::tempdir().unwrap();
     // Both depths on the same provider, told apart by model.
-    let toml = format!(
+    let tasks = format!(
         r#"
-[database]
-url = "sqlite://{}"
-[providers.perplexity]
-kind = "perplexity"
-base_url = "{}"
-api_key_env = "PPLX"
 [tasks.research_verify]
 chain = [{{ provider = "perplexity", model = "{VERIFY_MODEL}" }}]
 [tasks.research_deep]
@@ -130,12 +135,9 @@ output_per_mtok = 0.2
 [pricing."{DEEP_MODEL}"]
 input_per_mtok = 1.0
 output_per_mtok = 1.0
-"#,
-        dir.path().join("v.db").display(),
-        perplexity.uri()
+"#
     );
-    let app =
-        TestApp::spawn_toml_env(&toml, |n| (n == "PPLX").then(|| "pplx-test".to_owned())).await;
+    let app = perplexity_app(&dir, &perplexity, &tasks).await;
     let mut client = app.client.clone();
     let r = client
         .research(pb::ResearchRequest {
