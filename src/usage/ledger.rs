@@ -69,7 +69,7 @@ impl Refusal {
 }
 
 /// A reservation to make before calling a provider.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reserve {
     /// Reservation ID (UUIDv7).
     pub id: String,
@@ -395,20 +395,10 @@ mod tests {
 
     fn reserve(tokens: i64, requests: i64, cost_micros: i64) -> Reserve {
         Reserve {
-            id: "r".into(),
-            team_id: "t".into(),
-            month_start_ms: 0,
             input_tokens: tokens,
-            output_tokens: 0,
             requests,
             cost_micros,
-            default_caps: Caps::default(),
-            task: String::new(),
-            user_id: String::new(),
-            trace_id: String::new(),
-            channel: String::new(),
-            priority: String::new(),
-            created_at_ms: 0,
+            ..Reserve::default()
         }
     }
 

@@ -10,6 +10,7 @@ pub mod record;
 pub mod sqlite_writer;
 pub mod summary;
 pub mod sweeper;
+mod wal_sync;
 pub mod writer;
 
 pub use meter::{Meter, MeterError, MeterSession};

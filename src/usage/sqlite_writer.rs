@@ -24,7 +24,7 @@ use super::{
     },
     record::{self, UsageRecord},
 };
-use crate::config::{DatabaseConfig, SqliteDurability};
+use crate::config::DatabaseConfig;
 use rusqlite::{
     CachedStatement, Connection, OpenFlags, OptionalExtension, ToSql, Transaction,
     TransactionBehavior,
@@ -51,7 +51,8 @@ pub fn file_of(url: &str) -> Option<PathBuf> {
 }
 
 /// Opens the writer's connection to the (already created and migrated)
-/// file with the pool's settings: busy timeout, `synchronous`, foreign keys.
+/// file: the pool's busy timeout and foreign keys; commits that do not wait
+/// for the disk (the writer syncs the WAL itself, see `super::wal_sync`).
 pub fn open(path: &std::path::Path, config: &DatabaseConfig) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
@@ -61,35 +62,17 @@ pub fn open(path: &std::path::Path, config: &DatabaseConfig) -> rusqlite::Result
     // WAL is a property of the file (set by the pool on creation); asking
     // again is harmless and makes this connection's view explicit.
     let _mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-    conn.pragma_update(
-        None,
-        "synchronous",
-        match config.sqlite_synchronous {
-            SqliteDurability::Full => "FULL",
-            SqliteDurability::Normal => "NORMAL",
-        },
-    )?;
+    // Commits do not wait for the disk: with `sqlite_synchronous = "full"`
+    // the writer syncs the WAL right after each commit, before it answers
+    // the settlements (`super::wal_sync`); with "normal" checkpoints do.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    if checkpoints_beside(config) {
-        // See `checkpoints_beside`: no ledger commit pays for copying the
-        // WAL back into the database.
-        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
-    }
+    // SQLite's automatic checkpoint (1,000 frames) stays on this
+    // connection, between commits: a passive checkpoint beside a busy
+    // writer never catches up, and the WAL grew without bound.
     // Every SQL text the ledger uses, with room to spare.
     conn.set_prepared_statement_cache_capacity(32);
     Ok(conn)
-}
-
-/// Whether WAL checkpoints run beside the writer (`writer::checkpoint`)
-/// rather than inside the commit that crosses SQLite's auto-checkpoint
-/// threshold. Only with `synchronous = NORMAL`: there a checkpoint's fsyncs
-/// are the only ones, and moving them off the commit path halved the
-/// server-side p99 in the benchmark. With `FULL` every commit already
-/// fsyncs, and a checkpointer's own fsyncs competing with the writer's for
-/// the disk made calls slower (mean +0.5 ms at 1,000 rps), so the writer
-/// keeps checkpointing inline there.
-pub fn checkpoints_beside(config: &DatabaseConfig) -> bool {
-    config.sqlite_synchronous == SqliteDurability::Normal
 }
 
 /// Runs a cached statement whose parameters are `$1..$n`, bound by name.

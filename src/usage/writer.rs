@@ -1,11 +1,13 @@
 //! Group commit: a writer task owns ledger writes and applies whatever
-//! operations are queued as one transaction, so one fsync covers a whole
-//! burst while every caller still waits until its own operation is durable.
+//! operations are queued as one transaction, so one commit (and one fsync)
+//! covers a whole burst while every caller still waits until its own
+//! operation is done.
 //!
 //! A SQLite file has one writer, with its own synchronous connection
-//! ([`super::sqlite_writer`]), a batch per blocking task; with
-//! `synchronous = NORMAL`, WAL checkpoints run beside it on the pool, so no
-//! commit waits for one. PostgreSQL has
+//! ([`super::sqlite_writer`]), a batch per blocking task. Its commits do not
+//! wait for the disk: the batch's reservations are answered once committed,
+//! then the WAL is synced and the settlements answered
+//! ([`super::wal_sync`]). PostgreSQL has
 //! `metering.ledger_writers` writers, each on its own pooled connection,
 //! and a team always goes to the same one: batches for different teams
 //! commit in parallel (a network round trip per statement no longer
@@ -15,15 +17,15 @@
 use super::{
     ledger::{self, Done, Op},
     sqlite_writer,
+    wal_sync::Wal,
 };
 use crate::{
-    config::DatabaseConfig,
+    config::{DatabaseConfig, SqliteDurability},
     store::{Store, StoreError},
 };
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
     sync::{Arc, Mutex},
-    time::Duration,
 };
 use tokio::{
     sync::{mpsc, oneshot, watch},
@@ -32,10 +34,6 @@ use tokio::{
 
 /// Queue depth per writer before callers wait (back-pressure).
 const QUEUE: usize = 4096;
-
-/// How often the SQLite WAL is checkpointed beside the writer. Short enough
-/// that the WAL stays a few MB under full load.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 
 type Reply = oneshot::Sender<Result<Done, Arc<crate::store::StoreError>>>;
 
@@ -63,37 +61,97 @@ enum Applier {
     /// Through the writer's own SQLite connection, on a blocking thread.
     /// The mutex is only ever taken by that one task at a time; it is what
     /// lets the connection move between blocking-pool threads.
-    Sqlite(Arc<Mutex<rusqlite::Connection>>),
+    Sqlite(Arc<Mutex<SqliteWriter>>),
+}
+
+/// The SQLite writer's connection, and its WAL when commits are synced
+/// (`sqlite_synchronous = "full"`).
+struct SqliteWriter {
+    conn: rusqlite::Connection,
+    wal: Option<Wal>,
 }
 
 impl Applier {
-    /// Applies `ops`, handing them back for reuse of the buffer.
-    async fn apply(&self, ops: Vec<Op>) -> (Vec<Op>, Result<Vec<Done>, StoreError>) {
+    /// Applies `ops` and answers `replies` (one per op, in order), handing
+    /// both buffers back for reuse.
+    async fn apply(&self, ops: Vec<Op>, replies: Vec<Reply>) -> (Vec<Op>, Vec<Reply>) {
         match self {
             Applier::Pool(store) => {
                 let result = ledger::apply(store, &ops).await;
-                (ops, result)
+                let mut replies = replies;
+                answer(&mut replies, result, |_| true);
+                (ops, replies)
             }
             Applier::Sqlite(conn) => {
                 let conn = conn.clone();
-                let n = ops.len();
+                let (n, m) = (ops.len(), replies.len());
                 let task = tokio::task::spawn_blocking(move || {
                     // Poisoning only means an earlier batch panicked; the
                     // connection rolled that transaction back when its
                     // `Transaction` dropped.
-                    let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
-                    let result = sqlite_writer::apply(&mut conn, &ops).map_err(StoreError::from);
-                    (ops, result)
+                    let mut writer = conn.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut replies = replies;
+                    writer.apply(&ops, &mut replies);
+                    (ops, replies)
                 });
-                match task.await {
-                    Ok(out) => out,
-                    Err(e) => (
-                        Vec::with_capacity(n),
-                        Err(StoreError::Io(std::io::Error::other(format!(
-                            "ledger batch task failed: {e}"
-                        )))),
-                    ),
+                task.await.unwrap_or_else(|e| {
+                    // The task dropped its replies: their callers see the
+                    // writer as stopped (STORAGE_UNAVAILABLE, as any
+                    // ledger failure).
+                    tracing::error!(error = %e, batch = n, "ledger batch task failed");
+                    (Vec::with_capacity(n), Vec::with_capacity(m))
+                })
+            }
+        }
+    }
+}
+
+impl SqliteWriter {
+    /// Commits `ops` and answers `replies`: reservations once committed,
+    /// settlements once the WAL is synced (see [`super::wal_sync`]).
+    /// Blocking.
+    fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
+        let result = sqlite_writer::apply(&mut self.conn, ops).map_err(StoreError::from);
+        let Some(wal) = &mut self.wal else {
+            answer(replies, result, |_| true);
+            return;
+        };
+        let committed = result.is_ok();
+        answer(replies, result, |done| *done != Done::Settled);
+        if !committed {
+            return;
+        }
+        // Synced even when no settlement waits: it bounds how long the
+        // batch's reservations stay only in the OS's page cache.
+        let synced = wal.sync().map(|()| vec![Done::Settled; replies.len()]);
+        answer(replies, synced.map_err(StoreError::Io), |_| true);
+    }
+}
+
+/// Answers, in order, the replies whose result `now` accepts, leaving the
+/// others in `replies` (in order) for later. On an error every reply gets it.
+fn answer(
+    replies: &mut Vec<Reply>,
+    result: Result<Vec<Done>, StoreError>,
+    now: impl Fn(&Done) -> bool,
+) {
+    match result {
+        Ok(results) => {
+            let mut later = Vec::new();
+            for (reply, done) in replies.drain(..).zip(results) {
+                if now(&done) {
+                    let _ = reply.send(Ok(done));
+                } else {
+                    later.push(reply);
                 }
+            }
+            *replies = later;
+        }
+        Err(e) => {
+            tracing::error!(error = %e, batch = replies.len(), "ledger batch failed");
+            let e = Arc::new(e);
+            for reply in replies.drain(..) {
+                let _ = reply.send(Err(e.clone()));
             }
         }
     }
@@ -113,16 +171,15 @@ impl LedgerWriter {
         stop: watch::Receiver<bool>,
     ) -> Result<(Self, JoinHandle<()>), StoreError> {
         let mut appliers = Vec::new();
-        let mut checkpointer = None;
         match (&store, sqlite_writer::file_of(&config.url)) {
             (Store::Sqlite(_), Some(path)) => {
                 let conn = sqlite_writer::open(&path, config)?;
-                appliers.push(Applier::Sqlite(Arc::new(Mutex::new(conn))));
-                if sqlite_writer::checkpoints_beside(config) {
-                    let (alive, writer_gone) = watch::channel(());
-                    tokio::spawn(checkpoint(store.clone(), writer_gone));
-                    checkpointer = Some(alive);
-                }
+                let wal =
+                    (config.sqlite_synchronous == SqliteDurability::Full).then(|| Wal::of(&path));
+                appliers.push(Applier::Sqlite(Arc::new(Mutex::new(SqliteWriter {
+                    conn,
+                    wal,
+                }))));
             }
             (Store::Postgres(_), _) => {
                 for _ in 0..postgres_writers.max(1) {
@@ -147,8 +204,6 @@ impl LedgerWriter {
             for task in tasks {
                 let _ = task.await;
             }
-            // The last write is committed: the checkpointer may stop.
-            drop(checkpointer);
         });
         Ok((
             Self {
@@ -199,13 +254,17 @@ async fn run(
     let mut ops = Vec::with_capacity(batch_max);
     let mut replies = Vec::with_capacity(batch_max);
     loop {
+        // Once stopping, refuse new work; what is queued is still drained.
+        // Checked on every turn, not only while waiting: the stop can come
+        // while a batch is being applied (its callers were already
+        // answered), and a receiver left open would then wait forever for
+        // handles that are still alive.
+        if *stop.borrow() {
+            rx.close();
+        }
         let next = tokio::select! {
             next = rx.recv() => next,
-            _ = stop.wait_for(|s| *s), if !*stop.borrow() => {
-                // Refuse new work; what is queued is still drained below.
-                rx.close();
-                continue;
-            }
+            _ = stop.wait_for(|s| *s), if !*stop.borrow() => continue,
         };
         let Some((op, reply)) = next else { return };
         ops.push(op);
@@ -220,45 +279,11 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let (returned, result) = applier.apply(std::mem::take(&mut ops)).await;
-        ops = returned;
-        match result {
-            Ok(results) => {
-                for (reply, result) in replies.drain(..).zip(results) {
-                    let _ = reply.send(Ok(result));
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, batch = ops.len(), "ledger batch failed");
-                let e = Arc::new(e);
-                for reply in replies.drain(..) {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
-        }
+        (ops, replies) = applier
+            .apply(std::mem::take(&mut ops), std::mem::take(&mut replies))
+            .await;
         ops.clear();
-    }
-}
-
-/// Checkpoints the SQLite WAL through the pool every [`CHECKPOINT_EVERY`]
-/// until the writer is gone, when the writer's connection does not
-/// checkpoint itself ([`sqlite_writer::checkpoints_beside`]): a commit that
-/// crosses the auto-checkpoint threshold would copy the WAL into the
-/// database and fsync it before its caller hears back. A passive checkpoint
-/// here runs beside the writer without blocking it.
-async fn checkpoint(store: Store, mut writer_gone: watch::Receiver<()>) {
-    let Store::Sqlite(pool) = store else { return };
-    loop {
-        tokio::select! {
-            _ = writer_gone.changed() => return,
-            _ = tokio::time::sleep(CHECKPOINT_EVERY) => {}
-        }
-        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-            .fetch_optional(&pool)
-            .await
-        {
-            tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
-        }
+        replies.clear();
     }
 }
 
@@ -269,20 +294,9 @@ mod tests {
 
     fn reserve(team: &str) -> Op {
         Op::Reserve(Reserve {
-            id: "r".into(),
             team_id: team.into(),
-            month_start_ms: 0,
-            input_tokens: 0,
-            output_tokens: 0,
             requests: 1,
-            cost_micros: 0,
-            default_caps: ledger::Caps::default(),
-            task: String::new(),
-            user_id: String::new(),
-            trace_id: String::new(),
-            channel: String::new(),
-            priority: String::new(),
-            created_at_ms: 0,
+            ..Reserve::default()
         })
     }
 

@@ -20,6 +20,7 @@ use tonic_types::StatusExt;
 
 mod caps;
 mod get_usage;
+mod wal;
 
 /// A database for one scenario: a temp SQLite file or a fresh PostgreSQL db.
 pub(crate) enum Db {
@@ -500,35 +501,6 @@ async fn the_sqlite_writer_connection_agrees_with_the_pooled_path() {
     assert_eq!(records.len(), 1);
     assert_eq!(*open, 4, "a2, a3, b1, b3 are still open");
     assert_eq!(outcomes[0], outcomes[1], "both paths agree");
-}
-
-/// With `sqlite_synchronous = "normal"` the writer's connection does not
-/// checkpoint (a commit never waits for one); the checkpointer beside it
-/// does. Seen through the database file alone (`immutable=1` ignores the
-/// WAL): the records reach it while the server runs, after far fewer pages
-/// than SQLite's own auto-checkpoint threshold.
-#[tokio::test]
-async fn normal_durability_checkpoints_beside_the_writer() {
-    let db = Db::new(false).await;
-    let url = format!("{}\"\nsqlite_synchronous = \"normal", db.url());
-    let app = TestApp::spawn_toml(&config_toml_with(&url, FAST, FAST, "")).await;
-    let (ok, _) = burst(&[&app], 20).await;
-    assert_eq!(ok, 20);
-    let path = ai_orchestrator::usage::sqlite_writer::file_of(&db.url()).unwrap();
-    let in_file = || {
-        let conn = rusqlite::Connection::open_with_flags(
-            format!("file:{}?immutable=1", path.display()),
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI,
-        )
-        .unwrap();
-        conn.query_row("SELECT COUNT(*) FROM usage_records", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .unwrap_or(0)
-    };
-    wait_for(|| async { in_file() == 20 }).await;
-    app.stop().await;
-    db.cleanup().await;
 }
 
 async fn cancelled_call_settles(postgres: bool) {
