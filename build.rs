@@ -12,6 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
+    // `sqlx::migrate!` embeds the migration folders at compile time; a new
+    // migration file must rebuild the crate.
+    println!("cargo:rerun-if-changed=migrations");
     let fds = protox::compile(protos, ["proto"])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out.join("orchestrator_descriptor.bin"), fds.encode_to_vec())?;
