@@ -96,6 +96,9 @@ struct Args {
     /// Most saturation steps [default: 25; smoke: 2].
     #[arg(long)]
     saturation_steps: Option<usize>,
+    /// Bisection steps between the last passing and first failing rate [default: 3; smoke: 0].
+    #[arg(long)]
+    saturation_refine: Option<usize>,
     /// Seconds per saturation step [default: 5; smoke: 0.5].
     #[arg(long)]
     saturation_duration: Option<f64>,
@@ -208,6 +211,7 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
         sat_start: pick(args.saturation_start, s, 50.0, 1000.0),
         sat_factor: args.saturation_factor.max(1.01),
         sat_max_steps: pick(args.saturation_steps, s, 2, 25),
+        sat_refine: pick(args.saturation_refine, s, 0, 3),
         sat_duration: secs(pick(args.saturation_duration, s, 0.5, 5.0)),
         postgres_url: args.postgres_url.clone(),
         dir,
@@ -271,7 +275,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "max_inflight": settings.max_inflight,
             "request_timeout_s": settings.timeout.as_secs_f64(),
             "saturation": {"start_rps": settings.sat_start, "factor": settings.sat_factor,
-                "max_steps": settings.sat_max_steps, "duration_s": settings.sat_duration.as_secs_f64(),
+                "max_steps": settings.sat_max_steps, "refine_steps": settings.sat_refine, "duration_s": settings.sat_duration.as_secs_f64(),
                 "criteria": "achieved >= 95% of offered, errors <= 1%, p99 <= 100 ms"},
             "upstream_threads": args.upstream_threads,
         }),

@@ -54,6 +54,8 @@ pub struct Settings {
     pub sat_factor: f64,
     /// Most saturation steps.
     pub sat_max_steps: usize,
+    /// Bisection steps between the last passing and the first failing rate.
+    pub sat_refine: usize,
     /// Sending time of a saturation step.
     pub sat_duration: Duration,
     /// PostgreSQL admin URL (a database is created per server).
@@ -66,6 +68,8 @@ pub struct Settings {
 const MIN_ACHIEVED_SHARE: f64 = 0.95;
 const MAX_ERROR_SHARE: f64 = 0.01;
 const MAX_P99_US: f64 = 100_000.0;
+/// Pause before a bisection step, after a step that overloaded the server.
+const REFINE_PAUSE: Duration = Duration::from_secs(2);
 
 /// A run in progress.
 pub struct Bench {
@@ -418,7 +422,10 @@ impl Bench {
         Ok(())
     }
 
-    /// Raises the Execute rate until a step fails the criteria.
+    /// Raises the Execute rate until a step fails the criteria, then
+    /// bisects (geometrically) between the last passing and the first
+    /// failing rate `sat_refine` times: the ×1.25 ladder alone leaves the
+    /// answer uncertain by up to 25 %.
     async fn saturate(&mut self, live: &Live, latency_ms: u64) -> anyhow::Result<()> {
         let mut sat = Saturation {
             metering: live.metering.name().into(),
@@ -428,35 +435,68 @@ impl Bench {
         };
         let mut rate = self.settings.sat_start;
         for _ in 0..self.settings.sat_max_steps {
-            let mut step = self
-                .grpc_step(
-                    live,
-                    Rpc::Execute,
-                    latency_ms,
-                    "saturation",
-                    rate,
-                    self.settings.sat_duration,
-                )
-                .await?;
-            let why = failure(&step);
-            step.passed = Some(why.is_none());
-            let achieved = step.achieved_rps;
-            self.results.saturation_steps.push(step);
-            match why {
-                None => {
-                    sat.highest_passing_rps = Some(rate);
-                    sat.achieved_rps = Some(achieved);
-                    rate = (rate * self.settings.sat_factor).round();
-                }
-                Some(why) => {
-                    sat.first_failing_rps = Some(rate);
-                    sat.failed_because = Some(why);
-                    break;
-                }
+            if !self
+                .saturation_step(live, latency_ms, rate, &mut sat)
+                .await?
+            {
+                break;
             }
+            rate = (rate * self.settings.sat_factor).round();
+        }
+        for _ in 0..self.settings.sat_refine {
+            let (Some(lo), Some(hi)) = (sat.highest_passing_rps, sat.first_failing_rps) else {
+                break;
+            };
+            let mid = (lo * hi).sqrt().round();
+            if mid <= lo || mid >= hi {
+                break;
+            }
+            // Let the queue of the failed step drain before measuring again.
+            tokio::time::sleep(REFINE_PAUSE).await;
+            self.saturation_step(live, latency_ms, mid, &mut sat)
+                .await?;
         }
         self.results.saturation.push(sat);
         Ok(())
+    }
+
+    /// One saturation step at `rate`, recorded in `sat`: true when it passed.
+    async fn saturation_step(
+        &mut self,
+        live: &Live,
+        latency_ms: u64,
+        rate: f64,
+        sat: &mut Saturation,
+    ) -> anyhow::Result<bool> {
+        let mut step = self
+            .grpc_step(
+                live,
+                Rpc::Execute,
+                latency_ms,
+                "saturation",
+                rate,
+                self.settings.sat_duration,
+            )
+            .await?;
+        let why = failure(&step);
+        step.passed = Some(why.is_none());
+        let achieved = step.achieved_rps;
+        self.results.saturation_steps.push(step);
+        match why {
+            None if sat.highest_passing_rps.is_none_or(|r| r < rate) => {
+                sat.highest_passing_rps = Some(rate);
+                sat.achieved_rps = Some(achieved);
+            }
+            None => {}
+            Some(why) => {
+                if sat.first_failing_rps.is_none_or(|r| r > rate) {
+                    sat.first_failing_rps = Some(rate);
+                    sat.failed_because = Some(why);
+                }
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Start-up times: a new SQLite file each time, then a restart on it.
