@@ -17,7 +17,7 @@
 use super::{
     ledger::{self, Done, Op},
     sqlite_writer,
-    wal_sync::Wal,
+    wal_sync::{self, Wal},
 };
 use crate::{
     config::{DatabaseConfig, SqliteDurability},
@@ -69,6 +69,8 @@ enum Applier {
 struct SqliteWriter {
     conn: rusqlite::Connection,
     wal: Option<Wal>,
+    /// With `"normal"`: the WAL synced beside the writer; ends with it.
+    _background: Option<wal_sync::Background>,
 }
 
 impl Applier {
@@ -174,11 +176,20 @@ impl LedgerWriter {
         match (&store, sqlite_writer::file_of(&config.url)) {
             (Store::Sqlite(_), Some(path)) => {
                 let conn = sqlite_writer::open(&path, config)?;
-                let wal =
-                    (config.sqlite_synchronous == SqliteDurability::Full).then(|| Wal::of(&path));
+                let full = config.sqlite_synchronous == SqliteDurability::Full;
+                let wal = full.then(|| Wal::of(&path));
+                let background = if full {
+                    None
+                } else {
+                    Some(
+                        wal_sync::Background::start(&path, wal_sync::BACKGROUND_EVERY)
+                            .map_err(StoreError::Io)?,
+                    )
+                };
                 appliers.push(Applier::Sqlite(Arc::new(Mutex::new(SqliteWriter {
                     conn,
                     wal,
+                    _background: background,
                 }))));
             }
             (Store::Postgres(_), _) => {
