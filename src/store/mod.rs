@@ -60,9 +60,9 @@ pub enum Store {
 
 /// The embedded migrations of one backend. A database migrated by a newer
 /// release is accepted ("ignore missing"): migrations only ever add tables,
-/// columns and indexes, or rebuild a table with the same columns (0005), so
-/// an older binary still works on the newer schema, which is what a
-/// rollback or a rolling upgrade needs.
+/// columns and indexes, drop an index no query needs, or rebuild a table
+/// with the same columns and IDs (0005), so an older binary still works on
+/// the newer schema, which is what a rollback or a rolling upgrade needs.
 fn migrator(postgres: bool) -> sqlx::migrate::Migrator {
     let mut migrator = if postgres {
         sqlx::migrate!("./migrations/postgres")

@@ -64,24 +64,29 @@ enum Applier {
     Sqlite(Arc<Mutex<SqliteWriter>>),
 }
 
-/// The SQLite writer's connection, and its WAL when commits are synced
-/// (`sqlite_synchronous = "full"`).
+/// The SQLite writer's connection and how its WAL reaches the disk.
 struct SqliteWriter {
     conn: rusqlite::Connection,
-    wal: Option<Wal>,
-    /// With `"normal"`: the WAL synced beside the writer; ends with it.
-    _background: Option<wal_sync::Background>,
+    wal: WalSync,
+}
+
+/// Who syncs the WAL, by `database.sqlite_synchronous`.
+enum WalSync {
+    /// `"full"`: the writer, after each commit, before it answers the
+    /// batch's settlements.
+    AfterEachCommit(Wal),
+    /// `"normal"`: a thread beside the writer, nobody waiting for it; it
+    /// ends with the writer (dropping the guard stops it).
+    Background { _thread: wal_sync::Background },
 }
 
 impl Applier {
     /// Applies `ops` and answers `replies` (one per op, in order), handing
     /// both buffers back for reuse.
-    async fn apply(&self, ops: Vec<Op>, replies: Vec<Reply>) -> (Vec<Op>, Vec<Reply>) {
+    async fn apply(&self, ops: Vec<Op>, mut replies: Vec<Reply>) -> (Vec<Op>, Vec<Reply>) {
         match self {
             Applier::Pool(store) => {
-                let result = ledger::apply(store, &ops).await;
-                let mut replies = replies;
-                answer(&mut replies, result, |_| true);
+                answer(&mut replies, ledger::apply(store, &ops).await, |_| true);
                 (ops, replies)
             }
             Applier::Sqlite(conn) => {
@@ -92,7 +97,6 @@ impl Applier {
                     // connection rolled that transaction back when its
                     // `Transaction` dropped.
                     let mut writer = conn.lock().unwrap_or_else(|e| e.into_inner());
-                    let mut replies = replies;
                     writer.apply(&ops, &mut replies);
                     (ops, replies)
                 });
@@ -114,7 +118,7 @@ impl SqliteWriter {
     /// Blocking.
     fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
         let result = sqlite_writer::apply(&mut self.conn, ops).map_err(StoreError::from);
-        let Some(wal) = &mut self.wal else {
+        let WalSync::AfterEachCommit(wal) = &mut self.wal else {
             answer(replies, result, |_| true);
             return;
         };
@@ -176,20 +180,16 @@ impl LedgerWriter {
         match (&store, sqlite_writer::file_of(&config.url)) {
             (Store::Sqlite(_), Some(path)) => {
                 let conn = sqlite_writer::open(&path, config)?;
-                let full = config.sqlite_synchronous == SqliteDurability::Full;
-                let wal = full.then(|| Wal::of(&path));
-                let background = if full {
-                    None
-                } else {
-                    Some(
-                        wal_sync::Background::start(&path, wal_sync::BACKGROUND_EVERY)
+                let wal = match config.sqlite_synchronous {
+                    SqliteDurability::Full => WalSync::AfterEachCommit(Wal::of(&path)),
+                    SqliteDurability::Normal => WalSync::Background {
+                        _thread: wal_sync::Background::start(&path, wal_sync::BACKGROUND_EVERY)
                             .map_err(StoreError::Io)?,
-                    )
+                    },
                 };
                 appliers.push(Applier::Sqlite(Arc::new(Mutex::new(SqliteWriter {
                     conn,
                     wal,
-                    _background: background,
                 }))));
             }
             (Store::Postgres(_), _) => {
