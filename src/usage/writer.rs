@@ -22,10 +22,12 @@ use super::{
 use crate::{
     config::{DatabaseConfig, SqliteDurability},
     store::{Store, StoreError},
+    telemetry::metrics,
 };
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
     sync::{Arc, Mutex},
+    time::Instant,
 };
 use tokio::{
     sync::{mpsc, oneshot, watch},
@@ -86,7 +88,10 @@ impl Applier {
     async fn apply(&self, ops: Vec<Op>, mut replies: Vec<Reply>) -> (Vec<Op>, Vec<Reply>) {
         match self {
             Applier::Pool(store) => {
-                answer(&mut replies, ledger::apply(store, &ops).await, |_| true);
+                let started = Instant::now();
+                let result = ledger::apply(store, &ops).await;
+                metrics::ledger_commit(ops.len(), started.elapsed());
+                answer(&mut replies, result, |_| true);
                 (ops, replies)
             }
             Applier::Sqlite(conn) => {
@@ -117,7 +122,9 @@ impl SqliteWriter {
     /// settlements once the WAL is synced (see [`super::wal_sync`]).
     /// Blocking.
     fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
+        let started = Instant::now();
         let result = sqlite_writer::apply(&mut self.conn, ops).map_err(StoreError::from);
+        metrics::ledger_commit(ops.len(), started.elapsed());
         let WalSync::AfterEachCommit(wal) = &mut self.wal else {
             answer(replies, result, |_| true);
             return;
@@ -129,7 +136,10 @@ impl SqliteWriter {
         }
         // Synced even when no settlement waits: it bounds how long the
         // batch's reservations stay only in the OS's page cache.
-        let synced = wal.sync().map(|()| vec![Done::Settled; replies.len()]);
+        let started = Instant::now();
+        let synced = wal.sync();
+        metrics::ledger_sync(started.elapsed());
+        let synced = synced.map(|()| vec![Done::Settled; replies.len()]);
         answer(replies, synced.map_err(StoreError::Io), |_| true);
     }
 }
@@ -242,13 +252,20 @@ impl LedgerWriter {
 
     /// Queues `op` and waits until it is committed.
     pub async fn submit(&self, op: Op) -> Result<Done, WriteError> {
+        let started = Instant::now();
+        let kind = match op {
+            Op::Reserve(_) => "reserve",
+            Op::Settle(_) => "settle",
+        };
         let (reply, done) = oneshot::channel();
         self.shard(&op)
             .ok_or(WriteError::Stopped)?
             .send((op, reply))
             .await
             .map_err(|_| WriteError::Stopped)?;
-        match done.await {
+        let done = done.await;
+        metrics::ledger_wait(kind, started.elapsed());
+        match done {
             Ok(Ok(d)) => Ok(d),
             Ok(Err(e)) => Err(WriteError::Store(e)),
             Err(_) => Err(WriteError::Stopped),

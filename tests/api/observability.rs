@@ -184,6 +184,23 @@ async fn metrics_are_scraped_and_parse() {
             .any(|n| n.starts_with("orchestrator_overhead_seconds")),
         "{names:?}"
     );
+    // The ledger writer (a SQLite file, default durability): callers' waits
+    // by operation, group commits and the WAL syncs.
+    assert!(has_histogram(
+        "usage_ledger_wait_seconds",
+        &[("op", "reserve")]
+    ));
+    assert!(has_histogram(
+        "usage_ledger_wait_seconds",
+        &[("op", "settle")]
+    ));
+    for name in [
+        "usage_ledger_commit_seconds",
+        "usage_ledger_sync_seconds",
+        "usage_ledger_batch_operations",
+    ] {
+        assert!(has_histogram(name, &[]), "{name}: {names:?}");
+    }
     assert!(scrape.samples.iter().any(|s| {
         s.metric == "usage_quota_rejections_total"
             && s.labels

@@ -197,7 +197,7 @@ pub struct Target {
     pub goal: String,
     /// What this run measured.
     pub reached: String,
-    /// Met, missed, or not measured (null).
+    /// Met, missed, or not judged (null): not measured, or inconclusive.
     pub met: Option<bool>,
 }
 
@@ -364,7 +364,7 @@ pub fn markdown(r: &Results) -> String {
             let met = match t.met {
                 Some(true) => "yes",
                 Some(false) => "**no**",
-                None => "not measured",
+                None => "not judged",
             };
             let _ = writeln!(out, "| {} | {} | {} | {} |", t.name, t.goal, t.reached, met);
         }
