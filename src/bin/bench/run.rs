@@ -68,8 +68,18 @@ pub struct Settings {
 const MIN_ACHIEVED_SHARE: f64 = 0.95;
 const MAX_ERROR_SHARE: f64 = 0.01;
 const MAX_P99_US: f64 = 100_000.0;
-/// Pause before a bisection step, after a step that overloaded the server.
+/// Least pause before a bisection step, after a step that overloaded the
+/// server.
 const REFINE_PAUSE: Duration = Duration::from_secs(2);
+/// Then the server must have been idle this long (its CPU below
+/// [`IDLE_CPU_SHARE`] of a core in each of [`IDLE_TICKS`] ticks)...
+const IDLE_TICK: Duration = Duration::from_millis(250);
+const IDLE_TICKS: u32 = 4;
+/// ...well above what an idle server spends (metrics upkeep, the WAL sync
+/// thread of `"normal"` durability) and far below draining a queue.
+const IDLE_CPU_SHARE: f64 = 0.05;
+/// ...waiting at most this long.
+const RECOVERY_MAX: Duration = Duration::from_secs(30);
 
 /// A run in progress.
 pub struct Bench {
@@ -451,8 +461,10 @@ impl Bench {
             if mid <= lo || mid >= hi {
                 break;
             }
-            // Let the queue of the failed step drain before measuring again.
-            tokio::time::sleep(REFINE_PAUSE).await;
+            // The failed step left a queue behind: a fixed 2 s was not
+            // always enough, and steps that passed on the way up failed
+            // after it. Measure again from an idle server.
+            recover(live).await;
             self.saturation_step(live, latency_ms, mid, &mut sat)
                 .await?;
         }
@@ -588,4 +600,29 @@ pub fn add_baselines(results: &mut Results) {
             })
             .map(|d| s.latency_us.minus(&d.latency_us));
     }
+}
+
+/// Waits [`REFINE_PAUSE`], then until the server has been idle for
+/// [`IDLE_TICKS`] ticks in a row, or [`RECOVERY_MAX`] has passed.
+async fn recover(live: &Live) {
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(REFINE_PAUSE).await;
+    let Ok(mut last) = live.server.cpu_seconds() else {
+        return;
+    };
+    let mut quiet = 0;
+    while quiet < IDLE_TICKS && started.elapsed() < RECOVERY_MAX {
+        tokio::time::sleep(IDLE_TICK).await;
+        let Ok(now) = live.server.cpu_seconds() else {
+            return;
+        };
+        let busy = (now - last) / IDLE_TICK.as_secs_f64();
+        quiet = if busy < IDLE_CPU_SHARE { quiet + 1 } else { 0 };
+        last = now;
+    }
+    tracing::info!(
+        waited_s = started.elapsed().as_secs_f64(),
+        idle = quiet >= IDLE_TICKS,
+        "server recovered before the bisection step"
+    );
 }
