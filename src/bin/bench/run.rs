@@ -461,9 +461,9 @@ impl Bench {
             if mid <= lo || mid >= hi {
                 break;
             }
-            // The failed step left a queue behind: a fixed 2 s was not
-            // always enough, and steps that passed on the way up failed
-            // after it. Measure again from an idle server.
+            // A step must not inherit the failed one's queue, and a fixed
+            // pause cannot tell when that has drained: measure again only
+            // once the server is idle.
             recover(live).await;
             self.saturation_step(live, latency_ms, mid, &mut sat)
                 .await?;
