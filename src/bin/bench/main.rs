@@ -99,6 +99,9 @@ struct Args {
     /// Bisection steps between the last passing and first failing rate [default: 3; smoke: 0].
     #[arg(long)]
     saturation_refine: Option<usize>,
+    /// Saturation sweeps per metering mode; targets read their median [default: 3; smoke: 1].
+    #[arg(long)]
+    saturation_repeats: Option<usize>,
     /// Seconds per saturation step [default: 5; smoke: 0.5].
     #[arg(long)]
     saturation_duration: Option<f64>,
@@ -212,6 +215,7 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
         sat_factor: args.saturation_factor.max(1.01),
         sat_max_steps: pick(args.saturation_steps, s, 2, 25),
         sat_refine: pick(args.saturation_refine, s, 0, 3),
+        sat_repeats: pick(args.saturation_repeats, s, 1, 3).max(1),
         sat_duration: secs(pick(args.saturation_duration, s, 0.5, 5.0)),
         postgres_url: args.postgres_url.clone(),
         dir,
@@ -275,7 +279,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "max_inflight": settings.max_inflight,
             "request_timeout_s": settings.timeout.as_secs_f64(),
             "saturation": {"start_rps": settings.sat_start, "factor": settings.sat_factor,
-                "max_steps": settings.sat_max_steps, "refine_steps": settings.sat_refine, "duration_s": settings.sat_duration.as_secs_f64(),
+                "max_steps": settings.sat_max_steps, "refine_steps": settings.sat_refine, "repeats": settings.sat_repeats, "duration_s": settings.sat_duration.as_secs_f64(),
                 "criteria": "achieved >= 95% of offered, errors <= 1%, p99 <= 100 ms"},
             "upstream_threads": args.upstream_threads,
         }),
@@ -287,7 +291,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             machine.load_avg_at_start[0]
         ));
     }
-    if !args.smoke && !settings.server_bin.to_string_lossy().contains("release") {
+    // Only a path under a `debug` profile folder is known to be a debug
+    // build: a release binary copied elsewhere for an A/B run is not one.
+    let debug_build = settings
+        .server_bin
+        .components()
+        .any(|c| c.as_os_str() == "debug");
+    if !args.smoke && debug_build {
         results.notes.push(
             "the server binary is not a release build: numbers are not representative".into(),
         );

@@ -6,6 +6,56 @@
 
 /// Name of the histogram of request time not spent waiting on providers.
 pub const OVERHEAD: &str = "orchestrator_overhead_seconds";
+/// Name of the histogram of provider call time (one series per provider
+/// and model), as the server measures it.
+pub const PROVIDER_TIME: &str = "llm_response_time_seconds";
+
+/// What a step reads from `/metrics` before and after itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Scrape {
+    /// [`OVERHEAD`].
+    pub overhead: Histogram,
+    /// `(sum, count)` of [`PROVIDER_TIME`] over all its series.
+    pub provider_time: (f64, f64),
+}
+
+impl Scrape {
+    /// Parses a text exposition.
+    pub fn parse(text: &str) -> Self {
+        Self {
+            overhead: Histogram::parse(text, OVERHEAD),
+            provider_time: sum_and_count(text, PROVIDER_TIME),
+        }
+    }
+
+    /// Mean provider call time between `before` and `self`, seconds.
+    pub fn provider_time_since(&self, before: &Scrape) -> Option<f64> {
+        let sum = self.provider_time.0 - before.provider_time.0;
+        let count = self.provider_time.1 - before.provider_time.1;
+        (count > 0.0).then(|| sum / count)
+    }
+}
+
+/// `_sum` and `_count` of histogram `name` added over all its label sets.
+pub fn sum_and_count(text: &str, name: &str) -> (f64, f64) {
+    let value = |line: &str| -> f64 {
+        line.rsplit_once(' ')
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let (sum, count) = (format!("{name}_sum"), format!("{name}_count"));
+    let mut total = (0.0, 0.0);
+    for line in text.lines() {
+        // The series name ends where its labels or its value begin.
+        let series = line.split(['{', ' ']).next().unwrap_or("");
+        if series == sum {
+            total.0 += value(line);
+        } else if series == count {
+            total.1 += value(line);
+        }
+    }
+    total
+}
 
 /// A cumulative Prometheus histogram (no labels).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -125,5 +175,24 @@ orchestrator_overhead_seconds_count 100
         assert_eq!(delta.buckets[0].1, 5.0);
         assert_eq!(Histogram::default().quantile(0.5), None);
         assert!((after.mean().unwrap() - 0.00015).abs() < 1e-12);
+    }
+
+    #[test]
+    fn provider_time_adds_up_every_series() {
+        let text = "llm_response_time_seconds_bucket{provider=\"a\",le=\"+Inf\"} 3
+llm_response_time_seconds_sum{provider=\"a\",model=\"m\"} 0.3
+llm_response_time_seconds_count{provider=\"a\",model=\"m\"} 3
+llm_response_time_seconds_sum{provider=\"b\",model=\"m\"} 0.5
+llm_response_time_seconds_count{provider=\"b\",model=\"m\"} 1
+llm_response_time_seconds_sum_other 9
+";
+        let (sum, count) = sum_and_count(text, PROVIDER_TIME);
+        assert!((sum - 0.8).abs() < 1e-12, "{sum}");
+        assert_eq!(count, 4.0);
+        let after = Scrape::parse(text);
+        let before = Scrape::parse(&text.replace("} 1\n", "} 0\n").replace("} 0.5\n", "} 0\n"));
+        let mean = after.provider_time_since(&before).unwrap();
+        assert!((mean - 0.5).abs() < 1e-12, "{mean}");
+        assert_eq!(after.provider_time_since(&after), None);
     }
 }

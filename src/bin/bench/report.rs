@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::{collections::BTreeMap, fmt::Write as _};
 
 /// Version of the JSON layout; bump on incompatible changes.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Latency quantiles, microseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -108,6 +108,12 @@ pub struct Step {
     pub added_latency_us: Option<Quantiles>,
     /// The server's `orchestrator_overhead_seconds` over the step, µs.
     pub server_overhead_us: Option<ServerOverhead>,
+    /// Mean provider call time as the server measured it
+    /// (`llm_response_time_seconds`) over the step, µs: well above the fake
+    /// upstream's latency, calls queue on the provider leg.
+    pub provider_time_mean_us: Option<f64>,
+    /// Connections the fake upstream accepted during the step.
+    pub upstream_connections: Option<u64>,
     /// Server CPU seconds per 1,000 requests sent.
     pub server_cpu_s_per_1k: Option<f64>,
     /// Server CPU use over the step, in cores.
@@ -143,11 +149,14 @@ pub struct Group {
     pub skipped: Option<String>,
 }
 
-/// Highest rate that met the criteria, per metering mode.
+/// Highest rate that met the criteria, per metering mode and repeat.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Saturation {
     /// Metering mode.
     pub metering: String,
+    /// Which sweep of this server (0-based): `--saturation-repeats` sweeps
+    /// run one after another, an idle wait between them.
+    pub repeat: u32,
     /// RPC.
     pub rpc: String,
     /// Fake upstream latency, ms.
@@ -376,16 +385,18 @@ pub fn markdown(r: &Results) -> String {
             out,
             "## Fixed rates\n\nLatency in ms from the scheduled send time (open loop). \
              *added* = orchestrator minus direct at the same quantile, rate and upstream latency; \
-             *server overhead* = the server's `orchestrator_overhead_seconds` (mean exact, p99 from buckets). \
+             *server overhead* = the server's `orchestrator_overhead_seconds` (mean exact, p99 from buckets); \
+             *provider time* = the server's mean `llm_response_time_seconds` (the provider leg as the server sees it); \
+             *upstream conns* = connections the fake upstream accepted during the step. \
              CPU is the server process's, per 1,000 requests.\n"
         );
         let _ = writeln!(
             out,
-            "| via | rpc | metering | upstream ms | offered rps | achieved rps | errors | p50 | p90 | p99 | p99.9 | added p50 | added p99 | server overhead mean / p99 | CPU s/1k | peak RSS MiB |"
+            "| via | rpc | metering | upstream ms | offered rps | achieved rps | errors | p50 | p90 | p99 | p99.9 | added p50 | added p99 | server overhead mean / p99 | provider time mean | upstream conns | CPU s/1k | peak RSS MiB |"
         );
         let _ = writeln!(
             out,
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for s in &r.steps {
             step_row(&mut out, s);
@@ -396,19 +407,43 @@ pub fn markdown(r: &Results) -> String {
     if !r.saturation.is_empty() {
         let _ = writeln!(
             out,
-            "## Saturation\n\nRate raised step by step until achieved < 95 % of offered, errors > 1 % or p99 > 100 ms.\n"
+            "## Saturation\n\nRate raised step by step until achieved < 95 % of offered, errors > 1 % or p99 > 100 ms, \
+             then bisected; each sweep repeated on the same server after it is idle again. \
+             Targets read the median of the sweeps.\n"
         );
+        let mut modes: Vec<&str> = Vec::new();
+        for s in &r.saturation {
+            if !modes.contains(&s.metering.as_str()) {
+                modes.push(&s.metering);
+            }
+        }
         let _ = writeln!(
             out,
-            "| rpc | metering | upstream ms | highest passing rps | achieved rps | first failing rps | why it failed |"
+            "| metering | sweeps | highest passing rps, median | min | max |\n|---|---|---|---|---|"
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+        for m in modes {
+            let rates = saturation_rates(r, m);
+            if let Some((lo, median, hi)) = summary(&rates) {
+                let _ = writeln!(
+                    out,
+                    "| {m} | {} | **{median:.0}** | {lo:.0} | {hi:.0} |",
+                    rates.len()
+                );
+            }
+        }
+        out.push('\n');
+        let _ = writeln!(
+            out,
+            "| rpc | metering | sweep | upstream ms | highest passing rps | achieved rps | first failing rps | why it failed |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
         for s in &r.saturation {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 s.rpc,
                 s.metering,
+                s.repeat + 1,
                 s.upstream_latency_ms,
                 opt(s.highest_passing_rps, 0),
                 opt(s.achieved_rps, 0),
@@ -419,11 +454,11 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(out, "\n<details><summary>Saturation steps</summary>\n");
         let _ = writeln!(
             out,
-            "| via | rpc | metering | upstream ms | offered rps | achieved rps | errors | p50 | p90 | p99 | p99.9 | added p50 | added p99 | server overhead mean / p99 | CPU s/1k | peak RSS MiB |"
+            "| via | rpc | metering | upstream ms | offered rps | achieved rps | errors | p50 | p90 | p99 | p99.9 | added p50 | added p99 | server overhead mean / p99 | provider time mean | upstream conns | CPU s/1k | peak RSS MiB |"
         );
         let _ = writeln!(
             out,
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for s in &r.saturation_steps {
             step_row(&mut out, s);
@@ -550,7 +585,7 @@ fn step_row(out: &mut String, s: &Step) {
     };
     let _ = writeln!(
         out,
-        "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         s.via,
         rpc,
         s.metering,
@@ -565,24 +600,50 @@ fn step_row(out: &mut String, s: &Step) {
         a50,
         a99,
         overhead(s),
+        s.provider_time_mean_us.map_or_else(|| "–".to_owned(), ms),
+        s.upstream_connections
+            .map_or_else(|| "–".to_owned(), |c| c.to_string()),
         opt(s.server_cpu_s_per_1k, 3),
         opt(s.server_peak_rss_mb, 1),
     );
 }
 
-/// `(min, median, max)`.
+/// Highest passing rate of every Execute sweep with `metering`, in run
+/// order; a sweep where no step passed counts as 0 (it saturated below its
+/// first rate).
+pub fn saturation_rates(r: &Results, metering: &str) -> Vec<f64> {
+    r.saturation
+        .iter()
+        .filter(|s| s.metering == metering && s.rpc == "Execute")
+        .map(|s| s.highest_passing_rps.unwrap_or(0.0))
+        .collect()
+}
+
+/// `(min, median, max)`; for an even count the median is the mean of the
+/// two middle values, so two sweeps do not report the better one.
 pub fn summary(v: &[f64]) -> Option<(f64, f64, f64)> {
-    if v.is_empty() {
-        return None;
-    }
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
-    Some((s[0], s[s.len() / 2], s[s.len() - 1]))
+    let (first, last) = (*s.first()?, *s.last()?);
+    let mid = s.len() / 2;
+    let median = if s.len().is_multiple_of(2) {
+        (s[mid - 1] + s[mid]) / 2.0
+    } else {
+        s[mid]
+    };
+    Some((first, median, last))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summary_takes_the_middle_of_an_even_count() {
+        assert_eq!(summary(&[]), None);
+        assert_eq!(summary(&[3.0, 1.0, 2.0]), Some((1.0, 2.0, 3.0)));
+        assert_eq!(summary(&[4000.0, 3000.0]), Some((3000.0, 3500.0, 4000.0)));
+    }
 
     #[test]
     fn validation_rejects_runs_where_everything_failed() {

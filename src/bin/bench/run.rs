@@ -56,6 +56,9 @@ pub struct Settings {
     pub sat_max_steps: usize,
     /// Bisection steps between the last passing and the first failing rate.
     pub sat_refine: usize,
+    /// Sweeps per server: one run on a shared host cannot judge a target,
+    /// so targets read the median of these.
+    pub sat_repeats: usize,
     /// Sending time of a saturation step.
     pub sat_duration: Duration,
     /// PostgreSQL admin URL (a database is created per server).
@@ -270,12 +273,10 @@ impl Bench {
     ) -> anyhow::Result<Step> {
         let pg = live.and_then(|l| l.pg.as_ref()).map(|db| db.name.clone());
         let before = match live {
-            Some(l) => Some((
-                l.server.cpu_seconds()?,
-                l.server.overhead(&self.http).await?,
-            )),
+            Some(l) => Some((l.server.cpu_seconds()?, l.server.scrape(&self.http).await?)),
             None => None,
         };
+        let connections_before = self.upstream.connections();
         let pg_before = pg.as_deref().map(procfs::postgres_backends_cpu);
         let bench_before = procfs::cpu_seconds("self")?;
         let started = Instant::now();
@@ -292,12 +293,14 @@ impl Bench {
         step.pacer_lag_us = Quantiles::of(&m.lag);
         step.bench_cpu_s_per_1k = per_1k(procfs::cpu_seconds("self")? - bench_before);
         step.errors_by_code = m.errors;
-        if let (Some(l), Some((cpu, hist))) = (live, before) {
+        step.upstream_connections = Some(self.upstream.connections() - connections_before);
+        if let (Some(l), Some((cpu, scrape))) = (live, before) {
             let cpu = l.server.cpu_seconds()? - cpu;
             step.server_cpu_s_per_1k = Some(per_1k(cpu));
             step.server_cores_used = Some(cpu / wall);
-            let delta = l.server.overhead(&self.http).await?.since(&hist);
-            step.server_overhead_us = overhead_us(&delta);
+            let after = l.server.scrape(&self.http).await?;
+            step.server_overhead_us = overhead_us(&after.overhead.since(&scrape.overhead));
+            step.provider_time_mean_us = after.provider_time_since(&scrape).map(|s| s * 1e6);
             let (rss, peak) = l.server.memory_mb()?;
             step.server_rss_mb = Some(rss);
             step.server_peak_rss_mb = Some(peak);
@@ -357,7 +360,13 @@ impl Bench {
             }
         }
         if saturation {
-            self.saturate(live, latency_ms).await?;
+            for repeat in 0..self.settings.sat_repeats {
+                if repeat > 0 {
+                    // The previous sweep ended on overloaded steps.
+                    recover(live).await;
+                }
+                self.saturate(live, latency_ms, repeat).await?;
+            }
         }
         Ok(())
     }
@@ -436,9 +445,15 @@ impl Bench {
     /// bisects (geometrically) between the last passing and the first
     /// failing rate `sat_refine` times: the ×1.25 ladder alone leaves the
     /// answer uncertain by up to 25 %.
-    async fn saturate(&mut self, live: &Live, latency_ms: u64) -> anyhow::Result<()> {
+    async fn saturate(
+        &mut self,
+        live: &Live,
+        latency_ms: u64,
+        repeat: usize,
+    ) -> anyhow::Result<()> {
         let mut sat = Saturation {
             metering: live.metering.name().into(),
+            repeat: u32::try_from(repeat).unwrap_or(u32::MAX),
             rpc: Rpc::Execute.name().into(),
             upstream_latency_ms: latency_ms,
             ..Saturation::default()

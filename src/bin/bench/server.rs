@@ -273,8 +273,8 @@ impl Server {
         procfs::memory_mb(&self.pid)
     }
 
-    /// The overhead histogram as the server reports it now.
-    pub async fn overhead(&self, http: &reqwest::Client) -> anyhow::Result<prom::Histogram> {
+    /// What a step reads from `/metrics` (overhead, provider time), now.
+    pub async fn scrape(&self, http: &reqwest::Client) -> anyhow::Result<prom::Scrape> {
         let text = http
             .get(format!("http://{}/metrics", self.metrics))
             .timeout(Duration::from_secs(5))
@@ -283,7 +283,7 @@ impl Server {
             .error_for_status()?
             .text()
             .await?;
-        Ok(prom::Histogram::parse(&text, prom::OVERHEAD))
+        Ok(prom::Scrape::parse(&text))
     }
 
     /// SIGTERM, then waits for the drain; true when it exited 0.
