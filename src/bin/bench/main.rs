@@ -99,7 +99,7 @@ struct Args {
     /// Bisection steps between the last passing and first failing rate [default: 3; smoke: 0].
     #[arg(long)]
     saturation_refine: Option<usize>,
-    /// Saturation sweeps per metering mode; targets read their median [default: 3; smoke: 1].
+    /// Saturation sweeps per metering mode; targets read their median [default: 3; smoke: 2].
     #[arg(long)]
     saturation_repeats: Option<usize>,
     /// Seconds per saturation step [default: 5; smoke: 0.5].
@@ -215,7 +215,8 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
         sat_factor: args.saturation_factor.max(1.01),
         sat_max_steps: pick(args.saturation_steps, s, 2, 25),
         sat_refine: pick(args.saturation_refine, s, 0, 3),
-        sat_repeats: pick(args.saturation_repeats, s, 1, 3).max(1),
+        // Smoke runs two so CI goes through the repeat and its idle wait.
+        sat_repeats: pick(args.saturation_repeats, s, 2, 3).max(1),
         sat_duration: secs(pick(args.saturation_duration, s, 0.5, 5.0)),
         postgres_url: args.postgres_url.clone(),
         dir,

@@ -72,8 +72,12 @@ impl Histogram {
     /// Parses histogram `name` out of a text exposition; empty when absent.
     pub fn parse(text: &str, name: &str) -> Self {
         let bucket = format!("{name}_bucket{{le=\"");
-        let (sum, count) = (format!("{name}_sum "), format!("{name}_count "));
-        let mut h = Histogram::default();
+        let (sum, count) = sum_and_count(text, name);
+        let mut h = Histogram {
+            sum,
+            count,
+            ..Histogram::default()
+        };
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix(&bucket) {
                 let Some((le, value)) = rest.split_once("\"}") else {
@@ -87,10 +91,6 @@ impl Histogram {
                 if let (false, Ok(v)) = (le.is_nan(), value.trim().parse::<f64>()) {
                     h.buckets.push((le, v));
                 }
-            } else if let Some(v) = line.strip_prefix(&sum) {
-                h.sum = v.trim().parse().unwrap_or(0.0);
-            } else if let Some(v) = line.strip_prefix(&count) {
-                h.count = v.trim().parse().unwrap_or(0.0);
             }
         }
         h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));

@@ -311,6 +311,17 @@ pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
         ok_total += s.ok;
     }
     anyhow::ensure!(ok_total > 0, "every request failed");
+    // A mode that saturated at all ran every sweep it was asked for.
+    if let Some(repeats) = results.settings["saturation"]["repeats"].as_u64() {
+        for s in &results.saturation {
+            let sweeps = saturation_rates(&results, &s.metering).len() as u64;
+            anyhow::ensure!(
+                sweeps == repeats,
+                "{} metering ran {sweeps} saturation sweeps, not {repeats}",
+                s.metering
+            );
+        }
+    }
     Ok(results)
 }
 
@@ -671,5 +682,24 @@ mod tests {
         assert_eq!(back.steps.len(), 1);
         assert!(markdown(&back).contains("Fixed rates"));
         assert!(validate("{\"schema_version\": 1}", false).is_err());
+
+        // Two sweeps asked for, one recorded: the repeat did not run.
+        r.settings = serde_json::json!({"saturation": {"repeats": 2}});
+        let sweep = |repeat| Saturation {
+            metering: "sqlite".into(),
+            repeat,
+            rpc: "Execute".into(),
+            highest_passing_rps: Some(3000.0),
+            ..Saturation::default()
+        };
+        r.saturation = vec![sweep(0)];
+        let err = validate(&serde_json::to_string(&r).unwrap(), true).unwrap_err();
+        assert!(
+            err.to_string().contains("1 saturation sweeps, not 2"),
+            "{err}"
+        );
+        r.saturation.push(sweep(1));
+        let back = validate(&serde_json::to_string(&r).unwrap(), true).unwrap();
+        assert!(markdown(&back).contains("| sqlite | 2 | **3000** |"));
     }
 }
