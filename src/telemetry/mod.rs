@@ -3,6 +3,7 @@
 //! Must never log message contents, prompts, replies or API keys: fields are
 //! chosen by hand at each call site, never whole requests.
 
+pub mod logs;
 pub mod metrics;
 pub mod otel;
 pub mod trace_id;
@@ -11,7 +12,7 @@ use std::{
     pin::Pin,
     task::{Context, Poll},
 };
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+use tracing_subscriber::{fmt, prelude::*};
 
 /// A stream polled inside `span`: what `tracing::Instrument` does for a
 /// future. The span stays open until the stream is dropped, so a response
@@ -55,6 +56,7 @@ pub enum LogFormat {
 
 /// The JSON log layer used in production: one object per line, with the
 /// fields of the current span (so `trace_id` on every line of a request).
+/// Span fields are kept by [`logs::SpanFields`].
 pub fn json_layer<S, W>(writer: W) -> impl tracing_subscriber::Layer<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
@@ -65,32 +67,40 @@ where
         .flatten_event(true)
         .with_current_span(true)
         .with_span_list(false)
+        .fmt_fields(logs::SpanFields)
         .with_writer(writer)
 }
 
 /// Installs the global subscriber. `RUST_LOG` filters log lines (default
 /// `info`) but never our spans: a `warn` line still carries its request's
 /// `trace_id`, and trace export does not depend on the log level.
-/// With a `tracer`, our spans are also exported over OpenTelemetry.
+/// With a `tracer`, our spans are also exported over OpenTelemetry, with the
+/// log lines `RUST_LOG` lets through as their events; spans of other crates
+/// are never exported (their fields are not ours to vet).
 /// Safe to call twice (the second call does nothing), which tests rely on.
 pub fn init_logging(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tracer>) {
-    use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
-    let ours = |m: &tracing::Metadata<'_>| m.target().starts_with("ai_orchestrator");
-    let logs = || {
-        EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| EnvFilter::new("info"))
-            .or(filter_fn(move |m| m.is_span() && ours(m)))
-    };
-    let otel = tracer.map(|t| {
-        tracing_opentelemetry::layer()
-            .with_tracer(t)
-            .with_filter(Targets::new().with_target("ai_orchestrator", tracing::Level::INFO))
-    });
-    let registry = tracing_subscriber::registry().with(otel);
-    let _ = match format {
-        LogFormat::Json => registry
-            .with(json_layer(std::io::stdout).with_filter(logs()))
+    // No `Option` layer when export is off: an absent layer under the log
+    // layer would turn every disabled callsite's cached "never" into
+    // "sometimes" and cost a filter call per h2/hyper `trace!`.
+    let registry = tracing_subscriber::registry().with(logs::LogFilter::from_env());
+    let _ = match (format, tracer) {
+        (LogFormat::Json, None) => registry.with(json_layer(std::io::stdout)).try_init(),
+        (LogFormat::Json, Some(t)) => registry
+            .with(json_layer(std::io::stdout))
+            .with(otel_layer(t))
             .try_init(),
-        LogFormat::Text => registry.with(fmt::layer().with_filter(logs())).try_init(),
+        (LogFormat::Text, None) => registry.with(fmt::layer()).try_init(),
+        (LogFormat::Text, Some(t)) => registry.with(fmt::layer()).with(otel_layer(t)).try_init(),
     };
+}
+
+/// Span export: this crate's spans only.
+fn otel_layer<S>(tracer: opentelemetry_sdk::trace::Tracer) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::filter::Targets;
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(Targets::new().with_target("ai_orchestrator", tracing::Level::INFO))
 }

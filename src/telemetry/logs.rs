@@ -1,0 +1,280 @@
+//! The log pipeline's two hot-path pieces, kept cheap because every request
+//! opens spans whether or not a line is ever logged (log lines must carry
+//! their request's `trace_id`, so our spans are on at any log level):
+//!
+//! - [`LogFilter`], one global filter: `RUST_LOG` for log lines, plus our
+//!   own spans always. It replaces a per-layer filter, under which
+//!   `tracing-subscriber` asks the filter about every `trace!` callsite of
+//!   h2 and hyper on every call instead of caching "never" once per callsite.
+//! - [`SpanFields`], the span-field store of the JSON log layer: fields are
+//!   written once as a JSON object when the span opens and appended to when
+//!   a field is recorded later. `tracing-subscriber`'s own `JsonFields`
+//!   builds a map of `serde_json::Value`s per span and re-parses the whole
+//!   object on every `record`.
+
+use std::fmt::{self, Write as _};
+use tracing::{
+    Metadata, Subscriber,
+    field::{Field, Visit},
+    level_filters::LevelFilter,
+    span,
+    subscriber::Interest,
+};
+use tracing_subscriber::{
+    EnvFilter,
+    field::RecordFields,
+    fmt::{FormatFields, FormattedFields, format::Writer},
+    layer::{Context, Layer},
+    registry::LookupSpan,
+};
+
+/// Target prefix of this crate's spans and events.
+const OURS: &str = "ai_orchestrator";
+
+fn is_our_span(meta: &Metadata<'_>) -> bool {
+    meta.is_span() && meta.target().starts_with(OURS)
+}
+
+/// The global filter: whatever `RUST_LOG` enables (default `info`), and
+/// this crate's spans at any level so a `warn` line still names its
+/// request's `trace_id`.
+pub struct LogFilter {
+    env: EnvFilter,
+    /// Whether `RUST_LOG` has span or field directives (`target[span]=..`),
+    /// the only ones for which `EnvFilter` tracks entered spans. Without
+    /// them its span callbacks do nothing but take a lock, so they are not
+    /// forwarded.
+    dynamic: bool,
+}
+
+impl LogFilter {
+    /// The filter from `RUST_LOG`, or `info` when it is unset or invalid.
+    pub fn from_env() -> Self {
+        match std::env::var(EnvFilter::DEFAULT_ENV) {
+            Ok(spec) => Self::new(&spec),
+            Err(_) => Self::new("info"),
+        }
+    }
+
+    /// The filter for a `RUST_LOG`-style directive string; `info` if it
+    /// does not parse.
+    pub fn new(spec: &str) -> Self {
+        match EnvFilter::try_new(spec) {
+            Ok(env) => Self {
+                env,
+                dynamic: spec.contains('['),
+            },
+            Err(_) => Self {
+                env: EnvFilter::new("info"),
+                dynamic: false,
+            },
+        }
+    }
+}
+
+impl<S> Layer<S> for LogFilter
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        // `EnvFilter` is always told: it remembers span callsites that its
+        // span directives (`[request]=debug`) match.
+        let env = Layer::<S>::register_callsite(&self.env, meta);
+        if is_our_span(meta) {
+            Interest::always()
+        } else {
+            env
+        }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>, ctx: Context<'_, S>) -> bool {
+        is_our_span(meta) || Layer::<S>::enabled(&self.env, meta, ctx)
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        // Our spans are all `info_span!`s.
+        let env = Layer::<S>::max_level_hint(&self.env)?;
+        Some(env.max(LevelFilter::INFO))
+    }
+
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        if self.dynamic {
+            Layer::<S>::on_new_span(&self.env, attrs, id, ctx);
+        }
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        if self.dynamic {
+            Layer::<S>::on_record(&self.env, id, values, ctx);
+        }
+    }
+
+    fn on_enter(&self, id: &span::Id, ctx: Context<'_, S>) {
+        if self.dynamic {
+            Layer::<S>::on_enter(&self.env, id, ctx);
+        }
+    }
+
+    fn on_exit(&self, id: &span::Id, ctx: Context<'_, S>) {
+        if self.dynamic {
+            Layer::<S>::on_exit(&self.env, id, ctx);
+        }
+    }
+
+    fn on_close(&self, id: span::Id, ctx: Context<'_, S>) {
+        if self.dynamic {
+            Layer::<S>::on_close(&self.env, id, ctx);
+        }
+    }
+}
+
+/// Span fields as one JSON object (what the JSON log layer prints as
+/// `span`), written directly instead of through a map of values.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SpanFields;
+
+impl<'w> FormatFields<'w> for SpanFields {
+    fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
+        let mut object = String::with_capacity(128);
+        object.push('{');
+        let mut visitor = JsonObject::new(&mut object, false);
+        fields.record(&mut visitor);
+        visitor.result?;
+        object.push('}');
+        writer.write_str(&object)
+    }
+
+    fn add_fields(
+        &self,
+        current: &'w mut FormattedFields<Self>,
+        fields: &span::Record<'_>,
+    ) -> fmt::Result {
+        let object = &mut current.fields;
+        // Always a `{...}` written by `format_fields`; anything else is
+        // started over rather than extended into invalid JSON.
+        if !(object.starts_with('{') && object.ends_with('}')) {
+            object.clear();
+            object.push_str("{}");
+        }
+        object.pop();
+        let has_fields = object.len() > 1;
+        let mut visitor = JsonObject::new(object, has_fields);
+        fields.record(&mut visitor);
+        let result = visitor.result;
+        object.push('}');
+        result
+    }
+}
+
+/// Writes `"name":value` pairs into an open JSON object. A field recorded
+/// twice appears twice; JSON readers (serde_json included) keep the last.
+struct JsonObject<'a> {
+    out: &'a mut String,
+    comma: bool,
+    result: fmt::Result,
+}
+
+impl<'a> JsonObject<'a> {
+    fn new(out: &'a mut String, comma: bool) -> Self {
+        Self {
+            out,
+            comma,
+            result: Ok(()),
+        }
+    }
+
+    fn key(&mut self, field: &Field) {
+        if self.comma {
+            self.out.push(',');
+        }
+        self.comma = true;
+        push_json_str(self.out, field.name());
+        self.out.push(':');
+    }
+
+    fn raw(&mut self, field: &Field, value: fmt::Arguments<'_>) {
+        self.key(field);
+        if self.result.is_ok() {
+            self.result = self.out.write_fmt(value);
+        }
+    }
+}
+
+impl Visit for JsonObject<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.key(field);
+        push_json_str(self.out, value);
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.raw(field, format_args!("{value}"));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.raw(field, format_args!("{value}"));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.raw(field, format_args!("{value}"));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        if value.is_finite() {
+            self.raw(field, format_args!("{value}"));
+        } else {
+            // JSON has no NaN or infinities.
+            self.key(field);
+            self.out.push_str("null");
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        // `%value` fields arrive here too, formatted with `Display`.
+        self.key(field);
+        self.out.push('"');
+        if self.result.is_ok() {
+            self.result = write!(Escaped(self.out), "{value:?}");
+        }
+        self.out.push('"');
+    }
+}
+
+/// Appends `s` as a JSON string literal.
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    let _ = Escaped(out).write_str(s);
+    out.push('"');
+}
+
+/// A `fmt::Write` that escapes what it is given for the inside of a JSON
+/// string (RFC 8259 §7).
+struct Escaped<'a>(&'a mut String);
+
+impl fmt::Write for Escaped<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let mut plain = 0;
+        for (i, b) in s.bytes().enumerate() {
+            let escape = match b {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                0..=0x1f => "",
+                _ => continue,
+            };
+            self.0.push_str(&s[plain..i]);
+            if escape.is_empty() {
+                write!(self.0, "\\u{b:04x}")?;
+            } else {
+                self.0.push_str(escape);
+            }
+            plain = i + 1;
+        }
+        self.0.push_str(&s[plain..]);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
