@@ -108,9 +108,7 @@ async fn measure(bench: &Bench, live: &crate::run::Live, rate: f64) -> anyhow::R
     })
 }
 
-async fn is_open(
-    client: &mut pb::orchestrator_client::OrchestratorClient<tonic::transport::Channel>,
-) -> anyhow::Result<bool> {
+async fn is_open(client: &mut crate::target::Client) -> anyhow::Result<bool> {
     let health = client
         .get_provider_health(pb::GetProviderHealthRequest {})
         .await?

@@ -127,6 +127,10 @@ struct Args {
     /// Worker threads of the fake upstream.
     #[arg(long, default_value_t = 2)]
     upstream_threads: usize,
+    /// Worker threads of the load generator's runtime (its gRPC and HTTP
+    /// clients).
+    #[arg(long, default_value_t = 2)]
+    client_threads: usize,
 }
 
 fn main() -> ExitCode {
@@ -139,6 +143,7 @@ fn main() -> ExitCode {
         )
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.client_threads.max(1))
         .enable_all()
         .build()
     {
@@ -283,6 +288,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 "max_steps": settings.sat_max_steps, "refine_steps": settings.sat_refine, "repeats": settings.sat_repeats, "duration_s": settings.sat_duration.as_secs_f64(),
                 "criteria": "achieved >= 95% of offered, errors <= 1%, p99 <= 100 ms"},
             "upstream_threads": args.upstream_threads,
+            "client_threads": args.client_threads,
         }),
         ..Results::default()
     };

@@ -11,7 +11,6 @@ use crate::{
     target::{self, Expect, Rpc},
     upstream::{Kind, Upstream},
 };
-use ai_orchestrator::api::pb::orchestrator_client::OrchestratorClient;
 use anyhow::Context;
 use std::{
     collections::BTreeSet,
@@ -19,7 +18,6 @@ use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
-use tonic::transport::Channel;
 
 /// What to run and how hard.
 #[derive(Debug, Clone)]
@@ -103,7 +101,7 @@ pub struct Live {
     /// The process.
     pub server: Server,
     /// Connections to it.
-    pub clients: Arc<Vec<OrchestratorClient<Channel>>>,
+    pub clients: Arc<Vec<target::Client>>,
     /// Metering mode.
     pub metering: Metering,
     /// PostgreSQL database, for its backends' CPU.
@@ -180,11 +178,7 @@ impl Bench {
         latency_ms: u64,
         n: usize,
         sqlite_file: Option<PathBuf>,
-    ) -> anyhow::Result<(
-        Server,
-        Arc<Vec<OrchestratorClient<Channel>>>,
-        Option<PgDatabase>,
-    )> {
+    ) -> anyhow::Result<(Server, Arc<Vec<target::Client>>, Option<PgDatabase>)> {
         let dir = &self.settings.dir;
         let (pg, url) = match metering {
             Metering::Postgres => {

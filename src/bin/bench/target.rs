@@ -5,8 +5,15 @@
 use crate::loadgen::{MakeRequest, Outcome};
 use ai_orchestrator::api::pb::{self, orchestrator_client::OrchestratorClient};
 use axum::body::Bytes;
-use std::{net::SocketAddr, sync::Arc, time::Duration};
-use tonic::transport::{Channel, Endpoint};
+use futures::future::BoxFuture;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 /// Teams the load is spread over (each has its own ledger row).
 const TEAMS: [&str; 8] = [
@@ -35,18 +42,67 @@ impl Rpc {
     }
 }
 
+/// The gRPC client of the load: one HTTP/2 connection.
+pub type Client = OrchestratorClient<H2>;
+
+/// One HTTP/2 connection used by the gRPC client as it is. A tonic
+/// `Channel` puts a queue and a task of its own in front of the connection
+/// (to reconnect and balance), a hand-off per request that the load
+/// generator would pay on the cores it shares with the server.
+#[derive(Clone)]
+pub struct H2 {
+    send: SendRequest<tonic::body::Body>,
+    authority: http::uri::Authority,
+}
+
+impl H2 {
+    /// Opens a connection to `addr` (Nagle off, as the server's sockets).
+    pub async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+        let tcp =
+            tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+                .await
+                .map_err(|_| anyhow::anyhow!("connecting to {addr} timed out"))??;
+        tcp.set_nodelay(true)?;
+        let (send, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "gRPC connection closed");
+            }
+        });
+        Ok(Self {
+            send,
+            authority: addr.to_string().parse()?,
+        })
+    }
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for H2 {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, hyper::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.send.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        // The generated client sends a path only; HTTP/2 wants the origin too.
+        let mut parts = request.uri().clone().into_parts();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        parts.authority = Some(self.authority.clone());
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+        Box::pin(self.send.send_request(request))
+    }
+}
+
 /// `count` separate HTTP/2 connections to the orchestrator.
-pub async fn connect(
-    addr: SocketAddr,
-    count: usize,
-) -> anyhow::Result<Arc<Vec<OrchestratorClient<Channel>>>> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5));
+pub async fn connect(addr: SocketAddr, count: usize) -> anyhow::Result<Arc<Vec<Client>>> {
     let mut clients = Vec::with_capacity(count);
     for _ in 0..count.max(1) {
-        // Each `connect` opens its own connection.
-        clients.push(OrchestratorClient::new(endpoint.connect().await?));
+        clients.push(OrchestratorClient::new(H2::connect(addr).await?));
     }
     Ok(Arc::new(clients))
 }
@@ -85,7 +141,7 @@ fn check_meta(meta: Option<&pb::ResponseMeta>, expect: Expect) -> Outcome {
 
 /// gRPC calls of `rpc` (for `Execute`, of `task`) round-robin over `clients`.
 pub fn grpc(
-    clients: Arc<Vec<OrchestratorClient<Channel>>>,
+    clients: Arc<Vec<Client>>,
     rpc: Rpc,
     task: &str,
     expect: Expect,
