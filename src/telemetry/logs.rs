@@ -12,7 +12,7 @@
 //!   builds a map of `serde_json::Value`s per span and re-parses the whole
 //!   object on every `record`.
 
-use std::fmt::{self, Write as _};
+use std::fmt::{self, Write};
 use tracing::{
     Metadata, Subscriber,
     field::{Field, Visit},
@@ -135,13 +135,11 @@ pub struct SpanFields;
 
 impl<'w> FormatFields<'w> for SpanFields {
     fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
-        let mut object = String::with_capacity(128);
-        object.push('{');
-        let mut visitor = JsonObject::new(&mut object, false);
+        writer.write_char('{')?;
+        let mut visitor = JsonObject::new(&mut writer, false);
         fields.record(&mut visitor);
         visitor.result?;
-        object.push('}');
-        writer.write_str(&object)
+        writer.write_char('}')
     }
 
     fn add_fields(
@@ -149,16 +147,11 @@ impl<'w> FormatFields<'w> for SpanFields {
         current: &'w mut FormattedFields<Self>,
         fields: &span::Record<'_>,
     ) -> fmt::Result {
+        // Always the `{...}` `format_fields` wrote: reopen it.
         let object = &mut current.fields;
-        // Always a `{...}` written by `format_fields`; anything else is
-        // started over rather than extended into invalid JSON.
-        if !(object.starts_with('{') && object.ends_with('}')) {
-            object.clear();
-            object.push_str("{}");
-        }
         object.pop();
         let has_fields = object.len() > 1;
-        let mut visitor = JsonObject::new(object, has_fields);
+        let mut visitor = JsonObject::new(&mut *object, has_fields);
         fields.record(&mut visitor);
         let result = visitor.result;
         object.push('}');
@@ -168,14 +161,15 @@ impl<'w> FormatFields<'w> for SpanFields {
 
 /// Writes `"name":value` pairs into an open JSON object. A field recorded
 /// twice appears twice; JSON readers (serde_json included) keep the last.
-struct JsonObject<'a> {
-    out: &'a mut String,
+struct JsonObject<W> {
+    out: W,
     comma: bool,
+    /// The first write error, if any (`Visit` methods cannot return one).
     result: fmt::Result,
 }
 
-impl<'a> JsonObject<'a> {
-    fn new(out: &'a mut String, comma: bool) -> Self {
+impl<W: fmt::Write> JsonObject<W> {
+    fn new(out: W, comma: bool) -> Self {
         Self {
             out,
             comma,
@@ -183,74 +177,72 @@ impl<'a> JsonObject<'a> {
         }
     }
 
-    fn key(&mut self, field: &Field) {
-        if self.comma {
-            self.out.push(',');
-        }
-        self.comma = true;
-        push_json_str(self.out, field.name());
-        self.out.push(':');
-    }
-
-    fn raw(&mut self, field: &Field, value: fmt::Arguments<'_>) {
-        self.key(field);
+    fn write(&mut self, value: fmt::Arguments<'_>) {
         if self.result.is_ok() {
             self.result = self.out.write_fmt(value);
         }
     }
+
+    fn key(&mut self, field: &Field) {
+        let comma = if self.comma { "," } else { "" };
+        self.comma = true;
+        self.string(format_args!("{comma}"), field.name());
+        self.write(format_args!(":"));
+    }
+
+    /// `prefix` then `value` as a JSON string literal.
+    fn string(&mut self, prefix: fmt::Arguments<'_>, value: impl fmt::Display) {
+        if self.result.is_ok() {
+            self.result = write!(self.out, "{prefix}\"")
+                .and_then(|()| write!(Escaped(&mut self.out), "{value}"))
+                .and_then(|()| self.out.write_char('"'));
+        }
+    }
 }
 
-impl Visit for JsonObject<'_> {
+impl<W: fmt::Write> Visit for JsonObject<W> {
     fn record_str(&mut self, field: &Field, value: &str) {
         self.key(field);
-        push_json_str(self.out, value);
+        self.string(format_args!(""), value);
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.raw(field, format_args!("{value}"));
+        self.key(field);
+        self.write(format_args!("{value}"));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.raw(field, format_args!("{value}"));
+        self.key(field);
+        self.write(format_args!("{value}"));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.raw(field, format_args!("{value}"));
+        self.key(field);
+        self.write(format_args!("{value}"));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
+        self.key(field);
         if value.is_finite() {
-            self.raw(field, format_args!("{value}"));
+            self.write(format_args!("{value}"));
         } else {
             // JSON has no NaN or infinities.
-            self.key(field);
-            self.out.push_str("null");
+            self.write(format_args!("null"));
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         // `%value` fields arrive here too, formatted with `Display`.
         self.key(field);
-        self.out.push('"');
-        if self.result.is_ok() {
-            self.result = write!(Escaped(self.out), "{value:?}");
-        }
-        self.out.push('"');
+        self.string(format_args!(""), format_args!("{value:?}"));
     }
-}
-
-/// Appends `s` as a JSON string literal.
-fn push_json_str(out: &mut String, s: &str) {
-    out.push('"');
-    let _ = Escaped(out).write_str(s);
-    out.push('"');
 }
 
 /// A `fmt::Write` that escapes what it is given for the inside of a JSON
 /// string (RFC 8259 §7).
-struct Escaped<'a>(&'a mut String);
+struct Escaped<W>(W);
 
-impl fmt::Write for Escaped<'_> {
+impl<W: fmt::Write> fmt::Write for Escaped<W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         let mut plain = 0;
         for (i, b) in s.bytes().enumerate() {
@@ -263,16 +255,15 @@ impl fmt::Write for Escaped<'_> {
                 0..=0x1f => "",
                 _ => continue,
             };
-            self.0.push_str(&s[plain..i]);
+            self.0.write_str(&s[plain..i])?;
             if escape.is_empty() {
                 write!(self.0, "\\u{b:04x}")?;
             } else {
-                self.0.push_str(escape);
+                self.0.write_str(escape)?;
             }
             plain = i + 1;
         }
-        self.0.push_str(&s[plain..]);
-        Ok(())
+        self.0.write_str(&s[plain..])
     }
 }
 

@@ -162,7 +162,9 @@ fn an_invalid_rust_log_falls_back_to_info() {
 fn escaping_covers_every_control_character() {
     let mut out = String::new();
     let all: String = (0u8..0x20).map(char::from).collect();
-    push_json_str(&mut out, &all);
+    out.push('"');
+    std::fmt::Write::write_str(&mut Escaped(&mut out), &all).unwrap();
+    out.push('"');
     let back: String = serde_json::from_str(&out).unwrap();
     assert_eq!(back, all);
 }
