@@ -462,6 +462,12 @@ pub struct ProviderConfig {
     /// Requests in flight at once from this replica.
     #[serde(default = "defaults::max_concurrency")]
     pub max_concurrency: usize,
+    /// Speak HTTP/2 from the first byte (no HTTP/1.1 upgrade, no ALPN), for
+    /// a plaintext `http://` upstream that serves h2c, e.g. a sidecar or an
+    /// internal gateway. Over `https://` the client negotiates HTTP/2 by
+    /// ALPN anyway; this only matters where there is no TLS.
+    #[serde(default)]
+    pub http2_prior_knowledge: bool,
     /// Circuit breaker numbers.
     #[serde(default)]
     pub breaker: BreakerConfig,

@@ -19,7 +19,13 @@ const MAX_ERROR_BODY: usize = 16 * 1024;
 
 /// Builds the HTTP client of one provider.
 pub fn client(config: &ProviderConfig) -> Result<reqwest::Client, ProviderError> {
-    reqwest::Client::builder()
+    let builder = reqwest::Client::builder();
+    let builder = if config.http2_prior_knowledge {
+        builder.http2_prior_knowledge()
+    } else {
+        builder
+    };
+    builder
         .connect_timeout(config.connect_timeout)
         // Nagle off upstream too: small request frames must not wait for ACKs.
         .tcp_nodelay(true)

@@ -192,3 +192,57 @@ async fn error_object_mid_stream_is_a_server_error() {
     assert!(!format!("{err:?} {err}").contains(CANARY));
     only_request(&server, "mid-stream error").await;
 }
+
+/// `http2_prior_knowledge = true` speaks HTTP/2 from the first byte to a
+/// plaintext upstream (h2c, as a sidecar or internal gateway serves it);
+/// without it the same `http://` upstream is called over HTTP/1.1.
+#[tokio::test]
+async fn http2_prior_knowledge_speaks_h2c() {
+    use ai_orchestrator::{config::Config, providers::Providers};
+    use axum::{extract::State, http::Version, routing::post};
+    use std::sync::{Arc, Mutex};
+
+    let f = fixture();
+    let seen: Arc<Mutex<Vec<Version>>> = Arc::default();
+    let body = f.success_body.clone();
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(
+                move |State(seen): State<Arc<Mutex<Vec<Version>>>>, req: axum::extract::Request| {
+                    let body = body.clone();
+                    async move {
+                        seen.lock().unwrap().push(req.version());
+                        axum::Json(body)
+                    }
+                },
+            ),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let toml = format!(
+        "[providers.h2c]\nkind = \"openai\"\nbase_url = \"http://{addr}/v1\"\n\
+         api_key_env = \"TEST_KEY\"\nhttp2_prior_knowledge = true\n\
+         [providers.h1]\nkind = \"openai\"\nbase_url = \"http://{addr}/v1\"\n\
+         api_key_env = \"TEST_KEY\"\n"
+    );
+    let env = |var: &str| (var == "TEST_KEY").then(|| harness::TEST_KEY.to_owned());
+    let providers = Providers::from_config(&Config::from_toml_str(&toml, env).unwrap()).unwrap();
+    for name in ["h2c", "h1"] {
+        let answer = providers
+            .get(name)
+            .unwrap()
+            .complete(request(&f, name))
+            .await
+            .unwrap();
+        assert_eq!(answer.text, TEXT);
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [Version::HTTP_2, Version::HTTP_11],
+        "h2c with prior knowledge, HTTP/1.1 otherwise"
+    );
+}

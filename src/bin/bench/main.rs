@@ -131,6 +131,11 @@ struct Args {
     /// clients).
     #[arg(long, default_value_t = 2)]
     client_threads: usize,
+    /// HTTP version between the orchestrator (and the direct baseline) and
+    /// the fake upstream: `1.1` (pooled, a connection per concurrent call)
+    /// or `2` (plaintext HTTP/2 with prior knowledge, multiplexed).
+    #[arg(long, default_value = "2", value_parser = ["1.1", "2"])]
+    upstream_http: String,
 }
 
 fn main() -> ExitCode {
@@ -213,6 +218,7 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
         },
         direct: args.scenarios.iter().any(|x| x == "direct"),
         saturation: args.scenarios.iter().any(|x| x == "saturation"),
+        upstream_http2: args.upstream_http == "2",
         connections: args.connections.max(1),
         max_inflight: args.max_inflight.max(1),
         timeout: Duration::from_secs(10),
@@ -289,6 +295,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 "criteria": "achieved >= 95% of offered, errors <= 1%, p99 <= 100 ms"},
             "upstream_threads": args.upstream_threads,
             "client_threads": args.client_threads,
+            "upstream_http": args.upstream_http,
         }),
         ..Results::default()
     };

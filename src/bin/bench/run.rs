@@ -40,6 +40,9 @@ pub struct Settings {
     pub direct: bool,
     /// Run the saturation sweep (Execute, lowest upstream latency).
     pub saturation: bool,
+    /// Speak plaintext HTTP/2 (prior knowledge) to the fake upstream, from
+    /// the orchestrator and from the direct baseline.
+    pub upstream_http2: bool,
     /// HTTP/2 connections to the server.
     pub connections: usize,
     /// In-flight cap of the load generator.
@@ -88,8 +91,10 @@ pub struct Bench {
     pub settings: Settings,
     /// The fake upstream.
     pub upstream: Upstream,
-    /// Client for `/metrics` and the direct baseline.
+    /// Client for `/metrics`.
     pub http: reqwest::Client,
+    /// Client of the direct baseline (the orchestrator's HTTP version).
+    pub direct_http: reqwest::Client,
     /// What has been measured so far.
     pub results: Results,
     direct_done: BTreeSet<u64>,
@@ -113,11 +118,14 @@ pub struct Live {
 impl Bench {
     /// A run over `upstream` with `settings`.
     pub fn new(settings: Settings, upstream: Upstream, results: Results) -> anyhow::Result<Self> {
-        let http = target::http_client(settings.max_inflight.min(4096))?;
+        let http = target::http_client(settings.max_inflight.min(4096), false)?;
+        let direct_http =
+            target::http_client(settings.max_inflight.min(4096), settings.upstream_http2)?;
         Ok(Self {
             settings,
             upstream,
             http,
+            direct_http,
             results,
             direct_done: BTreeSet::new(),
             servers: 0,
@@ -195,7 +203,15 @@ impl Bench {
         let config = dir.join(format!("server-{n}.toml"));
         std::fs::write(
             &config,
-            server::config_toml(metering, &url, grpc, metrics, &self.upstream, latency_ms),
+            server::config_toml(
+                metering,
+                &url,
+                grpc,
+                metrics,
+                &self.upstream,
+                latency_ms,
+                self.settings.upstream_http2,
+            ),
         )?;
         let log = dir.join(format!("server-{n}.log"));
         let started = Server::start(&self.settings.server_bin, &config, grpc, metrics, &log).await;
@@ -417,7 +433,7 @@ impl Bench {
                 .sample(kind)
                 .context("the fake upstream saw no request to replay")?;
             for &rate in &self.settings.rates.clone() {
-                let make = target::direct(self.http.clone(), url.clone(), body.clone());
+                let make = target::direct(self.direct_http.clone(), url.clone(), body.clone());
                 let step = Step {
                     kind: "load".into(),
                     rpc: rpc.name().into(),

@@ -73,7 +73,9 @@ pub fn config_toml(
     metrics: SocketAddr,
     upstream: &Upstream,
     latency_ms: u64,
+    http2: bool,
 ) -> String {
+    let http2 = if http2 { "true" } else { "false" };
     let ok = upstream.base_url(&format!("ok-{latency_ms}"));
     let ok_fast = upstream.base_url("ok-0");
     let broken = upstream.base_url("err-500");
@@ -106,6 +108,7 @@ base_url = "{ok}"
 api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
+http2_prior_knowledge = {http2}
 
 # The seed fallback of sms_classify / meeting_brief; never called here.
 [providers.anthropic]
@@ -114,6 +117,7 @@ base_url = "{unused}"
 api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
+http2_prior_knowledge = {http2}
 
 # Breaker scenario: always 500, stays open once opened.
 [providers.{BROKEN_PROVIDER}]
@@ -122,6 +126,7 @@ base_url = "{broken}"
 api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
+http2_prior_knowledge = {http2}
 [providers.{BROKEN_PROVIDER}.breaker]
 failure_threshold = 5
 open_for = "1h"
@@ -132,6 +137,7 @@ base_url = "{ok_fast}"
 api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
+http2_prior_knowledge = {http2}
 
 [tasks.sms_classify]
 chain = [

@@ -196,8 +196,14 @@ pub fn grpc(
 
 /// The HTTP client of the direct baseline: pooled HTTP/1.1 keep-alive with
 /// Nagle off, as the orchestrator's own upstream client.
-pub fn http_client(pool: usize) -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
+pub fn http_client(pool: usize, http2: bool) -> anyhow::Result<reqwest::Client> {
+    let builder = reqwest::Client::builder();
+    let builder = if http2 {
+        builder.http2_prior_knowledge()
+    } else {
+        builder
+    };
+    Ok(builder
         .no_proxy()
         .tcp_nodelay(true)
         .pool_max_idle_per_host(pool)
