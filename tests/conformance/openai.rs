@@ -199,12 +199,16 @@ async fn error_object_mid_stream_is_a_server_error() {
 #[tokio::test]
 async fn http2_prior_knowledge_speaks_h2c() {
     use ai_orchestrator::{config::Config, providers::Providers};
-    use axum::{extract::State, http::Version, routing::post};
+    use axum::{
+        extract::State,
+        http::{Version, header::CONTENT_TYPE},
+        routing::post,
+    };
     use std::sync::{Arc, Mutex};
 
     let f = fixture();
     let seen: Arc<Mutex<Vec<Version>>> = Arc::default();
-    let body = f.success_body.clone();
+    let body = f.success_body.to_string();
     let app = axum::Router::new()
         .route(
             "/v1/chat/completions",
@@ -213,7 +217,7 @@ async fn http2_prior_knowledge_speaks_h2c() {
                     let body = body.clone();
                     async move {
                         seen.lock().unwrap().push(req.version());
-                        axum::Json(body)
+                        ([(CONTENT_TYPE, "application/json")], body)
                     }
                 },
             ),
