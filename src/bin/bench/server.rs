@@ -75,7 +75,6 @@ pub fn config_toml(
     latency_ms: u64,
     http2: bool,
 ) -> String {
-    let http2 = if http2 { "true" } else { "false" };
     let ok = upstream.base_url(&format!("ok-{latency_ms}"));
     let ok_fast = upstream.base_url("ok-0");
     let broken = upstream.base_url("err-500");
