@@ -468,6 +468,14 @@ pub struct ProviderConfig {
     /// ALPN anyway; this only matters where there is no TLS.
     #[serde(default)]
     pub http2_prior_knowledge: bool,
+    /// Calls one HTTP/2 connection to this provider carries at once; more
+    /// open another connection (up to `max_concurrency` calls in all). An
+    /// HTTP/2 server caps the streams of a connection
+    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`, often 100–256), and the client
+    /// never opens a second connection by itself: calls past the cap would
+    /// wait unseen inside it.
+    #[serde(default = "defaults::streams_per_connection")]
+    pub streams_per_connection: usize,
     /// Circuit breaker numbers.
     #[serde(default)]
     pub breaker: BreakerConfig,
@@ -493,6 +501,10 @@ mod defaults {
     }
     pub fn max_concurrency() -> usize {
         64
+    }
+    /// RFC 9113 §6.5.2 recommends servers allow at least 100 streams.
+    pub fn streams_per_connection() -> usize {
+        100
     }
 }
 

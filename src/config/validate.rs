@@ -38,6 +38,9 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         if p.max_concurrency == 0 {
             bad(at("max_concurrency"), "must be at least 1");
         }
+        if p.streams_per_connection == 0 {
+            bad(at("streams_per_connection"), "must be at least 1");
+        }
         let b = &p.breaker;
         for (key, v) in [
             ("breaker.failure_threshold", b.failure_threshold),

@@ -33,7 +33,7 @@ const MAX_TEMPERATURE: f32 = 1.0;
 
 /// A provider speaking the Anthropic Messages API.
 pub struct AnthropicProvider {
-    client: reqwest::Client,
+    clients: http::Clients,
     url: String,
     /// `x-api-key`, marked sensitive so it never shows in debug output.
     api_key: Option<HeaderValue>,
@@ -56,7 +56,7 @@ impl AnthropicProvider {
             })
             .transpose()?;
         Ok(Self {
-            client: http::client(config)?,
+            clients: http::Clients::new(config)?,
             url: format!("{}/messages", base_url.trim_end_matches('/')),
             api_key,
             stream_idle: config.stream_idle_timeout,
@@ -65,11 +65,12 @@ impl AnthropicProvider {
 
     async fn send(
         &self,
+        client: &http::Lease,
         req: &CompletionRequest,
         stream: bool,
     ) -> Result<reqwest::Response, ProviderError> {
-        let mut builder = self
-            .client
+        let mut builder = client
+            .client()
             .post(&self.url)
             .header("anthropic-version", API_VERSION)
             .json(&body(req, stream));
@@ -83,15 +84,19 @@ impl AnthropicProvider {
 #[async_trait::async_trait]
 impl Provider for AnthropicProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
-        let response = self.send(&req, false).await?;
+        let lease = self.clients.lease();
+        let response = self.send(&lease, &req, false).await?;
         let message: MessagesResponse = http::json(response, req.deadline).await?;
         Ok(message.into_completion())
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
-        let response = self.send(&req, true).await?;
+        let lease = self.clients.lease();
+        let response = self.send(&lease, &req, true).await?;
         let events = Box::pin(sse::events(response, self.stream_idle, req.deadline));
         Ok(Box::pin(async_stream::stream! {
+            // The stream holds its place on the connection until it ends.
+            let _lease = lease;
             let mut events = events;
             let mut state = stream::State::default();
             while let Some(event) = events.next().await {

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 /// A provider speaking the Gemini API.
 pub struct GeminiProvider {
-    client: reqwest::Client,
+    clients: http::Clients,
     base_url: String,
     /// `x-goog-api-key`, marked sensitive so it never shows in debug output.
     /// (The header rather than `?key=`, which would put the key in URLs.)
@@ -55,7 +55,7 @@ impl GeminiProvider {
             })
             .transpose()?;
         Ok(Self {
-            client: http::client(config)?,
+            clients: http::Clients::new(config)?,
             base_url: base_url.trim_end_matches('/').to_owned(),
             api_key,
             stream_idle: config.stream_idle_timeout,
@@ -64,13 +64,14 @@ impl GeminiProvider {
 
     async fn send(
         &self,
+        client: &http::Lease,
         req: &CompletionRequest,
         action: &str,
     ) -> Result<reqwest::Response, ProviderError> {
         // Accept both `gemini-2.0-flash` and the API's own `models/gemini-2.0-flash`.
         let model = req.model.strip_prefix("models/").unwrap_or(&req.model);
         let url = format!("{}/models/{model}:{action}", self.base_url);
-        let mut builder = self.client.post(url).json(&body(req));
+        let mut builder = client.client().post(url).json(&body(req));
         if let Some(key) = &self.api_key {
             builder = builder.header("x-goog-api-key", key.clone());
         }
@@ -81,7 +82,8 @@ impl GeminiProvider {
 #[async_trait::async_trait]
 impl Provider for GeminiProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
-        let response = self.send(&req, "generateContent").await?;
+        let lease = self.clients.lease();
+        let response = self.send(&lease, &req, "generateContent").await?;
         let answer: GenerateResponse = http::json(response, req.deadline).await?;
         let no_candidates = answer.candidates.is_empty();
         let mut state = StreamState::default();
@@ -96,9 +98,14 @@ impl Provider for GeminiProvider {
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
-        let response = self.send(&req, "streamGenerateContent?alt=sse").await?;
+        let lease = self.clients.lease();
+        let response = self
+            .send(&lease, &req, "streamGenerateContent?alt=sse")
+            .await?;
         let events = Box::pin(sse::events(response, self.stream_idle, req.deadline));
         Ok(Box::pin(async_stream::stream! {
+            // The stream holds its place on the connection until it ends.
+            let _lease = lease;
             let mut events = events;
             let mut state = StreamState::default();
             while let Some(event) = events.next().await {

@@ -11,14 +11,152 @@ use super::{CompletionRequest, ProviderError};
 use crate::config::ProviderConfig;
 use reqwest::{RequestBuilder, Response, header::HeaderMap};
 use serde::de::DeserializeOwned;
-use std::time::{Duration, SystemTime};
+use std::{
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, SystemTime},
+};
 use tokio::time::Instant;
 
 /// Largest error body we read to find the error type.
 const MAX_ERROR_BODY: usize = 16 * 1024;
 
-/// Builds the HTTP client of one provider.
-pub fn client(config: &ProviderConfig) -> Result<reqwest::Client, ProviderError> {
+/// The HTTP clients of one provider, each with its own connection pool,
+/// filled in order: a call takes the first client carrying fewer than
+/// `streams_per_connection` calls.
+///
+/// hyper's client keeps one HTTP/2 connection per host and does not open a
+/// second when the server's `SETTINGS_MAX_CONCURRENT_STREAMS` is reached
+/// (hyperium/hyper#2197, #3623): further calls wait inside it, unseen by
+/// the provider's limits and counted as provider latency. With calls that
+/// last seconds that caps a provider at ~100–256 calls in flight, so each
+/// batch of `streams_per_connection` calls gets a client of its own. A
+/// client is built on first use: under ordinary load a provider has one
+/// connection, and its calls share it. Over HTTP/1.1 the split only divides
+/// the idle pool.
+pub struct Clients {
+    config: ProviderConfig,
+    per_client: usize,
+    /// Built at start-up.
+    first: reqwest::Client,
+    first_in_flight: Arc<AtomicUsize>,
+    /// Built on first use.
+    more: Box<[Slot]>,
+}
+
+#[derive(Default)]
+struct Slot {
+    client: OnceLock<reqwest::Client>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// One call's client and its place on it, released when dropped: hold it
+/// until the call's response has been read to the end.
+pub struct Lease {
+    client: reqwest::Client,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Lease {
+    /// The client to send the call with.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Clients {
+    /// The clients of one provider; the first is built now, so a config the
+    /// client cannot work with fails at start-up.
+    pub fn new(config: &ProviderConfig) -> Result<Self, ProviderError> {
+        let per_client = config.streams_per_connection.max(1);
+        let count = config.max_concurrency.div_ceil(per_client).max(1);
+        Ok(Self {
+            first: client(config, per_client)?,
+            first_in_flight: Arc::default(),
+            more: (1..count).map(|_| Slot::default()).collect(),
+            config: config.clone(),
+            per_client,
+        })
+    }
+
+    /// A client for one call: the first with room, else the least loaded
+    /// (more calls than `max_concurrency` allows are not sent anyway).
+    pub fn lease(&self) -> Lease {
+        let take = |in_flight: &AtomicUsize| {
+            in_flight
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < self.per_client).then_some(n + 1)
+                })
+                .is_ok()
+        };
+        if take(&self.first_in_flight) {
+            return self.lease_first();
+        }
+        if let Some(slot) = self.more.iter().find(|slot| take(&slot.in_flight)) {
+            return self.lease_of(slot);
+        }
+        let load = |in_flight: &AtomicUsize| in_flight.load(Ordering::Acquire);
+        let least = self
+            .more
+            .iter()
+            .fold(None::<&Slot>, |best, slot| match best {
+                Some(b) if load(&b.in_flight) <= load(&slot.in_flight) => Some(b),
+                _ => Some(slot),
+            });
+        match least {
+            Some(slot) if load(&slot.in_flight) < load(&self.first_in_flight) => {
+                slot.in_flight.fetch_add(1, Ordering::AcqRel);
+                self.lease_of(slot)
+            }
+            _ => {
+                self.first_in_flight.fetch_add(1, Ordering::AcqRel);
+                self.lease_first()
+            }
+        }
+    }
+
+    fn lease_first(&self) -> Lease {
+        Lease {
+            client: self.first.clone(),
+            in_flight: Arc::clone(&self.first_in_flight),
+        }
+    }
+
+    /// A lease on `slot`, whose place is already taken. Its client is built
+    /// on first use from the config the first one was built from, so
+    /// building cannot fail differently; should it fail, the call shares the
+    /// first client rather than failing.
+    fn lease_of(&self, slot: &Slot) -> Lease {
+        let client = slot.client.get_or_init(|| {
+            client(&self.config, self.per_client).unwrap_or_else(|_| self.first.clone())
+        });
+        Lease {
+            client: client.clone(),
+            in_flight: Arc::clone(&slot.in_flight),
+        }
+    }
+
+    /// Clients built so far (one connection pool each).
+    #[cfg(test)]
+    fn built(&self) -> usize {
+        1 + self
+            .more
+            .iter()
+            .filter(|s| s.client.get().is_some())
+            .count()
+    }
+}
+
+/// Builds one HTTP client of a provider, keeping up to `idle` connections.
+fn client(config: &ProviderConfig, idle: usize) -> Result<reqwest::Client, ProviderError> {
     let builder = reqwest::Client::builder();
     let builder = if config.http2_prior_knowledge {
         builder.http2_prior_knowledge()
@@ -30,7 +168,7 @@ pub fn client(config: &ProviderConfig) -> Result<reqwest::Client, ProviderError>
         // Nagle off upstream too: small request frames must not wait for ACKs.
         .tcp_nodelay(true)
         .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(config.max_concurrency.max(1))
+        .pool_max_idle_per_host(idle.min(config.max_concurrency).max(1))
         .user_agent(concat!("ai-orchestrator/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| ProviderError::Unsupported(format!("cannot build HTTP client: {e}")))
@@ -200,6 +338,51 @@ fn capped_secs(secs: f64) -> Option<Duration> {
 mod tests {
     use super::*;
     use reqwest::header::HeaderValue;
+
+    fn clients(max_concurrency: usize, streams_per_connection: usize) -> Clients {
+        let toml = format!(
+            "[providers.p]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+             max_concurrency = {max_concurrency}\nstreams_per_connection = {streams_per_connection}\n"
+        );
+        let config = crate::config::Config::from_toml_str(&toml, |_| None).unwrap();
+        Clients::new(&config.providers["p"]).unwrap()
+    }
+
+    fn loads(c: &Clients) -> Vec<usize> {
+        std::iter::once(&c.first_in_flight)
+            .chain(c.more.iter().map(|s| &s.in_flight))
+            .map(|n| n.load(Ordering::SeqCst))
+            .collect()
+    }
+
+    #[test]
+    fn leases_fill_one_client_before_the_next() {
+        let c = clients(5, 2);
+        assert_eq!((loads(&c), c.built()), (vec![0, 0, 0], 1));
+        let mut held: Vec<Lease> = (0..5).map(|_| c.lease()).collect();
+        assert_eq!((loads(&c), c.built()), (vec![2, 2, 1], 3));
+        // All full (as far as max_concurrency goes): the least loaded.
+        held.push(c.lease());
+        assert_eq!(loads(&c), vec![2, 2, 2]);
+        held.push(c.lease());
+        assert_eq!(loads(&c), vec![3, 2, 2]);
+        // A freed place on the first client is taken before the others.
+        held.swap_remove(0);
+        held.swap_remove(0);
+        assert_eq!(loads(&c), vec![1, 2, 2]);
+        held.push(c.lease());
+        assert_eq!(loads(&c), vec![2, 2, 2]);
+        drop(held);
+        assert_eq!((loads(&c), c.built()), (vec![0, 0, 0], 3));
+    }
+
+    #[test]
+    fn one_client_under_ordinary_load() {
+        let c = clients(64, 100);
+        let held: Vec<Lease> = (0..64).map(|_| c.lease()).collect();
+        assert_eq!((loads(&c), c.built()), (vec![64], 1));
+        drop(held);
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

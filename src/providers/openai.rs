@@ -54,7 +54,7 @@ impl Flavor {
 /// A provider speaking Chat Completions.
 pub struct OpenAiProvider {
     flavor: Flavor,
-    client: reqwest::Client,
+    clients: http::Clients,
     /// Parsed once: parsing (IDNA host processing included) on every call
     /// showed up in the benchmark's profile.
     url: reqwest::Url,
@@ -85,7 +85,7 @@ impl OpenAiProvider {
             .transpose()?;
         Ok(Self {
             flavor,
-            client: http::client(p)?,
+            clients: http::Clients::new(p)?,
             url,
             authorization,
             stream_idle: p.stream_idle_timeout,
@@ -94,13 +94,15 @@ impl OpenAiProvider {
 
     async fn send(
         &self,
+        client: &http::Lease,
         req: &CompletionRequest,
         stream: bool,
     ) -> Result<reqwest::Response, ProviderError> {
-        let mut builder = self
-            .client
-            .post(self.url.clone())
-            .json(&wire(self.flavor, req, stream));
+        let mut builder =
+            client
+                .client()
+                .post(self.url.clone())
+                .json(&wire(self.flavor, req, stream));
         // Local servers (Ollama, llama.cpp) often run without a key.
         if let Some(value) = &self.authorization {
             builder = builder.header(reqwest::header::AUTHORIZATION, value.clone());
@@ -115,16 +117,21 @@ impl OpenAiProvider {
 #[async_trait::async_trait]
 impl Provider for OpenAiProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
-        let response = self.send(&req, false).await?;
+        let lease = self.clients.lease();
+        let response = self.send(&lease, &req, false).await?;
         let wire: WireResponse = http::json(response, req.deadline).await?;
+        drop(lease);
         completion(self.flavor, wire)
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
-        let response = self.send(&req, true).await?;
+        let lease = self.clients.lease();
+        let response = self.send(&lease, &req, true).await?;
         let mut events = Box::pin(sse::events(response, self.stream_idle, req.deadline));
         let mut state = StreamState::new(self.flavor);
         Ok(Box::pin(async_stream::stream! {
+            // The stream holds its place on the connection until it ends.
+            let _lease = lease;
             let mut saw_done = false;
             while let Some(event) = events.next().await {
                 let step = event.and_then(|e| state.on_data(&e.data));

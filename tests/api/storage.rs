@@ -115,6 +115,16 @@ output_per_mtok = 2.0
         ["providers.p.kind"]
     );
     assert_eq!(
+        invalid_paths(&base.replace(
+            "kind = \"mock\"",
+            "kind = \"mock\"\nmax_concurrency = 0\nstreams_per_connection = 0"
+        )),
+        [
+            "providers.p.max_concurrency",
+            "providers.p.streams_per_connection"
+        ]
+    );
+    assert_eq!(
         invalid_paths(&format!(
             "{base}\n[server]\nmax_concurrent_streams = 0\nhttp2_keepalive_interval = \"0s\"\nhttp2_keepalive_timeout = \"0s\""
         )),

@@ -250,3 +250,116 @@ async fn http2_prior_knowledge_speaks_h2c() {
         "h2c with prior knowledge, HTTP/1.1 otherwise"
     );
 }
+
+/// An h2c upstream allowing `max_streams` streams per connection; each call
+/// waits while the gate is closed. Returns its address, the calls that
+/// arrived, the connections accepted and the gate.
+async fn gated_h2c_upstream(
+    max_streams: u32,
+    body: String,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tokio::sync::watch::Sender<bool>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (arrived, connections) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (gate, open) = tokio::sync::watch::channel(true);
+    let (arrived_in, connections_in) = (arrived.clone(), connections.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            connections_in.fetch_add(1, Ordering::SeqCst);
+            let (arrived, open, body) = (arrived_in.clone(), open.clone(), body.clone());
+            let service = hyper::service::service_fn(move |_req| {
+                let (arrived, mut open, body) = (arrived.clone(), open.clone(), body.clone());
+                async move {
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    let _ = open.wait_for(|open| *open).await;
+                    hyper::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(body)
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .max_concurrent_streams(max_streams)
+                    .serve_connection(TokioIo::new(tcp), service),
+            );
+        }
+    });
+    (addr, arrived, connections, gate)
+}
+
+/// An HTTP/2 server caps the calls one connection carries (here 2, as
+/// `SETTINGS_MAX_CONCURRENT_STREAMS`) and the HTTP client never opens a
+/// second connection by itself. With `streams_per_connection = 2` the four
+/// calls held at the upstream at once travel over two connections; with
+/// one connection for all four (the control), only two reach the upstream
+/// and the others wait inside the client until those end.
+#[tokio::test]
+async fn calls_past_the_stream_limit_open_another_connection() {
+    use ai_orchestrator::{config::Config, providers::Providers};
+    use std::{sync::atomic::Ordering, time::Duration};
+
+    let f = fixture();
+    for (per_connection, reach_at_once, connections_used) in [(2, 4, 2), (4, 2, 1)] {
+        let (addr, arrived, connections, gate) =
+            gated_h2c_upstream(2, f.success_body.to_string()).await;
+        let toml = format!(
+            "[providers.p]\nkind = \"openai\"\nbase_url = \"http://{addr}/v1\"\n\
+             api_key_env = \"TEST_KEY\"\nhttp2_prior_knowledge = true\n\
+             max_concurrency = 4\nstreams_per_connection = {per_connection}\n"
+        );
+        let env = |var: &str| (var == "TEST_KEY").then(|| harness::TEST_KEY.to_owned());
+        let providers =
+            Providers::from_config(&Config::from_toml_str(&toml, env).unwrap()).unwrap();
+        let provider = providers.get("p").unwrap();
+        // One call first, so the client knows the server's stream limit.
+        provider.complete(request(&f, "p")).await.unwrap();
+        arrived.store(0, Ordering::SeqCst);
+        gate.send_replace(false);
+
+        let calls: Vec<_> = (0..4)
+            .map(|_| {
+                let (provider, req) = (provider.clone(), request(&f, "p"));
+                tokio::spawn(async move { provider.complete(req).await })
+            })
+            .collect();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while arrived.load(Ordering::SeqCst) < reach_at_once {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{reach_at_once} calls should reach the upstream"));
+        // The stream limit is the protocol's: no more arrive while held.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            arrived.load(Ordering::SeqCst),
+            reach_at_once,
+            "streams_per_connection = {per_connection}"
+        );
+
+        gate.send_replace(true);
+        for call in calls {
+            assert_eq!(call.await.unwrap().unwrap().text, TEXT);
+        }
+        assert_eq!(arrived.load(Ordering::SeqCst), 4);
+        assert_eq!(
+            connections.load(Ordering::SeqCst),
+            connections_used,
+            "streams_per_connection = {per_connection}"
+        );
+    }
+}

@@ -4,7 +4,8 @@
 //! its own threads) and the orchestrator binary as a child process, then
 //! drives open-loop gRPC load at fixed rates and up to saturation, the same
 //! rates straight at the fake upstream (the baseline the added latency is
-//! measured against), a breaker fast-fail scenario and cold starts, with
+//! measured against), a breaker fast-fail scenario, long calls (memory per
+//! call in flight) and cold starts, with
 //! SQLite, PostgreSQL and no metering. It writes `results.json` and
 //! `results.md` to `--out`, reads the JSON back to validate it, and never
 //! fails on timing: only on a broken run or malformed results.
@@ -12,6 +13,7 @@
 //! `--smoke` is the CI mode: seconds long, low rates, any build.
 
 mod breaker;
+mod inflight;
 mod loadgen;
 mod procfs;
 mod prom;
@@ -51,11 +53,11 @@ struct Args {
     /// Folder for results.json and results.md.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
-    /// Scenarios: load, direct, saturation, breaker, coldstart.
+    /// Scenarios: load, direct, saturation, breaker, inflight, coldstart.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "load,direct,saturation,breaker,coldstart"
+        default_value = "load,direct,saturation,breaker,inflight,coldstart"
     )]
     scenarios: Vec<String>,
     /// RPCs at fixed rates: execute, classify.
@@ -108,6 +110,12 @@ struct Args {
     /// Rate of the breaker scenario [default: 1000; smoke: 50].
     #[arg(long)]
     breaker_rate: Option<f64>,
+    /// Fake upstream latency of the long-calls scenario, ms [default: 1000; smoke: 100].
+    #[arg(long)]
+    inflight_latency_ms: Option<u64>,
+    /// Rates of the long-calls scenario [default: 100,400,800; smoke: 20,60].
+    #[arg(long, value_delimiter = ',')]
+    inflight_rates: Option<Vec<f64>>,
     /// Cold-start launches (each: new database, then a restart) [default: 5; smoke: 1].
     #[arg(long)]
     coldstart_runs: Option<usize>,
@@ -273,6 +281,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("aio-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).context("creating the scratch folder")?;
     let settings = settings(&args, dir.clone())?;
+    let inflight_latency = pick(args.inflight_latency_ms, args.smoke, 100, 1000);
+    let inflight_rates = pick(
+        args.inflight_rates.clone(),
+        args.smoke,
+        vec![20.0, 60.0],
+        vec![100.0, 400.0, 800.0],
+    );
+    anyhow::ensure!(
+        inflight_rates.iter().all(|r| *r > 0.0),
+        "--inflight-rates must be positive"
+    );
     let machine = procfs::machine();
     let mut results = Results {
         schema_version: report::SCHEMA_VERSION,
@@ -296,6 +315,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "upstream_threads": args.upstream_threads,
             "client_threads": args.client_threads,
             "upstream_http": args.upstream_http,
+            "in_flight": {"upstream_latency_ms": inflight_latency, "rates": inflight_rates},
         }),
         ..Results::default()
     };
@@ -351,6 +371,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .notes
                 .push(format!("breaker scenario failed: {e:#}"));
         }
+    }
+
+    if scenario("inflight")
+        && let Err(e) = inflight::run(&mut bench, inflight_latency, &inflight_rates).await
+    {
+        tracing::error!(error = %format!("{e:#}"), "long-calls scenario failed");
+        bench
+            .results
+            .notes
+            .push(format!("long-calls scenario failed: {e:#}"));
     }
 
     let mut results = bench.results;

@@ -74,7 +74,7 @@ pub struct ServerOverhead {
 /// One step of constant-rate load.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Step {
-    /// `load`, `saturation` or `breaker`.
+    /// `load`, `saturation`, `breaker` or `in flight`.
     pub kind: String,
     /// `Execute`, `ClassifySms`, or the body the direct baseline replays.
     pub rpc: String,
@@ -197,6 +197,21 @@ pub struct Breaker {
     pub added_latency_us: Option<Quantiles>,
 }
 
+/// Long calls (as LLM calls are): memory per call in flight.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct InFlight {
+    /// Fake upstream latency, ms.
+    pub upstream_latency_ms: u64,
+    /// Execute at each rate, SQLite metering.
+    pub steps: Vec<Step>,
+    /// Calls in flight at each step: offered rps × success share × mean
+    /// latency (Little's law in the steady state).
+    pub calls_in_flight: Vec<f64>,
+    /// Resident memory per call in flight, KiB: the RSS slope from the first
+    /// to the last step.
+    pub kib_per_call: Option<f64>,
+}
+
 /// One target of issue #6 and what this run reached.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Target {
@@ -243,6 +258,9 @@ pub struct Results {
     pub cold_start: ColdStart,
     /// Breaker scenario.
     pub breaker: Option<Breaker>,
+    /// Long-calls scenario (added after schema 2's first runs; absent there).
+    #[serde(default)]
+    pub in_flight: Option<InFlight>,
     /// Targets of issue #6.
     pub targets: Vec<Target>,
     /// Remarks (skipped parts, warnings).
@@ -260,6 +278,7 @@ impl Results {
             .iter()
             .chain(self.saturation_steps.iter())
             .chain(breaker)
+            .chain(self.in_flight.iter().flat_map(|f| f.steps.iter()))
     }
 }
 
@@ -477,6 +496,10 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(out, "\n</details>\n");
     }
 
+    if let Some(f) = &r.in_flight {
+        in_flight(&mut out, f);
+    }
+
     if let Some(b) = &r.breaker {
         let _ = writeln!(
             out,
@@ -580,6 +603,43 @@ fn overhead(s: &Step) -> String {
         || "–".to_owned(),
         |o| format!("{} / {}", ms(o.mean), ms(o.p99)),
     )
+}
+
+fn in_flight(out: &mut String, f: &InFlight) {
+    let _ = writeln!(
+        out,
+        "## Long calls: memory per call in flight\n\nThe fake upstream answers after {} ms (LLM calls take seconds); \
+         `Execute` with SQLite metering. Calls in flight = offered rps × share answered × mean latency (Little's law in the steady state); \
+         RSS is the server's after each step.\n",
+        f.upstream_latency_ms
+    );
+    let _ = writeln!(
+        out,
+        "| offered rps | achieved rps | errors | p50 | p99 | calls in flight | RSS MiB | upstream conns | CPU s/1k |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    for (s, n) in f.steps.iter().zip(&f.calls_in_flight) {
+        let _ = writeln!(
+            out,
+            "| {:.0} | {:.0} | {} | {} | {} | {n:.0} | {} | {} | {} |",
+            s.offered_rps,
+            s.achieved_rps,
+            s.errors,
+            ms(s.latency_us.p50),
+            ms(s.latency_us.p99),
+            opt(s.server_rss_mb, 1),
+            s.upstream_connections
+                .map_or_else(|| "–".to_owned(), |c| c.to_string()),
+            opt(s.server_cpu_s_per_1k, 3),
+        );
+    }
+    if let Some(kib) = f.kib_per_call {
+        let _ = writeln!(
+            out,
+            "\nResident memory per call in flight: **{kib:.1} KiB** (slope from the first to the last step)."
+        );
+    }
+    out.push('\n');
 }
 
 fn step_row(out: &mut String, s: &Step) {

@@ -242,7 +242,7 @@ impl Bench {
     }
 
     /// Load that is not measured: connections, caches, tokenizer tables.
-    async fn warm_up(&self, live: &Live, rpcs: &[Rpc]) -> anyhow::Result<()> {
+    pub async fn warm_up(&self, live: &Live, rpcs: &[Rpc]) -> anyhow::Result<()> {
         for &rpc in rpcs {
             let make = target::grpc(
                 live.clients.clone(),
@@ -381,7 +381,7 @@ impl Bench {
         Ok(())
     }
 
-    async fn grpc_step(
+    pub async fn grpc_step(
         &self,
         live: &Live,
         rpc: Rpc,
