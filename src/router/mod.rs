@@ -164,10 +164,14 @@ impl Router {
     /// deadline, then the retry policy. A `parse` error is a malformed
     /// response: it counts against the provider and the walk moves on.
     /// Nothing starts after `deadline`; every attempt is recorded.
+    ///
+    /// `request` is borrowed: each attempt sends its own copy with the
+    /// target's model and deadline, and a caller's future would otherwise
+    /// hold the request twice more through this one.
     pub async fn run<T>(
         &self,
         task: &str,
-        request: CompletionRequest,
+        request: &CompletionRequest,
         deadline: Instant,
         options: &RouteOptions,
         parse: impl Fn(&Completion) -> Result<T, String>,
@@ -195,7 +199,7 @@ impl Router {
                     .try_target(
                         &target,
                         retry,
-                        &request,
+                        request,
                         deadline,
                         options.priority,
                         &parse,

@@ -64,7 +64,7 @@ pub async fn execute(
     let (rendered, request) = prepare(runner, ctx, task, input).await?;
     let validator = runner.output_validator(task);
     let (output, _, meta) = runner
-        .route(task, &rendered, ctx, request, |c| {
+        .route(task, &rendered, ctx, &request, |c| {
             parse(&c.text, validator.as_deref())
         })
         .await?;

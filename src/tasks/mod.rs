@@ -287,11 +287,11 @@ impl TaskRunner {
         task: &str,
         rendered: &Rendered,
         ctx: &CallContext,
-        request: CompletionRequest,
+        request: &CompletionRequest,
         parse: impl Fn(&Completion) -> Result<T, String>,
     ) -> Result<(T, Completion, CallMeta), TaskError> {
         ctx.meter
-            .reserve(task, self.router.chain(task)?, &request)
+            .reserve(task, self.router.chain(task)?, request)
             .await?;
         let options = RouteOptions {
             priority: ctx.priority,

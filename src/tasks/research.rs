@@ -97,7 +97,7 @@ pub async fn research(
     };
     let request = runner.request(task, &rendered, ctx, Some(format));
     let (answer, _, meta) = runner
-        .route(task, &rendered, ctx, request, |c| {
+        .route(task, &rendered, ctx, &request, |c| {
             parse(&c.text, &c.citations)
         })
         .await?;

@@ -131,7 +131,9 @@ pub async fn classify(
     };
     let request = runner.request(TASK, &rendered, ctx, Some(format));
     let (answer, _, meta) = runner
-        .route(TASK, &rendered, ctx, request, |c| parse(&c.text, threshold))
+        .route(TASK, &rendered, ctx, &request, |c| {
+            parse(&c.text, threshold)
+        })
         .await?;
     Ok((answer, meta))
 }

@@ -199,7 +199,7 @@ async fn draft(
     };
     let request = runner.request(TASK, &rendered, ctx, Some(format));
     let (draft, _, meta) = runner
-        .route(TASK, &rendered, ctx, request, |c| parse(&c.text))
+        .route(TASK, &rendered, ctx, &request, |c| parse(&c.text))
         .await?;
     Ok((draft, meta))
 }

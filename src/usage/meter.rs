@@ -18,6 +18,10 @@ use crate::{
     config::{MeteringConfig, TargetConfig},
     providers::CompletionRequest,
 };
+use futures::{
+    TryFutureExt,
+    future::{self, Either},
+};
 use std::sync::{Arc, Mutex};
 
 /// Outcome recorded for a request dropped before it finished.
@@ -272,39 +276,49 @@ impl MeterSession {
     /// a provider was involved) and writes `record`, durably.
     /// The stored prompt version the call used (see [`Self::note_prompt`])
     /// gets this call folded into its stats, success or not.
-    pub async fn settle(&self, mut record: UsageRecord) -> Result<(), MeterError> {
-        let Some(writer) = &self.meter.writer else {
-            return Ok(());
-        };
-        let (reservations, prompt) = {
-            let mut state = self.lock();
-            state.settled = true;
-            (
-                std::mem::take(&mut state.reservations),
-                state.prompt.clone(),
-            )
-        };
-        let mut prompt_owner = None;
-        if let Some((owner, key, version)) = prompt {
-            if record.prompt_key.is_empty() {
-                record.prompt_key = key;
-                record.prompt_version = i64::from(version);
+    ///
+    /// The state is taken and the operation built when this is called; the
+    /// returned future only waits for the writer (see
+    /// [`super::writer::LedgerWriter::submit`] for why it is kept small).
+    pub fn settle(
+        &self,
+        mut record: UsageRecord,
+    ) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
+        let submitted = self.meter.writer.as_ref().map(|writer| {
+            let (reservations, prompt) = {
+                let mut state = self.lock();
+                state.settled = true;
+                (
+                    std::mem::take(&mut state.reservations),
+                    state.prompt.clone(),
+                )
+            };
+            let mut prompt_owner = None;
+            if let Some((owner, key, version)) = prompt {
+                if record.prompt_key.is_empty() {
+                    record.prompt_key = key;
+                    record.prompt_version = i64::from(version);
+                }
+                prompt_owner = Some(owner);
             }
-            prompt_owner = Some(owner);
-        }
-        record.created_at_ms = self.started_at_ms;
-        let op = Op::Settle(Settle {
-            charge: !reservations.is_empty(),
-            reservations: reservations
-                .into_iter()
-                .map(|(id, i, o, r, c)| (id, i + o, r, c))
-                .collect(),
-            record,
-            month_start_ms: self.month_start_ms,
-            prompt_owner,
+            record.created_at_ms = self.started_at_ms;
+            writer.submit(Op::Settle(Settle {
+                charge: !reservations.is_empty(),
+                reservations: reservations
+                    .into_iter()
+                    .map(|(id, i, o, r, c)| (id, i + o, r, c))
+                    .collect(),
+                record,
+                month_start_ms: self.month_start_ms,
+                prompt_owner,
+            }))
         });
-        writer.submit(op).await?;
-        Ok(())
+        // A combinator, not an `async` block: awaiting the `Option`'s
+        // future from a block would store it twice.
+        match submitted {
+            Some(submitted) => Either::Left(submitted.map_ok(drop).err_into()),
+            None => Either::Right(future::ready(Ok(()))),
+        }
     }
 
     /// Remembers the prompt the task resolved, for the record and the
