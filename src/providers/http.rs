@@ -104,13 +104,7 @@ impl Clients {
             return self.lease_of(slot);
         }
         let load = |in_flight: &AtomicUsize| in_flight.load(Ordering::Acquire);
-        let least = self
-            .more
-            .iter()
-            .fold(None::<&Slot>, |best, slot| match best {
-                Some(b) if load(&b.in_flight) <= load(&slot.in_flight) => Some(b),
-                _ => Some(slot),
-            });
+        let least = self.more.iter().min_by_key(|slot| load(&slot.in_flight));
         match least {
             Some(slot) if load(&slot.in_flight) < load(&self.first_in_flight) => {
                 slot.in_flight.fetch_add(1, Ordering::AcqRel);
