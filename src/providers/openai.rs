@@ -120,7 +120,6 @@ impl Provider for OpenAiProvider {
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, false).await?;
         let wire: WireResponse = http::json(response, req.deadline).await?;
-        drop(lease);
         completion(self.flavor, wire)
     }
 

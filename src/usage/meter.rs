@@ -284,41 +284,39 @@ impl MeterSession {
         &self,
         mut record: UsageRecord,
     ) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
-        let submitted = self.meter.writer.as_ref().map(|writer| {
-            let (reservations, prompt) = {
-                let mut state = self.lock();
-                state.settled = true;
-                (
-                    std::mem::take(&mut state.reservations),
-                    state.prompt.clone(),
-                )
-            };
-            let mut prompt_owner = None;
-            if let Some((owner, key, version)) = prompt {
-                if record.prompt_key.is_empty() {
-                    record.prompt_key = key;
-                    record.prompt_version = i64::from(version);
-                }
-                prompt_owner = Some(owner);
+        let Some(writer) = &self.meter.writer else {
+            return Either::Left(future::ready(Ok(())));
+        };
+        let (reservations, prompt) = {
+            let mut state = self.lock();
+            state.settled = true;
+            (
+                std::mem::take(&mut state.reservations),
+                state.prompt.clone(),
+            )
+        };
+        let mut prompt_owner = None;
+        if let Some((owner, key, version)) = prompt {
+            if record.prompt_key.is_empty() {
+                record.prompt_key = key;
+                record.prompt_version = i64::from(version);
             }
-            record.created_at_ms = self.started_at_ms;
-            writer.submit(Op::Settle(Settle {
-                charge: !reservations.is_empty(),
-                reservations: reservations
-                    .into_iter()
-                    .map(|(id, i, o, r, c)| (id, i + o, r, c))
-                    .collect(),
-                record,
-                month_start_ms: self.month_start_ms,
-                prompt_owner,
-            }))
-        });
-        // A combinator, not an `async` block: awaiting the `Option`'s
-        // future from a block would store it twice.
-        match submitted {
-            Some(submitted) => Either::Left(submitted.map_ok(drop).err_into()),
-            None => Either::Right(future::ready(Ok(()))),
+            prompt_owner = Some(owner);
         }
+        record.created_at_ms = self.started_at_ms;
+        let op = Op::Settle(Settle {
+            charge: !reservations.is_empty(),
+            reservations: reservations
+                .into_iter()
+                .map(|(id, i, o, r, c)| (id, i + o, r, c))
+                .collect(),
+            record,
+            month_start_ms: self.month_start_ms,
+            prompt_owner,
+        });
+        // A combinator, not an `async` block, so the submit future is held
+        // once, inline.
+        Either::Right(writer.submit(op).map_ok(drop).err_into())
     }
 
     /// Remembers the prompt the task resolved, for the record and the

@@ -211,7 +211,15 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
         vec![50.0],
         vec![200.0, 1000.0, 3000.0],
     );
-    anyhow::ensure!(rates.iter().all(|r| *r > 0.0), "--rates must be positive");
+    let inflight_rates = pick(
+        args.inflight_rates.clone(),
+        s,
+        vec![20.0, 60.0],
+        vec![100.0, 400.0, 800.0],
+    );
+    for (flag, rates) in [("--rates", &rates), ("--inflight-rates", &inflight_rates)] {
+        anyhow::ensure!(rates.iter().all(|r| *r > 0.0), "{flag} must be positive");
+    }
     Ok(Settings {
         server_bin,
         rates,
@@ -237,6 +245,8 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
         // Smoke runs two so CI goes through the repeat and its idle wait.
         sat_repeats: pick(args.saturation_repeats, s, 2, 3).max(1),
         sat_duration: secs(pick(args.saturation_duration, s, 0.5, 5.0)),
+        inflight_latency_ms: pick(args.inflight_latency_ms, s, 100, 1000),
+        inflight_rates,
         postgres_url: args.postgres_url.clone(),
         dir,
     })
@@ -281,17 +291,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("aio-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).context("creating the scratch folder")?;
     let settings = settings(&args, dir.clone())?;
-    let inflight_latency = pick(args.inflight_latency_ms, args.smoke, 100, 1000);
-    let inflight_rates = pick(
-        args.inflight_rates.clone(),
-        args.smoke,
-        vec![20.0, 60.0],
-        vec![100.0, 400.0, 800.0],
-    );
-    anyhow::ensure!(
-        inflight_rates.iter().all(|r| *r > 0.0),
-        "--inflight-rates must be positive"
-    );
     let machine = procfs::machine();
     let mut results = Results {
         schema_version: report::SCHEMA_VERSION,
@@ -315,7 +314,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "upstream_threads": args.upstream_threads,
             "client_threads": args.client_threads,
             "upstream_http": args.upstream_http,
-            "in_flight": {"upstream_latency_ms": inflight_latency, "rates": inflight_rates},
+            "in_flight": {"upstream_latency_ms": settings.inflight_latency_ms, "rates": settings.inflight_rates},
         }),
         ..Results::default()
     };
@@ -374,7 +373,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     if scenario("inflight")
-        && let Err(e) = inflight::run(&mut bench, inflight_latency, &inflight_rates).await
+        && let Err(e) = inflight::run(
+            &mut bench,
+            settings.inflight_latency_ms,
+            &settings.inflight_rates,
+        )
+        .await
     {
         tracing::error!(error = %format!("{e:#}"), "long-calls scenario failed");
         bench

@@ -62,6 +62,10 @@ pub struct Settings {
     pub sat_repeats: usize,
     /// Sending time of a saturation step.
     pub sat_duration: Duration,
+    /// Fake upstream latency of the long-calls scenario, ms.
+    pub inflight_latency_ms: u64,
+    /// Rates of the long-calls scenario.
+    pub inflight_rates: Vec<f64>,
     /// PostgreSQL admin URL (a database is created per server).
     pub postgres_url: String,
     /// Scratch folder (configs, SQLite files, server logs).
