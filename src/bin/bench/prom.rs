@@ -10,6 +10,15 @@ pub const OVERHEAD: &str = "orchestrator_overhead_seconds";
 /// and model), as the server measures it.
 pub const PROVIDER_TIME: &str = "llm_response_time_seconds";
 
+/// How long callers waited on the ledger writer, by `op`.
+pub const LEDGER_WAIT: &str = "usage_ledger_wait_seconds";
+/// One group commit's transaction.
+pub const LEDGER_COMMIT: &str = "usage_ledger_commit_seconds";
+/// One WAL `fdatasync` after a commit (SQLite, full durability).
+pub const LEDGER_SYNC: &str = "usage_ledger_sync_seconds";
+/// Operations per group commit.
+pub const LEDGER_BATCH: &str = "usage_ledger_batch_operations";
+
 /// What a step reads from `/metrics` before and after itself.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Scrape {
@@ -17,6 +26,47 @@ pub struct Scrape {
     pub overhead: Histogram,
     /// `(sum, count)` of [`PROVIDER_TIME`] over all its series.
     pub provider_time: (f64, f64),
+    /// The metering ledger's histograms (empty with metering off).
+    pub ledger: Ledger,
+}
+
+/// The ledger writer as the server measures it: where a metered call's
+/// time goes between its two waits on the writer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ledger {
+    /// [`LEDGER_WAIT`] of reservations (before the provider call).
+    pub reserve_wait: Histogram,
+    /// [`LEDGER_WAIT`] of settlements (before the response).
+    pub settle_wait: Histogram,
+    /// [`LEDGER_COMMIT`].
+    pub commit: Histogram,
+    /// [`LEDGER_SYNC`].
+    pub sync: Histogram,
+    /// [`LEDGER_BATCH`].
+    pub batch: Histogram,
+}
+
+impl Ledger {
+    fn parse(text: &str) -> Self {
+        Self {
+            reserve_wait: Histogram::parse_series(text, LEDGER_WAIT, "op=\"reserve\""),
+            settle_wait: Histogram::parse_series(text, LEDGER_WAIT, "op=\"settle\""),
+            commit: Histogram::parse(text, LEDGER_COMMIT),
+            sync: Histogram::parse(text, LEDGER_SYNC),
+            batch: Histogram::parse(text, LEDGER_BATCH),
+        }
+    }
+
+    /// Observations made between `before` and `self`.
+    pub fn since(&self, before: &Ledger) -> Ledger {
+        Ledger {
+            reserve_wait: self.reserve_wait.since(&before.reserve_wait),
+            settle_wait: self.settle_wait.since(&before.settle_wait),
+            commit: self.commit.since(&before.commit),
+            sync: self.sync.since(&before.sync),
+            batch: self.batch.since(&before.batch),
+        }
+    }
 }
 
 impl Scrape {
@@ -25,6 +75,7 @@ impl Scrape {
         Self {
             overhead: Histogram::parse(text, OVERHEAD),
             provider_time: sum_and_count(text, PROVIDER_TIME),
+            ledger: Ledger::parse(text),
         }
     }
 
@@ -57,7 +108,7 @@ pub fn sum_and_count(text: &str, name: &str) -> (f64, f64) {
     total
 }
 
-/// A cumulative Prometheus histogram (no labels).
+/// A cumulative Prometheus histogram (one series).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Histogram {
     /// `(le, cumulative count)` in increasing `le`, `+Inf` last.
@@ -69,13 +120,38 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    /// Parses histogram `name` out of a text exposition; empty when absent.
+    /// Parses histogram `name` (without labels) out of a text exposition;
+    /// empty when absent.
     pub fn parse(text: &str, name: &str) -> Self {
-        let bucket = format!("{name}_bucket{{le=\"");
-        let (sum, count) = sum_and_count(text, name);
+        Self::parse_series(text, name, "")
+    }
+
+    /// Parses the series of histogram `name` whose labels besides `le` are
+    /// exactly `labels` (as exposed, e.g. `op="reserve"`; empty for none);
+    /// empty when absent.
+    pub fn parse_series(text: &str, name: &str, labels: &str) -> Self {
+        let (bucket, sum, count) = if labels.is_empty() {
+            (
+                format!("{name}_bucket{{le=\""),
+                format!("{name}_sum "),
+                format!("{name}_count "),
+            )
+        } else {
+            (
+                format!("{name}_bucket{{{labels},le=\""),
+                format!("{name}_sum{{{labels}}} "),
+                format!("{name}_count{{{labels}}} "),
+            )
+        };
+        let value = |prefix: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(prefix))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
         let mut h = Histogram {
-            sum,
-            count,
+            sum: value(&sum),
+            count: value(&count),
             ..Histogram::default()
         };
         for line in text.lines() {
@@ -175,6 +251,40 @@ orchestrator_overhead_seconds_count 100
         assert_eq!(delta.buckets[0].1, 5.0);
         assert_eq!(Histogram::default().quantile(0.5), None);
         assert!((after.mean().unwrap() - 0.00015).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_labelled_series_is_read_apart_from_its_siblings() {
+        let text = "usage_ledger_wait_seconds_bucket{op=\"reserve\",le=\"0.0005\"} 8
+usage_ledger_wait_seconds_bucket{op=\"reserve\",le=\"+Inf\"} 10
+usage_ledger_wait_seconds_sum{op=\"reserve\"} 0.004
+usage_ledger_wait_seconds_count{op=\"reserve\"} 10
+usage_ledger_wait_seconds_bucket{op=\"settle\",le=\"0.0005\"} 1
+usage_ledger_wait_seconds_bucket{op=\"settle\",le=\"+Inf\"} 4
+usage_ledger_wait_seconds_sum{op=\"settle\"} 0.008
+usage_ledger_wait_seconds_count{op=\"settle\"} 4
+usage_ledger_commit_seconds_bucket{le=\"+Inf\"} 7
+usage_ledger_commit_seconds_sum 0.0007
+usage_ledger_commit_seconds_count 7
+";
+        let ledger = Scrape::parse(text).ledger;
+        assert_eq!(
+            ledger.reserve_wait.buckets,
+            vec![(0.0005, 8.0), (f64::INFINITY, 10.0)]
+        );
+        assert_eq!(
+            (ledger.reserve_wait.sum, ledger.reserve_wait.count),
+            (0.004, 10.0)
+        );
+        assert_eq!(
+            ledger.settle_wait.buckets,
+            vec![(0.0005, 1.0), (f64::INFINITY, 4.0)]
+        );
+        assert_eq!(ledger.settle_wait.mean(), Some(0.002));
+        assert_eq!(ledger.commit.count, 7.0);
+        // Metering off: no ledger series at all.
+        assert_eq!(ledger.sync, Histogram::default());
+        assert_eq!(Scrape::parse(TEXT).ledger, Ledger::default());
     }
 
     #[test]

@@ -71,6 +71,24 @@ pub struct ServerOverhead {
     pub p999: f64,
 }
 
+/// The metering ledger's writer over one step, as the server measures it
+/// (`usage_ledger_*`), microseconds; `None` parts had no observation.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct LedgerView {
+    /// How long a reservation's caller waited on the writer (before the
+    /// provider call), queue included.
+    pub reserve_wait_us: Option<ServerOverhead>,
+    /// How long a settlement's caller waited (before the response), the
+    /// WAL sync included with SQLite's full durability.
+    pub settle_wait_us: Option<ServerOverhead>,
+    /// One group commit's transaction.
+    pub commit_us: Option<ServerOverhead>,
+    /// One WAL `fdatasync` after a commit.
+    pub sync_us: Option<ServerOverhead>,
+    /// Mean operations per group commit.
+    pub ops_per_commit: Option<f64>,
+}
+
 /// One step of constant-rate load.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Step {
@@ -108,6 +126,9 @@ pub struct Step {
     pub added_latency_us: Option<Quantiles>,
     /// The server's `orchestrator_overhead_seconds` over the step, µs.
     pub server_overhead_us: Option<ServerOverhead>,
+    /// The metering ledger's writer over the step (metered servers).
+    #[serde(default)]
+    pub ledger: Option<LedgerView>,
     /// Mean provider call time as the server measured it
     /// (`llm_response_time_seconds`) over the step, µs: well above the fake
     /// upstream's latency, calls queue on the provider leg.
@@ -434,6 +455,26 @@ pub fn markdown(r: &Results) -> String {
         out.push('\n');
     }
 
+    let metered: Vec<&Step> = r.steps.iter().filter(|s| s.ledger.is_some()).collect();
+    if !metered.is_empty() {
+        let _ = writeln!(
+            out,
+            "## Metering ledger\n\nThe ledger writer over each fixed-rate step, from the server's `usage_ledger_*` \
+             histograms (ms, p50 / p99 from buckets): how long a call waited for its reservation (before the \
+             provider call) and for its settlement (before the response, the WAL sync included with full \
+             durability), one group commit's transaction, one WAL sync, and operations per commit.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| rpc | metering | upstream ms | offered rps | reservation wait | settlement wait | commit | WAL sync | ops per commit |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+        for s in metered {
+            ledger_row(&mut out, s);
+        }
+        out.push('\n');
+    }
+
     if !r.saturation.is_empty() {
         let _ = writeln!(
             out,
@@ -676,6 +717,29 @@ fn step_row(out: &mut String, s: &Step) {
             .map_or_else(|| "–".to_owned(), |c| c.to_string()),
         opt(s.server_cpu_s_per_1k, 3),
         opt(s.server_peak_rss_mb, 1),
+    );
+}
+
+fn ledger_row(out: &mut String, s: &Step) {
+    let Some(l) = s.ledger else { return };
+    let pair = |h: Option<ServerOverhead>| {
+        h.map_or_else(
+            || "–".to_owned(),
+            |h| format!("{} / {}", ms(h.p50), ms(h.p99)),
+        )
+    };
+    let _ = writeln!(
+        out,
+        "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+        s.rpc,
+        s.metering,
+        s.upstream_latency_ms,
+        s.offered_rps,
+        pair(l.reserve_wait_us),
+        pair(l.settle_wait_us),
+        pair(l.commit_us),
+        pair(l.sync_us),
+        opt(l.ops_per_commit, 1),
     );
 }
 

@@ -6,7 +6,7 @@
 use crate::{
     loadgen::{self, MakeRequest, Plan},
     procfs, prom,
-    report::{ColdStart, Group, Quantiles, Results, Saturation, ServerOverhead, Step},
+    report::{ColdStart, Group, LedgerView, Quantiles, Results, Saturation, ServerOverhead, Step},
     server::{self, Metering, PgDatabase, Server},
     target::{self, Expect, Rpc},
     upstream::{Kind, Upstream},
@@ -314,6 +314,7 @@ impl Bench {
             step.server_cores_used = Some(cpu / wall);
             let after = l.server.scrape(&self.http).await?;
             step.server_overhead_us = overhead_us(&after.overhead.since(&scrape.overhead));
+            step.ledger = ledger_view(&after.ledger.since(&scrape.ledger));
             step.provider_time_mean_us = after.provider_time_since(&scrape).map(|s| s * 1e6);
             let (rss, peak) = l.server.memory_mb()?;
             step.server_rss_mb = Some(rss);
@@ -592,6 +593,18 @@ fn failure(step: &Step) -> Option<String> {
     } else {
         None
     }
+}
+
+/// The ledger's histograms over a step; `None` when nothing was metered.
+fn ledger_view(l: &prom::Ledger) -> Option<LedgerView> {
+    let view = LedgerView {
+        reserve_wait_us: overhead_us(&l.reserve_wait),
+        settle_wait_us: overhead_us(&l.settle_wait),
+        commit_us: overhead_us(&l.commit),
+        sync_us: overhead_us(&l.sync),
+        ops_per_commit: l.batch.mean(),
+    };
+    (view != LedgerView::default()).then_some(view)
 }
 
 fn overhead_us(h: &prom::Histogram) -> Option<ServerOverhead> {
