@@ -347,6 +347,17 @@ pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
                 s.offered_rps,
                 s.errors_by_code
             );
+            // A metered server's answered calls waited on its ledger
+            // writer: no ledger figures means the scrape no longer reads
+            // its `usage_ledger_*` series.
+            let metered = s.via == "orchestrator" && s.metering != "off";
+            anyhow::ensure!(
+                !metered || s.ledger.is_some_and(|l| l.settle_wait_us.is_some()),
+                "a {} {} step ({} metering) has no ledger figures",
+                s.via,
+                s.rpc,
+                s.metering
+            );
         }
         ok_total += s.ok;
     }
@@ -805,6 +816,36 @@ mod tests {
         let back = validate(&serde_json::to_string(&r).unwrap(), true).unwrap();
         assert_eq!(back.steps.len(), 1);
         assert!(markdown(&back).contains("Fixed rates"));
+
+        // A metered orchestrator step must carry what its ledger did.
+        let mut metered = r.clone();
+        metered.steps[0].via = "orchestrator".into();
+        metered.steps[0].metering = "sqlite".into();
+        let err = validate(&serde_json::to_string(&metered).unwrap(), true).unwrap_err();
+        assert!(err.to_string().contains("no ledger figures"), "{err}");
+        let wait = ServerOverhead {
+            count: 5.0,
+            mean: 400.0,
+            p50: 300.0,
+            p99: 1200.0,
+            ..ServerOverhead::default()
+        };
+        metered.steps[0].ledger = Some(LedgerView {
+            reserve_wait_us: Some(wait),
+            settle_wait_us: Some(wait),
+            ops_per_commit: Some(1.0),
+            ..LedgerView::default()
+        });
+        let back = validate(&serde_json::to_string(&metered).unwrap(), true).unwrap();
+        assert!(
+            markdown(&back)
+                .contains("| sqlite | 0 | 0 | 0.30 / 1.20 | 0.30 / 1.20 | – | – | 1.0 |"),
+            "{}",
+            markdown(&back)
+        );
+        metered.steps[0].metering = "off".into();
+        metered.steps[0].ledger = None;
+        validate(&serde_json::to_string(&metered).unwrap(), true).unwrap();
         assert!(validate("{\"schema_version\": 1}", false).is_err());
 
         // Two sweeps asked for, one recorded: the repeat did not run.
