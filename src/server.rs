@@ -11,7 +11,7 @@ use crate::{
     router::Router,
     store::Store,
     tasks::TaskRunner,
-    usage::{Meter, pricing::Pricing, sweeper, writer::LedgerWriter},
+    usage::{Meter, pricing::Pricing, sqlite_writer, sweeper, writer::LedgerWriter},
 };
 use anyhow::Context;
 use std::{future::Future, sync::Arc, time::Duration};
@@ -38,6 +38,11 @@ pub async fn serve(
         .await
         .context("connecting to the database")?;
     store.migrate().await.context("migrating the database")?;
+    // Held until the server has stopped: the file is this process's alone.
+    let _claim = match (&store, sqlite_writer::file_of(&config.database.url)) {
+        (Store::Sqlite(_), Some(path)) => Some(sqlite_writer::claim(&path)?),
+        _ => None,
+    };
     let auth = Authenticator::new(&config.auth);
     let key_store = KeyStore::new(store.clone());
     if auth.enabled() {
@@ -73,6 +78,7 @@ pub async fn serve(
             metering
                 .ledger_writers
                 .min((config.database.max_connections as usize / 2).max(1)),
+            metering.limits_refresh,
             writer_stopped,
         )
         .context("opening the ledger writer")?;

@@ -248,6 +248,12 @@ pub struct MeteringConfig {
     /// How often the sweeper runs (it also runs at start-up).
     #[serde(with = "humantime_serde")]
     pub sweep_interval: Duration,
+    /// SQLite file only: how long admission trusts a team's caps, as read
+    /// from `tenant_limits`, before reading them again. Admission on a
+    /// SQLite file is decided in memory (docs/metering.md), so a cap
+    /// changed with `ai-orchestrator limits` applies within this.
+    #[serde(with = "humantime_serde")]
+    pub limits_refresh: Duration,
 }
 
 impl Default for MeteringConfig {
@@ -263,6 +269,7 @@ impl Default for MeteringConfig {
             ledger_writers: 4,
             sweep_after: Duration::from_secs(300),
             sweep_interval: Duration::from_secs(60),
+            limits_refresh: Duration::from_secs(1),
         }
     }
 }
@@ -363,6 +370,12 @@ pub struct DatabaseConfig {
     pub acquire_timeout: Duration,
     /// When a SQLite commit counts as done (ignored for PostgreSQL).
     pub sqlite_synchronous: SqliteDurability,
+    /// SQLite file only: WAL frames (pages) the ledger writer lets the WAL
+    /// grow to before it checkpoints, between commits. SQLite's default,
+    /// 1,000 (~4 MB), stalled the single writer often enough to show in the
+    /// metered p99 (docs/benchmarks.md); 10,000 keeps a ~40 MB WAL that is
+    /// rewritten in place.
+    pub sqlite_wal_autocheckpoint: u32,
 }
 
 /// SQLite's `synchronous` setting (WAL mode), i.e. what a commit survives.
@@ -388,6 +401,7 @@ impl Default for DatabaseConfig {
             busy_timeout: Duration::from_secs(5),
             acquire_timeout: Duration::from_secs(5),
             sqlite_synchronous: SqliteDurability::Full,
+            sqlite_wal_autocheckpoint: 10_000,
         }
     }
 }

@@ -193,6 +193,12 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be greater than zero",
         );
     }
+    if config.database.sqlite_wal_autocheckpoint == 0 {
+        bad(
+            "database.sqlite_wal_autocheckpoint".into(),
+            "must be at least 1 (0 would let the WAL grow without bound)",
+        );
+    }
     if config.retry.max_attempts == 0 {
         bad(
             "retry.max_attempts".into(),

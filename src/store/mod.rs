@@ -33,6 +33,12 @@ pub enum StoreError {
     /// The SQLite file's folder could not be created.
     #[error("cannot create the database folder: {0}")]
     Io(#[from] std::io::Error),
+    /// Another server process holds the SQLite file.
+    #[error(
+        "database file {0} is in use by another ai-orchestrator server: a SQLite file serves one \
+         process (use PostgreSQL to run replicas)"
+    )]
+    InUse(std::path::PathBuf),
 }
 
 /// Runs the same code against whichever pool `store` holds: `$pool` is bound

@@ -179,10 +179,8 @@ pub(super) fn settle_deltas<'a>(
                 tracing::warn!(reservation = %id, "settling a reservation the sweeper already charged");
             }
         }
-        if s.charge {
-            delta.charged[0] += s.record.input_tokens + s.record.output_tokens;
-            delta.charged[1] += i64::from(!s.reservations.is_empty());
-            delta.charged[2] += s.record.cost_micros.unwrap_or(0);
+        for (total, charged) in delta.charged.iter_mut().zip(s.charged()) {
+            *total += charged;
         }
     }
     deltas.retain(|_, d| *d != Delta::default());

@@ -99,6 +99,11 @@ pub struct Reserve {
     pub priority: String,
     /// Now, unix ms.
     pub created_at_ms: i64,
+    /// Already admitted in memory ([`super::admission`], a SQLite file's
+    /// writer): the writer records it without the guarded `UPDATE`, before
+    /// the batch's settlements (its call may already be settling). Only
+    /// the SQLite file writer is given such reservations.
+    pub admitted: bool,
 }
 
 impl Reserve {
@@ -132,6 +137,19 @@ pub struct Settle {
 }
 
 impl Settle {
+    /// `[tokens, requests, cost_micros]` this settlement charges to the
+    /// ledger (nothing for an answer given without any provider).
+    pub fn charged(&self) -> [i64; 3] {
+        if !self.charge {
+            return [0; 3];
+        }
+        [
+            self.record.input_tokens + self.record.output_tokens,
+            i64::from(!self.reservations.is_empty()),
+            self.record.cost_micros.unwrap_or(0),
+        ]
+    }
+
     /// `(owner, success)` when this call is folded into a stored prompt
     /// version's stats: it used one (built-in prompts, version 0, have no
     /// stats); success is 1.0 for an `ok` outcome, else 0.0.

@@ -259,6 +259,7 @@ impl MeterSession {
             channel: self.who.channel.clone(),
             priority: self.who.priority.clone(),
             created_at_ms: self.started_at_ms,
+            admitted: false,
         });
         match writer.submit(op).await? {
             Done::Admitted => {

@@ -1,6 +1,7 @@
 //! Usage metering: pricing, token estimates, the reserve -> settle ledger
 //! with group commit, the orphan sweeper, and the sums `GetUsage` reads.
 
+pub mod admission;
 mod batch;
 pub mod estimate;
 pub mod ledger;

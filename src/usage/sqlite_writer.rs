@@ -17,6 +17,7 @@
 //! tests run against both paths (SQLite files here, PostgreSQL there).
 
 use super::{
+    admission::Rows,
     batch::{self, Params},
     ledger::{
         BALANCE, BalanceRow, CHARGE_AND_RELEASE, Caps, Done, ENSURE_ROW, GUARDED_RESERVE, Op,
@@ -24,12 +25,17 @@ use super::{
     },
     record::{self, UsageRecord},
 };
-use crate::config::DatabaseConfig;
+use crate::{config::DatabaseConfig, store::StoreError};
 use rusqlite::{
     CachedStatement, Connection, OpenFlags, OptionalExtension, ToSql, Transaction,
     TransactionBehavior,
 };
-use std::{collections::HashSet, ffi::CStr, path::PathBuf, str::FromStr};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    ffi::CStr,
+    path::PathBuf,
+    str::FromStr,
+};
 
 /// Parameter names `$1`..`$18`, for binding by name: the shared SQL numbers
 /// its parameters, and SQLite indexes them in order of first appearance,
@@ -50,6 +56,23 @@ pub fn file_of(url: &str) -> Option<PathBuf> {
     Some(options.get_filename().to_path_buf())
 }
 
+/// Claims the database file for this server process until the returned
+/// handle is dropped (an advisory `flock`, released by the kernel if the
+/// process dies; SQLite's own locks are `fcntl` ones and unaffected).
+///
+/// A SQLite file belongs to one server: admission is decided in its memory
+/// ([`super::admission`]) and its start-up sweep charges every open
+/// reservation as orphaned. The `limits` CLI and other readers do not
+/// claim it.
+pub fn claim(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
+    let file = std::fs::OpenOptions::new().read(true).open(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::InUse(path.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Io(e)),
+    }
+}
+
 /// Opens the writer's connection to the (already created and migrated)
 /// file: the pool's busy timeout and foreign keys; commits that do not wait
 /// for the disk (the writer syncs the WAL itself, see `super::wal_sync`).
@@ -67,9 +90,12 @@ pub fn open(path: &std::path::Path, config: &DatabaseConfig) -> rusqlite::Result
     // the settlements (`super::wal_sync`); with "normal" checkpoints do.
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    // SQLite's automatic checkpoint (1,000 frames) stays on this
-    // connection, between commits: a passive checkpoint beside a busy
-    // writer never catches up, and the WAL grew without bound.
+    // SQLite's automatic checkpoint stays on this connection, between
+    // commits: a passive checkpoint beside a busy writer never catches up,
+    // and the WAL grew without bound. Its threshold is configurable: the
+    // default 1,000 frames stalled the writer often enough to show in the
+    // metered p99.
+    conn.pragma_update(None, "wal_autocheckpoint", config.sqlite_wal_autocheckpoint)?;
     // Every SQL text the ledger uses, with room to spare.
     conn.set_prepared_statement_cache_capacity(32);
     Ok(conn)
@@ -176,10 +202,51 @@ fn insert_reservation(tx: &Transaction<'_>, r: &Reserve) -> rusqlite::Result<usi
 /// first, then reservations, a team's group admitted together when it fits,
 /// else one by one). Blocking: call it from a blocking task.
 pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
+    apply_reading(conn, ops).map(|(done, _)| done)
+}
+
+/// [`apply`], also returning the ledger row of every (team, month) the
+/// batch touched, as its transaction left them (for
+/// [`super::admission::Admission::committed`]).
+///
+/// Reservations already admitted in memory (`Reserve::admitted`) are
+/// recorded first, without the guard: their calls are running, and may be
+/// settling in this very batch, whose settlements must find them.
+pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<(Vec<Done>, Rows)> {
     let settles = batch::settles_of(ops);
-    let groups = batch::reserve_groups(ops);
+    let mut groups = batch::reserve_groups(ops);
+    for group in &mut groups {
+        group.retain(|(_, r)| !r.admitted);
+    }
     let mut done: Vec<Done> = vec![Done::Settled; ops.len()];
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+
+    let mut admitted: BTreeMap<(&str, i64), [i64; 3]> = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        let Op::Reserve(r) = op else { continue };
+        if !r.admitted {
+            continue;
+        }
+        insert_reservation(&tx, r)?;
+        done[i] = Done::Admitted;
+        let sum = admitted
+            .entry((r.team_id.as_str(), r.month_start_ms))
+            .or_default();
+        let (tokens, requests, cost) = r.amount();
+        for (total, x) in sum.iter_mut().zip([tokens, requests, cost]) {
+            *total += x;
+        }
+    }
+    for ((team, month), [tokens, requests, cost]) in admitted {
+        // CHARGE_AND_RELEASE releasing a negative amount: it reserves.
+        let args: [&dyn ToSql; 8] = [
+            &team, &month, &-tokens, &-requests, &-cost, &0_i64, &0_i64, &0_i64,
+        ];
+        if execute(&tx, CHARGE_AND_RELEASE, &args)? == 0 {
+            execute(&tx, ENSURE_ROW, &[&team, &month])?;
+            execute(&tx, CHARGE_AND_RELEASE, &args)?;
+        }
+    }
 
     let mut deleted = HashSet::new();
     for s in &settles {
@@ -259,16 +326,7 @@ pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
             }
             let row: Option<BalanceRow> = tx
                 .prepare_cached(BALANCE)?
-                .query_row(rusqlite::params![team, month], |row| {
-                    Ok((
-                        row.get(0)?,
-                        row.get(1)?,
-                        row.get(2)?,
-                        row.get(3)?,
-                        row.get(4)?,
-                        row.get(5)?,
-                    ))
-                })
+                .query_row(rusqlite::params![team, month], balance_row)
                 .optional()?;
             // One writer: this is the balance the guarded UPDATE just
             // refused against (the pooled path re-asks under PostgreSQL's
@@ -276,6 +334,33 @@ pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
             done[*i] = Done::Refused(refusal(&balance(row), &caps, r));
         }
     }
+
+    let keys: BTreeSet<(&str, i64)> = ops
+        .iter()
+        .map(|op| match op {
+            Op::Reserve(r) => (r.team_id.as_str(), r.month_start_ms),
+            Op::Settle(s) => (s.record.team_id.as_str(), s.month_start_ms),
+        })
+        .collect();
+    let mut rows = Vec::with_capacity(keys.len());
+    for (team, month) in keys {
+        let row: Option<BalanceRow> = tx
+            .prepare_cached(BALANCE)?
+            .query_row(rusqlite::params![team, month], balance_row)
+            .optional()?;
+        rows.push(((team.to_owned(), month), balance(row)));
+    }
     tx.commit()?;
-    Ok(done)
+    Ok((done, rows))
+}
+
+fn balance_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<BalanceRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+    ))
 }

@@ -4,10 +4,11 @@
 //! operation is done.
 //!
 //! A SQLite file has one writer, with its own synchronous connection
-//! ([`super::sqlite_writer`]), a batch per blocking task. Its commits do not
-//! wait for the disk: the batch's reservations are answered once committed,
-//! then the WAL is synced and the settlements answered
-//! ([`super::wal_sync`]). PostgreSQL has
+//! ([`super::sqlite_writer`]), a batch per blocking task. Its calls are
+//! admitted in memory ([`super::admission`]): a reservation is queued for
+//! the next batch and nobody waits for it. Its commits do not wait for the
+//! disk: the WAL is synced after each commit, then the settlements are
+//! answered ([`super::wal_sync`]). PostgreSQL has
 //! `metering.ledger_writers` writers, each on its own pooled connection,
 //! and a team always goes to the same one: batches for different teams
 //! commit in parallel (a network round trip per statement no longer
@@ -15,6 +16,7 @@
 //! order. An in-memory SQLite database (tests) has one pooled writer.
 
 use super::{
+    admission::Admission,
     ledger::{self, Done, Op},
     sqlite_writer,
     wal_sync::{self, Wal},
@@ -27,7 +29,7 @@ use crate::{
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
     sync::{Arc, Mutex},
-    time::Instant,
+    time::{Duration, Instant},
 };
 use tokio::{
     sync::{mpsc, oneshot, watch},
@@ -54,6 +56,8 @@ pub enum WriteError {
 #[derive(Clone, Debug)]
 pub struct LedgerWriter {
     shards: Arc<[mpsc::Sender<(Op, Reply)>]>,
+    /// A SQLite file's in-memory admission; `None` where SQL admits.
+    admission: Option<Arc<Admission>>,
 }
 
 /// Where a batch is applied.
@@ -70,6 +74,7 @@ enum Applier {
 struct SqliteWriter {
     conn: rusqlite::Connection,
     wal: WalSync,
+    admission: Arc<Admission>,
 }
 
 /// Who syncs the WAL, by `database.sqlite_synchronous`.
@@ -123,7 +128,16 @@ impl SqliteWriter {
     /// Blocking.
     fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
         let started = Instant::now();
-        let result = sqlite_writer::apply(&mut self.conn, ops).map_err(StoreError::from);
+        let result = match sqlite_writer::apply_reading(&mut self.conn, ops) {
+            Ok((done, rows)) => {
+                self.admission.committed(ops, rows);
+                Ok(done)
+            }
+            Err(e) => {
+                self.admission.failed(ops);
+                Err(StoreError::from(e))
+            }
+        };
         metrics::ledger_commit(ops.len(), started.elapsed());
         let WalSync::AfterEachCommit(wal) = &mut self.wal else {
             answer(replies, result, |_| true);
@@ -175,7 +189,8 @@ fn answer(
 
 impl LedgerWriter {
     /// Starts the writers on `store`: one on its own connection for a
-    /// SQLite file, `postgres_writers` for PostgreSQL, one otherwise. They
+    /// SQLite file (admitting calls in memory, caps re-read once older than
+    /// `limits_refresh`), `postgres_writers` for PostgreSQL, one otherwise. They
     /// stop once every handle is dropped, or when `stop` turns true: then
     /// they refuse new operations, commit everything already queued (the
     /// usage flush on shutdown) and exit. The handle ends when all have.
@@ -184,9 +199,11 @@ impl LedgerWriter {
         config: &DatabaseConfig,
         batch_max: usize,
         postgres_writers: usize,
+        limits_refresh: Duration,
         stop: watch::Receiver<bool>,
     ) -> Result<(Self, JoinHandle<()>), StoreError> {
         let mut appliers = Vec::new();
+        let mut admission = None;
         match (&store, sqlite_writer::file_of(&config.url)) {
             (Store::Sqlite(_), Some(path)) => {
                 let conn = sqlite_writer::open(&path, config)?;
@@ -197,9 +214,12 @@ impl LedgerWriter {
                             .map_err(StoreError::Io)?,
                     },
                 };
+                let memory = Arc::new(Admission::new(store.clone(), limits_refresh));
+                admission = Some(memory.clone());
                 appliers.push(Applier::Sqlite(Arc::new(Mutex::new(SqliteWriter {
                     conn,
                     wal,
+                    admission: memory,
                 }))));
             }
             (Store::Postgres(_), _) => {
@@ -229,9 +249,15 @@ impl LedgerWriter {
         Ok((
             Self {
                 shards: shards.into(),
+                admission,
             },
             handle,
         ))
+    }
+
+    /// The in-memory admission of a SQLite file's writer (tests, ops).
+    pub fn admission(&self) -> Option<&Admission> {
+        self.admission.as_deref()
     }
 
     /// The writer of `op`'s team.
@@ -250,7 +276,9 @@ impl LedgerWriter {
             .get(usize::try_from(hasher.finish() % n).unwrap_or(0))
     }
 
-    /// Queues `op` and waits until it is committed.
+    /// Queues `op` and waits until it is committed; on a SQLite file a
+    /// reservation is instead admitted in memory and queued, with nobody
+    /// waiting for its commit ([`super::admission`]).
     ///
     /// A plain function returning its future, so the ~400-byte operation is
     /// held once in it: an `async fn` keeps its argument and a moved copy,
@@ -264,7 +292,21 @@ impl LedgerWriter {
             Op::Settle(_) => "settle",
         };
         let shard = self.shard(&op);
+        let admission = self.admission.as_deref();
+        if let (Some(admission), Op::Settle(s)) = (admission, &op) {
+            // Counted from now on; should the writer have stopped, the
+            // process is ending and nothing reads it again.
+            admission.settling(s);
+        }
         async move {
+            let op = match (admission, op) {
+                (Some(admission), Op::Reserve(r)) => {
+                    let done = admit(admission, shard, r).await;
+                    metrics::ledger_wait(kind, started.elapsed());
+                    return done;
+                }
+                (_, op) => op,
+            };
             let (reply, done) = oneshot::channel();
             // Reserve a queue slot, then send, so the send holds no copy.
             let slot = shard
@@ -282,6 +324,32 @@ impl LedgerWriter {
             }
         }
     }
+}
+
+/// Admits `r` in memory and queues its row for the writer's next batch;
+/// nobody waits for that commit (the reply's receiver is dropped).
+async fn admit(
+    admission: &Admission,
+    shard: Option<&mpsc::Sender<(Op, Reply)>>,
+    mut r: ledger::Reserve,
+) -> Result<Done, WriteError> {
+    match admission.admit(&r).await {
+        Ok(Ok(())) => {}
+        Ok(Err(refusal)) => return Ok(Done::Refused(refusal)),
+        Err(e) => return Err(WriteError::Store(Arc::new(e))),
+    }
+    let slot = match shard {
+        Some(s) => s.reserve().await.ok(),
+        None => None,
+    };
+    let Some(slot) = slot else {
+        // The writer has stopped: the call will not run.
+        admission.withdraw(&r);
+        return Err(WriteError::Stopped);
+    };
+    r.admitted = true;
+    slot.send((Op::Reserve(r), oneshot::channel().0));
+    Ok(Done::Admitted)
 }
 
 async fn run(
@@ -357,6 +425,7 @@ mod tests {
         let (senders, _receivers): (Vec<_>, Vec<_>) = (0..4).map(|_| mpsc::channel(1)).unzip();
         let writer = LedgerWriter {
             shards: senders.into(),
+            admission: None,
         };
         let index = |op: &Op| {
             let shard = writer.shard(op).unwrap();

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tonic::Code;
 use tonic_types::StatusExt;
 
+mod admission;
 mod caps;
 mod get_usage;
 mod wal;
@@ -353,6 +354,7 @@ async fn month_rollover(postgres: bool) {
             channel: "sms".into(),
             priority: "interactive".into(),
             created_at_ms: month,
+            admitted: false,
         })
     };
     let nov = summary::month_of(
@@ -422,6 +424,7 @@ async fn the_sqlite_writer_connection_agrees_with_the_pooled_path() {
             channel: "api".into(),
             priority: "interactive".into(),
             created_at_ms: 0,
+            admitted: false,
         })
     };
     let first = vec![

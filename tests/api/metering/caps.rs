@@ -234,7 +234,12 @@ async fn limits_cli(config: &std::path::Path, args: &[&str]) -> String {
 async fn limits_cli_sets_shows_clears_and_the_server_enforces() {
     let db = Db::new(false).await;
     let Db::Sqlite(dir) = &db else { unreachable!() };
-    let toml = config_toml_with(&db.url(), FAST, FAST, "");
+    let toml = config_toml_with(
+        &db.url(),
+        FAST,
+        FAST,
+        "[metering]\nlimits_refresh = \"100ms\"\n",
+    );
     let config = dir.path().join("config.toml");
     std::fs::write(&config, &toml).unwrap();
 
@@ -285,7 +290,9 @@ async fn limits_cli_sets_shows_clears_and_the_server_enforces() {
     );
     let show = limits_cli(&config, &["show", "--team", "t1"]).await;
     assert!(show.contains("max_requests unlimited"), "{show}");
-    // The running server sees the override gone on its next admission.
+    // The running server admits in memory (SQLite file) and reads a team's
+    // caps again once they are older than `metering.limits_refresh`.
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
     c.classify_sms(classify("Third time lucky")).await.unwrap();
     let again = limits_cli(&config, &["clear", "--team", "t1"]).await;
     assert_eq!(again, "team t1 had no override\n");

@@ -260,6 +260,7 @@ async fn get_usage_across_months(postgres: bool) {
             channel: "sms".into(),
             priority: "interactive".into(),
             created_at_ms: this_month - 60_000,
+            admitted: false,
         })],
     )
     .await

@@ -21,6 +21,8 @@ use tokio::sync::watch;
 /// as possible): ~5 pages per commit, two commits per call, i.e. ~40 MiB of
 /// WAL frames in all, ten times the bound checked.
 const CALLS: usize = 1_000;
+/// How long admission trusts a team's caps.
+const REFRESH: Duration = Duration::from_secs(1);
 /// A stopped writer commits what is queued and ends well within this.
 const STOPS_WITHIN: Duration = Duration::from_secs(10);
 /// SQLite's 1,000-frame threshold is ~4 MiB; what the writer adds between
@@ -33,10 +35,14 @@ async fn wal_stays_bounded(durability: SqliteDurability) {
     let config = DatabaseConfig {
         url: db.url(),
         sqlite_synchronous: durability,
+        // SQLite's own default, so the bound below is a few checkpoints
+        // wide (the server's default, 10,000 frames, is ~40 MiB).
+        sqlite_wal_autocheckpoint: 1_000,
         ..DatabaseConfig::default()
     };
     let (stop, stopped) = watch::channel(false);
-    let (writer, done) = LedgerWriter::spawn(store.clone(), &config, 256, 1, stopped).unwrap();
+    let (writer, done) =
+        LedgerWriter::spawn(store.clone(), &config, 256, 1, REFRESH, stopped).unwrap();
     let mut wal = sqlite_writer::file_of(&db.url()).unwrap().into_os_string();
     wal.push("-wal");
 
@@ -124,7 +130,8 @@ async fn a_stop_right_after_an_answer_ends_the_writer() {
     };
     for round in 0..20 {
         let (stop, stopped) = watch::channel(false);
-        let (writer, done) = LedgerWriter::spawn(store.clone(), &config, 256, 1, stopped).unwrap();
+        let (writer, done) =
+            LedgerWriter::spawn(store.clone(), &config, 256, 1, REFRESH, stopped).unwrap();
         let admitted = writer
             .submit(Op::Reserve(Reserve {
                 id: format!("stop-{round}"),

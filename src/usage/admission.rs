@@ -1,0 +1,258 @@
+//! Admission decided in memory, for a SQLite file.
+//!
+//! A SQLite file has one ledger writer in one process (the server holds the
+//! file exclusively, [`super::sqlite_writer::claim`]), so that process
+//! can know each team's ledger exactly: the balance as of the writer's last
+//! commit, plus what it has admitted or charged since and not yet committed.
+//! A call is then admitted (or refused) against that sum without waiting
+//! for the writer; its reservation row is written by the writer's next
+//! batch. The benchmark measured that round trip to the writer as most of
+//! the metered p99 beside the fsync (docs/benchmarks.md).
+//!
+//! The sum never counts less than the ledger will hold once every queued
+//! operation is committed, so concurrent calls cannot overshoot a cap:
+//! - an admission adds its estimate to `pending` before it returns;
+//! - a settlement adds what it charges when it is submitted, and releases
+//!   its estimates only once committed (the writer re-reads the row);
+//! - after each commit the writer replaces `committed` with the row as its
+//!   transaction left it, and takes that batch's amounts out of `pending`,
+//!   under one lock, so whatever the batch really did (a reservation the
+//!   sweeper charged, a row another connection changed) is what counts;
+//! - a reservation whose batch failed stays counted until its call settles.
+//!
+//! Caps come from `tenant_limits` (or the config defaults) and are read
+//! again once older than `metering.limits_refresh`: `ai-orchestrator limits`
+//! is another process and cannot tell this one.
+//!
+//! PostgreSQL keeps admission in SQL (the guarded `UPDATE` of
+//! [`super::ledger`]): replicas share its ledger, and none of them alone
+//! knows the whole of it.
+
+use super::ledger::{self, Balance, Caps, Op, Refusal, Reserve, Settle, exceeded};
+use crate::store::{Store, StoreError};
+use std::{
+    collections::HashMap,
+    sync::{Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+/// A team's ledger row: (team, month start).
+pub type Key = (String, i64);
+
+/// Ledger rows as a batch's transaction left them.
+pub type Rows = Vec<(Key, Balance)>;
+
+/// `[tokens, requests, cost_micros]`.
+type Amount = [i64; 3];
+
+fn add(a: &mut Amount, b: Amount) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.saturating_add(y);
+    }
+}
+
+fn sub(a: &mut Amount, b: Amount) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.saturating_sub(y);
+    }
+}
+
+fn amount_of(r: &Reserve) -> Amount {
+    let (tokens, requests, cost) = r.amount();
+    [tokens, requests, cost]
+}
+
+/// One (team, month) as this process sees it.
+#[derive(Debug, Default, Clone, Copy)]
+struct Entry {
+    /// The ledger row as of the writer's last commit that touched it.
+    committed: Balance,
+    /// Admitted or charged since, not yet committed.
+    pending: Amount,
+}
+
+impl Entry {
+    /// What admission checks against: pending amounts count as reserved.
+    fn seen(&self) -> Balance {
+        let mut b = self.committed;
+        b.reserved_tokens = b.reserved_tokens.saturating_add(self.pending[0]);
+        b.reserved_requests = b.reserved_requests.saturating_add(self.pending[1]);
+        b.reserved_cost_micros = b.reserved_cost_micros.saturating_add(self.pending[2]);
+        b
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    ledgers: HashMap<Key, Entry>,
+    /// A team's caps and when they were read.
+    caps: HashMap<String, (Caps, Instant)>,
+    /// Reservations admitted whose batch failed: `id → (key, amount)`,
+    /// still counted in their key's `pending` until their call settles.
+    held: HashMap<String, (Key, Amount)>,
+}
+
+/// The in-memory ledger of a SQLite file's one writer.
+#[derive(Debug)]
+pub struct Admission {
+    store: Store,
+    limits_refresh: Duration,
+    inner: Mutex<Inner>,
+}
+
+impl Admission {
+    /// Admission over `store`'s ledger; caps are re-read once older than
+    /// `limits_refresh`.
+    pub fn new(store: Store, limits_refresh: Duration) -> Self {
+        Self {
+            store,
+            limits_refresh,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Plain data, updated in single steps: still consistent after a
+        // panic elsewhere.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits `r` (its amount now counts against the team's caps) or says
+    /// which cap refuses it. Reads the database only for a team's first
+    /// call of a month and when its caps are due for a refresh.
+    pub async fn admit(&self, r: &Reserve) -> Result<Result<(), Refusal>, StoreError> {
+        let caps = self.caps(&r.team_id, r.default_caps).await?;
+        let key = (r.team_id.clone(), r.month_start_ms);
+        if !self.lock().ledgers.contains_key(&key) {
+            // No entry means nothing of this key is queued or in flight
+            // here (entries are never dropped), so the row as committed is
+            // the whole ledger. A concurrent first call may have loaded it
+            // meanwhile: the first entry in wins, either is exact.
+            let committed = ledger::balance_of(&self.store, &r.team_id, r.month_start_ms).await?;
+            self.lock().ledgers.entry(key.clone()).or_insert(Entry {
+                committed,
+                pending: [0; 3],
+            });
+        }
+        let mut inner = self.lock();
+        let entry = inner.ledgers.entry(key).or_default();
+        if let Some(refusal) = exceeded(&entry.seen(), &caps, r) {
+            return Ok(Err(refusal));
+        }
+        add(&mut entry.pending, amount_of(r));
+        Ok(Ok(()))
+    }
+
+    /// Takes back an admission whose reservation never reached the writer.
+    pub fn withdraw(&self, r: &Reserve) {
+        if let Some(entry) = self
+            .lock()
+            .ledgers
+            .get_mut(&(r.team_id.clone(), r.month_start_ms))
+        {
+            sub(&mut entry.pending, amount_of(r));
+        }
+    }
+
+    /// Counts what `s` charges from now on, before the writer commits it.
+    pub fn settling(&self, s: &Settle) {
+        let charged = s.charged();
+        if charged == [0; 3] {
+            return;
+        }
+        // A settlement that charges has reservations, so its call was
+        // admitted here and its entry exists (entries are never dropped).
+        let key = (s.record.team_id.clone(), s.month_start_ms);
+        if let Some(entry) = self.lock().ledgers.get_mut(&key) {
+            add(&mut entry.pending, charged);
+        }
+    }
+
+    /// After the writer committed `ops` (in-memory admitted reservations
+    /// and settlements among them): the rows as its transaction left them
+    /// replace what was known, and the batch's amounts leave `pending`.
+    pub fn committed(&self, ops: &[Op], rows: Rows) {
+        let mut inner = self.lock();
+        inner.take_out(ops);
+        for (key, balance) in rows {
+            if let Some(entry) = inner.ledgers.get_mut(&key) {
+                entry.committed = balance;
+            }
+        }
+    }
+
+    /// After a batch failed (rolled back): its settlements charged nothing,
+    /// and its reservations stay counted until their calls settle, since
+    /// those calls are already running.
+    pub fn failed(&self, ops: &[Op]) {
+        let mut inner = self.lock();
+        for op in ops {
+            match op {
+                Op::Reserve(r) if r.admitted => {
+                    let key = (r.team_id.clone(), r.month_start_ms);
+                    inner.held.insert(r.id.clone(), (key, amount_of(r)));
+                }
+                Op::Reserve(_) => {}
+                Op::Settle(s) => inner.settled(s),
+            }
+        }
+    }
+
+    /// The caps `admit` would use for `team` now.
+    async fn caps(&self, team: &str, defaults: Caps) -> Result<Caps, StoreError> {
+        if let Some((caps, read)) = self.lock().caps.get(team)
+            && read.elapsed() < self.limits_refresh
+        {
+            return Ok(*caps);
+        }
+        let read = Instant::now();
+        let caps = ledger::caps_of(&self.store, team, defaults).await?;
+        self.lock().caps.insert(team.to_owned(), (caps, read));
+        Ok(caps)
+    }
+
+    /// `(committed, pending)` of a (team, month), for tests and ops.
+    pub fn snapshot(&self, team: &str, month_start_ms: i64) -> Option<(Balance, [i64; 3])> {
+        self.lock()
+            .ledgers
+            .get(&(team.to_owned(), month_start_ms))
+            .map(|e| (e.committed, e.pending))
+    }
+}
+
+impl Inner {
+    /// Takes a committed (or rolled back) batch's amounts out of `pending`.
+    fn take_out(&mut self, ops: &[Op]) {
+        for op in ops {
+            match op {
+                Op::Reserve(r) if r.admitted => {
+                    let key = (r.team_id.clone(), r.month_start_ms);
+                    if let Some(entry) = self.ledgers.get_mut(&key) {
+                        sub(&mut entry.pending, amount_of(r));
+                    }
+                }
+                Op::Reserve(_) => {}
+                Op::Settle(s) => self.settled(s),
+            }
+        }
+    }
+
+    /// `s` is done with (committed or rolled back): its charge and any of
+    /// its reservations held after a failed batch leave `pending`.
+    fn settled(&mut self, s: &Settle) {
+        let key = (s.record.team_id.clone(), s.month_start_ms);
+        if let Some(entry) = self.ledgers.get_mut(&key) {
+            sub(&mut entry.pending, s.charged());
+        }
+        if self.held.is_empty() {
+            return;
+        }
+        for (id, ..) in &s.reservations {
+            if let Some((key, amount)) = self.held.remove(id)
+                && let Some(entry) = self.ledgers.get_mut(&key)
+            {
+                sub(&mut entry.pending, amount);
+            }
+        }
+    }
+}
