@@ -85,11 +85,37 @@ impl Entry {
 #[derive(Debug, Default)]
 struct Inner {
     ledgers: HashMap<Key, Entry>,
-    /// A team's caps and when they were read.
-    caps: HashMap<String, (Caps, Instant)>,
+    /// A team's caps, when they were read, and whether a caller is
+    /// reading them again.
+    caps: HashMap<String, CachedCaps>,
     /// Reservations admitted whose batch failed: `id → (key, amount)`,
     /// still counted in their key's `pending` until their call settles.
     held: HashMap<String, (Key, Amount)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CachedCaps {
+    caps: Caps,
+    read: Instant,
+    refreshing: bool,
+}
+
+/// Clears a team's `refreshing` mark if its reader is dropped (a cancelled
+/// call) before storing what it read, so another caller reads instead.
+struct Refreshing<'a> {
+    admission: &'a Admission,
+    team: &'a str,
+    armed: bool,
+}
+
+impl Drop for Refreshing<'_> {
+    fn drop(&mut self) {
+        if self.armed
+            && let Some(cached) = self.admission.lock().caps.get_mut(self.team)
+        {
+            cached.refreshing = false;
+        }
+    }
 }
 
 /// The in-memory ledger of a SQLite file's one writer.
@@ -198,16 +224,35 @@ impl Admission {
         }
     }
 
-    /// The caps `admit` would use for `team` now.
+    /// The caps `admit` would use for `team` now. Once they are due for a
+    /// refresh, one caller reads them again while the others keep using
+    /// the ones it is replacing: a busy team would otherwise send every
+    /// call of that moment to the pool at once (measured: reservation waits
+    /// of hundreds of ms when the pool was busy).
     async fn caps(&self, team: &str, defaults: Caps) -> Result<Caps, StoreError> {
-        if let Some((caps, read)) = self.lock().caps.get(team)
-            && read.elapsed() < self.limits_refresh
-        {
-            return Ok(*caps);
+        let mut guard = Refreshing {
+            admission: self,
+            team,
+            armed: false,
+        };
+        if let Some(cached) = self.lock().caps.get_mut(team) {
+            if cached.refreshing || cached.read.elapsed() < self.limits_refresh {
+                return Ok(cached.caps);
+            }
+            cached.refreshing = true;
+            guard.armed = true;
         }
         let read = Instant::now();
         let caps = ledger::caps_of(&self.store, team, defaults).await?;
-        self.lock().caps.insert(team.to_owned(), (caps, read));
+        guard.armed = false;
+        self.lock().caps.insert(
+            team.to_owned(),
+            CachedCaps {
+                caps,
+                read,
+                refreshing: false,
+            },
+        );
         Ok(caps)
     }
 

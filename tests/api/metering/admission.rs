@@ -11,12 +11,14 @@ use ai_orchestrator::{
     config::{Config, DatabaseConfig},
     store::Store,
     usage::{
+        admission::Admission,
         ledger::{self, CapKind, Caps, Done, Op, Reserve, Settle},
         record::{self, UsageRecord},
         sqlite_writer, sweeper,
         writer::LedgerWriter,
     },
 };
+use futures::FutureExt;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -290,5 +292,46 @@ async fn a_second_server_on_the_same_sqlite_file_is_refused() {
     app.stop().await;
     let path = sqlite_writer::file_of(&db.url()).unwrap();
     drop(sqlite_writer::claim(&path).expect("free after the first server stopped"));
+    db.cleanup().await;
+}
+
+/// A call cancelled while it was reading its team's caps again must not
+/// leave the team marked as being read (the calls after it would keep the
+/// old caps for good): the next call reads them.
+#[tokio::test]
+async fn a_cancelled_caps_read_does_not_freeze_the_caps() {
+    let db = Db::new(false).await;
+    db.store().await.close().await; // created and migrated
+    // One connection, so holding it makes the caps read wait.
+    let store = Store::connect(&DatabaseConfig {
+        url: db.url(),
+        max_connections: 1,
+        ..DatabaseConfig::default()
+    })
+    .await
+    .unwrap();
+    let month = month_now();
+    let admission = Admission::new(store.clone(), Duration::ZERO);
+    let first = admission.admit(&reserve("a", "t1", month)).await.unwrap();
+    assert_eq!(first, Ok(()));
+    let tight = Caps {
+        requests: Some(1),
+        ..Caps::default()
+    };
+    ledger::set_caps(&store, "t1", tight, 0).await.unwrap();
+    // Polled once while the pool's only connection is taken, so it is
+    // waiting to read the caps, then dropped.
+    let Store::Sqlite(pool) = &store else {
+        unreachable!()
+    };
+    let taken = pool.acquire().await.unwrap();
+    let cancelled = reserve("cancelled", "t1", month);
+    let polled = admission.admit(&cancelled).now_or_never();
+    assert!(polled.is_none(), "still reading the caps: {polled:?}");
+    drop(taken);
+    let next = admission.admit(&reserve("b", "t1", month)).await.unwrap();
+    let refusal = next.expect_err("the new cap applies");
+    assert_eq!((refusal.cap, refusal.limit), (CapKind::Requests, 1));
+    store.close().await;
     db.cleanup().await;
 }
