@@ -338,18 +338,48 @@ async fn admit(
         Ok(Err(refusal)) => return Ok(Done::Refused(refusal)),
         Err(e) => return Err(WriteError::Store(Arc::new(e))),
     }
-    let slot = match shard {
-        Some(s) => s.reserve().await.ok(),
-        None => None,
-    };
-    let Some(slot) = slot else {
-        // The writer has stopped: the call will not run.
+    let Some(shard) = shard else {
         admission.withdraw(&r);
         return Err(WriteError::Stopped);
+    };
+    let slot = match shard.try_reserve() {
+        Ok(slot) => slot,
+        Err(mpsc::error::TrySendError::Full(())) => {
+            // The queue is full: wait for room, withdrawing the admission
+            // if the call is dropped meanwhile (its reservation would
+            // otherwise stay counted and never be written).
+            let mut unqueued = Unqueued {
+                admission,
+                reserve: Some(r.clone()),
+            };
+            let slot = shard.reserve().await.map_err(|_| WriteError::Stopped)?;
+            unqueued.reserve = None;
+            slot
+        }
+        Err(mpsc::error::TrySendError::Closed(())) => {
+            // The writer has stopped: the call will not run.
+            admission.withdraw(&r);
+            return Err(WriteError::Stopped);
+        }
     };
     r.admitted = true;
     slot.send((Op::Reserve(r), oneshot::channel().0));
     Ok(Done::Admitted)
+}
+
+/// An admission whose reservation is not queued yet: withdrawn when dropped
+/// while `reserve` is still set.
+struct Unqueued<'a> {
+    admission: &'a Admission,
+    reserve: Option<ledger::Reserve>,
+}
+
+impl Drop for Unqueued<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = &self.reserve {
+            self.admission.withdraw(r);
+        }
+    }
 }
 
 async fn run(
@@ -418,6 +448,38 @@ mod tests {
             month_start_ms: 0,
             prompt_owner: None,
         })
+    }
+
+    /// A call dropped while its admitted reservation waits for room in a
+    /// full queue takes its admission back; one that got in stays counted.
+    #[tokio::test]
+    async fn an_admission_dropped_before_it_is_queued_is_withdrawn() {
+        use futures::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let config = DatabaseConfig {
+            url: format!("sqlite://{}", dir.path().join("q.db").display()),
+            ..DatabaseConfig::default()
+        };
+        let store = Store::connect(&config).await.unwrap();
+        store.migrate().await.unwrap();
+        let admission = Arc::new(Admission::new(store.clone(), Duration::from_secs(3600)));
+        // A queue of one that nobody drains.
+        let (tx, _rx) = mpsc::channel(1);
+        let writer = LedgerWriter {
+            shards: vec![tx].into(),
+            admission: Some(admission.clone()),
+        };
+        let first = writer.submit(reserve("t")).await.unwrap();
+        assert_eq!(first, Done::Admitted);
+        let counted = |a: &Admission| a.snapshot("t", 0).map(|(_, pending)| pending);
+        assert_eq!(counted(&admission), Some([0, 1, 0]));
+
+        // Caps and ledger row are known now, so the second call is admitted
+        // at once and then waits for room: dropped there, it is withdrawn.
+        let waiting = writer.submit(reserve("t")).now_or_never();
+        assert!(waiting.is_none(), "waits for room in the queue");
+        assert_eq!(counted(&admission), Some([0, 1, 0]));
+        store.close().await;
     }
 
     #[test]
