@@ -63,7 +63,7 @@ fn amount_of(r: &Reserve) -> Amount {
 }
 
 /// One (team, month) as this process sees it.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Entry {
     /// The ledger row as of the writer's last commit that touched it.
     committed: Balance,
@@ -149,19 +149,20 @@ impl Admission {
     pub async fn admit(&self, r: &Reserve) -> Result<Result<(), Refusal>, StoreError> {
         let caps = self.caps(&r.team_id, r.default_caps).await?;
         let key = (r.team_id.clone(), r.month_start_ms);
-        if !self.lock().ledgers.contains_key(&key) {
-            // No entry means nothing of this key is queued or in flight
-            // here (entries are never dropped), so the row as committed is
-            // the whole ledger. A concurrent first call may have loaded it
-            // meanwhile: the first entry in wins, either is exact.
-            let committed = ledger::balance_of(&self.store, &r.team_id, r.month_start_ms).await?;
-            self.lock().ledgers.entry(key.clone()).or_insert(Entry {
-                committed,
-                pending: [0; 3],
-            });
-        }
+        // No entry means nothing of this key is queued or in flight here
+        // (entries are never dropped), so the row as committed is the whole
+        // ledger. A concurrent first call may load it too: the first entry
+        // in wins, either is exact.
+        let loaded = if self.lock().ledgers.contains_key(&key) {
+            None
+        } else {
+            Some(ledger::balance_of(&self.store, &r.team_id, r.month_start_ms).await?)
+        };
         let mut inner = self.lock();
-        let entry = inner.ledgers.entry(key).or_default();
+        let entry = inner.ledgers.entry(key).or_insert(Entry {
+            committed: loaded.unwrap_or_default(),
+            pending: [0; 3],
+        });
         if let Some(refusal) = exceeded(&entry.seen(), &caps, r) {
             return Ok(Err(refusal));
         }

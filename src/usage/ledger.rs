@@ -5,6 +5,8 @@
 //! per cap, so it is atomic on either backend: PostgreSQL re-checks the
 //! `WHERE` on the locked row, SQLite has a single writer (`BEGIN IMMEDIATE`).
 //! Concurrent requests and replicas sharing PostgreSQL can never overshoot.
+//! A SQLite file's server decides admission in memory instead
+//! ([`super::admission`]) and records its reservations here unguarded.
 //! A batch of operations runs in one transaction (group commit), applied by
 //! [`super::batch`] with one statement per team rather than per operation.
 

@@ -31,7 +31,7 @@ use rusqlite::{
     TransactionBehavior,
 };
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeSet, HashSet},
     ffi::CStr,
     path::PathBuf,
     str::FromStr,
@@ -148,6 +148,32 @@ fn guarded(
     }
 }
 
+/// [`CHARGE_AND_RELEASE`] on a (team, month), creating its ledger row on
+/// the first miss.
+fn charge_and_release(
+    tx: &Transaction<'_>,
+    team: &str,
+    month: i64,
+    released: [i64; 3],
+    charged: [i64; 3],
+) -> rusqlite::Result<()> {
+    let args: [&dyn ToSql; 8] = [
+        &team,
+        &month,
+        &released[0],
+        &released[1],
+        &released[2],
+        &charged[0],
+        &charged[1],
+        &charged[2],
+    ];
+    if execute(tx, CHARGE_AND_RELEASE, &args)? == 0 {
+        execute(tx, ENSURE_ROW, &[&team, &month])?;
+        execute(tx, CHARGE_AND_RELEASE, &args)?;
+    }
+    Ok(())
+}
+
 fn insert_record(tx: &Transaction<'_>, r: &UsageRecord) -> rusqlite::Result<usize> {
     execute(
         tx,
@@ -215,37 +241,23 @@ pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
 pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<(Vec<Done>, Rows)> {
     let settles = batch::settles_of(ops);
     let mut groups = batch::reserve_groups(ops);
-    for group in &mut groups {
-        group.retain(|(_, r)| !r.admitted);
-    }
     let mut done: Vec<Done> = vec![Done::Settled; ops.len()];
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
 
-    let mut admitted: BTreeMap<(&str, i64), [i64; 3]> = BTreeMap::new();
-    for (i, op) in ops.iter().enumerate() {
-        let Op::Reserve(r) = op else { continue };
-        if !r.admitted {
+    for group in &mut groups {
+        let (admitted, guarded): (Vec<_>, Vec<_>) = group.iter().partition(|(_, r)| r.admitted);
+        *group = guarded;
+        let Some((_, first)) = admitted.first() else {
             continue;
+        };
+        for (i, r) in &admitted {
+            insert_reservation(&tx, r)?;
+            done[*i] = Done::Admitted;
         }
-        insert_reservation(&tx, r)?;
-        done[i] = Done::Admitted;
-        let sum = admitted
-            .entry((r.team_id.as_str(), r.month_start_ms))
-            .or_default();
-        let (tokens, requests, cost) = r.amount();
-        for (total, x) in sum.iter_mut().zip([tokens, requests, cost]) {
-            *total += x;
-        }
-    }
-    for ((team, month), [tokens, requests, cost]) in admitted {
-        // CHARGE_AND_RELEASE releasing a negative amount: it reserves.
-        let args: [&dyn ToSql; 8] = [
-            &team, &month, &-tokens, &-requests, &-cost, &0_i64, &0_i64, &0_i64,
-        ];
-        if execute(&tx, CHARGE_AND_RELEASE, &args)? == 0 {
-            execute(&tx, ENSURE_ROW, &[&team, &month])?;
-            execute(&tx, CHARGE_AND_RELEASE, &args)?;
-        }
+        // Releasing a negative amount reserves it.
+        let (tokens, requests, cost) = batch::sum(&admitted);
+        let reserved = [-tokens, -requests, -cost];
+        charge_and_release(&tx, &first.team_id, first.month_start_ms, reserved, [0; 3])?;
     }
 
     let mut deleted = HashSet::new();
@@ -257,20 +269,7 @@ pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<(Vec
         }
     }
     for ((team, month), d) in batch::settle_deltas(&settles, &deleted) {
-        let args: [&dyn ToSql; 8] = [
-            &team,
-            &month,
-            &d.released[0],
-            &d.released[1],
-            &d.released[2],
-            &d.charged[0],
-            &d.charged[1],
-            &d.charged[2],
-        ];
-        if execute(&tx, CHARGE_AND_RELEASE, &args)? == 0 {
-            execute(&tx, ENSURE_ROW, &[&team, &month])?;
-            execute(&tx, CHARGE_AND_RELEASE, &args)?;
-        }
+        charge_and_release(&tx, team, month, d.released, d.charged)?;
     }
     for s in &settles {
         insert_record(&tx, &s.record)?;

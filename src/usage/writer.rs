@@ -338,13 +338,9 @@ async fn admit(
         Ok(Err(refusal)) => return Ok(Done::Refused(refusal)),
         Err(e) => return Err(WriteError::Store(Arc::new(e))),
     }
-    let Some(shard) = shard else {
-        admission.withdraw(&r);
-        return Err(WriteError::Stopped);
-    };
-    let slot = match shard.try_reserve() {
-        Ok(slot) => slot,
-        Err(mpsc::error::TrySendError::Full(())) => {
+    let slot = match shard.map(|s| (s, s.try_reserve())) {
+        Some((_, Ok(slot))) => slot,
+        Some((shard, Err(mpsc::error::TrySendError::Full(())))) => {
             // The queue is full: wait for room, withdrawing the admission
             // if the call is dropped meanwhile (its reservation would
             // otherwise stay counted and never be written).
@@ -356,7 +352,7 @@ async fn admit(
             unqueued.reserve = None;
             slot
         }
-        Err(mpsc::error::TrySendError::Closed(())) => {
+        Some((_, Err(mpsc::error::TrySendError::Closed(())))) | None => {
             // The writer has stopped: the call will not run.
             admission.withdraw(&r);
             return Err(WriteError::Stopped);

@@ -75,8 +75,9 @@ pub struct ServerOverhead {
 /// (`usage_ledger_*`), microseconds; `None` parts had no observation.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct LedgerView {
-    /// How long a reservation's caller waited on the writer (before the
-    /// provider call), queue included.
+    /// How long a reservation's caller waited (before the provider call):
+    /// on the writer, queue included; on a SQLite file, its admission in
+    /// memory.
     pub reserve_wait_us: Option<ServerOverhead>,
     /// How long a settlement's caller waited (before the response), the
     /// WAL sync included with SQLite's full durability.
