@@ -8,6 +8,7 @@ pub mod ledger;
 pub mod meter;
 pub mod pricing;
 pub mod record;
+mod sqlite_thread;
 pub mod sqlite_writer;
 pub mod summary;
 pub mod sweeper;

@@ -4,11 +4,11 @@
 //! Why not sqlx here: sqlx drives SQLite from a worker thread per
 //! connection, so every statement of a batch is a round trip between that
 //! thread and the runtime (two context switches). The ledger runs ~6–20
-//! statements per group commit and every metered call waits for two group
+//! statements per group commit and every metered call waited for two group
 //! commits; the benchmark's profile had `finish_task_switch` as its largest
 //! symbol. A synchronous connection (rusqlite, on the same linked SQLite as
-//! sqlx) runs the whole batch inside one blocking task: one hand-off per
-//! batch instead of one per statement. Everything else (reads, the sweeper,
+//! sqlx) runs the whole batch on the writer's own thread
+//! ([`super::sqlite_thread`]): no hand-off per statement. Everything else (reads, the sweeper,
 //! prompts, limits) stays on the sqlx pool; WAL and the busy timeout order
 //! the writers, as between any two pooled connections.
 //!
@@ -226,7 +226,8 @@ fn insert_reservation(tx: &Transaction<'_>, r: &Reserve) -> rusqlite::Result<usi
 /// Applies `ops` in one `BEGIN IMMEDIATE` transaction and returns one result
 /// per op, in order: the semantics of [`super::batch::apply`] (settlements
 /// first, then reservations, a team's group admitted together when it fits,
-/// else one by one). Blocking: call it from a blocking task.
+/// else one by one). Blocking: call it from the writer's thread (or a
+/// blocking task).
 pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
     apply_reading(conn, ops).map(|(done, _)| done)
 }

@@ -1,23 +1,25 @@
 //! Durability of the SQLite ledger, one step after its commit: the writer
 //! commits with `synchronous = NORMAL` (the WAL is written, not synced),
-//! answers the batch's reservations, then syncs the WAL (`fdatasync`) and
-//! only then answers its settlements.
+//! then, when the batch holds settlements, syncs the WAL (`fdatasync`) and
+//! only then answers them. Commits nobody waits for are synced by a thread
+//! beside the writer within [`BACKGROUND_EVERY`] ([`Background`]).
 //!
 //! Why: with `synchronous = FULL` every commit waited for its fsync before
 //! anyone heard back, so a metered call waited for two fsyncs in a row (its
 //! reservation's, then its record's), and on a disk whose fsync has a long
-//! tail under load both showed in the call's latency. A reservation's
-//! answer only needs its admission decided and visible to every later
-//! admission, which the commit gives; a settlement is still answered only
-//! once its usage record is on disk (SPEC §5: no acknowledged call goes
-//! unrecorded). The WAL is append-ordered, so that sync also covers the
-//! call's reservation, and the writer syncs before it starts the next batch.
+//! tail under load both showed in the call's latency. A reservation is
+//! admitted in memory and nobody waits for its commit; a settlement is
+//! still answered only once its usage record is on disk (SPEC §5: no
+//! acknowledged call goes unrecorded). The WAL is written in order, so that
+//! sync also covers every earlier commit, the call's reservation included,
+//! and the writer syncs before it starts the next batch.
 //!
-//! What this trades (docs/metering.md): a reservation reaches the disk one
-//! fsync after its caller was answered, i.e. while its provider request is
-//! being sent. A process crash loses nothing (the WAL is in the OS's page
-//! cache); a power loss in that window loses the reservation of a call that
-//! was never acknowledged, whose provider cost is then not recorded.
+//! What this trades (docs/metering.md): a reservation reaches the disk with
+//! the next settlement's sync or the background thread's, at most
+//! [`BACKGROUND_EVERY`] after its commit, while its provider call runs. A
+//! process crash after the commit loses nothing (the WAL is in the OS's
+//! page cache); a power loss in that window loses the reservation of a call
+//! that was never acknowledged, whose provider cost is then not recorded.
 //!
 //! It must never let a settlement be answered before a sync that started
 //! after its commit has finished.
@@ -28,7 +30,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc,
     },
     time::Duration,
@@ -39,6 +41,8 @@ use std::{
 pub struct Wal {
     path: PathBuf,
     file: Option<File>,
+    /// Syncs that succeeded (read by tests).
+    synced: u64,
 }
 
 impl Wal {
@@ -50,6 +54,7 @@ impl Wal {
         Self {
             path: PathBuf::from(path),
             file: None,
+            synced: 0,
         }
     }
 
@@ -66,56 +71,108 @@ impl Wal {
         };
         let result = file.sync_data();
         self.file = Some(file);
+        self.synced += u64::from(result.is_ok());
         result
+    }
+
+    /// Syncs that succeeded so far.
+    #[cfg(test)]
+    pub fn syncs(&self) -> u64 {
+        self.synced
     }
 }
 
+/// Syncs commits that no caller waits for, at most [`BACKGROUND_EVERY`]
+/// after they were made, on a thread beside the writer.
+///
 /// With `sqlite_synchronous = "normal"` no commit syncs the WAL, so the
-/// automatic checkpoint (run inside the commit that crosses 1,000 frames)
+/// automatic checkpoint (run inside the commit that crosses its threshold)
 /// first had to sync the whole unsynced WAL, ~4 MB: a 10–20 ms stall for
 /// every call queued behind that commit, which set that mode's p99 in the
-/// benchmark. This thread syncs the WAL every [`BACKGROUND_EVERY`], beside
-/// the writer, so the checkpoint finds it nearly all on disk. Nobody waits
-/// for these syncs; they also bound what a host crash can lose in that mode.
+/// benchmark. With `"full"` a batch of reservations alone (admitted in
+/// memory, nobody waiting) is not synced by the writer: the next
+/// settlement's sync covers it (the WAL is written in order), and until
+/// then this thread bounds how long it stays only in the OS's page cache.
+/// Before, the writer synced such a batch itself and a settlement arriving
+/// meanwhile waited for that sync before its own.
+///
+/// The writer [`mark`](Self::mark)s what it leaves unsynced; the thread
+/// syncs only when something is marked, so an idle server does no I/O. The
+/// last marked commits are synced when the thread ends (dropped), so a
+/// clean stop leaves nothing unsynced in either mode.
 pub struct Background {
     // Dropping it ends the thread.
     _stop: mpsc::Sender<()>,
+    dirty: Arc<AtomicBool>,
     // Read by tests only: that the thread syncs, and ends when dropped.
     #[cfg_attr(not(test), allow(dead_code))]
     syncs: Arc<AtomicU64>,
 }
 
-/// How often [`Background`] syncs the WAL.
+/// How often [`Background`] syncs the WAL when commits are waiting for it:
+/// what a power loss can take of commits nobody waited for.
 pub const BACKGROUND_EVERY: Duration = Duration::from_millis(20);
 
 impl Background {
-    /// Starts syncing the WAL of the database file `db` every `every`,
-    /// until dropped.
+    /// Starts syncing the WAL of the database file `db` every `every` while
+    /// commits are marked, until dropped.
     pub fn start(db: &Path, every: Duration) -> std::io::Result<Self> {
         let (stop, stopped) = mpsc::channel::<()>();
+        let dirty = Arc::new(AtomicBool::new(false));
         let syncs = Arc::new(AtomicU64::new(0));
-        let counter = syncs.clone();
+        let (marked, counter) = (dirty.clone(), syncs.clone());
         let mut wal = Wal::of(db);
+        let mut pass = move || {
+            // Cleared before the sync: a commit marked during it is synced
+            // by the next pass.
+            if !marked.swap(false, Ordering::AcqRel) {
+                return;
+            }
+            match wal.sync() {
+                Ok(()) => {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+                // The next sync (the writer's, a checkpoint's) covers it.
+                Err(e) => tracing::debug!(error = %e, "background WAL sync failed"),
+            }
+        };
         std::thread::Builder::new()
             .name("wal-sync".into())
             .spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
-                    match wal.sync() {
-                        Ok(()) => {
-                            counter.fetch_add(1, Ordering::Relaxed);
-                        }
-                        // The next checkpoint syncs it anyway.
-                        Err(e) => tracing::debug!(error = %e, "background WAL sync failed"),
-                    }
+                    pass();
                 }
+                pass();
             })?;
-        Ok(Self { _stop: stop, syncs })
+        Ok(Self {
+            _stop: stop,
+            dirty,
+            syncs,
+        })
+    }
+
+    /// Marks commits made so far as not synced by anyone else: the thread's
+    /// next pass syncs them.
+    pub fn mark(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Takes the mark back: the writer is about to sync everything
+    /// committed so far itself.
+    pub fn unmark(&self) {
+        self.dirty.store(false, Ordering::Release);
     }
 
     /// Syncs done so far.
     #[cfg(test)]
     pub fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
+    }
+
+    /// Whether commits are marked for the next pass.
+    #[cfg(test)]
+    pub fn marked(&self) -> bool {
+        self.dirty.load(Ordering::Acquire)
     }
 }
 
@@ -151,26 +208,46 @@ mod tests {
         );
     }
 
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     #[test]
-    fn the_background_sync_runs_until_dropped() {
+    fn the_background_sync_runs_while_marked_and_once_more_when_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("ledger.db");
         std::fs::write(dir.path().join("ledger.db-wal"), b"frames").unwrap();
         let background = Background::start(&db, Duration::from_millis(1)).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while background.syncs() < 3 {
-            assert!(std::time::Instant::now() < deadline, "no background sync");
-            std::thread::sleep(Duration::from_millis(1));
+
+        // Nothing marked: many passes, no sync.
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(background.syncs(), 0, "synced with nothing marked");
+
+        for n in 1..=3 {
+            background.mark();
+            wait_until("no background sync", || background.syncs() >= n);
         }
-        let counter = background.syncs.clone();
+        // Unmarked before a pass (the writer syncs itself): no sync.
+        let before = background.syncs();
+        background.mark();
+        background.unmark();
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(background.syncs(), before, "synced an unmarked commit");
+
+        // Marked, then dropped before a pass could run: synced on the way
+        // out, and the thread ends (it drops its counter handle).
+        let slow = Background::start(&db, Duration::from_secs(3600)).unwrap();
+        slow.mark();
+        let counter = slow.syncs.clone();
+        drop(slow);
+        wait_until("the thread did not end", || {
+            Arc::strong_count(&counter) == 1
+        });
+        assert_eq!(counter.load(Ordering::Relaxed), 1, "not synced at the end");
         drop(background);
-        // The thread ends: it drops its counter handle.
-        while Arc::strong_count(&counter) > 1 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the thread did not end"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
     }
 }

@@ -4,11 +4,12 @@
 //! operation is done.
 //!
 //! A SQLite file has one writer, with its own synchronous connection
-//! ([`super::sqlite_writer`]), a batch per blocking task. Its calls are
+//! ([`super::sqlite_writer`]) on a thread of its own. Its calls are
 //! admitted in memory ([`super::admission`]): a reservation is queued for
 //! the next batch and nobody waits for it. Its commits do not wait for the
-//! disk: the WAL is synced after each commit, then the settlements are
-//! answered ([`super::wal_sync`]). PostgreSQL has
+//! disk: the WAL is synced after each commit that carries settlements, then
+//! those are answered; a thread beside it syncs the rest
+//! ([`super::wal_sync`]). PostgreSQL has
 //! `metering.ledger_writers` writers, each on its own pooled connection,
 //! and a team always goes to the same one: batches for different teams
 //! commit in parallel (a network round trip per statement no longer
@@ -18,8 +19,8 @@
 use super::{
     admission::Admission,
     ledger::{self, Done, Op},
+    sqlite_thread::{self, SqliteWriter},
     sqlite_writer,
-    wal_sync::{self, Wal},
 };
 use crate::{
     config::{DatabaseConfig, SqliteDurability},
@@ -28,7 +29,7 @@ use crate::{
 };
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 use tokio::{
@@ -39,7 +40,8 @@ use tokio::{
 /// Queue depth per writer before callers wait (back-pressure).
 const QUEUE: usize = 4096;
 
-type Reply = oneshot::Sender<Result<Done, Arc<crate::store::StoreError>>>;
+/// Where a caller hears how its operation went.
+pub(super) type Reply = oneshot::Sender<Result<Done, Arc<crate::store::StoreError>>>;
 
 /// Why a ledger operation did not complete.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -62,105 +64,16 @@ pub struct LedgerWriter {
 
 /// Where a batch is applied.
 enum Applier {
-    /// Through the pool (PostgreSQL, in-memory SQLite).
+    /// Through the pool (PostgreSQL, in-memory SQLite), on a task.
     Pool(Store),
-    /// Through the writer's own SQLite connection, on a blocking thread.
-    /// The mutex is only ever taken by that one task at a time; it is what
-    /// lets the connection move between blocking-pool threads.
-    Sqlite(Arc<Mutex<SqliteWriter>>),
-}
-
-/// The SQLite writer's connection and how its WAL reaches the disk.
-struct SqliteWriter {
-    conn: rusqlite::Connection,
-    wal: WalSync,
-    admission: Arc<Admission>,
-}
-
-/// Who syncs the WAL, by `database.sqlite_synchronous`.
-enum WalSync {
-    /// `"full"`: the writer, after each commit, before it answers the
-    /// batch's settlements.
-    AfterEachCommit(Wal),
-    /// `"normal"`: a thread beside the writer, nobody waiting for it; it
-    /// ends with the writer (dropping the guard stops it).
-    Background { _thread: wal_sync::Background },
-}
-
-impl Applier {
-    /// Applies `ops` and answers `replies` (one per op, in order), handing
-    /// both buffers back for reuse.
-    async fn apply(&self, ops: Vec<Op>, mut replies: Vec<Reply>) -> (Vec<Op>, Vec<Reply>) {
-        match self {
-            Applier::Pool(store) => {
-                let started = Instant::now();
-                let result = ledger::apply(store, &ops).await;
-                metrics::ledger_commit(ops.len(), started.elapsed());
-                answer(&mut replies, result, |_| true);
-                (ops, replies)
-            }
-            Applier::Sqlite(conn) => {
-                let conn = conn.clone();
-                let (n, m) = (ops.len(), replies.len());
-                let task = tokio::task::spawn_blocking(move || {
-                    // Poisoning only means an earlier batch panicked; the
-                    // connection rolled that transaction back when its
-                    // `Transaction` dropped.
-                    let mut writer = conn.lock().unwrap_or_else(|e| e.into_inner());
-                    writer.apply(&ops, &mut replies);
-                    (ops, replies)
-                });
-                task.await.unwrap_or_else(|e| {
-                    // The task dropped its replies: their callers see the
-                    // writer as stopped (STORAGE_UNAVAILABLE, as any
-                    // ledger failure).
-                    tracing::error!(error = %e, batch = n, "ledger batch task failed");
-                    (Vec::with_capacity(n), Vec::with_capacity(m))
-                })
-            }
-        }
-    }
-}
-
-impl SqliteWriter {
-    /// Commits `ops` and answers `replies`: reservations once committed,
-    /// settlements once the WAL is synced (see [`super::wal_sync`]).
-    /// Blocking.
-    fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
-        let started = Instant::now();
-        let result = match sqlite_writer::apply_reading(&mut self.conn, ops) {
-            Ok((done, rows)) => {
-                self.admission.committed(ops, rows);
-                Ok(done)
-            }
-            Err(e) => {
-                self.admission.failed(ops);
-                Err(StoreError::from(e))
-            }
-        };
-        metrics::ledger_commit(ops.len(), started.elapsed());
-        let WalSync::AfterEachCommit(wal) = &mut self.wal else {
-            answer(replies, result, |_| true);
-            return;
-        };
-        let committed = result.is_ok();
-        answer(replies, result, |done| *done != Done::Settled);
-        if !committed {
-            return;
-        }
-        // Synced even when no settlement waits: it bounds how long the
-        // batch's reservations stay only in the OS's page cache.
-        let started = Instant::now();
-        let synced = wal.sync();
-        metrics::ledger_sync(started.elapsed());
-        let synced = synced.map(|()| vec![Done::Settled; replies.len()]);
-        answer(replies, synced.map_err(StoreError::Io), |_| true);
-    }
+    /// Through the writer's own SQLite connection, on a thread of its own
+    /// that waits for the queue itself ([`sqlite_thread`]).
+    Sqlite(Box<SqliteWriter>),
 }
 
 /// Answers, in order, the replies whose result `now` accepts, leaving the
 /// others in `replies` (in order) for later. On an error every reply gets it.
-fn answer(
+pub(super) fn answer(
     replies: &mut Vec<Reply>,
     result: Result<Vec<Done>, StoreError>,
     now: impl Fn(&Done) -> bool,
@@ -207,20 +120,11 @@ impl LedgerWriter {
         match (&store, sqlite_writer::file_of(&config.url)) {
             (Store::Sqlite(_), Some(path)) => {
                 let conn = sqlite_writer::open(&path, config)?;
-                let wal = match config.sqlite_synchronous {
-                    SqliteDurability::Full => WalSync::AfterEachCommit(Wal::of(&path)),
-                    SqliteDurability::Normal => WalSync::Background {
-                        _thread: wal_sync::Background::start(&path, wal_sync::BACKGROUND_EVERY)
-                            .map_err(StoreError::Io)?,
-                    },
-                };
+                let full = config.sqlite_synchronous == SqliteDurability::Full;
                 let memory = Arc::new(Admission::new(store.clone(), limits_refresh));
                 admission = Some(memory.clone());
-                appliers.push(Applier::Sqlite(Arc::new(Mutex::new(SqliteWriter {
-                    conn,
-                    wal,
-                    admission: memory,
-                }))));
+                let writer = SqliteWriter::new(conn, &path, full, memory)?;
+                appliers.push(Applier::Sqlite(Box::new(writer)));
             }
             (Store::Postgres(_), _) => {
                 for _ in 0..postgres_writers.max(1) {
@@ -231,15 +135,26 @@ impl LedgerWriter {
         }
         let mut shards = Vec::with_capacity(appliers.len());
         let mut tasks = Vec::with_capacity(appliers.len());
+        let batch_max = batch_max.max(1);
         for applier in appliers {
             let (tx, rx) = mpsc::channel(QUEUE);
             shards.push(tx);
-            tasks.push(tokio::spawn(run(
-                applier,
-                rx,
-                batch_max.max(1),
-                stop.clone(),
-            )));
+            let stop = stop.clone();
+            tasks.push(match applier {
+                Applier::Pool(store) => tokio::spawn(run_pool(store, rx, batch_max, stop)),
+                Applier::Sqlite(writer) => {
+                    let (exited, ended) = oneshot::channel::<()>();
+                    std::thread::Builder::new()
+                        .name("ledger-writer".into())
+                        .spawn(move || {
+                            sqlite_thread::run(*writer, rx, batch_max, stop);
+                            drop(exited);
+                        })?;
+                    tokio::spawn(async move {
+                        let _ = ended.await;
+                    })
+                }
+            });
         }
         let handle = tokio::spawn(async move {
             for task in tasks {
@@ -378,14 +293,16 @@ impl Drop for Unqueued<'_> {
     }
 }
 
-async fn run(
-    applier: Applier,
-    mut rx: mpsc::Receiver<(Op, Reply)>,
+/// Waits for the next operation, then takes whatever else is queued (up to
+/// `batch_max`) into `ops` and `replies`: the next batch. False once the
+/// queue is closed and empty.
+pub(super) async fn next_batch(
+    rx: &mut mpsc::Receiver<(Op, Reply)>,
+    stop: &mut watch::Receiver<bool>,
     batch_max: usize,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut ops = Vec::with_capacity(batch_max);
-    let mut replies = Vec::with_capacity(batch_max);
+    ops: &mut Vec<Op>,
+    replies: &mut Vec<Reply>,
+) -> bool {
     loop {
         // Once stopping, refuse new work; what is queued is still drained.
         // Checked on every turn, not only while waiting: the stop can come
@@ -396,10 +313,13 @@ async fn run(
             rx.close();
         }
         let next = tokio::select! {
+            biased;
             next = rx.recv() => next,
             _ = stop.wait_for(|s| *s), if !*stop.borrow() => continue,
         };
-        let Some((op, reply)) = next else { return };
+        let Some((op, reply)) = next else {
+            return false;
+        };
         ops.push(op);
         replies.push(reply);
         // Everything already queued joins this transaction.
@@ -412,9 +332,24 @@ async fn run(
                 Err(_) => break,
             }
         }
-        (ops, replies) = applier
-            .apply(std::mem::take(&mut ops), std::mem::take(&mut replies))
-            .await;
+        return true;
+    }
+}
+
+/// A pooled writer's task: each batch one transaction through the pool.
+async fn run_pool(
+    store: Store,
+    mut rx: mpsc::Receiver<(Op, Reply)>,
+    batch_max: usize,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ops = Vec::with_capacity(batch_max);
+    let mut replies = Vec::with_capacity(batch_max);
+    while next_batch(&mut rx, &mut stop, batch_max, &mut ops, &mut replies).await {
+        let started = Instant::now();
+        let result = ledger::apply(&store, &ops).await;
+        metrics::ledger_commit(ops.len(), started.elapsed());
+        answer(&mut replies, result, |_| true);
         ops.clear();
         replies.clear();
     }

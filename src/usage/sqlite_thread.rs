@@ -1,0 +1,389 @@
+//! The SQLite ledger writer's thread: it owns the writer's connection
+//! ([`super::sqlite_writer`]), waits for the queue itself, and applies each
+//! batch where it stands: one commit, then, for settlements, the WAL sync
+//! they wait for ([`super::wal_sync`]).
+//!
+//! Why a thread and not a task handing batches to the blocking pool: a
+//! settlement then went through four wake-ups (the writer task, a blocking
+//! thread, the caller, the writer task again through the blocking task's
+//! handle), and the writer task, once woken, queued behind every request
+//! task on the runtime's workers. Now it is two: this thread, then the
+//! caller. Batches still form while a batch commits and syncs.
+//!
+//! It must never answer a settlement before its commit is synced (with
+//! `sqlite_synchronous = "full"`), and never hold an operation somebody
+//! waits for.
+
+use super::{
+    admission::Admission,
+    ledger::{Done, Op},
+    sqlite_writer,
+    wal_sync::{self, Wal},
+    writer::{Reply, answer, next_batch},
+};
+use crate::{store::StoreError, telemetry::metrics};
+use std::{
+    pin::pin,
+    sync::Arc,
+    task::{Context, Poll, Wake, Waker},
+    thread::Thread,
+    time::{Duration, Instant},
+};
+use tokio::sync::{mpsc, watch};
+
+/// How long the writer holds a batch of reservations alone before
+/// committing it, waiting for a settlement to share its commit.
+///
+/// Nobody waits for a reservation (it is admitted in memory), but every
+/// commit costs the single writer ~0.1 ms of work it cannot do for a
+/// settlement somebody does wait for. A call's own settlement often comes
+/// within this time, and under load other calls' do, so most reservations
+/// ride along: one commit per call instead of two. It bounds how long a
+/// reservation stays only in memory, i.e. what a process crash can lose
+/// (docs/metering.md): 1 ms keeps that at the ~1 ms it was.
+pub const LINGER: Duration = Duration::from_millis(1);
+
+/// The SQLite writer's connection and how its WAL reaches the disk.
+pub struct SqliteWriter {
+    conn: rusqlite::Connection,
+    /// `"full"` (`database.sqlite_synchronous`): the WAL, synced by the
+    /// writer after each commit that carries settlements, before it answers
+    /// them. `None` for `"normal"`: nobody waits for a sync.
+    wal: Option<Wal>,
+    /// Syncs the commits the writer leaves unsynced (all of them in
+    /// `"normal"`, reservation-only batches in `"full"`) within
+    /// [`wal_sync::BACKGROUND_EVERY`]; it ends with the writer.
+    background: wal_sync::Background,
+    admission: Arc<Admission>,
+}
+
+impl SqliteWriter {
+    /// The writer over `conn`, the ledger's file at `path`; with `full`
+    /// durability it syncs the WAL before answering settlements.
+    pub fn new(
+        conn: rusqlite::Connection,
+        path: &std::path::Path,
+        full: bool,
+        admission: Arc<Admission>,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            conn,
+            wal: full.then(|| Wal::of(path)),
+            background: wal_sync::Background::start(path, wal_sync::BACKGROUND_EVERY)?,
+            admission,
+        })
+    }
+
+    /// Commits `ops` and answers `replies`: reservations once committed,
+    /// settlements once the WAL is synced (see [`super::wal_sync`]).
+    /// Blocking.
+    fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
+        let started = Instant::now();
+        let result = match sqlite_writer::apply_reading(&mut self.conn, ops) {
+            Ok((done, rows)) => {
+                self.admission.committed(ops, rows);
+                Ok(done)
+            }
+            Err(e) => {
+                self.admission.failed(ops);
+                Err(StoreError::from(e))
+            }
+        };
+        metrics::ledger_commit(ops.len(), started.elapsed());
+        let committed = result.is_ok();
+        let Some(wal) = self.wal.as_mut().filter(|_| committed && settles(ops)) else {
+            // Nobody waits for this commit's sync (or nothing committed).
+            if committed {
+                self.background.mark();
+            }
+            answer(replies, result, |_| true);
+            return;
+        };
+        answer(replies, result, |done| *done != Done::Settled);
+        // This sync covers every commit so far, the unsynced reservations
+        // included.
+        self.background.unmark();
+        let started = Instant::now();
+        let synced = wal.sync();
+        metrics::ledger_sync(started.elapsed());
+        let synced = synced.map(|()| vec![Done::Settled; replies.len()]);
+        answer(replies, synced.map_err(StoreError::Io), |_| true);
+    }
+}
+
+fn settles(ops: &[Op]) -> bool {
+    ops.iter().any(|op| matches!(op, Op::Settle(_)))
+}
+
+/// The writer thread's loop, until the queue is closed (every handle
+/// dropped, or `stop`) and drained.
+pub fn run(
+    mut writer: SqliteWriter,
+    mut rx: mpsc::Receiver<(Op, Reply)>,
+    batch_max: usize,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ops = Vec::with_capacity(batch_max);
+    let mut replies = Vec::with_capacity(batch_max);
+    while block_on(
+        next_batch(&mut rx, &mut stop, batch_max, &mut ops, &mut replies),
+        None,
+    )
+    .unwrap_or(false)
+    {
+        linger(&mut rx, batch_max, &mut ops, &mut replies);
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            writer.apply(&ops, &mut replies)
+        }));
+        if applied.is_err() {
+            // The transaction rolled back when it dropped; the replies
+            // still held are dropped below, so their callers see the
+            // writer as stopped (STORAGE_UNAVAILABLE, as any ledger
+            // failure). The next batch goes on.
+            tracing::error!(batch = ops.len(), "ledger batch panicked");
+        }
+        ops.clear();
+        replies.clear();
+    }
+}
+
+/// Holds a batch of reservations alone for up to [`LINGER`], until a
+/// settlement (or `batch_max` operations) joins it; a batch with a
+/// settlement goes at once.
+fn linger(
+    rx: &mut mpsc::Receiver<(Op, Reply)>,
+    batch_max: usize,
+    ops: &mut Vec<Op>,
+    replies: &mut Vec<Reply>,
+) {
+    let deadline = Instant::now() + LINGER;
+    while ops.len() < batch_max && !settles(ops) {
+        // Closed (stopping): what is queued is taken by the next batch.
+        let Some(Some((op, reply))) = block_on(rx.recv(), Some(deadline)) else {
+            return;
+        };
+        ops.push(op);
+        replies.push(reply);
+        while ops.len() < batch_max {
+            let Ok((op, reply)) = rx.try_recv() else {
+                break;
+            };
+            ops.push(op);
+            replies.push(reply);
+        }
+    }
+}
+
+/// Runs `future` on this thread until it completes (`Some`) or `deadline`
+/// passes (`None`).
+///
+/// Hand-written rather than `futures::executor::block_on` (no deadline) or
+/// tokio's `Handle::block_on` with a timer: this thread must not depend on
+/// the runtime's timer (1 ms ticks, and gone once the runtime shuts down
+/// while the writer drains), and parking with a timeout is all it takes.
+fn block_on<F: Future>(future: F, deadline: Option<Instant>) -> Option<F::Output> {
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+        // A wake between the poll and the park leaves the thread's token
+        // set, so the park returns at once; spurious returns just poll
+        // again.
+        match deadline {
+            None => std::thread::park(),
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                std::thread::park_timeout(left);
+            }
+        }
+    }
+}
+
+/// Wakes a parked thread.
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::DatabaseConfig,
+        store::Store,
+        usage::ledger::{Reserve, Settle},
+    };
+    use tokio::sync::oneshot;
+
+    fn reserve(id: &str) -> Reserve {
+        Reserve {
+            id: id.into(),
+            team_id: "t".into(),
+            requests: 1,
+            input_tokens: 10,
+            admitted: true,
+            ..Reserve::default()
+        }
+    }
+
+    fn settle(of: &Reserve) -> Settle {
+        Settle {
+            reservations: vec![(of.id.clone(), of.tokens(), 1, 0)],
+            charge: true,
+            record: crate::usage::UsageRecord {
+                team_id: "t".into(),
+                trace_id: of.id.clone(),
+                ..Default::default()
+            },
+            month_start_ms: 0,
+            prompt_owner: None,
+        }
+    }
+
+    async fn writer(dir: &std::path::Path) -> (SqliteWriter, Store) {
+        let path = dir.join("w.db");
+        let config = DatabaseConfig {
+            url: format!("sqlite://{}", path.display()),
+            ..DatabaseConfig::default()
+        };
+        let store = Store::connect(&config).await.unwrap();
+        store.migrate().await.unwrap();
+        let admission = Arc::new(Admission::new(store.clone(), Duration::from_secs(3600)));
+        let mut writer = SqliteWriter::new(
+            sqlite_writer::open(&path, &config).unwrap(),
+            &path,
+            true,
+            admission,
+        )
+        .unwrap();
+        // No background pass within a test: only the writer's marks show.
+        writer.background = wal_sync::Background::start(&path, Duration::from_secs(3600)).unwrap();
+        (writer, store)
+    }
+
+    type Answer = oneshot::Receiver<Result<Done, Arc<StoreError>>>;
+
+    /// A batch of `op` alone, and where its caller hears back.
+    fn one(op: Op) -> (Vec<Op>, Vec<Reply>, Answer) {
+        let (tx, rx) = oneshot::channel();
+        (vec![op], vec![tx], rx)
+    }
+
+    /// With full durability the writer syncs the WAL before it answers a
+    /// settlement, and leaves a batch of reservations alone (nobody waits
+    /// for it) to the background thread, so a settlement arriving meanwhile
+    /// does not queue behind a sync. A failed batch is neither synced nor
+    /// marked.
+    #[tokio::test]
+    async fn full_durability_syncs_before_settlements_and_leaves_reservations_to_the_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut writer, store) = writer(dir.path()).await;
+        let synced = |w: &SqliteWriter| w.wal.as_ref().unwrap().syncs();
+
+        let r = reserve("r1");
+        let (ops, mut replies, mut rx) = one(Op::Reserve(r.clone()));
+        writer.apply(&ops, &mut replies);
+        assert_eq!(rx.try_recv().unwrap().unwrap(), Done::Admitted);
+        assert_eq!(synced(&writer), 0, "a reservation batch waited for a sync");
+        assert!(writer.background.marked(), "left unsynced for nobody");
+
+        let (ops, mut replies, mut rx) = one(Op::Settle(settle(&r)));
+        writer.apply(&ops, &mut replies);
+        assert_eq!(rx.try_recv().unwrap().unwrap(), Done::Settled);
+        assert_eq!(synced(&writer), 1, "a settlement answered without a sync");
+        assert!(!writer.background.marked(), "the writer's sync covers it");
+
+        // A batch that fails (the table is gone) is rolled back: no sync,
+        // no mark, its caller gets the error.
+        writer
+            .conn
+            .execute_batch("ALTER TABLE usage_records RENAME TO gone")
+            .unwrap();
+        let (ops, mut replies, mut rx) = one(Op::Settle(settle(&reserve("r2"))));
+        writer.apply(&ops, &mut replies);
+        assert!(rx.try_recv().unwrap().is_err());
+        assert_eq!(synced(&writer), 1);
+        assert!(!writer.background.marked());
+        store.close().await;
+    }
+
+    /// A reservation waits on the writer for a settlement to share its
+    /// commit, up to [`LINGER`]; a settlement is never held back.
+    #[test]
+    fn reservations_linger_for_a_settlement_and_settlements_never_wait() {
+        let (tx, mut rx) = mpsc::channel::<(Op, Reply)>(8);
+        let r = reserve("r1");
+        let queue = |op: Op| tx.try_send((op, oneshot::channel().0)).unwrap();
+
+        // A batch with a settlement goes at once: what is queued behind it
+        // stays for the next batch.
+        queue(Op::Reserve(reserve("r2")));
+        let (mut ops, mut replies, _) = one(Op::Settle(settle(&r)));
+        linger(&mut rx, 8, &mut ops, &mut replies);
+        assert_eq!(ops.len(), 1, "a settlement was held");
+        assert_eq!(rx.len(), 1);
+
+        // Reservations, then a settlement queued behind them: taken
+        // together, one commit.
+        queue(Op::Settle(settle(&r)));
+        let (mut ops, mut replies, _) = one(Op::Reserve(r.clone()));
+        linger(&mut rx, 8, &mut ops, &mut replies);
+        assert_eq!(ops.len(), 3, "the settlement joined the reservations");
+        assert_eq!(replies.len(), 3);
+        assert!(rx.is_empty());
+
+        // Reservations alone, nothing else queued: held for LINGER, then
+        // committed as they are.
+        let (mut ops, mut replies, _) = one(Op::Reserve(r.clone()));
+        let started = Instant::now();
+        linger(&mut rx, 8, &mut ops, &mut replies);
+        assert_eq!(ops.len(), 1);
+        assert!(started.elapsed() >= LINGER, "not held");
+
+        // A batch already at batch_max goes as it is.
+        queue(Op::Settle(settle(&r)));
+        let (mut ops, mut replies, _) = one(Op::Reserve(r.clone()));
+        linger(&mut rx, 1, &mut ops, &mut replies);
+        assert_eq!((ops.len(), rx.len()), (1, 1));
+
+        // A closed queue ends the linger with what is left queued.
+        drop(tx);
+        let (mut ops, mut replies, _) = one(Op::Reserve(r));
+        linger(&mut rx, 8, &mut ops, &mut replies);
+        assert_eq!(ops.len(), 2);
+        linger(&mut rx, 8, &mut ops, &mut replies);
+        assert_eq!(ops.len(), 2);
+    }
+
+    #[test]
+    fn block_on_returns_the_output_or_none_at_the_deadline() {
+        assert_eq!(block_on(async { 7 }, None), Some(7));
+        let (tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        let deadline = Instant::now() + Duration::from_millis(5);
+        assert_eq!(block_on(rx, Some(deadline)), None);
+        assert!(Instant::now() >= deadline);
+        drop(tx);
+
+        // Woken from another thread while parked.
+        let (tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            tx.send(3).unwrap();
+        });
+        assert_eq!(block_on(rx, None), Some(Ok(3)));
+        sender.join().unwrap();
+    }
+}
