@@ -19,7 +19,7 @@ use super::{
     ledger::{Done, Op},
     sqlite_writer,
     wal_sync::{self, Wal},
-    writer::{Reply, answer, next_batch},
+    writer::{Reply, answer, next_batch, take_queued},
 };
 use crate::{store::StoreError, telemetry::metrics};
 use std::{
@@ -164,13 +164,7 @@ fn linger(
         };
         ops.push(op);
         replies.push(reply);
-        while ops.len() < batch_max {
-            let Ok((op, reply)) = rx.try_recv() else {
-                break;
-            };
-            ops.push(op);
-            replies.push(reply);
-        }
+        take_queued(rx, batch_max, ops, replies);
     }
 }
 

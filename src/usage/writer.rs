@@ -322,17 +322,25 @@ pub(super) async fn next_batch(
         };
         ops.push(op);
         replies.push(reply);
-        // Everything already queued joins this transaction.
-        while ops.len() < batch_max {
-            match rx.try_recv() {
-                Ok((op, reply)) => {
-                    ops.push(op);
-                    replies.push(reply);
-                }
-                Err(_) => break,
-            }
-        }
+        take_queued(rx, batch_max, ops, replies);
         return true;
+    }
+}
+
+/// Adds whatever is already queued to the batch, up to `batch_max`
+/// operations: it joins this transaction.
+pub(super) fn take_queued(
+    rx: &mut mpsc::Receiver<(Op, Reply)>,
+    batch_max: usize,
+    ops: &mut Vec<Op>,
+    replies: &mut Vec<Reply>,
+) {
+    while ops.len() < batch_max {
+        let Ok((op, reply)) = rx.try_recv() else {
+            break;
+        };
+        ops.push(op);
+        replies.push(reply);
     }
 }
 
