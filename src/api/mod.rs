@@ -21,7 +21,7 @@ use crate::{
     usage::{self, Meter, UsageRecord, ledger, pricing::usd, summary::Dimension},
 };
 use error::{Failure, to_status};
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt, future::Either};
 use pb::orchestrator_server::Orchestrator;
 use prost::Message;
 use std::{pin::Pin, sync::Arc};
@@ -86,12 +86,19 @@ impl OrchestratorApi {
     /// what it used, writing its usage record), then hands back the answer or
     /// the status. Input and quota errors are refused before any provider
     /// work and leave no record.
-    async fn finish<T>(
-        &self,
-        ctx: &CallContext,
+    ///
+    /// Not an `async fn`: everything but the settlement is done before the
+    /// future exists, and the settlement's future carries the rest as a
+    /// `map`. An `async fn` holds its argument and the outcome twice over
+    /// while the settlement is awaited, and every call in flight carries
+    /// that state for the length of its settlement (docs/benchmarks.md,
+    /// *Sizing*).
+    fn finish<'a, T: 'a>(
+        &'a self,
+        ctx: &'a CallContext,
         task: &str,
         result: Result<(T, CallMeta), Failure>,
-    ) -> Result<(T, CallMeta), Status> {
+    ) -> impl Future<Output = Result<(T, CallMeta), Status>> + 'a {
         let (record, outcome, provider_time) = match result {
             Ok((value, mut meta)) => {
                 meta.cost_usd = self
@@ -131,18 +138,21 @@ impl OrchestratorApi {
                 if matches!(other, Failure::Quota(_)) {
                     crate::telemetry::metrics::quota_rejection(&ctx.team_id);
                 }
-                return Err(to_status(other, &ctx.trace_id));
+                return Either::Left(std::future::ready(Err(to_status(other, &ctx.trace_id))));
             }
         };
 
         // Durable before the response is sent: no acknowledged call unrecorded.
-        let settled = ctx.meter.settle(record).await;
-        // Our overhead includes the settlement the response waits for.
-        crate::telemetry::metrics::overhead(ctx.started.elapsed().saturating_sub(provider_time));
-        if let Err(err) = settled {
-            return Err(to_status(Failure::Storage(err.to_string()), &ctx.trace_id));
-        }
-        outcome
+        Either::Right(ctx.meter.settle(record).map(move |settled| {
+            // Our overhead includes the settlement the response waits for.
+            crate::telemetry::metrics::overhead(
+                ctx.started.elapsed().saturating_sub(provider_time),
+            );
+            if let Err(err) = settled {
+                return Err(to_status(Failure::Storage(err.to_string()), &ctx.trace_id));
+            }
+            outcome
+        }))
     }
 
     /// Metrics of a finished call: tokens and cost per attempt, fallbacks.
@@ -304,39 +314,58 @@ fn intent(i: sms_classify::Intent) -> pb::SmsIntent {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ExecuteEvent, Status>> + Send>>;
 
+/// A unary handler's future, as `async_trait` declares it.
+///
+/// The AI handlers are written as plain functions returning one, not as
+/// `async fn`s: theirs would keep the whole request (~300 bytes) as a
+/// capture for the call's life, beside the parts taken out of it, and
+/// `begin` runs before the future exists, so the request's metadata and
+/// extensions are not held either. Every call in flight carries this future
+/// for as long as its provider takes (docs/benchmarks.md, *Sizing*).
+type Unary<'f, T> = Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send + 'f>>;
+
 #[tonic::async_trait]
 impl Orchestrator for OrchestratorApi {
-    async fn execute(
-        &self,
+    fn execute<'a, 'f>(
+        &'a self,
         request: Request<pb::ExecuteRequest>,
-    ) -> Result<Response<pb::ExecuteResponse>, Status> {
+    ) -> Unary<'f, pb::ExecuteResponse>
+    where
+        'a: 'f,
+        Self: 'f,
+    {
         let (metadata, extensions, req) = request.into_parts();
-        let ctx = self.begin(
+        let ctx = match self.begin(
             req.context.as_ref(),
             req.budget.as_ref(),
             &metadata,
             &extensions,
-        )?;
-        let span = request_span("Execute", &ctx);
-        let result = async {
-            check_task_name(&req.task)?;
-            let input = execute_input(self, req.input)?;
-            Ok(execute::execute(&self.runner, &ctx, &req.task, input).await?)
-        }
-        .instrument(span.clone())
-        .await;
-        let (output, meta) = self
-            .finish(&ctx, &req.task, result)
-            .instrument(span)
-            .await?;
-        Ok(reply(
-            &ctx.trace_id,
-            pb::ExecuteResponse {
-                output: output.json.map(convert::json_to_struct),
-                text: output.text,
-                meta: Some(convert::meta(&meta)),
-            },
-        ))
+        ) {
+            Ok(ctx) => ctx,
+            Err(status) => return Box::pin(std::future::ready(Err(status))),
+        };
+        Box::pin(async move {
+            let span = request_span("Execute", &ctx);
+            let result = async {
+                check_task_name(&req.task)?;
+                let input = execute_input(self, req.input)?;
+                Ok(execute::execute(&self.runner, &ctx, &req.task, input).await?)
+            }
+            .instrument(span.clone())
+            .await;
+            let (output, meta) = self
+                .finish(&ctx, &req.task, result)
+                .instrument(span)
+                .await?;
+            Ok(reply(
+                &ctx.trace_id,
+                pb::ExecuteResponse {
+                    output: output.json.map(convert::json_to_struct),
+                    text: output.text,
+                    meta: Some(convert::meta(&meta)),
+                },
+            ))
+        })
     }
 
     type ExecuteStreamStream = EventStream;
@@ -458,154 +487,181 @@ impl Orchestrator for OrchestratorApi {
         Ok(reply(&trace_id, Box::pin(stream) as EventStream))
     }
 
-    async fn classify_sms(
-        &self,
+    fn classify_sms<'a, 'f>(
+        &'a self,
         request: Request<pb::ClassifySmsRequest>,
-    ) -> Result<Response<pb::ClassifySmsResponse>, Status> {
+    ) -> Unary<'f, pb::ClassifySmsResponse>
+    where
+        'a: 'f,
+        Self: 'f,
+    {
         let (metadata, extensions, req) = request.into_parts();
-        let ctx = self.begin(
+        let ctx = match self.begin(
             req.context.as_ref(),
             req.budget.as_ref(),
             &metadata,
             &extensions,
-        )?;
-        let span = request_span("ClassifySms", &ctx);
-        let result = async {
-            self.check_size("message", req.message.len() + history_bytes(&req.history))?;
-            let input = sms_classify::ClassifyInput {
-                message: req.message,
-                history: convert::history(&req.history),
-            };
-            Ok(sms_classify::classify(&self.runner, &ctx, input).await?)
-        }
-        .instrument(span.clone())
-        .await;
-        let (answer, meta) = self
-            .finish(&ctx, sms_classify::TASK, result)
-            .instrument(span)
-            .await?;
-        Ok(reply(
-            &ctx.trace_id,
-            pb::ClassifySmsResponse {
-                intent: intent(answer.intent) as i32,
-                confidence: answer.confidence,
-                needs_review: answer.needs_review,
-                reason: answer.reason,
-                meta: Some(convert::meta(&meta)),
-            },
-        ))
-    }
-
-    async fn generate_sms(
-        &self,
-        request: Request<pb::GenerateSmsRequest>,
-    ) -> Result<Response<pb::GenerateSmsResponse>, Status> {
-        let (metadata, extensions, req) = request.into_parts();
-        let ctx = self.begin(
-            req.context.as_ref(),
-            req.budget.as_ref(),
-            &metadata,
-            &extensions,
-        )?;
-        let span = request_span("GenerateSms", &ctx);
-        let result = async {
-            let lead = req.lead.unwrap_or_default();
-            let lead_bytes = lead.first_name.len()
-                + lead.last_name.len()
-                + lead.company.len()
-                + lead
-                    .attributes
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len())
-                    .sum::<usize>();
-            self.check_size(
-                "inbound_message",
-                req.inbound_message.len()
-                    + history_bytes(&req.history)
-                    + req.goal.len()
-                    + lead_bytes,
-            )?;
-            let mut lead_map: std::collections::BTreeMap<String, String> =
-                lead.attributes.into_iter().collect();
-            for (k, v) in [
-                ("first_name", lead.first_name),
-                ("last_name", lead.last_name),
-                ("company", lead.company),
-            ] {
-                if !v.is_empty() {
-                    lead_map.insert(k.to_owned(), v);
-                }
-            }
-            let input = sms_generate::GenerateInput {
-                inbound_message: req.inbound_message,
-                history: convert::history(&req.history),
-                lead: lead_map,
-                goal: req.goal,
-                max_segments: req.max_segments,
-            };
-            Ok(sms_generate::generate(&self.runner, &ctx, input).await?)
-        }
-        .instrument(span.clone())
-        .await;
-        let (answer, meta) = self
-            .finish(&ctx, sms_generate::TASK, result)
-            .instrument(span)
-            .await?;
-        Ok(reply(
-            &ctx.trace_id,
-            pb::GenerateSmsResponse {
-                encoding: encoding(sms_generate::encoding(&answer)) as i32,
-                segments: answer.size.map_or(0, |s| s.segments),
-                response: answer.text,
-                escalate: answer.escalate,
-                escalate_reason: answer.escalate_reason,
-                meta: Some(convert::meta(&meta)),
-            },
-        ))
-    }
-
-    async fn research(
-        &self,
-        request: Request<pb::ResearchRequest>,
-    ) -> Result<Response<pb::ResearchResponse>, Status> {
-        let (metadata, extensions, req) = request.into_parts();
-        let ctx = self.begin(
-            req.context.as_ref(),
-            req.budget.as_ref(),
-            &metadata,
-            &extensions,
-        )?;
-        let span = request_span("Research", &ctx);
-        let depth = match pb::ResearchDepth::try_from(req.depth) {
-            Ok(pb::ResearchDepth::Deep) => research::Depth::Deep,
-            _ => research::Depth::Verify,
+        ) {
+            Ok(ctx) => ctx,
+            Err(status) => return Box::pin(std::future::ready(Err(status))),
         };
-        let result = async {
-            self.check_size("query", req.query.len())?;
-            Ok(research::research(&self.runner, &ctx, &req.query, depth).await?)
-        }
-        .instrument(span.clone())
-        .await;
-        let (answer, meta) = self
-            .finish(&ctx, depth.task(), result)
-            .instrument(span)
-            .await?;
-        Ok(reply(
-            &ctx.trace_id,
-            pb::ResearchResponse {
-                summary: answer.summary,
-                findings: answer
-                    .findings
-                    .into_iter()
-                    .map(|f| pb::Finding {
-                        claim: f.claim,
-                        sources: f.sources,
-                        confidence: f.confidence,
-                    })
-                    .collect(),
-                meta: Some(convert::meta(&meta)),
-            },
-        ))
+        Box::pin(async move {
+            let span = request_span("ClassifySms", &ctx);
+            let result = async {
+                self.check_size("message", req.message.len() + history_bytes(&req.history))?;
+                let input = sms_classify::ClassifyInput {
+                    message: req.message,
+                    history: convert::history(&req.history),
+                };
+                Ok(sms_classify::classify(&self.runner, &ctx, input).await?)
+            }
+            .instrument(span.clone())
+            .await;
+            let (answer, meta) = self
+                .finish(&ctx, sms_classify::TASK, result)
+                .instrument(span)
+                .await?;
+            Ok(reply(
+                &ctx.trace_id,
+                pb::ClassifySmsResponse {
+                    intent: intent(answer.intent) as i32,
+                    confidence: answer.confidence,
+                    needs_review: answer.needs_review,
+                    reason: answer.reason,
+                    meta: Some(convert::meta(&meta)),
+                },
+            ))
+        })
+    }
+
+    fn generate_sms<'a, 'f>(
+        &'a self,
+        request: Request<pb::GenerateSmsRequest>,
+    ) -> Unary<'f, pb::GenerateSmsResponse>
+    where
+        'a: 'f,
+        Self: 'f,
+    {
+        let (metadata, extensions, req) = request.into_parts();
+        let ctx = match self.begin(
+            req.context.as_ref(),
+            req.budget.as_ref(),
+            &metadata,
+            &extensions,
+        ) {
+            Ok(ctx) => ctx,
+            Err(status) => return Box::pin(std::future::ready(Err(status))),
+        };
+        Box::pin(async move {
+            let span = request_span("GenerateSms", &ctx);
+            let result = async {
+                let lead = req.lead.unwrap_or_default();
+                let lead_bytes = lead.first_name.len()
+                    + lead.last_name.len()
+                    + lead.company.len()
+                    + lead
+                        .attributes
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len())
+                        .sum::<usize>();
+                self.check_size(
+                    "inbound_message",
+                    req.inbound_message.len()
+                        + history_bytes(&req.history)
+                        + req.goal.len()
+                        + lead_bytes,
+                )?;
+                let mut lead_map: std::collections::BTreeMap<String, String> =
+                    lead.attributes.into_iter().collect();
+                for (k, v) in [
+                    ("first_name", lead.first_name),
+                    ("last_name", lead.last_name),
+                    ("company", lead.company),
+                ] {
+                    if !v.is_empty() {
+                        lead_map.insert(k.to_owned(), v);
+                    }
+                }
+                let input = sms_generate::GenerateInput {
+                    inbound_message: req.inbound_message,
+                    history: convert::history(&req.history),
+                    lead: lead_map,
+                    goal: req.goal,
+                    max_segments: req.max_segments,
+                };
+                Ok(sms_generate::generate(&self.runner, &ctx, input).await?)
+            }
+            .instrument(span.clone())
+            .await;
+            let (answer, meta) = self
+                .finish(&ctx, sms_generate::TASK, result)
+                .instrument(span)
+                .await?;
+            Ok(reply(
+                &ctx.trace_id,
+                pb::GenerateSmsResponse {
+                    encoding: encoding(sms_generate::encoding(&answer)) as i32,
+                    segments: answer.size.map_or(0, |s| s.segments),
+                    response: answer.text,
+                    escalate: answer.escalate,
+                    escalate_reason: answer.escalate_reason,
+                    meta: Some(convert::meta(&meta)),
+                },
+            ))
+        })
+    }
+
+    fn research<'a, 'f>(
+        &'a self,
+        request: Request<pb::ResearchRequest>,
+    ) -> Unary<'f, pb::ResearchResponse>
+    where
+        'a: 'f,
+        Self: 'f,
+    {
+        let (metadata, extensions, req) = request.into_parts();
+        let ctx = match self.begin(
+            req.context.as_ref(),
+            req.budget.as_ref(),
+            &metadata,
+            &extensions,
+        ) {
+            Ok(ctx) => ctx,
+            Err(status) => return Box::pin(std::future::ready(Err(status))),
+        };
+        Box::pin(async move {
+            let span = request_span("Research", &ctx);
+            let depth = match pb::ResearchDepth::try_from(req.depth) {
+                Ok(pb::ResearchDepth::Deep) => research::Depth::Deep,
+                _ => research::Depth::Verify,
+            };
+            let result = async {
+                self.check_size("query", req.query.len())?;
+                Ok(research::research(&self.runner, &ctx, &req.query, depth).await?)
+            }
+            .instrument(span.clone())
+            .await;
+            let (answer, meta) = self
+                .finish(&ctx, depth.task(), result)
+                .instrument(span)
+                .await?;
+            Ok(reply(
+                &ctx.trace_id,
+                pb::ResearchResponse {
+                    summary: answer.summary,
+                    findings: answer
+                        .findings
+                        .into_iter()
+                        .map(|f| pb::Finding {
+                            claim: f.claim,
+                            sources: f.sources,
+                            confidence: f.confidence,
+                        })
+                        .collect(),
+                    meta: Some(convert::meta(&meta)),
+                },
+            ))
+        })
     }
 
     async fn get_usage(

@@ -12,6 +12,7 @@ use crate::config::ProviderConfig;
 use reqwest::{RequestBuilder, Response, header::HeaderMap};
 use serde::de::DeserializeOwned;
 use std::{
+    future::Future,
     sync::{
         Arc, OnceLock,
         atomic::{AtomicUsize, Ordering},
@@ -184,15 +185,33 @@ pub fn with_trace(builder: RequestBuilder, req: &CompletionRequest) -> RequestBu
 
 /// Sends a request, waiting at most until `deadline` for the response head.
 /// A non-2xx status becomes [`ProviderError::Status`].
-pub async fn send(builder: RequestBuilder, deadline: Instant) -> Result<Response, ProviderError> {
-    let response = match tokio::time::timeout_at(deadline, builder.send()).await {
-        Err(_) => return Err(ProviderError::Timeout),
-        Ok(Err(e)) => return Err(transport_error(&e)),
-        Ok(Ok(r)) => r,
-    };
-    if response.status().is_success() {
-        return Ok(response);
+///
+/// Not an `async fn`, and the error path is boxed: this future lives inside
+/// every call in flight, for as long as the provider takes. An `async fn`
+/// would keep the request builder (272 bytes) for its whole life and be as
+/// large as its largest state, the error body's read (920 bytes in all);
+/// this one holds the pending request and its timer (~150 bytes), and
+/// only a failed call allocates the read.
+pub fn send(
+    builder: RequestBuilder,
+    deadline: Instant,
+) -> impl Future<Output = Result<Response, ProviderError>> + Send {
+    let pending = builder.send();
+    async move {
+        let response = match tokio::time::timeout_at(deadline, pending).await {
+            Err(_) => return Err(ProviderError::Timeout),
+            Ok(Err(e)) => return Err(transport_error(&e)),
+            Ok(Ok(r)) => r,
+        };
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        Err(Box::pin(status_error(response, deadline)).await)
     }
+}
+
+/// The [`ProviderError::Status`] of a non-2xx response.
+async fn status_error(response: Response, deadline: Instant) -> ProviderError {
     let status = response.status().as_u16();
     let retry_after = retry_after(response.headers(), SystemTime::now());
     // The body only serves to name the error type; a slow or broken body
@@ -200,11 +219,11 @@ pub async fn send(builder: RequestBuilder, deadline: Instant) -> Result<Response
     let body = tokio::time::timeout_at(deadline, read_capped(response))
         .await
         .unwrap_or_default();
-    Err(ProviderError::Status {
+    ProviderError::Status {
         status,
         retry_after,
         summary: error_type(&body),
-    })
+    }
 }
 
 async fn read_capped(mut response: Response) -> Vec<u8> {
