@@ -129,6 +129,15 @@ struct Args {
     /// Wait up to this many seconds for the 1-minute load average to fall below 0.5.
     #[arg(long, default_value_t = 0)]
     wait_idle: u64,
+    /// Before each server's fixed-rate steps, wait up to this many seconds
+    /// for a quiet host: a 2 s probe at 1,000 rps straight to the fake
+    /// upstream must have a p99 of at most --quiet-p99-ms (the load average
+    /// only sees this VM, not its neighbours; the probe sees both).
+    #[arg(long, default_value_t = 0)]
+    wait_quiet: u64,
+    /// The direct p99 at 1,000 rps that counts as quiet, ms.
+    #[arg(long, default_value_t = 0.5)]
+    quiet_p99_ms: f64,
     /// Keep the scratch folder (configs, databases, server logs) after the run.
     #[arg(long)]
     keep_scratch: bool,
@@ -248,6 +257,10 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
         inflight_latency_ms: pick(args.inflight_latency_ms, s, 100, 1000),
         inflight_rates,
         postgres_url: args.postgres_url.clone(),
+        quiet: (args.wait_quiet > 0).then(|| run::Quiet {
+            max_wait: Duration::from_secs(args.wait_quiet),
+            p99_us: args.quiet_p99_ms * 1000.0,
+        }),
         dir,
     })
 }
@@ -315,6 +328,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "client_threads": args.client_threads,
             "upstream_http": args.upstream_http,
             "in_flight": {"upstream_latency_ms": settings.inflight_latency_ms, "rates": settings.inflight_rates},
+            "wait_quiet": settings.quiet.map(|q| serde_json::json!({"max_wait_s": q.max_wait.as_secs(), "p99_ms": q.p99_us / 1000.0})),
         }),
         ..Results::default()
     };

@@ -283,10 +283,26 @@ pub struct Results {
     /// Long-calls scenario (added after schema 2's first runs; absent there).
     #[serde(default)]
     pub in_flight: Option<InFlight>,
+    /// `--wait-quiet`: the probes before each server's fixed-rate steps.
+    #[serde(default)]
+    pub quiet_waits: Vec<QuietWait>,
     /// Targets of issue #6.
     pub targets: Vec<Target>,
     /// Remarks (skipped parts, warnings).
     pub notes: Vec<String>,
+}
+
+/// One wait for a quiet host (`--wait-quiet`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct QuietWait {
+    /// The server group whose fixed-rate steps waited.
+    pub before: String,
+    /// Each probe's p99 (direct, 1,000 rps, 2 s), µs.
+    pub probe_p99_us: Vec<f64>,
+    /// Whether the last probe was quiet (else the wait timed out).
+    pub quiet: bool,
+    /// Seconds spent probing and waiting.
+    pub waited_s: f64,
 }
 
 impl Results {
@@ -642,6 +658,27 @@ pub fn markdown(r: &Results) -> String {
         }
         out.push('\n');
     }
+    if !r.quiet_waits.is_empty() {
+        let _ = writeln!(
+            out,
+            "## Quiet waits\n\nBefore each server's fixed-rate steps (`--wait-quiet`): 2 s probes at 1,000 rps \
+             straight to the fake upstream, until one's p99 was at most the threshold.\n"
+        );
+        let _ = writeln!(out, "| before | probe p99s (ms) | quiet | waited s |");
+        let _ = writeln!(out, "|---|---|---|---|");
+        for w in &r.quiet_waits {
+            let probes: Vec<String> = w.probe_p99_us.iter().map(|p| ms(*p)).collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.0} |",
+                w.before,
+                probes.join(", "),
+                if w.quiet { "yes" } else { "no (gave up)" },
+                w.waited_s
+            );
+        }
+        out.push('\n');
+    }
     if !r.notes.is_empty() {
         let _ = writeln!(out, "## Notes\n");
         for n in &r.notes {
@@ -790,6 +827,35 @@ mod tests {
         assert_eq!(summary(&[]), None);
         assert_eq!(summary(&[3.0, 1.0, 2.0]), Some((1.0, 2.0, 3.0)));
         assert_eq!(summary(&[4000.0, 3000.0]), Some((3000.0, 3500.0, 4000.0)));
+    }
+
+    #[test]
+    fn quiet_waits_are_reported_with_every_probe() {
+        let r = Results {
+            quiet_waits: vec![
+                QuietWait {
+                    before: "sqlite metering, 0 ms upstream".into(),
+                    probe_p99_us: vec![1250.0, 480.0],
+                    quiet: true,
+                    waited_s: 14.2,
+                },
+                QuietWait {
+                    before: "off metering, 0 ms upstream".into(),
+                    probe_p99_us: vec![900.0],
+                    quiet: false,
+                    waited_s: 2.1,
+                },
+            ],
+            ..Results::default()
+        };
+        let md = markdown(&r);
+        assert!(
+            md.contains("| sqlite metering, 0 ms upstream | 1.25, 0.48 | yes | 14 |"),
+            "{md}"
+        );
+        assert!(md.contains("| 0.90 | no (gave up) | 2 |"), "{md}");
+        let back: Results = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.quiet_waits, r.quiet_waits);
     }
 
     #[test]

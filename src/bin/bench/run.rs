@@ -6,7 +6,10 @@
 use crate::{
     loadgen::{self, MakeRequest, Plan},
     procfs, prom,
-    report::{ColdStart, Group, LedgerView, Quantiles, Results, Saturation, ServerOverhead, Step},
+    report::{
+        ColdStart, Group, LedgerView, Quantiles, QuietWait, Results, Saturation, ServerOverhead,
+        Step,
+    },
     server::{self, Metering, PgDatabase, Server},
     target::{self, Expect, Rpc},
     upstream::{Kind, Upstream},
@@ -68,9 +71,27 @@ pub struct Settings {
     pub inflight_rates: Vec<f64>,
     /// PostgreSQL admin URL (a database is created per server).
     pub postgres_url: String,
+    /// Wait for a quiet host before each server's fixed-rate steps.
+    pub quiet: Option<Quiet>,
     /// Scratch folder (configs, SQLite files, server logs).
     pub dir: PathBuf,
 }
+
+/// When the host counts as quiet (`--wait-quiet`).
+#[derive(Debug, Clone, Copy)]
+pub struct Quiet {
+    /// Longest wait before each server's fixed-rate steps.
+    pub max_wait: Duration,
+    /// A probe's direct p99 at 1,000 rps must be at most this, µs.
+    pub p99_us: f64,
+}
+
+/// Rate and length of one quiet probe: the rate the p99 target is judged
+/// at, long enough for a p99 of 2,000 calls.
+const QUIET_PROBE_RPS: f64 = 1000.0;
+const QUIET_PROBE: Duration = Duration::from_secs(2);
+/// Pause between probes while the host is busy.
+const QUIET_PAUSE: Duration = Duration::from_secs(10);
 
 /// Saturation criteria (see docs/benchmarks.md).
 const MIN_ACHIEVED_SHARE: f64 = 0.95;
@@ -363,6 +384,16 @@ impl Bench {
             warm.push(Rpc::Execute);
         }
         self.warm_up(live, &warm).await?;
+        if let Some(quiet) = self.settings.quiet {
+            self.wait_quiet(
+                quiet,
+                &format!(
+                    "{} metering, {latency_ms} ms upstream",
+                    live.metering.name()
+                ),
+            )
+            .await?;
+        }
         if self.settings.direct && self.direct_done.insert(latency_ms) {
             self.direct(latency_ms).await?;
         }
@@ -418,6 +449,51 @@ impl Bench {
         };
         self.measure(Some(live), self.plan(rate, duration), make, step)
             .await
+    }
+
+    /// Probes the host until a direct step at 1,000 rps has a p99 of at
+    /// most `quiet.p99_us`, or `quiet.max_wait` has passed; records the
+    /// probes. The neighbours of a shared VM come and go by the minute, and
+    /// the p99 target is judged at a rate where they decide the tail.
+    async fn wait_quiet(&mut self, quiet: Quiet, before: &str) -> anyhow::Result<()> {
+        let url = format!("{}/chat/completions", self.upstream.base_url("ok-0"));
+        let Some(body) = self.upstream.sample(Kind::Execute) else {
+            self.results.notes.push(format!(
+                "no quiet probe before {before}: no request to replay"
+            ));
+            return Ok(());
+        };
+        let started = Instant::now();
+        let mut wait = QuietWait {
+            before: before.to_owned(),
+            ..QuietWait::default()
+        };
+        loop {
+            let make = target::direct(self.direct_http.clone(), url.clone(), body.clone());
+            let probe = Step {
+                kind: "quiet-probe".into(),
+                rpc: Rpc::Execute.name().into(),
+                via: "direct".into(),
+                metering: "none".into(),
+                ..Step::default()
+            };
+            let probe = self
+                .measure(None, self.plan(QUIET_PROBE_RPS, QUIET_PROBE), make, probe)
+                .await?;
+            wait.probe_p99_us.push(probe.latency_us.p99);
+            wait.quiet = probe.errors == 0 && probe.latency_us.p99 <= quiet.p99_us;
+            if wait.quiet || started.elapsed() + QUIET_PAUSE > quiet.max_wait {
+                break;
+            }
+            tracing::info!(
+                p99_ms = probe.latency_us.p99 / 1000.0,
+                "waiting for a quiet host"
+            );
+            tokio::time::sleep(QUIET_PAUSE).await;
+        }
+        wait.waited_s = started.elapsed().as_secs_f64();
+        self.results.quiet_waits.push(wait);
+        Ok(())
     }
 
     /// The same bodies straight to the fake upstream, at every fixed rate.
