@@ -390,6 +390,27 @@ pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
             );
         }
     }
+    // Asked to wait for a quiet host: every server that ran fixed rates
+    // was probed first, and every wait holds its probes.
+    if results.settings["wait_quiet"].is_object() {
+        let fixed_rate_servers = results
+            .groups
+            .iter()
+            .filter(|g| g.purpose == "load" && g.skipped.is_none())
+            .count();
+        anyhow::ensure!(
+            results.quiet_waits.len() >= fixed_rate_servers,
+            "{} quiet waits for {fixed_rate_servers} servers",
+            results.quiet_waits.len()
+        );
+        anyhow::ensure!(
+            results
+                .quiet_waits
+                .iter()
+                .all(|w| !w.probe_p99_us.is_empty() && w.probe_p99_us.iter().all(|p| p.is_finite())),
+            "a quiet wait without a valid probe"
+        );
+    }
     Ok(results)
 }
 
@@ -856,6 +877,36 @@ mod tests {
         assert!(md.contains("| 0.90 | no (gave up) | 2 |"), "{md}");
         let back: Results = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.quiet_waits, r.quiet_waits);
+
+        // Asked for, but a server's steps ran without a probe.
+        let mut asked = Results {
+            schema_version: SCHEMA_VERSION,
+            machine: Some(crate::procfs::machine()),
+            settings: serde_json::json!({"wait_quiet": {"max_wait_s": 1, "p99_ms": 0.5}}),
+            steps: vec![Step {
+                sent: 10,
+                ok: 10,
+                ..Step::default()
+            }],
+            groups: vec![
+                Group {
+                    purpose: "load".into(),
+                    ..Group::default()
+                };
+                3
+            ],
+            quiet_waits: r.quiet_waits.clone(),
+            ..Results::default()
+        };
+        let err = validate(&serde_json::to_string(&asked).unwrap(), true).unwrap_err();
+        assert!(
+            err.to_string().contains("2 quiet waits for 3 servers"),
+            "{err}"
+        );
+        asked.groups.pop();
+        validate(&serde_json::to_string(&asked).unwrap(), true).unwrap();
+        asked.quiet_waits[1].probe_p99_us.clear();
+        assert!(validate(&serde_json::to_string(&asked).unwrap(), true).is_err());
     }
 
     #[test]
