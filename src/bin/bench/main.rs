@@ -15,6 +15,7 @@
 mod breaker;
 mod inflight;
 mod loadgen;
+mod paired;
 mod procfs;
 mod prom;
 mod report;
@@ -53,11 +54,11 @@ struct Args {
     /// Folder for results.json and results.md.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
-    /// Scenarios: load, direct, saturation, breaker, inflight, coldstart.
+    /// Scenarios: load, direct, paired, saturation, breaker, inflight, coldstart.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "load,direct,saturation,breaker,inflight,coldstart"
+        default_value = "load,direct,paired,saturation,breaker,inflight,coldstart"
     )]
     scenarios: Vec<String>,
     /// RPCs at fixed rates: execute, classify.
@@ -107,6 +108,16 @@ struct Args {
     /// Seconds per saturation step [default: 5; smoke: 0.5].
     #[arg(long)]
     saturation_duration: Option<f64>,
+    /// Paired rounds per server (a direct and an orchestrator step back to
+    /// back; the p99 target reads their median) [default: 6; smoke: 2].
+    #[arg(long)]
+    paired_rounds: Option<usize>,
+    /// Offered rate of the paired rounds [default: 1000; smoke: 50].
+    #[arg(long)]
+    paired_rate: Option<f64>,
+    /// Seconds per step of a paired round [default: 5; smoke: 0.5].
+    #[arg(long)]
+    paired_duration: Option<f64>,
     /// Rate of the breaker scenario [default: 1000; smoke: 50].
     #[arg(long)]
     breaker_rate: Option<f64>,
@@ -257,6 +268,15 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
         inflight_latency_ms: pick(args.inflight_latency_ms, s, 100, 1000),
         inflight_rates,
         postgres_url: args.postgres_url.clone(),
+        paired: args
+            .scenarios
+            .iter()
+            .any(|x| x == "paired")
+            .then(|| paired::Rounds {
+                rounds: pick(args.paired_rounds, s, 2, 6).max(1),
+                rate: pick(args.paired_rate, s, 50.0, 1000.0).max(1.0),
+                duration: secs(pick(args.paired_duration, s, 0.5, 5.0)),
+            }),
         quiet: (args.wait_quiet > 0).then(|| run::Quiet {
             max_wait: Duration::from_secs(args.wait_quiet),
             p99_us: args.quiet_p99_ms * 1000.0,
@@ -328,6 +348,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "client_threads": args.client_threads,
             "upstream_http": args.upstream_http,
             "in_flight": {"upstream_latency_ms": settings.inflight_latency_ms, "rates": settings.inflight_rates},
+            "paired": settings.paired.map(|p| serde_json::json!({"rounds": p.rounds, "rate": p.rate, "duration_s": p.duration.as_secs_f64()})),
             "wait_quiet": settings.quiet.map(|q| serde_json::json!({"max_wait_s": q.max_wait.as_secs(), "p99_ms": q.p99_us / 1000.0})),
         }),
         ..Results::default()
@@ -361,11 +382,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .await;
     }
     let lowest = settings.latencies.iter().copied().min();
-    if !settings.rpcs.is_empty() || settings.direct || settings.saturation {
+    if !settings.rpcs.is_empty()
+        || settings.direct
+        || settings.saturation
+        || settings.paired.is_some()
+    {
         for &metering in &settings.metering {
             for &latency in &settings.latencies {
-                let saturate = settings.saturation && Some(latency) == lowest;
-                if let Err(e) = bench.group(metering, latency, saturate).await {
+                if let Err(e) = bench
+                    .group(metering, latency, Some(latency) == lowest)
+                    .await
+                {
                     tracing::error!(error = %format!("{e:#}"), "run failed");
                     bench.results.notes.push(format!(
                         "{} metering at {latency} ms failed: {e:#}",

@@ -286,6 +286,10 @@ pub struct Results {
     /// `--wait-quiet`: the probes before each server's fixed-rate steps.
     #[serde(default)]
     pub quiet_waits: Vec<QuietWait>,
+    /// Paired rounds (direct and orchestrator back to back), the p99
+    /// target's measurement.
+    #[serde(default)]
+    pub paired: Vec<Pair>,
     /// Targets of issue #6.
     pub targets: Vec<Target>,
     /// Remarks (skipped parts, warnings).
@@ -305,6 +309,68 @@ pub struct QuietWait {
     pub waited_s: f64,
 }
 
+/// One paired round: a direct step and an orchestrator step back to back.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Pair {
+    /// Metering mode of the server.
+    pub metering: String,
+    /// RPC of this round.
+    pub rpc: String,
+    /// Round on this server, 0-based.
+    pub round: u32,
+    /// The direct step ran first (rounds alternate).
+    pub direct_first: bool,
+    /// Straight to the fake upstream.
+    pub direct: Step,
+    /// Through the orchestrator; its `added_latency_us` is against `direct`.
+    pub orchestrator: Step,
+}
+
+/// The paired rounds of one metering mode, summarized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairedSummary {
+    /// Rounds.
+    pub rounds: usize,
+    /// Each round's added p99, µs, in round order.
+    pub added_p99_us: Vec<f64>,
+    /// Median of the rounds' added p99, µs.
+    pub median_added_p99_us: f64,
+    /// Rounds whose added p99 was at most the given limit.
+    pub rounds_within: usize,
+    /// Median of the rounds' added p50, µs.
+    pub median_added_p50_us: f64,
+    /// Lowest and highest direct p99 of the rounds, µs (how noisy the host was).
+    pub direct_p99_us: (f64, f64),
+}
+
+/// The paired rounds of `metering`, with how many added at most `limit_us`
+/// at p99; `None` without rounds.
+pub fn paired_summary(r: &Results, metering: &str, limit_us: f64) -> Option<PairedSummary> {
+    let pairs: Vec<&Pair> = r.paired.iter().filter(|p| p.metering == metering).collect();
+    let added: Vec<Quantiles> = pairs
+        .iter()
+        .filter_map(|p| p.orchestrator.added_latency_us)
+        .collect();
+    let p99: Vec<f64> = added.iter().map(|a| a.p99).collect();
+    let p50: Vec<f64> = added.iter().map(|a| a.p50).collect();
+    let direct: Vec<f64> = pairs.iter().map(|p| p.direct.latency_us.p99).collect();
+    let (_, median_p99, _) = summary(&p99)?;
+    let (_, median_p50, _) = summary(&p50)?;
+    let (direct_lo, _, direct_hi) = summary(&direct)?;
+    Some(PairedSummary {
+        rounds: p99.len(),
+        rounds_within: p99.iter().filter(|v| **v <= limit_us).count(),
+        added_p99_us: p99,
+        median_added_p99_us: median_p99,
+        median_added_p50_us: median_p50,
+        direct_p99_us: (direct_lo, direct_hi),
+    })
+}
+
+/// The limit the Markdown report counts paired rounds against (the p99
+/// target's), µs.
+pub const PAIRED_LIMIT_US: f64 = 1000.0;
+
 impl Results {
     /// Every step of the run, whatever its scenario.
     pub fn all_steps(&self) -> impl Iterator<Item = &Step> {
@@ -317,6 +383,11 @@ impl Results {
             .chain(self.saturation_steps.iter())
             .chain(breaker)
             .chain(self.in_flight.iter().flat_map(|f| f.steps.iter()))
+            .chain(
+                self.paired
+                    .iter()
+                    .flat_map(|p| [&p.direct, &p.orchestrator]),
+            )
     }
 }
 
@@ -409,6 +480,26 @@ pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
                 .iter()
                 .all(|w| !w.probe_p99_us.is_empty() && w.probe_p99_us.iter().all(|p| p.is_finite())),
             "a quiet wait without a valid probe"
+        );
+    }
+    // Asked for paired rounds: every server that ran them ran them all,
+    // each with its added latency.
+    if let Some(rounds) = results.settings["paired"]["rounds"].as_u64() {
+        let mut modes: Vec<&str> = results.paired.iter().map(|p| p.metering.as_str()).collect();
+        modes.dedup();
+        for mode in modes {
+            let n = results.paired.iter().filter(|p| p.metering == mode).count() as u64;
+            anyhow::ensure!(
+                n == rounds,
+                "{mode} metering ran {n} paired rounds, not {rounds}"
+            );
+        }
+        anyhow::ensure!(
+            results
+                .paired
+                .iter()
+                .all(|p| p.orchestrator.added_latency_us.is_some()),
+            "a paired round without its added latency"
         );
     }
     Ok(results)
@@ -522,6 +613,10 @@ pub fn markdown(r: &Results) -> String {
             ledger_row(&mut out, s);
         }
         out.push('\n');
+    }
+
+    if !r.paired.is_empty() {
+        paired(&mut out, r);
     }
 
     if !r.saturation.is_empty() {
@@ -707,6 +802,73 @@ pub fn markdown(r: &Results) -> String {
         }
     }
     out
+}
+
+/// The paired rounds: one summary row per metering mode, then every round.
+fn paired(out: &mut String, r: &Results) {
+    let _ = writeln!(
+        out,
+        "## Paired rounds\n\nEach round: a step straight to the fake upstream and a step through the orchestrator, \
+         back to back at the same rate with the same body (which runs first alternates); *added* = orchestrator \
+         minus direct of that round. The p99 target reads the median of the rounds' added p99 (ms).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| metering | rounds | added p99 per round | median added p99 | rounds ≤ {} ms | median added p50 | direct p99 |",
+        ms(PAIRED_LIMIT_US)
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let mut modes: Vec<&str> = r.paired.iter().map(|p| p.metering.as_str()).collect();
+    modes.dedup();
+    for mode in modes {
+        let Some(s) = paired_summary(r, mode, PAIRED_LIMIT_US) else {
+            continue;
+        };
+        let each: Vec<String> = s.added_p99_us.iter().map(|v| ms(*v)).collect();
+        let _ = writeln!(
+            out,
+            "| {mode} | {} | {} | **{}** | {} of {} | {} | {}–{} |",
+            s.rounds,
+            each.join(", "),
+            ms(s.median_added_p99_us),
+            s.rounds_within,
+            s.rounds,
+            ms(s.median_added_p50_us),
+            ms(s.direct_p99_us.0),
+            ms(s.direct_p99_us.1),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n| metering | round | rpc | first | offered rps | direct p50 / p99 | orchestrator p50 / p99 | added p50 / p99 | errors | server overhead mean / p99 |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    for p in &r.paired {
+        let (d, o) = (&p.direct.latency_us, &p.orchestrator.latency_us);
+        let added = p.orchestrator.added_latency_us.unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.0} | {} / {} | {} / {} | {} / {} | {} | {} |",
+            p.metering,
+            p.round,
+            p.rpc,
+            if p.direct_first {
+                "direct"
+            } else {
+                "orchestrator"
+            },
+            p.orchestrator.offered_rps,
+            ms(d.p50),
+            ms(d.p99),
+            ms(o.p50),
+            ms(o.p99),
+            ms(added.p50),
+            ms(added.p99),
+            p.direct.errors + p.orchestrator.errors,
+            overhead(&p.orchestrator),
+        );
+    }
+    out.push('\n');
 }
 
 fn overhead(s: &Step) -> String {
@@ -907,6 +1069,90 @@ mod tests {
         validate(&serde_json::to_string(&asked).unwrap(), true).unwrap();
         asked.quiet_waits[1].probe_p99_us.clear();
         assert!(validate(&serde_json::to_string(&asked).unwrap(), true).is_err());
+    }
+
+    #[test]
+    fn paired_rounds_are_summarized_per_metering_mode_and_validated() {
+        let pair = |metering: &str, round: u32, direct_p99: f64, orchestrator_p99: f64| {
+            let q = |p50: f64, p99: f64| Quantiles {
+                p50,
+                p90: p99,
+                p99,
+                p999: p99,
+                ..Quantiles::default()
+            };
+            let step = |via: &str, latency_us: Quantiles| Step {
+                kind: "paired".into(),
+                via: via.into(),
+                metering: metering.into(),
+                offered_rps: 1000.0,
+                sent: 5000,
+                ok: 5000,
+                latency_us,
+                ..Step::default()
+            };
+            let direct = step("direct", q(200.0, direct_p99));
+            let mut orchestrator = step("orchestrator", q(500.0, orchestrator_p99));
+            orchestrator.added_latency_us = Some(orchestrator.latency_us.minus(&direct.latency_us));
+            Pair {
+                metering: metering.into(),
+                rpc: "Execute".into(),
+                round,
+                direct_first: round.is_multiple_of(2),
+                direct,
+                orchestrator,
+            }
+        };
+        let mut r = Results {
+            schema_version: SCHEMA_VERSION,
+            machine: Some(crate::procfs::machine()),
+            settings: serde_json::json!({"paired": {"rounds": 3, "rate": 1000.0, "duration_s": 5.0}}),
+            paired: vec![
+                pair("sqlite", 0, 400.0, 1300.0),
+                pair("sqlite", 1, 2000.0, 2800.0),
+                pair("sqlite", 2, 500.0, 2100.0),
+                pair("off", 0, 400.0, 700.0),
+                pair("off", 1, 400.0, 800.0),
+                pair("off", 2, 300.0, 600.0),
+            ],
+            ..Results::default()
+        };
+        let s = paired_summary(&r, "sqlite", 1000.0).unwrap();
+        assert_eq!(s.added_p99_us, vec![900.0, 800.0, 1600.0]);
+        assert_eq!(s.median_added_p99_us, 900.0);
+        assert_eq!(s.rounds_within, 2);
+        assert_eq!(s.median_added_p50_us, 300.0);
+        assert_eq!(s.direct_p99_us, (400.0, 2000.0));
+        assert_eq!(paired_summary(&r, "postgres", 1000.0), None);
+
+        let json = serde_json::to_string(&r).unwrap();
+        // Not strict: these steps carry no ledger figures.
+        let back = validate(&json, false).unwrap();
+        let md = markdown(&back);
+        assert!(
+            md.contains("| sqlite | 3 | 0.90, 0.80, 1.60 | **0.90** | 2 of 3 | 0.30 | 0.40–2.00 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| off | 1 | Execute | orchestrator | 1000 | 0.20 / 0.40 | 0.50 / 0.80 | 0.30 / 0.40 | 0 | – |"),
+            "{md}"
+        );
+
+        // A mode that stopped early, or a round without its difference.
+        r.paired.pop();
+        let err = validate(&serde_json::to_string(&r).unwrap(), false).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("off metering ran 2 paired rounds, not 3"),
+            "{err}"
+        );
+        r.paired.push(pair("off", 2, 300.0, 600.0));
+        r.paired[0].orchestrator.added_latency_us = None;
+        let err = validate(&serde_json::to_string(&r).unwrap(), false).unwrap_err();
+        assert!(
+            err.to_string().contains("without its added latency"),
+            "{err}"
+        );
     }
 
     #[test]

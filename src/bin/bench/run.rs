@@ -5,7 +5,7 @@
 
 use crate::{
     loadgen::{self, MakeRequest, Plan},
-    procfs, prom,
+    paired, procfs, prom,
     report::{
         ColdStart, Group, LedgerView, Quantiles, QuietWait, Results, Saturation, ServerOverhead,
         Step,
@@ -73,6 +73,8 @@ pub struct Settings {
     pub postgres_url: String,
     /// Wait for a quiet host before each server's fixed-rate steps.
     pub quiet: Option<Quiet>,
+    /// Paired rounds on each server at the lowest upstream latency.
+    pub paired: Option<paired::Rounds>,
     /// Scratch folder (configs, SQLite files, server logs).
     pub dir: PathBuf,
 }
@@ -354,29 +356,41 @@ impl Bench {
     }
 
     /// A server group: warm-up, direct baseline (once per upstream latency),
-    /// fixed rates for each RPC, then saturation when asked.
+    /// fixed rates for each RPC, then, at the `lowest` upstream latency, the
+    /// paired rounds and saturation when asked.
     pub async fn group(
         &mut self,
         metering: Metering,
         latency_ms: u64,
-        saturation: bool,
+        lowest: bool,
     ) -> anyhow::Result<()> {
         let Some(live) = self.start(metering, latency_ms, "load", None).await else {
             return Ok(());
         };
-        let outcome = self.drive(&live, latency_ms, saturation).await;
+        let outcome = self.drive(&live, latency_ms, lowest).await;
         self.stop(live).await;
         outcome
     }
 
-    async fn drive(
-        &mut self,
-        live: &Live,
-        latency_ms: u64,
-        saturation: bool,
-    ) -> anyhow::Result<()> {
+    async fn drive(&mut self, live: &Live, latency_ms: u64, lowest: bool) -> anyhow::Result<()> {
+        let saturation = self.settings.saturation && lowest;
+        let rounds = self.settings.paired.filter(|_| lowest);
         let rpcs = self.settings.rpcs.clone();
+        // The paired rounds take turns over the fixed rates' RPCs, or run
+        // Execute alone.
+        let paired_rpcs = if rpcs.is_empty() {
+            vec![Rpc::Execute]
+        } else {
+            rpcs.clone()
+        };
         let mut warm = rpcs.clone();
+        if rounds.is_some() {
+            for &rpc in &paired_rpcs {
+                if !warm.contains(&rpc) {
+                    warm.push(rpc);
+                }
+            }
+        }
         if self.settings.direct && !warm.contains(&Rpc::ClassifySms) {
             warm.push(Rpc::ClassifySms);
         }
@@ -404,6 +418,10 @@ impl Bench {
                     .await?;
                 self.results.steps.push(step);
             }
+        }
+        if let Some(rounds) = rounds {
+            let pairs = paired::run(self, live, latency_ms, &paired_rpcs, rounds).await?;
+            self.results.paired.extend(pairs);
         }
         if saturation {
             for repeat in 0..self.settings.sat_repeats {

@@ -1,7 +1,7 @@
 //! The targets of issue #6, checked against a run's results. Reported, never
 //! asserted: the benchmark measures, it does not pass or fail on timing.
 
-use crate::report::{Results, Target, saturation_rates, summary};
+use crate::report::{Results, Target, paired_summary, saturation_rates, summary};
 
 /// Added p99 at this rate, SQLite metering.
 const ADDED_P99_RATE: f64 = 1000.0;
@@ -49,15 +49,46 @@ fn added_p99(r: &Results) -> Target {
             }
         }
     }
+    let rounds_at_rate = r
+        .paired
+        .iter()
+        .all(|p| p.orchestrator.offered_rps == ADDED_P99_RATE);
+    let paired = paired_summary(r, "sqlite", ADDED_P99_MAX_US).filter(|_| rounds_at_rate);
+    let name = "added p99 latency at 1,000 rps (SQLite metering)".into();
+    let Some(paired) = paired else {
+        // Without paired rounds, the fixed-rate steps against the direct
+        // steps of the run's start, all of them within the goal.
+        return Target {
+            name,
+            goal: "≤ 1 ms".into(),
+            reached: if parts.is_empty() {
+                "not measured".into()
+            } else {
+                parts.join("; ")
+            },
+            met: worst.map(|w| w <= ADDED_P99_MAX_US),
+        };
+    };
+    let mut reached = format!(
+        "paired rounds: median {:.2} ms, {} of {} ≤ 1 ms",
+        paired.median_added_p99_us / 1000.0,
+        paired.rounds_within,
+        paired.rounds
+    );
+    if let Some(normal) = paired_summary(r, "sqlite-normal", ADDED_P99_MAX_US) {
+        reached.push_str(&format!(
+            "; normal: median {:.2} ms",
+            normal.median_added_p99_us / 1000.0
+        ));
+    }
+    if !parts.is_empty() {
+        reached.push_str(&format!("; fixed-rate steps: {}", parts.join("; ")));
+    }
     Target {
-        name: "added p99 latency at 1,000 rps (SQLite metering)".into(),
-        goal: "≤ 1 ms".into(),
-        reached: if parts.is_empty() {
-            "not measured".into()
-        } else {
-            parts.join("; ")
-        },
-        met: worst.map(|w| w <= ADDED_P99_MAX_US),
+        name,
+        goal: "≤ 1 ms (median of the paired rounds)".into(),
+        reached,
+        met: Some(paired.median_added_p99_us <= ADDED_P99_MAX_US),
     }
 }
 
@@ -256,6 +287,85 @@ mod tests {
         let cost = metering_cost(&with_saturation(3500.0, 3700.0));
         assert_eq!(cost.met, None, "{}", cost.reached);
         assert!(cost.reached.contains("host noise"), "{}", cost.reached);
+    }
+
+    fn round(metering: &str, round: u32, direct_p99: f64, added_p99: f64) -> crate::report::Pair {
+        use crate::report::{Quantiles, Step};
+        let q = |p99: f64| Quantiles {
+            p50: 100.0,
+            p90: 200.0,
+            p99,
+            p999: p99,
+            ..Quantiles::default()
+        };
+        let step = |via: &str, p99: f64| Step {
+            via: via.into(),
+            metering: metering.into(),
+            offered_rps: ADDED_P99_RATE,
+            sent: 5000,
+            ok: 5000,
+            latency_us: q(p99),
+            ..Step::default()
+        };
+        let mut orchestrator = step("orchestrator", direct_p99 + added_p99);
+        orchestrator.added_latency_us = Some(orchestrator.latency_us.minus(&q(direct_p99)));
+        crate::report::Pair {
+            metering: metering.into(),
+            rpc: "Execute".into(),
+            round,
+            direct_first: round.is_multiple_of(2),
+            direct: step("direct", direct_p99),
+            orchestrator,
+        }
+    }
+
+    #[test]
+    fn added_p99_reads_the_median_of_the_paired_rounds() {
+        // Two noisy rounds of five do not decide it; the fixed-rate step
+        // (against a direct step of another minute) is shown, not judged.
+        let added = [700.0, 4000.0, 900.0, 950.0, 2500.0];
+        let mut r = Results {
+            paired: added
+                .iter()
+                .zip(0..)
+                .map(|(a, i)| round("sqlite", i, 400.0, *a))
+                .collect(),
+            steps: vec![crate::report::Step {
+                via: "orchestrator".into(),
+                rpc: "Execute".into(),
+                metering: "sqlite".into(),
+                offered_rps: ADDED_P99_RATE,
+                added_latency_us: Some(crate::report::Quantiles {
+                    p99: 3100.0,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Results::default()
+        };
+        let t = added_p99(&r);
+        assert_eq!(t.met, Some(true), "{}", t.reached);
+        assert!(
+            t.reached
+                .starts_with("paired rounds: median 0.95 ms, 3 of 5 ≤ 1 ms; fixed-rate steps: Execute @ 0 ms upstream: 3.10 ms"),
+            "{}",
+            t.reached
+        );
+        r.paired[0] = round("sqlite", 0, 400.0, 1200.0);
+        let t = added_p99(&r);
+        assert_eq!(t.met, Some(false), "{}", t.reached);
+        assert!(
+            t.reached
+                .starts_with("paired rounds: median 1.20 ms, 2 of 5"),
+            "{}",
+            t.reached
+        );
+
+        // Without rounds, every fixed-rate step must be within the goal.
+        r.paired.clear();
+        let t = added_p99(&r);
+        assert_eq!(t.met, Some(false), "{}", t.reached);
+        assert_eq!(t.goal, "≤ 1 ms");
     }
 
     /// The goal is 64 MB; the process reports MiB (1 MiB = 1.048576 MB).
