@@ -341,6 +341,10 @@ pub struct PairedSummary {
     pub median_added_p50_us: f64,
     /// Lowest and highest direct p99 of the rounds, µs (how noisy the host was).
     pub direct_p99_us: (f64, f64),
+    /// Lowest and highest p99 of one WAL sync over the rounds, µs (how slow
+    /// the disk was; the direct steps do not see it), when the server
+    /// synced.
+    pub wal_sync_p99_us: Option<(f64, f64)>,
 }
 
 /// The paired rounds of `metering`, with how many added at most `limit_us`
@@ -357,7 +361,13 @@ pub fn paired_summary(r: &Results, metering: &str, limit_us: f64) -> Option<Pair
     let (_, median_p99, _) = summary(&p99)?;
     let (_, median_p50, _) = summary(&p50)?;
     let (direct_lo, _, direct_hi) = summary(&direct)?;
+    let syncs: Vec<f64> = pairs
+        .iter()
+        .filter_map(|p| p.orchestrator.ledger?.sync_us)
+        .map(|s| s.p99)
+        .collect();
     Some(PairedSummary {
+        wal_sync_p99_us: summary(&syncs).map(|(lo, _, hi)| (lo, hi)),
         rounds: p99.len(),
         rounds_within: p99.iter().filter(|v| **v <= limit_us).count(),
         added_p99_us: p99,
@@ -810,14 +820,16 @@ fn paired(out: &mut String, r: &Results) {
         out,
         "## Paired rounds\n\nEach round: a step straight to the fake upstream and a step through the orchestrator, \
          back to back at the same rate with the same body (which runs first alternates); *added* = orchestrator \
-         minus direct of that round. The p99 target reads the median of the rounds' added p99 (ms).\n"
+         minus direct of that round. The p99 target reads the median of the rounds' added p99 (ms). \
+         *WAL sync p99*: one WAL `fdatasync` of the server's ledger over each round (full durability), \
+         the disk's share of the host's noise, which the direct steps do not see.\n"
     );
     let _ = writeln!(
         out,
-        "| metering | rounds | added p99 per round | median added p99 | rounds ≤ {} ms | median added p50 | direct p99 |",
+        "| metering | rounds | added p99 per round | median added p99 | rounds ≤ {} ms | median added p50 | direct p99 | WAL sync p99 |",
         ms(PAIRED_LIMIT_US)
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     let mut modes: Vec<&str> = r.paired.iter().map(|p| p.metering.as_str()).collect();
     modes.dedup();
     for mode in modes {
@@ -827,7 +839,7 @@ fn paired(out: &mut String, r: &Results) {
         let each: Vec<String> = s.added_p99_us.iter().map(|v| ms(*v)).collect();
         let _ = writeln!(
             out,
-            "| {mode} | {} | {} | **{}** | {} of {} | {} | {}–{} |",
+            "| {mode} | {} | {} | **{}** | {} of {} | {} | {}–{} | {} |",
             s.rounds,
             each.join(", "),
             ms(s.median_added_p99_us),
@@ -836,6 +848,10 @@ fn paired(out: &mut String, r: &Results) {
             ms(s.median_added_p50_us),
             ms(s.direct_p99_us.0),
             ms(s.direct_p99_us.1),
+            s.wal_sync_p99_us.map_or_else(
+                || "–".to_owned(),
+                |(lo, hi)| format!("{}–{}", ms(lo), ms(hi))
+            ),
         );
     }
     let _ = writeln!(
@@ -1092,8 +1108,18 @@ mod tests {
                 ..Step::default()
             };
             let direct = step("direct", q(200.0, direct_p99));
+            let sync = |p99: f64| ServerOverhead {
+                p99,
+                ..ServerOverhead::default()
+            };
             let mut orchestrator = step("orchestrator", q(500.0, orchestrator_p99));
             orchestrator.added_latency_us = Some(orchestrator.latency_us.minus(&direct.latency_us));
+            if metering == "sqlite" {
+                orchestrator.ledger = Some(LedgerView {
+                    sync_us: Some(sync(200.0 + f64::from(round) * 100.0)),
+                    ..LedgerView::default()
+                });
+            }
             Pair {
                 metering: metering.into(),
                 rpc: "Execute".into(),
@@ -1123,6 +1149,11 @@ mod tests {
         assert_eq!(s.rounds_within, 2);
         assert_eq!(s.median_added_p50_us, 300.0);
         assert_eq!(s.direct_p99_us, (400.0, 2000.0));
+        assert_eq!(s.wal_sync_p99_us, Some((200.0, 400.0)));
+        assert_eq!(
+            paired_summary(&r, "off", 1000.0).unwrap().wal_sync_p99_us,
+            None
+        );
         assert_eq!(paired_summary(&r, "postgres", 1000.0), None);
 
         let json = serde_json::to_string(&r).unwrap();
@@ -1130,7 +1161,7 @@ mod tests {
         let back = validate(&json, false).unwrap();
         let md = markdown(&back);
         assert!(
-            md.contains("| sqlite | 3 | 0.90, 0.80, 1.60 | **0.90** | 2 of 3 | 0.30 | 0.40–2.00 |"),
+            md.contains("| sqlite | 3 | 0.90, 0.80, 1.60 | **0.90** | 2 of 3 | 0.30 | 0.40–2.00 | 0.20–0.40 |"),
             "{md}"
         );
         assert!(
