@@ -495,7 +495,21 @@ pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
     // Asked for paired rounds: every server that ran them ran them all,
     // each with its added latency.
     if let Some(rounds) = results.settings["paired"]["rounds"].as_u64() {
-        let mut modes: Vec<&str> = results.paired.iter().map(|p| p.metering.as_str()).collect();
+        // Every server started at the lowest upstream latency for fixed
+        // rates ran its rounds, so a run that skipped them all fails too.
+        let lowest = results.settings["upstream_latency_ms"]
+            .as_array()
+            .and_then(|l| l.iter().filter_map(serde_json::Value::as_u64).min());
+        let mut modes: Vec<&str> = results
+            .groups
+            .iter()
+            .filter(|g| {
+                g.purpose == "load" && g.skipped.is_none() && Some(g.upstream_latency_ms) == lowest
+            })
+            .map(|g| g.metering.as_str())
+            .chain(results.paired.iter().map(|p| p.metering.as_str()))
+            .collect();
+        modes.sort_unstable();
         modes.dedup();
         for mode in modes {
             let n = results.paired.iter().filter(|p| p.metering == mode).count() as u64;
@@ -1132,7 +1146,23 @@ mod tests {
         let mut r = Results {
             schema_version: SCHEMA_VERSION,
             machine: Some(crate::procfs::machine()),
-            settings: serde_json::json!({"paired": {"rounds": 3, "rate": 1000.0, "duration_s": 5.0}}),
+            settings: serde_json::json!({
+                "paired": {"rounds": 3, "rate": 1000.0, "duration_s": 5.0},
+                "upstream_latency_ms": [0, 50],
+            }),
+            groups: ["sqlite", "off", "postgres"]
+                .into_iter()
+                .flat_map(|metering| {
+                    [0, 50].map(|upstream_latency_ms| Group {
+                        purpose: "load".into(),
+                        metering: metering.into(),
+                        upstream_latency_ms,
+                        // PostgreSQL was not there: no rounds expected.
+                        skipped: (metering == "postgres").then(|| "no database".into()),
+                        ..Group::default()
+                    })
+                })
+                .collect(),
             paired: vec![
                 pair("sqlite", 0, 400.0, 1300.0),
                 pair("sqlite", 1, 2000.0, 2800.0),
@@ -1177,7 +1207,22 @@ mod tests {
                 .contains("off metering ran 2 paired rounds, not 3"),
             "{err}"
         );
+        // A server that ran fixed rates but no rounds at all.
+        let all = std::mem::take(&mut r.paired);
+        r.paired = all
+            .iter()
+            .filter(|p| p.metering == "sqlite")
+            .cloned()
+            .collect();
+        let err = validate(&serde_json::to_string(&r).unwrap(), false).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("off metering ran 0 paired rounds, not 3"),
+            "{err}"
+        );
+        r.paired = all;
         r.paired.push(pair("off", 2, 300.0, 600.0));
+        validate(&serde_json::to_string(&r).unwrap(), false).unwrap();
         r.paired[0].orchestrator.added_latency_us = None;
         let err = validate(&serde_json::to_string(&r).unwrap(), false).unwrap_err();
         assert!(
