@@ -13,12 +13,10 @@
 //! of rounds under the goal instead of one draw.
 
 use crate::{
-    report::{Pair, Step},
+    report::Pair,
     run::{Bench, Live},
-    target::{self, Rpc},
-    upstream::Kind,
+    target::Rpc,
 };
-use anyhow::Context;
 use std::time::Duration;
 
 /// How the rounds run (`--paired-rounds`, `--paired-rate`,
@@ -42,34 +40,10 @@ pub async fn run(
     rpcs: &[Rpc],
     plan: Rounds,
 ) -> anyhow::Result<Vec<Pair>> {
-    let url = format!(
-        "{}/chat/completions",
-        bench.upstream.base_url(&format!("ok-{latency_ms}"))
-    );
     let mut pairs = Vec::with_capacity(plan.rounds);
     for (round, &rpc) in rpcs.iter().cycle().take(plan.rounds).enumerate() {
-        let kind = match rpc {
-            Rpc::Execute => Kind::Execute,
-            Rpc::ClassifySms => Kind::Classify,
-        };
-        let body = bench.upstream.sample(kind).with_context(|| {
-            format!("the fake upstream saw no {} request to replay", rpc.name())
-        })?;
         let direct_first = round.is_multiple_of(2);
-        let direct_step = || async {
-            let make = target::direct(bench.direct_http.clone(), url.clone(), body.clone());
-            let step = Step {
-                kind: "paired".into(),
-                rpc: rpc.name().into(),
-                via: "direct".into(),
-                metering: "none".into(),
-                upstream_latency_ms: latency_ms,
-                ..Step::default()
-            };
-            bench
-                .measure(None, bench.plan(plan.rate, plan.duration), make, step)
-                .await
-        };
+        let direct_step = || bench.direct_step(rpc, latency_ms, "paired", plan.rate, plan.duration);
         let server_step =
             || bench.grpc_step(live, rpc, latency_ms, "paired", plan.rate, plan.duration);
         let (direct, mut orchestrator) = if direct_first {

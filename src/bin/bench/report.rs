@@ -2,6 +2,7 @@
 //! when read back, and the Markdown tables (`results.md`).
 
 use crate::procfs::Machine;
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use std::{collections::BTreeMap, fmt::Write as _};
 
@@ -518,13 +519,35 @@ pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
                 "{mode} metering ran {n} paired rounds, not {rounds}"
             );
         }
-        anyhow::ensure!(
-            results
-                .paired
-                .iter()
-                .all(|p| p.orchestrator.added_latency_us.is_some()),
-            "a paired round without its added latency"
-        );
+        // A round is two steps of one RPC at one rate, and its added
+        // latency is the difference of exactly those two.
+        for p in &results.paired {
+            let (d, o) = (&p.direct, &p.orchestrator);
+            anyhow::ensure!(
+                d.via == "direct" && o.via == "orchestrator",
+                "paired round {} of {} metering is not a direct and an orchestrator step",
+                p.round,
+                p.metering
+            );
+            anyhow::ensure!(
+                d.rpc == p.rpc && o.rpc == p.rpc && d.offered_rps == o.offered_rps,
+                "paired round {} of {} metering mixes RPCs or rates",
+                p.round,
+                p.metering
+            );
+            let added = o.added_latency_us.with_context(|| {
+                format!(
+                    "paired round {} of {} metering without its added latency",
+                    p.round, p.metering
+                )
+            })?;
+            anyhow::ensure!(
+                added == o.latency_us.minus(&d.latency_us),
+                "paired round {} of {} metering: added latency is not orchestrator minus direct",
+                p.round,
+                p.metering
+            );
+        }
     }
     Ok(results)
 }
@@ -1113,6 +1136,7 @@ mod tests {
             };
             let step = |via: &str, latency_us: Quantiles| Step {
                 kind: "paired".into(),
+                rpc: "Execute".into(),
                 via: via.into(),
                 metering: metering.into(),
                 offered_rps: 1000.0,
@@ -1223,6 +1247,19 @@ mod tests {
         r.paired = all;
         r.paired.push(pair("off", 2, 300.0, 600.0));
         validate(&serde_json::to_string(&r).unwrap(), false).unwrap();
+        // Added latency against another step than the round's own.
+        let honest = r.paired[0].orchestrator.added_latency_us;
+        r.paired[0].orchestrator.added_latency_us = r.paired[1].orchestrator.added_latency_us;
+        let err = validate(&serde_json::to_string(&r).unwrap(), false).unwrap_err();
+        assert!(
+            err.to_string().contains("not orchestrator minus direct"),
+            "{err}"
+        );
+        r.paired[0].orchestrator.added_latency_us = honest;
+        r.paired[0].direct.rpc = "ClassifySms".into();
+        let err = validate(&serde_json::to_string(&r).unwrap(), false).unwrap_err();
+        assert!(err.to_string().contains("mixes RPCs or rates"), "{err}");
+        r.paired[0].direct.rpc = "Execute".into();
         r.paired[0].orchestrator.added_latency_us = None;
         let err = validate(&serde_json::to_string(&r).unwrap(), false).unwrap_err();
         assert!(

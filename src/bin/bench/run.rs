@@ -516,38 +516,52 @@ impl Bench {
 
     /// The same bodies straight to the fake upstream, at every fixed rate.
     async fn direct(&mut self, latency_ms: u64) -> anyhow::Result<()> {
-        let url = format!(
-            "{}/chat/completions",
-            self.upstream.base_url(&format!("ok-{latency_ms}"))
-        );
-        for (rpc, kind) in [
-            (Rpc::Execute, Kind::Execute),
-            (Rpc::ClassifySms, Kind::Classify),
-        ] {
+        for rpc in [Rpc::Execute, Rpc::ClassifySms] {
             if !self.settings.rpcs.contains(&rpc) {
                 continue;
             }
-            let body = self
-                .upstream
-                .sample(kind)
-                .context("the fake upstream saw no request to replay")?;
             for &rate in &self.settings.rates.clone() {
-                let make = target::direct(self.direct_http.clone(), url.clone(), body.clone());
-                let step = Step {
-                    kind: "load".into(),
-                    rpc: rpc.name().into(),
-                    via: "direct".into(),
-                    metering: "none".into(),
-                    upstream_latency_ms: latency_ms,
-                    ..Step::default()
-                };
                 let step = self
-                    .measure(None, self.plan(rate, self.settings.duration), make, step)
+                    .direct_step(rpc, latency_ms, "load", rate, self.settings.duration)
                     .await?;
                 self.results.steps.push(step);
             }
         }
         Ok(())
+    }
+
+    /// One step straight to the fake upstream (at `latency_ms`), replaying
+    /// the last body the orchestrator sent it for `rpc`.
+    pub async fn direct_step(
+        &self,
+        rpc: Rpc,
+        latency_ms: u64,
+        kind: &str,
+        rate: f64,
+        duration: Duration,
+    ) -> anyhow::Result<Step> {
+        let url = format!(
+            "{}/chat/completions",
+            self.upstream.base_url(&format!("ok-{latency_ms}"))
+        );
+        let sample = match rpc {
+            Rpc::Execute => Kind::Execute,
+            Rpc::ClassifySms => Kind::Classify,
+        };
+        let body = self.upstream.sample(sample).with_context(|| {
+            format!("the fake upstream saw no {} request to replay", rpc.name())
+        })?;
+        let make = target::direct(self.direct_http.clone(), url, body);
+        let step = Step {
+            kind: kind.into(),
+            rpc: rpc.name().into(),
+            via: "direct".into(),
+            metering: "none".into(),
+            upstream_latency_ms: latency_ms,
+            ..Step::default()
+        };
+        self.measure(None, self.plan(rate, duration), make, step)
+            .await
     }
 
     /// Raises the Execute rate until a step fails the criteria, then
