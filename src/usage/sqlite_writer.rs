@@ -31,7 +31,7 @@ use rusqlite::{
     TransactionBehavior,
 };
 use std::{
-    collections::{BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     ffi::CStr,
     path::PathBuf,
     str::FromStr,
@@ -238,39 +238,70 @@ pub fn apply(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<Vec<Done>> {
 ///
 /// Reservations already admitted in memory (`Reserve::admitted`) are
 /// recorded first, without the guard: their calls are running, and may be
-/// settling in this very batch, whose settlements must find them.
+/// settling in this very batch, whose settlements must find them. One that
+/// does settle in this batch (a short call, whose reservation lingered for
+/// its settlement: [`super::sqlite_thread::LINGER`]) is never written at
+/// all: its row would be inserted and deleted in the same transaction, and
+/// its estimate reserved and released on the same ledger row. The ledger
+/// ends where it would have, with three statements and one B-tree page
+/// fewer per call.
 pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<(Vec<Done>, Rows)> {
     let settles = batch::settles_of(ops);
     let mut groups = batch::reserve_groups(ops);
     let mut done: Vec<Done> = vec![Done::Settled; ops.len()];
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
 
+    let settling: HashSet<&str> = settles
+        .iter()
+        .flat_map(|s| s.reservations.iter().map(|(id, ..)| id.as_str()))
+        .collect();
+    // Reserved in this batch, per (team, month): applied together with the
+    // settlements' releases and charges, one UPDATE per ledger row.
+    let mut reserved: BTreeMap<(&str, i64), [i64; 3]> = BTreeMap::new();
+    // Settled in this batch before ever being written: released as if
+    // deleted.
+    let mut deleted = HashSet::new();
     for group in &mut groups {
         let (admitted, guarded): (Vec<_>, Vec<_>) = group.iter().partition(|(_, r)| r.admitted);
         *group = guarded;
-        let Some((_, first)) = admitted.first() else {
-            continue;
-        };
         for (i, r) in &admitted {
-            insert_reservation(&tx, r)?;
+            if settling.contains(r.id.as_str()) {
+                deleted.insert(r.id.clone());
+            } else {
+                insert_reservation(&tx, r)?;
+            }
             done[*i] = Done::Admitted;
+            let amount = reserved
+                .entry((r.team_id.as_str(), r.month_start_ms))
+                .or_default();
+            let (tokens, requests, cost) = r.amount();
+            amount[0] += tokens;
+            amount[1] += requests;
+            amount[2] += cost;
         }
-        // Releasing a negative amount reserves it.
-        let (tokens, requests, cost) = batch::sum(&admitted);
-        let reserved = [-tokens, -requests, -cost];
-        charge_and_release(&tx, &first.team_id, first.month_start_ms, reserved, [0; 3])?;
     }
 
-    let mut deleted = HashSet::new();
     for s in &settles {
         for (id, ..) in &s.reservations {
-            if execute(&tx, "DELETE FROM usage_reservations WHERE id = $1", &[id])? == 1 {
+            if !deleted.contains(id)
+                && execute(&tx, "DELETE FROM usage_reservations WHERE id = $1", &[id])? == 1
+            {
                 deleted.insert(id.clone());
             }
         }
     }
-    for ((team, month), d) in batch::settle_deltas(&settles, &deleted) {
-        charge_and_release(&tx, team, month, d.released, d.charged)?;
+    let mut deltas = batch::settle_deltas(&settles, &deleted);
+    for (key, amount) in reserved {
+        // Releasing a negative amount reserves it.
+        let released = &mut deltas.entry(key).or_default().released;
+        for (released, reserved) in released.iter_mut().zip(amount) {
+            *released -= reserved;
+        }
+    }
+    for ((team, month), d) in deltas {
+        if d != batch::Delta::default() {
+            charge_and_release(&tx, team, month, d.released, d.charged)?;
+        }
     }
     for s in &settles {
         insert_record(&tx, &s.record)?;

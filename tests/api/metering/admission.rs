@@ -69,25 +69,37 @@ async fn writer(db: &Db, store: &Store, refresh: Duration) -> (LedgerWriter, wat
 }
 
 /// A call admitted in memory can settle before its reservation's batch
-/// ran: both then land in one batch, the reservation written first, so the
-/// settlement finds and releases it.
+/// ran: both then land in one batch, and the reservation is never written
+/// (its row would be inserted and deleted in one transaction, its estimate
+/// reserved and released on one ledger row). Another call's reservation in
+/// the same batch is written and stays reserved.
 #[tokio::test]
 async fn a_reservation_settled_in_its_own_batch_leaves_nothing_open() {
     let db = Db::new(false).await;
     let store = db.store().await;
     let path = sqlite_writer::file_of(&db.url()).unwrap();
     let mut conn = sqlite_writer::open(&path, &DatabaseConfig::default()).unwrap();
-    let r = Reserve {
+    let admitted = |id| Reserve {
         admitted: true,
-        ..reserve("same-batch", "t1", 0)
+        ..reserve(id, "t1", 0)
     };
+    let (r, running) = (admitted("same-batch"), admitted("still-running"));
+    let changes = conn.total_changes();
     let (done, rows) = sqlite_writer::apply_reading(
         &mut conn,
-        &[Op::Reserve(r.clone()), Op::Settle(settle(&r, 120, 15))],
+        &[
+            Op::Reserve(r.clone()),
+            Op::Reserve(running.clone()),
+            Op::Settle(settle(&r, 120, 15)),
+        ],
     )
     .unwrap();
-    assert_eq!(done, [Done::Admitted, Done::Settled]);
-    assert_eq!(sweeper::open_reservations(&store).await.unwrap(), 0);
+    assert_eq!(done, [Done::Admitted, Done::Admitted, Done::Settled]);
+    // The team's ledger row created and updated once, the other call's
+    // reservation and the usage record inserted: nothing for `same-batch`'s
+    // reservation itself.
+    assert_eq!(conn.total_changes() - changes, 4);
+    assert_eq!(sweeper::open_reservations(&store).await.unwrap(), 1);
     let b = ledger::balance_of(&store, "t1", 0).await.unwrap();
     assert_eq!(
         (b.spent_tokens, b.spent_requests, b.spent_cost_micros),
@@ -99,12 +111,33 @@ async fn a_reservation_settled_in_its_own_batch_leaves_nothing_open() {
             b.reserved_requests,
             b.reserved_cost_micros
         ),
-        (0, 0, 0)
+        running.amount(),
+        "only the running call's estimate stays reserved"
     );
     assert_eq!(rows, [(("t1".to_owned(), 0), b)], "the row as committed");
     assert_eq!(
         record::by_trace(&store, "same-batch").await.unwrap().len(),
         1
+    );
+
+    // The running call settles in a later batch: its written reservation
+    // is found, deleted and released.
+    let (done, _) =
+        sqlite_writer::apply_reading(&mut conn, &[Op::Settle(settle(&running, 80, 5))]).unwrap();
+    assert_eq!(done, [Done::Settled]);
+    assert_eq!(sweeper::open_reservations(&store).await.unwrap(), 0);
+    let b = ledger::balance_of(&store, "t1", 0).await.unwrap();
+    assert_eq!(
+        (b.spent_tokens, b.spent_requests, b.spent_cost_micros),
+        (200, 2, 20)
+    );
+    assert_eq!(
+        (
+            b.reserved_tokens,
+            b.reserved_requests,
+            b.reserved_cost_micros
+        ),
+        (0, 0, 0)
     );
     store.close().await;
     db.cleanup().await;
