@@ -13,6 +13,7 @@
 //! `--smoke` is the CI mode: seconds long, low rates, any build.
 
 mod breaker;
+mod disk;
 mod inflight;
 mod loadgen;
 mod paired;
@@ -143,12 +144,18 @@ struct Args {
     /// Before each server's fixed-rate steps, wait up to this many seconds
     /// for a quiet host: a 2 s probe at 1,000 rps straight to the fake
     /// upstream must have a p99 of at most --quiet-p99-ms (the load average
-    /// only sees this VM, not its neighbours; the probe sees both).
+    /// only sees this VM, not its neighbours; the probe sees both), and 400
+    /// `fdatasync`s of 16 KiB rewrites in the scratch folder a p99 of at
+    /// most --quiet-sync-p99-ms (the disk's neighbours come and go apart
+    /// from the cores').
     #[arg(long, default_value_t = 0)]
     wait_quiet: u64,
     /// The direct p99 at 1,000 rps that counts as quiet, ms.
     #[arg(long, default_value_t = 0.5)]
     quiet_p99_ms: f64,
+    /// The disk probe's `fdatasync` p99 that counts as quiet, ms.
+    #[arg(long, default_value_t = 0.5)]
+    quiet_sync_p99_ms: f64,
     /// Keep the scratch folder (configs, databases, server logs) after the run.
     #[arg(long)]
     keep_scratch: bool,
@@ -280,6 +287,7 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
         quiet: (args.wait_quiet > 0).then(|| run::Quiet {
             max_wait: Duration::from_secs(args.wait_quiet),
             p99_us: args.quiet_p99_ms * 1000.0,
+            sync_p99_us: args.quiet_sync_p99_ms * 1000.0,
         }),
         dir,
     })
@@ -349,7 +357,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "upstream_http": args.upstream_http,
             "in_flight": {"upstream_latency_ms": settings.inflight_latency_ms, "rates": settings.inflight_rates},
             "paired": settings.paired.map(|p| serde_json::json!({"rounds": p.rounds, "rate": p.rate, "duration_s": p.duration.as_secs_f64()})),
-            "wait_quiet": settings.quiet.map(|q| serde_json::json!({"max_wait_s": q.max_wait.as_secs(), "p99_ms": q.p99_us / 1000.0})),
+            "wait_quiet": settings.quiet.map(|q| serde_json::json!({"max_wait_s": q.max_wait.as_secs(), "p99_ms": q.p99_us / 1000.0, "sync_p99_ms": q.sync_p99_us / 1000.0})),
         }),
         ..Results::default()
     };

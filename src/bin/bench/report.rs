@@ -304,6 +304,10 @@ pub struct QuietWait {
     pub before: String,
     /// Each probe's p99 (direct, 1,000 rps, 2 s), µs.
     pub probe_p99_us: Vec<f64>,
+    /// Each probe's disk sync p99 (400 `fdatasync`s of 16 KiB rewrites in
+    /// the scratch folder), µs; empty in runs made before the disk probe.
+    #[serde(default)]
+    pub probe_sync_p99_us: Vec<f64>,
     /// Whether the last probe was quiet (else the wait timed out).
     pub quiet: bool,
     /// Seconds spent probing and waiting.
@@ -492,6 +496,17 @@ pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
                 .all(|w| !w.probe_p99_us.is_empty() && w.probe_p99_us.iter().all(|p| p.is_finite())),
             "a quiet wait without a valid probe"
         );
+        // Runs since the disk probe: each probe of the cores has its disk
+        // probe.
+        if results.settings["wait_quiet"]["sync_p99_ms"].is_number() {
+            anyhow::ensure!(
+                results.quiet_waits.iter().all(|w| {
+                    w.probe_sync_p99_us.len() == w.probe_p99_us.len()
+                        && w.probe_sync_p99_us.iter().all(|p| p.is_finite())
+                }),
+                "a quiet wait without a valid disk probe"
+            );
+        }
     }
     // Asked for paired rounds: every server that ran them ran them all,
     // each with its added latency.
@@ -825,17 +840,28 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(
             out,
             "## Quiet waits\n\nBefore each server's fixed-rate steps (`--wait-quiet`): 2 s probes at 1,000 rps \
-             straight to the fake upstream, until one's p99 was at most the threshold.\n"
+             straight to the fake upstream, each followed by 400 `fdatasync`s of 16 KiB rewrites in the scratch \
+             folder, until both p99s were at most their thresholds.\n"
         );
-        let _ = writeln!(out, "| before | probe p99s (ms) | quiet | waited s |");
-        let _ = writeln!(out, "|---|---|---|---|");
+        let _ = writeln!(
+            out,
+            "| before | probe p99s (ms) | disk sync p99s (ms) | quiet | waited s |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        let list = |v: &[f64]| {
+            if v.is_empty() {
+                return "–".to_owned();
+            }
+            let cells: Vec<String> = v.iter().map(|p| ms(*p)).collect();
+            cells.join(", ")
+        };
         for w in &r.quiet_waits {
-            let probes: Vec<String> = w.probe_p99_us.iter().map(|p| ms(*p)).collect();
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {:.0} |",
+                "| {} | {} | {} | {} | {:.0} |",
                 w.before,
-                probes.join(", "),
+                list(&w.probe_p99_us),
+                list(&w.probe_sync_p99_us),
                 if w.quiet { "yes" } else { "no (gave up)" },
                 w.waited_s
             );
@@ -1072,12 +1098,14 @@ mod tests {
                 QuietWait {
                     before: "sqlite metering, 0 ms upstream".into(),
                     probe_p99_us: vec![1250.0, 480.0],
+                    probe_sync_p99_us: vec![2100.0, 310.0],
                     quiet: true,
                     waited_s: 14.2,
                 },
                 QuietWait {
                     before: "off metering, 0 ms upstream".into(),
                     probe_p99_us: vec![900.0],
+                    probe_sync_p99_us: vec![400.0],
                     quiet: false,
                     waited_s: 2.1,
                 },
@@ -1086,10 +1114,10 @@ mod tests {
         };
         let md = markdown(&r);
         assert!(
-            md.contains("| sqlite metering, 0 ms upstream | 1.25, 0.48 | yes | 14 |"),
+            md.contains("| sqlite metering, 0 ms upstream | 1.25, 0.48 | 2.10, 0.31 | yes | 14 |"),
             "{md}"
         );
-        assert!(md.contains("| 0.90 | no (gave up) | 2 |"), "{md}");
+        assert!(md.contains("| 0.90 | 0.40 | no (gave up) | 2 |"), "{md}");
         let back: Results = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.quiet_waits, r.quiet_waits);
 
@@ -1097,7 +1125,7 @@ mod tests {
         let mut asked = Results {
             schema_version: SCHEMA_VERSION,
             machine: Some(crate::procfs::machine()),
-            settings: serde_json::json!({"wait_quiet": {"max_wait_s": 1, "p99_ms": 0.5}}),
+            settings: serde_json::json!({"wait_quiet": {"max_wait_s": 1, "p99_ms": 0.5, "sync_p99_ms": 0.5}}),
             steps: vec![Step {
                 sent: 10,
                 ok: 10,
@@ -1120,6 +1148,18 @@ mod tests {
         );
         asked.groups.pop();
         validate(&serde_json::to_string(&asked).unwrap(), true).unwrap();
+        // A probe of the cores without its disk probe.
+        asked.quiet_waits[0].probe_sync_p99_us.pop();
+        let err = validate(&serde_json::to_string(&asked).unwrap(), true).unwrap_err();
+        assert!(err.to_string().contains("disk probe"), "{err}");
+        // Runs from before the disk probe have none and still validate.
+        asked.settings = serde_json::json!({"wait_quiet": {"max_wait_s": 1, "p99_ms": 0.5}});
+        for w in &mut asked.quiet_waits {
+            w.probe_sync_p99_us.clear();
+        }
+        validate(&serde_json::to_string(&asked).unwrap(), true).unwrap();
+        let md = markdown(&asked);
+        assert!(md.contains("| 1.25, 0.48 | – | yes |"), "{md}");
         asked.quiet_waits[1].probe_p99_us.clear();
         assert!(validate(&serde_json::to_string(&asked).unwrap(), true).is_err());
     }

@@ -4,6 +4,7 @@
 //! is taken as a before/after difference around that step alone.
 
 use crate::{
+    disk,
     loadgen::{self, MakeRequest, Plan},
     paired, procfs, prom,
     report::{
@@ -86,6 +87,8 @@ pub struct Quiet {
     pub max_wait: Duration,
     /// A probe's direct p99 at 1,000 rps must be at most this, µs.
     pub p99_us: f64,
+    /// And the disk probe's sync p99 at most this, µs ([`disk`]).
+    pub sync_p99_us: f64,
 }
 
 /// Rate and length of one quiet probe: the rate the p99 target is judged
@@ -470,9 +473,11 @@ impl Bench {
     }
 
     /// Probes the host until a direct step at 1,000 rps has a p99 of at
-    /// most `quiet.p99_us`, or `quiet.max_wait` has passed; records the
-    /// probes. The neighbours of a shared VM come and go by the minute, and
-    /// the p99 target is judged at a rate where they decide the tail.
+    /// most `quiet.p99_us` and the disk's sync p99 is at most
+    /// `quiet.sync_p99_us` ([`disk`]), or `quiet.max_wait` has passed;
+    /// records the probes. The neighbours of a shared VM come and go by
+    /// the minute, and the p99 target is judged at a rate where they decide
+    /// the tail.
     async fn wait_quiet(&mut self, quiet: Quiet, before: &str) -> anyhow::Result<()> {
         let url = format!("{}/chat/completions", self.upstream.base_url("ok-0"));
         let Some(body) = self.upstream.sample(Kind::Execute) else {
@@ -499,12 +504,23 @@ impl Bench {
                 .measure(None, self.plan(QUIET_PROBE_RPS, QUIET_PROBE), make, probe)
                 .await?;
             wait.probe_p99_us.push(probe.latency_us.p99);
-            wait.quiet = probe.errors == 0 && probe.latency_us.p99 <= quiet.p99_us;
+            let dir = self.settings.dir.clone();
+            let syncs = tokio::task::spawn_blocking(move || {
+                disk::sync_probe(&dir, disk::SYNCS, disk::PAUSE)
+            })
+            .await?
+            .context("disk probe in the scratch folder")?;
+            let sync_p99 = disk::quantile_us(&syncs, 0.99).unwrap_or(f64::INFINITY);
+            wait.probe_sync_p99_us.push(sync_p99);
+            wait.quiet = probe.errors == 0
+                && probe.latency_us.p99 <= quiet.p99_us
+                && sync_p99 <= quiet.sync_p99_us;
             if wait.quiet || started.elapsed() + QUIET_PAUSE > quiet.max_wait {
                 break;
             }
             tracing::info!(
                 p99_ms = probe.latency_us.p99 / 1000.0,
+                sync_p99_ms = sync_p99 / 1000.0,
                 "waiting for a quiet host"
             );
             tokio::time::sleep(QUIET_PAUSE).await;
