@@ -264,6 +264,9 @@ pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<(Vec
     for group in &mut groups {
         let (admitted, guarded): (Vec<_>, Vec<_>) = group.iter().partition(|(_, r)| r.admitted);
         *group = guarded;
+        let Some((_, first)) = admitted.first() else {
+            continue;
+        };
         for (i, r) in &admitted {
             if settling.contains(r.id.as_str()) {
                 deleted.insert(r.id.clone());
@@ -271,13 +274,15 @@ pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<(Vec
                 insert_reservation(&tx, r)?;
             }
             done[*i] = Done::Admitted;
-            let amount = reserved
-                .entry((r.team_id.as_str(), r.month_start_ms))
-                .or_default();
-            let (tokens, requests, cost) = r.amount();
-            amount[0] += tokens;
-            amount[1] += requests;
-            amount[2] += cost;
+        }
+        // A group is one (team, month); two groups of it differ only in
+        // their default caps.
+        let (tokens, requests, cost) = batch::sum(&admitted);
+        let amount = reserved
+            .entry((first.team_id.as_str(), first.month_start_ms))
+            .or_default();
+        for (total, added) in amount.iter_mut().zip([tokens, requests, cost]) {
+            *total += added;
         }
     }
 

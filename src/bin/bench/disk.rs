@@ -8,6 +8,8 @@
 //! 0.95–2.37 ms against r8's 0.25). The direct probe of `--wait-quiet`
 //! only sees the cores, so it also asks this one.
 
+use crate::loadgen;
+use hdrhistogram::Histogram;
 use std::{
     fs::OpenOptions,
     io::{Seek, SeekFrom, Write},
@@ -27,16 +29,16 @@ const WRITE: usize = 16 * 1024;
 const FILE: usize = 64 * WRITE;
 
 /// Writes `syncs` blocks of 16 KiB in place into a file in `dir` and
-/// `fdatasync`s each; returns each sync's duration. Blocking. The file is
-/// removed afterwards.
-pub fn sync_probe(dir: &Path, syncs: usize, pause: Duration) -> std::io::Result<Vec<Duration>> {
+/// `fdatasync`s each; returns the syncs' durations (µs, as the steps'
+/// latencies). Blocking. The file is removed afterwards.
+pub fn sync_probe(dir: &Path, syncs: usize, pause: Duration) -> anyhow::Result<Histogram<u64>> {
     let path = dir.join("disk-probe.bin");
     let result = probe_file(&path, syncs, pause);
     let _ = std::fs::remove_file(&path);
     result
 }
 
-fn probe_file(path: &Path, syncs: usize, pause: Duration) -> std::io::Result<Vec<Duration>> {
+fn probe_file(path: &Path, syncs: usize, pause: Duration) -> anyhow::Result<Histogram<u64>> {
     let mut file = OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -47,25 +49,17 @@ fn probe_file(path: &Path, syncs: usize, pause: Duration) -> std::io::Result<Vec
     file.write_all(&vec![0x5a; FILE])?;
     file.sync_all()?;
     let block: Vec<u8> = (0..WRITE).map(|i| (i % 251) as u8).collect();
-    let mut times = Vec::with_capacity(syncs);
+    let mut times = loadgen::histogram()?;
     for i in 0..syncs {
         let offset = (i * WRITE) % FILE;
         file.seek(SeekFrom::Start(offset as u64))?;
         file.write_all(&block)?;
         let started = Instant::now();
         file.sync_data()?;
-        times.push(started.elapsed());
+        times.saturating_record(loadgen::micros(started.elapsed()).max(1));
         std::thread::sleep(pause);
     }
     Ok(times)
-}
-
-/// The `q` quantile (nearest rank) of `times`, µs; `None` when empty.
-pub fn quantile_us(times: &[Duration], q: f64) -> Option<f64> {
-    let mut us: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e6).collect();
-    us.sort_by(f64::total_cmp);
-    let rank = ((q * us.len() as f64).ceil() as usize).clamp(1, us.len().max(1));
-    us.get(rank - 1).copied()
 }
 
 #[cfg(test)]
@@ -77,19 +71,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let times = sync_probe(dir.path(), 5, Duration::ZERO).unwrap();
         assert_eq!(times.len(), 5);
-        assert!(times.iter().all(|t| *t > Duration::ZERO));
+        assert!(times.min() >= 1);
         assert!(!dir.path().join("disk-probe.bin").exists(), "left behind");
 
         // A folder that is not there is an error, not a panic.
         assert!(sync_probe(&dir.path().join("gone"), 1, Duration::ZERO).is_err());
-    }
-
-    #[test]
-    fn quantiles_are_nearest_rank() {
-        let times: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
-        assert_eq!(quantile_us(&times, 0.99), Some(99.0));
-        assert_eq!(quantile_us(&times, 0.5), Some(50.0));
-        assert_eq!(quantile_us(&times, 1.0), Some(100.0));
-        assert_eq!(quantile_us(&[], 0.99), None);
     }
 }

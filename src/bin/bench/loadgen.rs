@@ -77,7 +77,8 @@ impl Measured {
     }
 }
 
-fn histogram() -> anyhow::Result<Histogram<u64>> {
+/// An empty histogram of microseconds, as every step records them.
+pub fn histogram() -> anyhow::Result<Histogram<u64>> {
     Ok(Histogram::new_with_bounds(1, MAX_TRACKED_US, 3)?)
 }
 
@@ -113,7 +114,8 @@ impl Recorder {
     }
 }
 
-fn micros(d: Duration) -> u64 {
+/// `d` in whole microseconds.
+pub fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 

@@ -510,7 +510,7 @@ impl Bench {
             })
             .await?
             .context("disk probe in the scratch folder")?;
-            let sync_p99 = disk::quantile_us(&syncs, 0.99).unwrap_or(f64::INFINITY);
+            let sync_p99 = Quantiles::of(&syncs).p99;
             wait.probe_sync_p99_us.push(sync_p99);
             wait.quiet = probe.errors == 0
                 && probe.latency_us.p99 <= quiet.p99_us
