@@ -79,6 +79,8 @@ fn attempt(a: &AttemptRecord) -> pb::Attempt {
         AttemptOutcome::SkippedCircuitOpen => pb::AttemptOutcome::SkippedCircuitOpen,
         AttemptOutcome::SkippedRateLimited => pb::AttemptOutcome::SkippedRateLimited,
         AttemptOutcome::Malformed => pb::AttemptOutcome::Malformed,
+        AttemptOutcome::Deadline => pb::AttemptOutcome::Deadline,
+        AttemptOutcome::Cancelled => pb::AttemptOutcome::Cancelled,
     };
     pb::Attempt {
         provider: a.provider.clone(),
@@ -167,7 +169,15 @@ pub fn provider_health(
         latency_p50_ms: health.p50.map_or(0, millis),
         latency_p99_ms: health.p99.map_or(0, millis),
         cooldown_until,
+        recent_calls: count(health.calls),
+        recent_errors: count(health.errors),
+        recent_deadline_exceeded: count(health.deadline_exceeded),
+        recent_cancelled: count(health.cancelled),
     }
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Usage sums → `UsageTotals`.

@@ -163,7 +163,6 @@ impl OrchestratorApi {
         let mut provider_time = std::time::Duration::ZERO;
         let resilience = self.runner.router.resilience();
         for a in &meta.attempts {
-            metrics::attempt(a);
             if let Some(guards) = resilience.get(&a.provider) {
                 metrics::breaker_state(&a.provider, guards.breaker.state().metric_value());
             }

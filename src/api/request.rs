@@ -60,13 +60,16 @@ pub(crate) fn call_context(
             // Finish a little before the caller's own timer fires, so it
             // gets our DEADLINE_EXCEEDED with the attempts rather than a
             // bare CANCELLED from its transport.
-            Some(t) => timeout = timeout.min(t.saturating_sub(DEADLINE_MARGIN.min(t / 10))),
+            Some(t) => timeout = timeout.min(early(t)),
             None => return fail("grpc-timeout", "malformed grpc-timeout header"),
         }
     }
     if let Some(budget) = budget {
         if budget.max_latency_ms > 0 {
-            timeout = timeout.min(Duration::from_millis(u64::from(budget.max_latency_ms)));
+            // The budget promises the answer within it: same margin.
+            timeout = timeout.min(early(Duration::from_millis(u64::from(
+                budget.max_latency_ms,
+            ))));
         }
         if !budget.max_cost_usd.is_finite() || budget.max_cost_usd < 0.0 {
             return fail("budget.max_cost_usd", "must be a non-negative number");
@@ -106,6 +109,13 @@ pub(crate) fn call_context(
             .filter(|tp| trace_id::traceparent_trace_id(tp).is_some())
             .map(str::to_owned),
     })
+}
+
+/// The time we give ourselves under a caller's limit `t`: a little less
+/// ([`DEADLINE_MARGIN`], at most 10% of `t`), so the reply (with its
+/// attempts) is on the wire before the caller's own timer fires.
+fn early(t: Duration) -> Duration {
+    t.saturating_sub(DEADLINE_MARGIN.min(t / 10))
 }
 
 /// IDs end up in logs, metrics labels and SQL; keep them boring.

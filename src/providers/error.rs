@@ -9,9 +9,16 @@ use std::time::Duration;
 /// reach a client.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum ProviderError {
-    /// No complete answer before the attempt's deadline (incl. stream idle).
+    /// No complete answer before the provider's own timeout (incl. stream
+    /// idle).
     #[error("timed out")]
     Timeout,
+    /// The caller's deadline (gRPC deadline or `budget.max_latency_ms`)
+    /// ended the attempt before the provider's own timeout: the caller's
+    /// doing, so it never counts against the provider. Set by the router,
+    /// which knows both deadlines; a provider only ever reports `Timeout`.
+    #[error("the caller's deadline ended the attempt")]
+    Deadline,
     /// The connection could not be made or broke mid-call.
     #[error("connection failed: {0}")]
     Connect(String),
@@ -39,6 +46,7 @@ impl ProviderError {
     pub fn code(&self) -> String {
         match self {
             ProviderError::Timeout => "TIMEOUT".into(),
+            ProviderError::Deadline => "DEADLINE_EXCEEDED".into(),
             ProviderError::Connect(_) => "CONNECTION_ERROR".into(),
             ProviderError::Status { status: 429, .. } => "RATE_LIMITED".into(),
             ProviderError::Status { status: 529, .. } => "OVERLOADED".into(),
@@ -56,6 +64,8 @@ impl ProviderError {
             // A model that produced bad structure is asked again at the next
             // target rather than re-rolled at the same one.
             ProviderError::Malformed(_) | ProviderError::Unsupported(_) => false,
+            // Nothing is left of the time another try would need.
+            ProviderError::Deadline => false,
         }
     }
 
@@ -67,7 +77,7 @@ impl ProviderError {
                 true
             }
             ProviderError::Status { status, .. } => *status == 408 || *status >= 500,
-            ProviderError::Unsupported(_) => false,
+            ProviderError::Unsupported(_) | ProviderError::Deadline => false,
         }
     }
 
@@ -117,6 +127,7 @@ mod tests {
             (status(401), false, false),
             (status(404), false, false),
             (ProviderError::Malformed("x".into()), false, true),
+            (ProviderError::Deadline, false, false),
         ];
         for (err, retryable, counts) in table {
             assert_eq!(err.is_retryable(), retryable, "{err:?} retryable");

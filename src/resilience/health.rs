@@ -5,8 +5,10 @@
 //! calls older than `max_age`, so memory is bounded and an idle provider's
 //! numbers do not describe an outage from an hour ago. Only real calls are
 //! recorded: skipped targets (breaker open, saturated) say nothing about the
-//! provider. This is for display, never for routing decisions (the breaker
-//! owns those).
+//! provider. Attempts the caller cut short (its deadline or budget ran
+//! out, or it went away) are counted apart: they say nothing about the
+//! provider either, but an operator wants to see them. This is for display,
+//! never for routing decisions (the breaker owns those).
 
 use std::{
     collections::VecDeque,
@@ -33,6 +35,19 @@ struct Window {
     capacity: usize,
     max_age: Duration,
     samples: VecDeque<Sample>,
+    /// Attempts cut short by the caller, kept apart from `samples` so a
+    /// burst of impatient callers never pushes real calls out.
+    cut_short: VecDeque<(Instant, CutShort)>,
+}
+
+/// Why an attempt ended without a result of the provider's own: the
+/// caller's doing, never counted as a provider failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutShort {
+    /// The caller's gRPC deadline or `budget.max_latency_ms` ran out.
+    Deadline,
+    /// The caller went away (cancelled the RPC, dropped the stream).
+    Cancelled,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +70,10 @@ pub struct HealthSnapshot {
     pub p50: Option<Duration>,
     /// 99th-percentile latency (nearest rank); `None` without calls.
     pub p99: Option<Duration>,
+    /// Attempts cut at the caller's deadline in the window (not calls).
+    pub deadline_exceeded: usize,
+    /// Attempts abandoned by a caller that went away (not calls).
+    pub cancelled: usize,
 }
 
 impl Default for ProviderHealth {
@@ -72,6 +91,7 @@ impl ProviderHealth {
                 capacity,
                 max_age,
                 samples: VecDeque::with_capacity(capacity),
+                cut_short: VecDeque::new(),
             })),
         }
     }
@@ -93,6 +113,17 @@ impl ProviderHealth {
         });
     }
 
+    /// Records an attempt the caller cut short: neither a call nor an error.
+    pub fn record_cut_short(&self, why: CutShort) {
+        let now = Instant::now();
+        let mut w = self.lock();
+        w.prune(now);
+        if w.cut_short.len() >= w.capacity {
+            w.cut_short.pop_front();
+        }
+        w.cut_short.push_back((now, why));
+    }
+
     /// Share of failed calls in the window, in `[0, 1]`; 0 without calls.
     pub fn recent_error_rate(&self) -> f64 {
         self.snapshot().error_rate
@@ -106,11 +137,18 @@ impl ProviderHealth {
 
     /// Calls, errors, error rate, p50 and p99 in one consistent view.
     pub fn snapshot(&self) -> HealthSnapshot {
-        let (calls, errors, sorted) = {
+        let (calls, errors, sorted, deadline_exceeded, cancelled) = {
             let mut w = self.lock();
             w.prune(Instant::now());
             let errors = w.samples.iter().filter(|s| !s.ok).count();
-            (w.samples.len(), errors, sorted(&w.samples))
+            let of = |why| w.cut_short.iter().filter(|(_, w)| *w == why).count();
+            (
+                w.samples.len(),
+                errors,
+                sorted(&w.samples),
+                of(CutShort::Deadline),
+                of(CutShort::Cancelled),
+            )
         };
         HealthSnapshot {
             calls,
@@ -122,6 +160,8 @@ impl ProviderHealth {
             },
             p50: nearest_rank(&sorted, 50.0),
             p99: nearest_rank(&sorted, 99.0),
+            deadline_exceeded,
+            cancelled,
         }
     }
 
@@ -145,6 +185,12 @@ impl Window {
                 break;
             }
             self.samples.pop_front();
+        }
+        while let Some((at, _)) = self.cut_short.front() {
+            if now.saturating_duration_since(*at) <= self.max_age {
+                break;
+            }
+            self.cut_short.pop_front();
         }
     }
 }

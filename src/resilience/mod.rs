@@ -17,7 +17,9 @@
 //!     2. limits.try_acquire()           INTERACTIVE: saturated -> skip target
 //!        limits.acquire_until(deadline) BACKGROUND: wait, never past deadline
 //!     3. call the provider (attempt deadline = min(request deadline, timeout))
-//!     4. health.record(latency, ok)     every real call, never skipped ones
+//!     4. health.record(latency, ok)     every real call, never skipped ones;
+//!                                       an attempt the caller cut short
+//!                                       (deadline, gone) is counted apart
 //!        permit.record(Outcome::Success) / permit.record_error(&err)
 //!                                       (a 429 also starts the cooldown)
 //!     5. on error: policy.decide(..)    RetryAfter(d): drop both permits,
@@ -46,7 +48,7 @@ pub mod limits;
 pub mod retry;
 
 pub use breaker::{BreakerSnapshot, BreakerState, CircuitBreaker, Outcome, Permit, Rejected};
-pub use health::{HealthSnapshot, ProviderHealth};
+pub use health::{CutShort, HealthSnapshot, ProviderHealth};
 pub use limits::{LimitPermit, LimitRejected, ProviderLimits};
 pub use retry::{Decision, FixedJitter, JitterSource, RetryPolicy};
 

@@ -3,8 +3,11 @@
 use crate::{
     config::TargetConfig,
     providers::{ProviderError, TokenUsage},
+    resilience::{CutShort, ProviderGuards},
+    telemetry::metrics,
 };
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +24,11 @@ pub enum AttemptOutcome {
     SkippedRateLimited,
     /// Answered, but unusable.
     Malformed,
+    /// Cut at the caller's deadline or budget before the provider's own
+    /// timeout: not a failure of the provider.
+    Deadline,
+    /// Abandoned by a caller that went away: not a failure of the provider.
+    Cancelled,
 }
 
 /// One attempt at one target.
@@ -76,6 +84,7 @@ impl AttemptRecord {
     ) -> Self {
         let outcome = match err {
             ProviderError::Timeout => AttemptOutcome::Timeout,
+            ProviderError::Deadline => AttemptOutcome::Deadline,
             ProviderError::Malformed(_) => AttemptOutcome::Malformed,
             _ => AttemptOutcome::Error,
         };
@@ -133,3 +142,86 @@ pub fn total_usage(attempts: &[AttemptRecord]) -> TokenUsage {
             output_tokens: acc.output_tokens + a.usage.output_tokens,
         })
 }
+
+/// Who a failed attempt's error is charged to: a timeout at or after the
+/// request's own deadline was the caller's (its gRPC deadline or budget
+/// bound the attempt, not the provider's timeout), and becomes
+/// [`ProviderError::Deadline`]. Providers only see one deadline (the
+/// smaller of the two) and report `Timeout` either way.
+pub(super) fn attribute(err: ProviderError, request_deadline: Instant) -> ProviderError {
+    if err.is_timeout() && Instant::now() >= request_deadline {
+        ProviderError::Deadline
+    } else {
+        err
+    }
+}
+
+/// A provider call under way. [`InFlight::end`] records how it ended in the
+/// provider's health window and the metrics; dropped before that (the
+/// caller went away and the attempt's future with it), it is recorded as
+/// cancelled, which never counts against the provider.
+pub(super) struct InFlight<'a> {
+    guards: &'a ProviderGuards,
+    target: &'a TargetConfig,
+    started: Instant,
+    ended: bool,
+}
+
+impl<'a> InFlight<'a> {
+    /// A call to `target` starting now.
+    pub(super) fn start(guards: &'a ProviderGuards, target: &'a TargetConfig) -> Self {
+        Self {
+            guards,
+            target,
+            started: Instant::now(),
+            ended: false,
+        }
+    }
+
+    /// When the call started.
+    pub(super) fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Records the call's end (`None`: a usable answer) and returns its
+    /// latency. A cut at the caller's deadline is counted apart from the
+    /// provider's calls and errors.
+    pub(super) fn end(mut self, err: Option<&ProviderError>) -> Duration {
+        self.ended = true;
+        let elapsed = self.started.elapsed();
+        let health = &self.guards.health;
+        let status = match err {
+            None => {
+                health.record(elapsed, true);
+                "ok".to_owned()
+            }
+            Some(ProviderError::Deadline) => {
+                health.record_cut_short(CutShort::Deadline);
+                ProviderError::Deadline.code()
+            }
+            Some(err) => {
+                health.record(elapsed, false);
+                err.code()
+            }
+        };
+        metrics::attempt(&self.target.provider, &self.target.model, &status, elapsed);
+        elapsed
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.guards.health.record_cut_short(CutShort::Cancelled);
+            metrics::attempt(
+                &self.target.provider,
+                &self.target.model,
+                CANCELLED,
+                self.started.elapsed(),
+            );
+        }
+    }
+}
+
+/// Error code of an attempt abandoned by a caller that went away.
+pub const CANCELLED: &str = "CANCELLED";

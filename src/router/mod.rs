@@ -9,7 +9,8 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-pub use attempt::{AttemptOutcome, AttemptRecord, total_usage};
+pub use attempt::{AttemptOutcome, AttemptRecord, CANCELLED, total_usage};
+use attempt::{InFlight, attribute};
 pub use stream::RouteEvent;
 
 use crate::{
@@ -308,8 +309,8 @@ impl Router {
                 return Tried::Failed(None);
             }
         };
-        let started = Instant::now();
-        let attempt_deadline = self.attempt_deadline(&target.provider, started, deadline);
+        let call = InFlight::start(guards, target);
+        let attempt_deadline = self.attempt_deadline(&target.provider, call.started(), deadline);
         let req = CompletionRequest {
             model: target.model.clone(),
             deadline: attempt_deadline,
@@ -330,8 +331,8 @@ impl Router {
             .instrument(span.clone())
             .await
         {
-            Ok(result) => result,
-            Err(_) => Err(ProviderError::Timeout),
+            Ok(result) => result.map_err(|e| attribute(e, deadline)),
+            Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
         };
         match &called {
             Ok(c) => {
@@ -343,11 +344,10 @@ impl Router {
                 span.record("outcome", e.code().as_str());
             }
         }
-        let elapsed = started.elapsed();
         let err = match called {
             Ok(completion) => match parse(&completion) {
                 Ok(value) => {
-                    guards.health.record(elapsed, true);
+                    let elapsed = call.end(None);
                     permit.record(Outcome::Success);
                     attempts.push(
                         AttemptRecord::succeeded(target, retry, elapsed, completion.usage)
@@ -358,6 +358,7 @@ impl Router {
                 Err(why) => {
                     span.record("outcome", "MALFORMED_RESPONSE");
                     let err = ProviderError::Malformed(why);
+                    let elapsed = call.end(Some(&err));
                     // An unusable answer still consumed tokens.
                     attempts.push(
                         AttemptRecord::failed(target, retry, elapsed, &err)
@@ -368,12 +369,12 @@ impl Router {
                 }
             },
             Err(err) => {
+                let elapsed = call.end(Some(&err));
                 attempts
                     .push(AttemptRecord::failed(target, retry, elapsed, &err).with_waited(waited));
                 err
             }
         };
-        guards.health.record(elapsed, false);
         permit.record_error(&err);
 
         tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), "provider attempt failed");

@@ -4,7 +4,10 @@
 //! Each target gets one attempt (breaker and limits apply as in `run`):
 //! a stream is not retried in place, it falls back.
 
-use super::{AttemptOutcome, AttemptRecord, RouteError, RouteOptions, Router};
+use super::{
+    AttemptOutcome, AttemptRecord, RouteError, RouteOptions, Router,
+    attempt::{InFlight, attribute},
+};
 use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent};
 use crate::{config::TargetConfig, resilience::Outcome, tasks::Priority};
 use futures::{Stream, StreamExt};
@@ -131,35 +134,29 @@ impl Router {
                     continue;
                 };
                 // Timed from here, as in `run`: a rate-limiter wait is not provider time.
-                let started = Instant::now();
-                let attempt_deadline = router.attempt_deadline(&target.provider, started, deadline);
+                let call = InFlight::start(guards, target);
+                let attempt_deadline = router.attempt_deadline(&target.provider, call.started(), deadline);
                 let req = CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() };
                 let span = attempt_span(target, &req.trace_id);
                 yield RouteEvent::Started { provider: target.provider.clone(), model: target.model.clone() };
 
                 // Opened inside the attempt span: the upstream `traceparent` names it.
-                let opened = tokio::time::timeout_at(attempt_deadline, provider.stream(req))
+                let opened = match tokio::time::timeout_at(attempt_deadline, provider.stream(req))
                     .instrument(span.clone())
-                    .await;
+                    .await
+                {
+                    Ok(opened) => opened.map_err(|e| attribute(e, deadline)),
+                    Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
+                };
                 let mut upstream = match opened {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(err)) => {
+                    Ok(s) => s,
+                    Err(err) => {
                         failed(&span, target, &err);
-                        guards.health.record(started.elapsed(), false);
+                        let elapsed = call.end(Some(&err));
                         permit.record_error(&err);
-                        attempts.push(AttemptRecord::failed(target, 0, started.elapsed(), &err));
+                        attempts.push(AttemptRecord::failed(target, 0, elapsed, &err));
                         if let Some(next) = chain.get(index + 1) {
                             yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: err.code() };
-                        }
-                        continue;
-                    }
-                    Err(_) => {
-                        failed(&span, target, &ProviderError::Timeout);
-                        guards.health.record(started.elapsed(), false);
-                        permit.record_error(&ProviderError::Timeout);
-                        attempts.push(AttemptRecord::failed(target, 0, started.elapsed(), &ProviderError::Timeout));
-                        if let Some(next) = chain.get(index + 1) {
-                            yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: ProviderError::Timeout.code() };
                         }
                         continue;
                     }
@@ -168,9 +165,9 @@ impl Router {
                 loop {
                     let next = tokio::time::timeout_at(attempt_deadline, upstream.next());
                     let item = match next.instrument(span.clone()).await {
-                        Ok(Some(item)) => item,
+                        Ok(Some(item)) => item.map_err(|e| attribute(e, deadline)),
                         Ok(None) => Err(ProviderError::Malformed("stream ended without completion".into())),
-                        Err(_) => Err(ProviderError::Timeout),
+                        Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
                     };
                     match item {
                         Ok(StreamEvent::Delta(text)) => {
@@ -182,9 +179,9 @@ impl Router {
                             span.record("input_tokens", completion.usage.input_tokens);
                             span.record("output_tokens", completion.usage.output_tokens);
                             drop(span);
-                            guards.health.record(started.elapsed(), true);
+                            let elapsed = call.end(None);
                             permit.record(Outcome::Success);
-                            attempts.push(AttemptRecord::succeeded(target, 0, started.elapsed(), completion.usage));
+                            attempts.push(AttemptRecord::succeeded(target, 0, elapsed, completion.usage));
                             yield RouteEvent::Completed {
                                 completion,
                                 provider: target.provider.clone(),
@@ -196,11 +193,15 @@ impl Router {
                         }
                         Err(err) => {
                             failed(&span, target, &err);
-                            guards.health.record(started.elapsed(), false);
+                            let elapsed = call.end(Some(&err));
                             permit.record_error(&err);
-                            attempts.push(AttemptRecord::failed(target, 0, started.elapsed(), &err));
+                            attempts.push(AttemptRecord::failed(target, 0, elapsed, &err));
                             if sent_output {
-                                yield RouteEvent::Failed(RouteError::AllProvidersFailed { attempts });
+                                yield RouteEvent::Failed(if matches!(err, ProviderError::Deadline) {
+                                    RouteError::DeadlineExceeded { attempts }
+                                } else {
+                                    RouteError::AllProvidersFailed { attempts }
+                                });
                                 return;
                             }
                             if let Some(next) = chain.get(index + 1) {

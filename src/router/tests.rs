@@ -220,7 +220,7 @@ async fn nothing_starts_after_the_deadline() {
         summary(attempts),
         [
             ("flaky", 0, Some("HTTP_503")),
-            ("flaky", 1, Some("TIMEOUT"))
+            ("flaky", 1, Some("DEADLINE_EXCEEDED"))
         ]
     );
     assert_eq!(starts.of("flaky"), [t0, t0 + CALL + SEC]);
@@ -279,4 +279,33 @@ async fn an_absurd_provider_timeout_is_bounded_by_the_deadline_not_a_panic() {
     let (result, _) = run(&router, "sure", Priority::Interactive, t0 + SEC).await;
     assert_eq!(result.unwrap().provider, "spare");
     assert_eq!(t0.elapsed(), CALL);
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempts_cut_by_the_callers_deadline_never_count_against_the_provider() {
+    // `spare` answers in 100 ms; every caller gives up after 50 ms.
+    let mut config = config();
+    config
+        .providers
+        .get_mut("spare")
+        .unwrap()
+        .breaker
+        .failure_threshold = 1;
+    let router = router(config, Jitter::Fixed(0.0));
+    for _ in 0..10 {
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let (result, _) = run(&router, "sure", Priority::Background, deadline).await;
+        let Err(RouteError::DeadlineExceeded { attempts }) = &result else {
+            panic!("{result:?}")
+        };
+        assert_eq!(summary(attempts), [("spare", 0, Some("DEADLINE_EXCEEDED"))]);
+        assert_eq!(attempts[0].outcome, AttemptOutcome::Deadline);
+    }
+    let guards = router.resilience().get("spare").unwrap();
+    assert_eq!(guards.breaker.snapshot().consecutive_failures, 0);
+    let health = guards.health.snapshot();
+    assert_eq!((health.calls, health.deadline_exceeded), (0, 10));
+    // A caller with time to wait is served.
+    let (result, _) = run(&router, "sure", Priority::Background, Instant::now() + SEC).await;
+    assert!(result.is_ok(), "{result:?}");
 }

@@ -5,7 +5,6 @@
 //! names come from the config, statuses are stable codes, and teams appear
 //! only as one of [`TEAM_BUCKETS`] hash buckets. Never a message, never a key.
 
-use crate::router::{AttemptOutcome, AttemptRecord};
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::{
@@ -95,19 +94,13 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
-/// One provider attempt (real calls only; skipped targets are not calls).
-pub fn attempt(a: &AttemptRecord) {
-    if matches!(
-        a.outcome,
-        AttemptOutcome::SkippedCircuitOpen | AttemptOutcome::SkippedRateLimited
-    ) {
-        return;
-    }
-    let status = a.error_code.clone().unwrap_or_else(|| "ok".to_owned());
-    let labels = [("provider", a.provider.clone()), ("model", a.model.clone())];
-    counter!("llm_requests_total", "provider" => a.provider.clone(), "model" => a.model.clone(), "status" => status)
+/// One provider call that ended, by its status: `ok` or the attempt's
+/// error code (skipped targets are not calls and are not recorded).
+pub fn attempt(provider: &str, model: &str, status: &str, latency: Duration) {
+    counter!("llm_requests_total", "provider" => provider.to_owned(), "model" => model.to_owned(), "status" => status.to_owned())
         .increment(1);
-    histogram!("llm_response_time_seconds", &labels).record(a.latency.as_secs_f64());
+    histogram!("llm_response_time_seconds", "provider" => provider.to_owned(), "model" => model.to_owned())
+        .record(latency.as_secs_f64());
 }
 
 /// Tokens and cost of one attempt.

@@ -380,7 +380,7 @@ async fn the_grpc_deadline_bounds_the_whole_chain() {
     let info = status.get_details_error_info().unwrap();
     assert_eq!(info.reason, "DEADLINE_EXCEEDED");
     assert!(
-        info.metadata["attempts"].contains("primary/gpt-4o-mini:TIMEOUT"),
+        info.metadata["attempts"].contains("primary/gpt-4o-mini:DEADLINE_EXCEEDED"),
         "{:?}",
         info.metadata
     );

@@ -56,6 +56,8 @@ async fn an_empty_window_reports_no_errors_and_no_latency() {
             error_rate: 0.0,
             p50: None,
             p99: None,
+            deadline_exceeded: 0,
+            cancelled: 0,
         }
     );
 }
@@ -91,4 +93,22 @@ async fn the_window_forgets_calls_older_than_max_age() {
     assert_eq!(snap.p50, Some(ms(200)));
     advance(Duration::from_secs(31)).await;
     assert_eq!(h.snapshot().calls, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempts_cut_short_by_the_caller_are_counted_apart_from_calls() {
+    let h = ProviderHealth::new(3, Duration::from_secs(60));
+    h.record(ms(10), true);
+    for _ in 0..5 {
+        h.record_cut_short(CutShort::Deadline);
+    }
+    h.record_cut_short(CutShort::Cancelled);
+    let snap = h.snapshot();
+    assert_eq!((snap.calls, snap.errors, snap.error_rate), (1, 0, 0.0));
+    assert_eq!(snap.p99, Some(ms(10)), "no latency of a cut attempt");
+    // Bounded like the calls: the last `capacity` of them.
+    assert_eq!((snap.deadline_exceeded, snap.cancelled), (2, 1));
+    advance(Duration::from_secs(61)).await;
+    let snap = h.snapshot();
+    assert_eq!((snap.calls, snap.deadline_exceeded, snap.cancelled), (0, 0, 0));
 }
