@@ -205,8 +205,16 @@ impl OrchestratorApi {
         }
     }
 
-    fn check_size(&self, field: &str, bytes: usize) -> Result<(), Failure> {
-        request::check_size(field, bytes, &self.config.server)
+    /// The request's size limits: its fields together (`total`, the
+    /// largest of `fields` named on a violation) and its history entries.
+    fn check_input(
+        &self,
+        total: usize,
+        fields: &[(&str, usize)],
+        history: usize,
+    ) -> Result<(), Failure> {
+        request::check_history(history, &self.config.server)?;
+        request::check_input(total, fields, &self.config.server)
     }
 }
 
@@ -254,32 +262,58 @@ fn reply<T>(trace_id: &str, body: T) -> Response<T> {
     response
 }
 
+/// Encoded bytes of a history, entries' framing included: an empty entry
+/// still costs a prompt line, so it counts.
 fn history_bytes(history: &[pb::SmsMessage]) -> usize {
-    history.iter().map(|m| m.text.len()).sum()
+    history.iter().map(|m| m.encoded_len() + 2).sum()
+}
+
+fn context_bytes(context: Option<&pb::RequestContext>) -> usize {
+    context.map_or(0, Message::encoded_len)
 }
 
 fn execute_input(
     api: &OrchestratorApi,
     input: Option<pb::execute_request::Input>,
 ) -> Result<serde_json::Map<String, serde_json::Value>, Failure> {
+    let server = &api.config.server;
     match input {
         None => Ok(serde_json::Map::new()),
         Some(pb::execute_request::Input::InputStruct(s)) => {
-            api.check_size("input_struct", s.encoded_len())?;
+            request::check_depth("input_struct", request::struct_depth(&s), server)?;
             Ok(convert::struct_to_json(s))
         }
-        Some(pb::execute_request::Input::InputJson(json)) => {
-            api.check_size("input_json", json.len())?;
-            match serde_json::from_str(&json) {
-                Ok(serde_json::Value::Object(map)) => Ok(map),
-                Ok(_) => Err(Failure::invalid("input_json", "must be a JSON object")),
-                Err(e) => Err(Failure::invalid(
-                    "input_json",
-                    &format!("not valid JSON: {e}"),
-                )),
+        Some(pb::execute_request::Input::InputJson(json)) => match serde_json::from_str(&json) {
+            Ok(serde_json::Value::Object(map)) => {
+                let depth = 1 + map.values().map(request::json_depth).max().unwrap_or(0);
+                request::check_depth("input_json", depth, server)?;
+                Ok(map)
             }
-        }
+            Ok(_) => Err(Failure::invalid("input_json", "must be a JSON object")),
+            Err(e) => Err(Failure::invalid(
+                "input_json",
+                &format!("not valid JSON: {e}"),
+            )),
+        },
     }
+}
+
+/// The size check of an `Execute` request (see [`OrchestratorApi::check_input`]).
+fn check_execute(api: &OrchestratorApi, req: &pb::ExecuteRequest) -> Result<(), Failure> {
+    let input = match &req.input {
+        Some(pb::execute_request::Input::InputStruct(s)) => ("input_struct", s.encoded_len()),
+        Some(pb::execute_request::Input::InputJson(j)) => ("input_json", j.len()),
+        None => ("input_struct", 0),
+    };
+    api.check_input(
+        req.encoded_len(),
+        &[
+            input,
+            ("task", req.task.len()),
+            ("context", context_bytes(req.context.as_ref())),
+        ],
+        0,
+    )
 }
 
 fn check_task_name(task: &str) -> Result<(), Failure> {
@@ -345,8 +379,10 @@ impl Orchestrator for OrchestratorApi {
         };
         Box::pin(async move {
             let span = request_span("Execute", &ctx);
+            let sized = check_execute(self, &req);
             let result = async {
                 check_task_name(&req.task)?;
+                sized?;
                 let input = execute_input(self, req.input)?;
                 Ok(execute::execute(&self.runner, &ctx, &req.task, input).await?)
             }
@@ -381,8 +417,10 @@ impl Orchestrator for OrchestratorApi {
             &extensions,
         )?;
         let span = request_span("ExecuteStream", &ctx);
+        let sized = check_execute(self, &req);
         let prepared = async {
             check_task_name(&req.task)?;
+            sized?;
             let input = execute_input(self, req.input)?;
             let (rendered, request) =
                 execute::prepare(&self.runner, &ctx, &req.task, input).await?;
@@ -507,7 +545,15 @@ impl Orchestrator for OrchestratorApi {
         Box::pin(async move {
             let span = request_span("ClassifySms", &ctx);
             let result = async {
-                self.check_size("message", req.message.len() + history_bytes(&req.history))?;
+                self.check_input(
+                    req.encoded_len(),
+                    &[
+                        ("message", req.message.len()),
+                        ("history", history_bytes(&req.history)),
+                        ("context", context_bytes(req.context.as_ref())),
+                    ],
+                    req.history.len(),
+                )?;
                 let input = sms_classify::ClassifyInput {
                     message: req.message,
                     history: convert::history(&req.history),
@@ -554,22 +600,18 @@ impl Orchestrator for OrchestratorApi {
         Box::pin(async move {
             let span = request_span("GenerateSms", &ctx);
             let result = async {
-                let lead = req.lead.unwrap_or_default();
-                let lead_bytes = lead.first_name.len()
-                    + lead.last_name.len()
-                    + lead.company.len()
-                    + lead
-                        .attributes
-                        .iter()
-                        .map(|(k, v)| k.len() + v.len())
-                        .sum::<usize>();
-                self.check_size(
-                    "inbound_message",
-                    req.inbound_message.len()
-                        + history_bytes(&req.history)
-                        + req.goal.len()
-                        + lead_bytes,
+                self.check_input(
+                    req.encoded_len(),
+                    &[
+                        ("inbound_message", req.inbound_message.len()),
+                        ("history", history_bytes(&req.history)),
+                        ("lead", req.lead.as_ref().map_or(0, Message::encoded_len)),
+                        ("goal", req.goal.len()),
+                        ("context", context_bytes(req.context.as_ref())),
+                    ],
+                    req.history.len(),
                 )?;
+                let lead = req.lead.unwrap_or_default();
                 let mut lead_map: std::collections::BTreeMap<String, String> =
                     lead.attributes.into_iter().collect();
                 for (k, v) in [
@@ -635,7 +677,14 @@ impl Orchestrator for OrchestratorApi {
                 _ => research::Depth::Verify,
             };
             let result = async {
-                self.check_size("query", req.query.len())?;
+                self.check_input(
+                    req.encoded_len(),
+                    &[
+                        ("query", req.query.len()),
+                        ("context", context_bytes(req.context.as_ref())),
+                    ],
+                    0,
+                )?;
                 Ok(research::research(&self.runner, &ctx, &req.query, depth).await?)
             }
             .instrument(span.clone())

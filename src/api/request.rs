@@ -155,15 +155,100 @@ pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     })
 }
 
-/// Rejects inputs larger than the configured limit.
-pub(crate) fn check_size(field: &str, bytes: usize, server: &ServerConfig) -> Result<(), Failure> {
-    if bytes > server.max_input_bytes {
+/// Refuses a request whose fields together exceed `server.max_input_bytes`.
+/// `total` is the whole request's encoded size (every field counts, an
+/// empty history entry too); `fields` are its parts a caller fills, so the
+/// violation names the largest of them.
+pub(crate) fn check_input(
+    total: usize,
+    fields: &[(&str, usize)],
+    server: &ServerConfig,
+) -> Result<(), Failure> {
+    if total <= server.max_input_bytes {
+        return Ok(());
+    }
+    let (field, bytes) = fields
+        .iter()
+        .copied()
+        .max_by_key(|(_, bytes)| *bytes)
+        .unwrap_or(("request", total));
+    Err(Failure::invalid(
+        field,
+        &format!(
+            "the request is {total} bytes, over the {} byte input limit \
+             (server.max_input_bytes); this field holds {bytes}",
+            server.max_input_bytes
+        ),
+    ))
+}
+
+/// Refuses more `history` entries than `server.max_history_entries`.
+pub(crate) fn check_history(entries: usize, server: &ServerConfig) -> Result<(), Failure> {
+    if entries > server.max_history_entries {
         return Err(Failure::invalid(
-            field,
-            &format!("exceeds the {} byte input limit", server.max_input_bytes),
+            "history",
+            &format!(
+                "has {entries} entries, more than the {} allowed (server.max_history_entries)",
+                server.max_history_entries
+            ),
         ));
     }
     Ok(())
+}
+
+/// Refuses an input nested deeper than `server.max_input_depth`.
+pub(crate) fn check_depth(field: &str, depth: usize, server: &ServerConfig) -> Result<(), Failure> {
+    if depth > server.max_input_depth {
+        return Err(Failure::invalid(
+            field,
+            &format!(
+                "nests objects and arrays {depth} levels deep, more than the {} allowed \
+                 (server.max_input_depth)",
+                server.max_input_depth
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Nesting depth of a JSON value (a scalar is 0, `{}` or `[]` is 1),
+/// walked without recursion.
+pub(crate) fn json_depth(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0_usize)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(a) => Box::new(a.iter()),
+            Value::Object(o) => Box::new(o.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(depth + 1);
+        stack.extend(children.map(|c| (c, depth + 1)));
+    }
+    deepest
+}
+
+/// Nesting depth of a protobuf `Struct` (an empty one is 1), walked
+/// without recursion; lists and structs count alike, as in JSON.
+pub(crate) fn struct_depth(s: &prost_types::Struct) -> usize {
+    use prost_types::value::Kind;
+    let mut deepest = 1;
+    let mut stack: Vec<(&prost_types::Value, usize)> = s.fields.values().map(|v| (v, 1)).collect();
+    while let Some((value, depth)) = stack.pop() {
+        match &value.kind {
+            Some(Kind::StructValue(s)) => {
+                deepest = deepest.max(depth + 1);
+                stack.extend(s.fields.values().map(|v| (v, depth + 1)));
+            }
+            Some(Kind::ListValue(l)) => {
+                deepest = deepest.max(depth + 1);
+                stack.extend(l.values.iter().map(|v| (v, depth + 1)));
+            }
+            _ => {}
+        }
+    }
+    deepest
 }
 
 #[cfg(test)]
@@ -244,6 +329,40 @@ mod tests {
             tonic::metadata::MetadataValue::try_from(&b"1\xffm"[..]).unwrap(),
         );
         assert!(call_context(Some(&team()), None, &metadata, &server, &meter()).is_err());
+    }
+
+    #[test]
+    fn depths_count_every_level_of_objects_and_arrays() {
+        let json: serde_json::Value = serde_json::json!({"a": [1, {"b": []}], "c": 2});
+        assert_eq!(json_depth(&json), 4);
+        assert_eq!(json_depth(&serde_json::json!(7)), 0);
+        let back = crate::api::convert::json_to_struct(json.as_object().unwrap().clone());
+        assert_eq!(struct_depth(&back), 4);
+        assert_eq!(struct_depth(&prost_types::Struct::default()), 1);
+        // Deep input is walked without recursion.
+        let mut deep = serde_json::json!(1);
+        for _ in 0..1_000 {
+            deep = serde_json::json!([deep]);
+        }
+        assert_eq!(json_depth(&deep), 1_000);
+    }
+
+    #[test]
+    fn the_input_limit_names_the_largest_field() {
+        let server = ServerConfig {
+            max_input_bytes: 100,
+            ..Default::default()
+        };
+        assert!(check_input(100, &[("message", 90)], &server).is_ok());
+        let Err(Failure::Invalid(v)) =
+            check_input(120, &[("message", 10), ("history", 100)], &server)
+        else {
+            panic!("not refused")
+        };
+        assert_eq!(v[0].0, "history");
+        assert!(v[0].1.contains("120 bytes"), "{}", v[0].1);
+        assert!(check_history(101, &ServerConfig::default()).is_err());
+        assert!(check_history(100, &ServerConfig::default()).is_ok());
     }
 
     #[test]

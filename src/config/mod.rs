@@ -298,8 +298,17 @@ pub struct ServerConfig {
     /// Address of the HTTP endpoint with `/metrics` (Prometheus), `/healthz`
     /// and `/readyz`; absent = no metrics endpoint.
     pub metrics_listen: Option<SocketAddr>,
-    /// Largest accepted request input (message text, JSON input), in bytes.
+    /// Largest accepted request, in bytes: every field a caller sends
+    /// (message, history, lead, goal, query, JSON input, context), as
+    /// encoded on the wire.
     pub max_input_bytes: usize,
+    /// Most `history` entries one request may carry.
+    pub max_history_entries: usize,
+    /// Deepest nesting of objects and arrays in an `Execute` input.
+    pub max_input_depth: usize,
+    /// Largest rendered prompt (system + user text) sent to a provider, in
+    /// bytes: a template can repeat its input, and escaping grows it.
+    pub max_prompt_bytes: usize,
     /// Largest gRPC message decoded, in bytes (protects memory before any
     /// field is looked at).
     pub max_message_bytes: usize,
@@ -337,6 +346,16 @@ impl Default for ServerConfig {
             // 64 KiB holds any SMS thread or research query many times over;
             // bigger inputs are almost always a caller bug.
             max_input_bytes: 64 * 1024,
+            // An SMS thread of 100 messages is already months of texting;
+            // each entry becomes a prompt line, so the count is bounded
+            // apart from the bytes.
+            max_history_entries: 100,
+            // Business payloads are a few levels deep; 32 leaves room while
+            // keeping every recursive walk over the input shallow.
+            max_input_depth: 32,
+            // Four times the input limit: room for a template that repeats
+            // its input and for escaping, no more.
+            max_prompt_bytes: 256 * 1024,
             // 4 MiB is tonic's default; inputs are capped far lower anyway.
             max_message_bytes: 4 * 1024 * 1024,
             // Each in-flight call mostly waits on a provider; 1024 keeps
@@ -490,6 +509,12 @@ pub struct ProviderConfig {
     /// wait unseen inside it.
     #[serde(default = "defaults::streams_per_connection")]
     pub streams_per_connection: usize,
+    /// Most bytes one answer may hold: a whole body, one streamed line or
+    /// event, and the text a stream accumulates. Past it the attempt fails
+    /// with `RESPONSE_TOO_LARGE` and the chain moves on; it is what bounds
+    /// the memory a call in flight holds (docs/operations.md).
+    #[serde(default = "defaults::max_response_bytes")]
+    pub max_response_bytes: usize,
     /// Circuit breaker numbers.
     #[serde(default)]
     pub breaker: BreakerConfig,
@@ -500,6 +525,11 @@ pub struct ProviderConfig {
     #[serde(skip)]
     pub api_key: Option<Secret>,
 }
+
+/// Default of a provider's `max_response_bytes`: a few MiB, far above any
+/// chat answer (a 16k-token reply is ~64 KB of text, and a stream carries it
+/// line by line), small enough that a hostile upstream cannot exhaust memory.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 mod defaults {
     use std::time::Duration;
@@ -515,6 +545,9 @@ mod defaults {
     }
     pub fn max_concurrency() -> usize {
         64
+    }
+    pub fn max_response_bytes() -> usize {
+        super::DEFAULT_MAX_RESPONSE_BYTES
     }
     /// RFC 9113 §6.5.2 recommends servers allow at least 100 streams.
     pub fn streams_per_connection() -> usize {

@@ -41,6 +41,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         if p.streams_per_connection == 0 {
             bad(at("streams_per_connection"), "must be at least 1");
         }
+        // Smaller would refuse ordinary answers; the bound is what matters.
+        if p.max_response_bytes < 1024 {
+            bad(at("max_response_bytes"), "must be at least 1024");
+        }
         let b = &p.breaker;
         for (key, v) in [
             ("breaker.failure_threshold", b.failure_threshold),
@@ -223,8 +227,14 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be at least server.max_input_bytes",
         );
     }
-    if config.server.max_input_bytes == 0 {
-        bad("server.max_input_bytes".into(), "must be at least 1");
+    for (key, value) in [
+        ("max_input_bytes", config.server.max_input_bytes),
+        ("max_input_depth", config.server.max_input_depth),
+        ("max_prompt_bytes", config.server.max_prompt_bytes),
+    ] {
+        if value == 0 {
+            bad(format!("server.{key}"), "must be at least 1");
+        }
     }
     if config.server.default_timeout == Duration::ZERO {
         bad("server.default_timeout".into(), "must be greater than zero");

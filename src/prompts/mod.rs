@@ -7,7 +7,7 @@
 pub mod store;
 pub mod template;
 
-pub use template::{TemplateError, render};
+pub use template::{TemplateError, render, render_bounded};
 
 /// A resolved prompt.
 #[derive(Debug, Clone, PartialEq)]

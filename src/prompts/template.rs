@@ -13,24 +13,48 @@ pub enum TemplateError {
     /// A `{{` without a matching `}}`.
     #[error("unclosed `{{{{` in template")]
     Unclosed,
+    /// The rendered text would pass the size it was allowed.
+    #[error("the rendered prompt would exceed {limit} bytes (server.max_prompt_bytes)")]
+    TooLarge {
+        /// The bytes it was allowed.
+        limit: usize,
+    },
 }
 
 /// Renders `template` with `vars`.
 pub fn render(template: &str, vars: &BTreeMap<String, String>) -> Result<String, TemplateError> {
-    let mut out = String::with_capacity(template.len());
+    render_bounded(template, vars, usize::MAX)
+}
+
+/// Renders `template` with `vars`, refusing before the text passes `limit`
+/// bytes: a template may use a variable several times, so the output can
+/// outgrow its inputs, and it is never built past the limit.
+pub fn render_bounded(
+    template: &str,
+    vars: &BTreeMap<String, String>,
+    limit: usize,
+) -> Result<String, TemplateError> {
+    let mut out = String::with_capacity(template.len().min(limit));
+    let push = |out: &mut String, text: &str| {
+        if out.len().saturating_add(text.len()) > limit {
+            return Err(TemplateError::TooLarge { limit });
+        }
+        out.push_str(text);
+        Ok(())
+    };
     let mut rest = template;
     while let Some(open) = rest.find("{{") {
-        out.push_str(&rest[..open]);
+        push(&mut out, &rest[..open])?;
         let after = &rest[open + 2..];
         let close = after.find("}}").ok_or(TemplateError::Unclosed)?;
         let name = after[..close].trim();
         let value = vars
             .get(name)
             .ok_or_else(|| TemplateError::Missing(name.to_owned()))?;
-        out.push_str(value);
+        push(&mut out, value)?;
         rest = &after[close + 2..];
     }
-    out.push_str(rest);
+    push(&mut out, rest)?;
     Ok(out)
 }
 
@@ -74,6 +98,16 @@ mod tests {
         );
         assert_eq!(variables(t).unwrap(), vec!["name", "topic"]);
         assert_eq!(render("{{oops", &vars(&[])), Err(TemplateError::Unclosed));
+    }
+
+    #[test]
+    fn rendering_stops_at_the_limit() {
+        let v = vars(&[("x", "0123456789")]);
+        assert_eq!(render_bounded("{{x}}{{x}}", &v, 20).unwrap().len(), 20);
+        assert_eq!(
+            render_bounded("{{x}}{{x}}!", &v, 20),
+            Err(TemplateError::TooLarge { limit: 20 })
+        );
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub struct AnthropicProvider {
     /// `x-api-key`, marked sensitive so it never shows in debug output.
     api_key: Option<HeaderValue>,
     stream_idle: Duration,
+    max_response: usize,
 }
 
 impl AnthropicProvider {
@@ -60,6 +61,7 @@ impl AnthropicProvider {
             url: format!("{}/messages", base_url.trim_end_matches('/')),
             api_key,
             stream_idle: config.stream_idle_timeout,
+            max_response: config.max_response_bytes,
         })
     }
 
@@ -86,19 +88,26 @@ impl Provider for AnthropicProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, false).await?;
-        let message: MessagesResponse = http::json(response, req.deadline).await?;
+        let message: MessagesResponse =
+            http::json(response, req.deadline, self.max_response).await?;
         Ok(message.into_completion())
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, true).await?;
-        let events = Box::pin(sse::events(response, self.stream_idle, req.deadline));
+        let limit = self.max_response;
+        let events = Box::pin(sse::events(
+            response,
+            self.stream_idle,
+            req.deadline,
+            self.max_response,
+        ));
         Ok(Box::pin(async_stream::stream! {
             // The stream holds its place on the connection until it ends.
             let _lease = lease;
             let mut events = events;
-            let mut state = stream::State::default();
+            let mut state = stream::State::new(limit);
             while let Some(event) = events.next().await {
                 match event.and_then(|e| state.on_event(&e.data)) {
                     Err(err) => {

@@ -36,6 +36,14 @@ pub enum ProviderError {
     /// structured answer that fails validation, a truncated stream).
     #[error("malformed response: {0}")]
     Malformed(String),
+    /// The answer (a body, a streamed line or event, the streamed text)
+    /// grew past the provider's `max_response_bytes`: a provider failure
+    /// that falls back, and the reason no call holds more than that.
+    #[error("response larger than {limit} bytes")]
+    TooLarge {
+        /// The provider's `max_response_bytes`.
+        limit: usize,
+    },
     /// The provider cannot be built from its config.
     #[error("{0}")]
     Unsupported(String),
@@ -52,6 +60,7 @@ impl ProviderError {
             ProviderError::Status { status: 529, .. } => "OVERLOADED".into(),
             ProviderError::Status { status, .. } => format!("HTTP_{status}"),
             ProviderError::Malformed(_) => "MALFORMED_RESPONSE".into(),
+            ProviderError::TooLarge { .. } => "RESPONSE_TOO_LARGE".into(),
             ProviderError::Unsupported(_) => "UNSUPPORTED".into(),
         }
     }
@@ -63,7 +72,9 @@ impl ProviderError {
             ProviderError::Status { status, .. } => matches!(status, 408 | 429) || *status >= 500,
             // A model that produced bad structure is asked again at the next
             // target rather than re-rolled at the same one.
-            ProviderError::Malformed(_) | ProviderError::Unsupported(_) => false,
+            ProviderError::Malformed(_)
+            | ProviderError::TooLarge { .. }
+            | ProviderError::Unsupported(_) => false,
             // Nothing is left of the time another try would need.
             ProviderError::Deadline => false,
         }
@@ -73,9 +84,10 @@ impl ProviderError {
     /// (4xx other than 408) are our fault, and 429 is a cooldown, not a failure.
     pub fn counts_against_breaker(&self) -> bool {
         match self {
-            ProviderError::Timeout | ProviderError::Connect(_) | ProviderError::Malformed(_) => {
-                true
-            }
+            ProviderError::Timeout
+            | ProviderError::Connect(_)
+            | ProviderError::Malformed(_)
+            | ProviderError::TooLarge { .. } => true,
             ProviderError::Status { status, .. } => *status == 408 || *status >= 500,
             ProviderError::Unsupported(_) | ProviderError::Deadline => false,
         }
@@ -128,6 +140,7 @@ mod tests {
             (status(404), false, false),
             (ProviderError::Malformed("x".into()), false, true),
             (ProviderError::Deadline, false, false),
+            (ProviderError::TooLarge { limit: 1 }, false, true),
         ];
         for (err, retryable, counts) in table {
             assert_eq!(err.is_retryable(), retryable, "{err:?} retryable");

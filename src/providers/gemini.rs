@@ -37,6 +37,7 @@ pub struct GeminiProvider {
     /// (The header rather than `?key=`, which would put the key in URLs.)
     api_key: Option<HeaderValue>,
     stream_idle: Duration,
+    max_response: usize,
 }
 
 impl GeminiProvider {
@@ -59,6 +60,7 @@ impl GeminiProvider {
             base_url: base_url.trim_end_matches('/').to_owned(),
             api_key,
             stream_idle: config.stream_idle_timeout,
+            max_response: config.max_response_bytes,
         })
     }
 
@@ -84,9 +86,10 @@ impl Provider for GeminiProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, "generateContent").await?;
-        let answer: GenerateResponse = http::json(response, req.deadline).await?;
+        let answer: GenerateResponse =
+            http::json(response, req.deadline, self.max_response).await?;
         let no_candidates = answer.candidates.is_empty();
-        let mut state = StreamState::default();
+        let mut state = StreamState::new(self.max_response);
         // Fails first on an error envelope or a blocked prompt.
         state.on_chunk(answer)?;
         if no_candidates {
@@ -102,12 +105,18 @@ impl Provider for GeminiProvider {
         let response = self
             .send(&lease, &req, "streamGenerateContent?alt=sse")
             .await?;
-        let events = Box::pin(sse::events(response, self.stream_idle, req.deadline));
+        let limit = self.max_response;
+        let events = Box::pin(sse::events(
+            response,
+            self.stream_idle,
+            req.deadline,
+            self.max_response,
+        ));
         Ok(Box::pin(async_stream::stream! {
             // The stream holds its place on the connection until it ends.
             let _lease = lease;
             let mut events = events;
-            let mut state = StreamState::default();
+            let mut state = StreamState::new(limit);
             while let Some(event) = events.next().await {
                 let step = event.and_then(|e| parse_chunk(&e.data)).and_then(|chunk| match chunk {
                     Some(chunk) => state.on_chunk(chunk),
@@ -275,14 +284,31 @@ fn parse_chunk(data: &str) -> Result<Option<GenerateResponse>, ProviderError> {
 }
 
 /// The answer assembled from one or more `GenerateContentResponse`s.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct StreamState {
     text: String,
     usage: TokenUsage,
     finish: Option<FinishReason>,
+    /// Most bytes of text it may accumulate.
+    limit: usize,
+}
+
+impl Default for StreamState {
+    fn default() -> Self {
+        Self::new(crate::config::DEFAULT_MAX_RESPONSE_BYTES)
+    }
 }
 
 impl StreamState {
+    fn new(limit: usize) -> Self {
+        Self {
+            text: String::new(),
+            usage: TokenUsage::default(),
+            finish: None,
+            limit,
+        }
+    }
+
     /// Folds in one response/chunk and returns its new text.
     fn on_chunk(&mut self, chunk: GenerateResponse) -> Result<String, ProviderError> {
         if let Some(error) = chunk.error {
@@ -320,7 +346,7 @@ impl StreamState {
             .filter(|p| !p.thought)
             .filter_map(|p| p.text)
             .collect();
-        self.text.push_str(&text);
+        http::append_limited(&mut self.text, &text, self.limit)?;
         if let Some(reason) = candidate.finish_reason {
             self.finish = Some(finish_reason(&reason));
         }

@@ -237,17 +237,45 @@ async fn read_capped(mut response: Response) -> Vec<u8> {
     body
 }
 
-/// Reads and decodes a JSON success body before `deadline`.
+/// Reads and decodes a JSON success body before `deadline`, refusing one
+/// longer than `limit` bytes (by its `Content-Length` at once, else as soon
+/// as it grows past it).
 pub async fn json<T: DeserializeOwned>(
     response: Response,
     deadline: Instant,
+    limit: usize,
 ) -> Result<T, ProviderError> {
-    let bytes = match tokio::time::timeout_at(deadline, response.bytes()).await {
+    let bytes = match tokio::time::timeout_at(deadline, read_limited(response, limit)).await {
         Err(_) => return Err(ProviderError::Timeout),
-        Ok(Err(e)) => return Err(transport_error(&e)),
-        Ok(Ok(b)) => b,
+        Ok(read) => read?,
     };
     serde_json::from_slice(&bytes).map_err(|e| malformed_json(&e))
+}
+
+async fn read_limited(mut response: Response, limit: usize) -> Result<Vec<u8>, ProviderError> {
+    let too_large = ProviderError::TooLarge { limit };
+    let announced = response.content_length().unwrap_or(0);
+    if announced > u64::try_from(limit).unwrap_or(u64::MAX) {
+        return Err(too_large);
+    }
+    let mut body = Vec::with_capacity(usize::try_from(announced).unwrap_or(0));
+    while let Some(chunk) = response.chunk().await.map_err(|e| transport_error(&e))? {
+        if body.len().saturating_add(chunk.len()) > limit {
+            return Err(too_large);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// Appends a streamed piece to the text accumulated so far, refusing to grow
+/// it past `limit` bytes.
+pub fn append_limited(text: &mut String, piece: &str, limit: usize) -> Result<(), ProviderError> {
+    if text.len().saturating_add(piece.len()) > limit {
+        return Err(ProviderError::TooLarge { limit });
+    }
+    text.push_str(piece);
+    Ok(())
 }
 
 /// A JSON decoding failure, described by its category and position only:

@@ -62,6 +62,7 @@ pub struct OpenAiProvider {
     /// never shows in debug output.
     authorization: Option<HeaderValue>,
     stream_idle: Duration,
+    max_response: usize,
 }
 
 impl OpenAiProvider {
@@ -89,6 +90,7 @@ impl OpenAiProvider {
             url,
             authorization,
             stream_idle: p.stream_idle_timeout,
+            max_response: p.max_response_bytes,
         })
     }
 
@@ -119,15 +121,20 @@ impl Provider for OpenAiProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, false).await?;
-        let wire: WireResponse = http::json(response, req.deadline).await?;
+        let wire: WireResponse = http::json(response, req.deadline, self.max_response).await?;
         completion(self.flavor, wire)
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, true).await?;
-        let mut events = Box::pin(sse::events(response, self.stream_idle, req.deadline));
-        let mut state = StreamState::new(self.flavor);
+        let mut events = Box::pin(sse::events(
+            response,
+            self.stream_idle,
+            req.deadline,
+            self.max_response,
+        ));
+        let mut state = StreamState::new(self.flavor, self.max_response);
         Ok(Box::pin(async_stream::stream! {
             // The stream holds its place on the connection until it ends.
             let _lease = lease;
@@ -329,12 +336,15 @@ struct StreamState {
     finish_reason: Option<FinishReason>,
     citations: Option<Value>,
     search_results: Option<Value>,
+    /// Most bytes of text it may accumulate.
+    limit: usize,
 }
 
 impl StreamState {
-    fn new(flavor: Flavor) -> Self {
+    fn new(flavor: Flavor, limit: usize) -> Self {
         Self {
             flavor,
+            limit,
             text: String::new(),
             usage: TokenUsage::default(),
             finish_reason: None,
@@ -383,7 +393,7 @@ impl StreamState {
         }
         match choice.delta.and_then(|d| d.content) {
             Some(piece) if !piece.is_empty() => {
-                self.text.push_str(&piece);
+                http::append_limited(&mut self.text, &piece, self.limit)?;
                 Ok(Step::Delta(piece))
             }
             _ => Ok(Step::Nothing),

@@ -170,6 +170,12 @@ fn template_error(
             )
         }
         TemplateError::Unclosed => TaskError::invalid("prompt", err.to_string()),
+        // The request's own text, repeated or escaped by the template, is
+        // what grew past the limit.
+        TemplateError::TooLarge { .. } if vars.contains_key(EXECUTE_INPUT_VAR) => {
+            TaskError::invalid(EXECUTE_INPUT_VAR, err.to_string())
+        }
+        TemplateError::TooLarge { .. } => TaskError::invalid("prompt", err.to_string()),
     }
 }
 
@@ -238,9 +244,11 @@ impl TaskRunner {
         };
         ctx.meter
             .note_prompt(&prompt.owner, &prompt.key, prompt.version);
-        let system =
-            prompts::render(&prompt.system, vars).map_err(|e| template_error(e, &prompt, vars))?;
-        let user = prompts::render(&prompt.user_template, vars)
+        // One budget for both texts: together they are what is sent.
+        let limit = self.config.server.max_prompt_bytes;
+        let system = prompts::render_bounded(&prompt.system, vars, limit)
+            .map_err(|e| template_error(e, &prompt, vars))?;
+        let user = prompts::render_bounded(&prompt.user_template, vars, limit - system.len())
             .map_err(|e| template_error(e, &prompt, vars))?;
         Ok(Rendered {
             prompt,

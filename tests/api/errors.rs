@@ -133,11 +133,12 @@ async fn invalid_inputs_are_invalid_argument_with_field_violations() {
         })
         .await
         .unwrap_err();
+    // The violation names the field that holds the bytes.
     assert_error(
         &history_too_big,
         Code::InvalidArgument,
         "INVALID_INPUT",
-        Some("message"),
+        Some("history"),
     );
 
     let empty_inbound = c
@@ -429,5 +430,143 @@ async fn an_oversized_grpc_message_is_refused_before_decoding() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    app.stop().await;
+}
+
+/// Everything a request can make the server allocate is bounded, and a
+/// violation names its field: history entries (an empty one still costs a
+/// prompt line), the request's bytes over all its fields, the nesting of an
+/// `Execute` input, and the prompt rendered from it.
+#[tokio::test]
+async fn every_input_a_request_can_grow_is_bounded_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("bounds.db").display());
+    let toml = crate::common::config_toml(&url, "", "").replace(
+        "max_input_bytes = 2048",
+        "max_input_bytes = 2048\nmax_history_entries = 20\nmax_input_depth = 8\nmax_prompt_bytes = 1500",
+    );
+    let app = TestApp::spawn_toml(&toml).await;
+    let mut c = app.client.clone();
+    let entry = |text: &str| pb::SmsMessage {
+        text: text.into(),
+        ..Default::default()
+    };
+    let classify = |history: Vec<pb::SmsMessage>| pb::ClassifySmsRequest {
+        context: ctx(),
+        message: "hi".into(),
+        history,
+        ..Default::default()
+    };
+
+    // Many empty entries: refused by count, though nearly no bytes.
+    let status = c
+        .classify_sms(classify(vec![entry(""); 21]))
+        .await
+        .unwrap_err();
+    assert_error(
+        &status,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("history"),
+    );
+    assert!(c.classify_sms(classify(vec![entry(""); 20])).await.is_ok());
+
+    // Few entries, many bytes: the total over all fields, naming the largest.
+    let status = c
+        .classify_sms(classify(vec![entry(&"h".repeat(200)); 12]))
+        .await
+        .unwrap_err();
+    assert_error(
+        &status,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("history"),
+    );
+    let bad = status.get_details_bad_request().unwrap();
+    assert!(
+        bad.field_violations[0]
+            .description
+            .contains("2048 byte input limit"),
+        "{bad:?}"
+    );
+    let status = c
+        .generate_sms(pb::GenerateSmsRequest {
+            context: ctx(),
+            inbound_message: "hi".into(),
+            lead: Some(pb::Lead {
+                attributes: (0..100)
+                    .map(|i| (format!("k{i}"), "v".repeat(20)))
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_error(
+        &status,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("lead"),
+    );
+
+    // Nesting: as JSON text and as a Struct.
+    let nested = |depth: usize| {
+        let mut v = serde_json::json!("leaf");
+        for _ in 0..depth {
+            v = serde_json::json!({ "a": v });
+        }
+        v
+    };
+    let execute = |input: pb::execute_request::Input| pb::ExecuteRequest {
+        context: ctx(),
+        task: "meeting_brief".into(),
+        input: Some(input),
+        ..Default::default()
+    };
+    let json = |depth| pb::execute_request::Input::InputJson(nested(depth).to_string());
+    let status = c.execute(execute(json(9))).await.unwrap_err();
+    assert_error(
+        &status,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("input_json"),
+    );
+    assert!(c.execute(execute(json(8))).await.is_ok());
+    let as_struct = |depth| {
+        let serde_json::Value::Object(map) = nested(depth) else {
+            unreachable!()
+        };
+        pb::execute_request::Input::InputStruct(ai_orchestrator::api::convert::json_to_struct(map))
+    };
+    let status = c.execute(execute(as_struct(9))).await.unwrap_err();
+    assert_error(
+        &status,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("input_struct"),
+    );
+    assert!(c.execute(execute(as_struct(8))).await.is_ok());
+
+    // Under the input limit, but escaping grows the rendered prompt past its
+    // own limit: refused before any provider call, naming the input.
+    let escaped = serde_json::json!({ "company": "&".repeat(600) }).to_string();
+    let status = c
+        .execute(execute(pb::execute_request::Input::InputJson(escaped)))
+        .await
+        .unwrap_err();
+    assert_error(
+        &status,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("input"),
+    );
+    let bad = status.get_details_bad_request().unwrap();
+    assert!(
+        bad.field_violations[0]
+            .description
+            .contains("max_prompt_bytes"),
+        "{bad:?}"
+    );
     app.stop().await;
 }

@@ -25,11 +25,19 @@ pub(super) enum Step {
 }
 
 /// What we know of the answer so far.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct State {
     text: String,
     usage: WireUsage,
     stop_reason: Option<String>,
+    /// Most bytes of text it may accumulate.
+    limit: usize,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self::new(crate::config::DEFAULT_MAX_RESPONSE_BYTES)
+    }
 }
 
 /// The events we act on, by their `type` (always equal to the SSE `event:`).
@@ -83,6 +91,16 @@ struct ErrorBody {
 }
 
 impl State {
+    /// No answer yet; the text may grow to `limit` bytes.
+    pub(super) fn new(limit: usize) -> Self {
+        Self {
+            text: String::new(),
+            usage: WireUsage::default(),
+            stop_reason: None,
+            limit,
+        }
+    }
+
     /// Folds in one event's `data:` payload.
     pub(super) fn on_event(&mut self, data: &str) -> Result<Step, ProviderError> {
         if data.trim().is_empty() {
@@ -104,7 +122,7 @@ impl State {
             Event::ContentBlockDelta {
                 delta: BlockDelta::TextDelta { text },
             } => {
-                self.text.push_str(&text);
+                http::append_limited(&mut self.text, &text, self.limit)?;
                 Step::Delta(text)
             }
             Event::MessageDelta { delta, usage } => {

@@ -92,7 +92,7 @@ fn non_streaming_shapes() {
 }
 
 fn run(flavor: Flavor, lines: &[&str]) -> (Vec<Result<Step, ProviderError>>, StreamState) {
-    let mut state = StreamState::new(flavor);
+    let mut state = StreamState::new(flavor, crate::config::DEFAULT_MAX_RESPONSE_BYTES);
     let steps = lines.iter().map(|l| state.on_data(l)).collect();
     (steps, state)
 }

@@ -110,5 +110,8 @@ async fn attempts_cut_short_by_the_caller_are_counted_apart_from_calls() {
     assert_eq!((snap.deadline_exceeded, snap.cancelled), (2, 1));
     advance(Duration::from_secs(61)).await;
     let snap = h.snapshot();
-    assert_eq!((snap.calls, snap.deadline_exceeded, snap.cancelled), (0, 0, 0));
+    assert_eq!(
+        (snap.calls, snap.deadline_exceeded, snap.cancelled),
+        (0, 0, 0)
+    );
 }
