@@ -114,7 +114,7 @@ pub fn meta(m: &CallMeta) -> pb::ResponseMeta {
 /// A team's caps and what remains of them this month (spent + reserved
 /// counted as used; never negative).
 pub fn limits(caps: &Caps, b: &Balance) -> (pb::UsageLimits, pb::UsageLimits) {
-    let left = |cap: i64, used: i64| (cap - used).max(0);
+    let left = |cap: i64, used: i64| cap.saturating_sub(used).max(0);
     let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
     let limits = pb::UsageLimits {
         max_tokens: caps.tokens.map(as_u64),
@@ -124,13 +124,19 @@ pub fn limits(caps: &Caps, b: &Balance) -> (pb::UsageLimits, pb::UsageLimits) {
     let remaining = pb::UsageLimits {
         max_tokens: caps
             .tokens
-            .map(|c| as_u64(left(c, b.spent_tokens + b.reserved_tokens))),
-        max_requests: caps
-            .requests
-            .map(|c| as_u64(left(c, b.spent_requests + b.reserved_requests))),
-        max_cost_usd: caps
-            .cost_micros
-            .map(|c| usd(left(c, b.spent_cost_micros + b.reserved_cost_micros))),
+            .map(|c| as_u64(left(c, b.spent_tokens.saturating_add(b.reserved_tokens)))),
+        max_requests: caps.requests.map(|c| {
+            as_u64(left(
+                c,
+                b.spent_requests.saturating_add(b.reserved_requests),
+            ))
+        }),
+        max_cost_usd: caps.cost_micros.map(|c| {
+            usd(left(
+                c,
+                b.spent_cost_micros.saturating_add(b.reserved_cost_micros),
+            ))
+        }),
     };
     (limits, remaining)
 }

@@ -3,6 +3,41 @@
 use super::{Config, Invalid, ProviderKind};
 use std::time::Duration;
 
+/// Largest accepted price, USD per 1M tokens: the dearest models cost a
+/// few hundred; a price past this is a typo (per token instead of per
+/// million), and would make every call's cost absurd.
+pub const MAX_PRICE_PER_MTOK: f64 = 10_000.0;
+
+/// Largest accepted `max_tokens` of a task: above every model's output
+/// window, and it bounds the output tokens a provider may plausibly report.
+pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
+
+/// Checks that a database URL names a SQLite file (or `:memory:`) or a
+/// PostgreSQL database.
+fn database_url(url: &str) -> Result<(), &'static str> {
+    if let Some(rest) = url.strip_prefix("sqlite:") {
+        let rest = rest.strip_prefix("//").unwrap_or(rest);
+        let path = rest.split('?').next().unwrap_or_default();
+        if path.is_empty() {
+            return Err("names no SQLite file: use sqlite://path/to/file.db");
+        }
+        return Ok(());
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let Ok(parsed) = reqwest::Url::parse(url) else {
+            return Err("is not a valid postgres:// URL");
+        };
+        if parsed.host_str().unwrap_or_default().is_empty() {
+            return Err("names no host: use postgres://user@host:5432/database");
+        }
+        if parsed.path().trim_start_matches('/').is_empty() {
+            return Err("names no database: use postgres://user@host:5432/database");
+        }
+        return Ok(());
+    }
+    Err("must start with sqlite:, postgres:// or postgresql://")
+}
+
 /// Every problem found, in a stable order (providers, tasks, server, database).
 pub(super) fn check(config: &Config) -> Vec<Invalid> {
     let mut out = Vec::new();
@@ -78,6 +113,11 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         }
         if t.max_tokens == 0 {
             bad(at("max_tokens"), "must be at least 1");
+        } else if t.max_tokens > MAX_OUTPUT_TOKENS {
+            bad(
+                at("max_tokens"),
+                &format!("must be at most {MAX_OUTPUT_TOKENS}"),
+            );
         }
         if let Some(temp) = t.temperature
             && !(0.0..=2.0).contains(&temp)
@@ -110,6 +150,13 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
                 for (key, v) in [("input_per_mtok", i), ("output_per_mtok", o)] {
                     if !v.is_finite() || v < 0.0 {
                         bad(at(key), "must be a non-negative number");
+                    } else if v > MAX_PRICE_PER_MTOK {
+                        bad(
+                            at(key),
+                            &format!(
+                                "must be at most {MAX_PRICE_PER_MTOK} (USD per 1M tokens); a larger price is a typo"
+                            ),
+                        );
                     }
                 }
             }
@@ -258,18 +305,67 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             bad(key.into(), "must be greater than zero");
         }
     }
-    let url = &config.database.url;
-    if !(url.starts_with("sqlite:")
-        || url.starts_with("postgres://")
-        || url.starts_with("postgresql://"))
-    {
-        bad(
-            "database.url".into(),
-            "must start with sqlite:, postgres:// or postgresql://",
-        );
+    if let Err(why) = database_url(&config.database.url) {
+        bad("database.url".into(), why);
     }
     if config.database.max_connections == 0 {
         bad("database.max_connections".into(), "must be at least 1");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_url_must_name_a_file_or_a_database() {
+        for ok in [
+            "sqlite://data/ai.db",
+            "sqlite:data/ai.db",
+            "sqlite:///var/lib/aio/ai.db?mode=rwc",
+            "sqlite::memory:",
+            "postgres://aio@db:5432/aio",
+            "postgresql://aio:secret@db/aio?sslmode=require",
+        ] {
+            assert_eq!(database_url(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "sqlite://",
+            "sqlite:",
+            "sqlite://?mode=rwc",
+            "postgres://db:5432",
+            "postgres://db:5432/",
+            "postgres:///aio",
+            "mysql://db/aio",
+            "",
+        ] {
+            assert!(database_url(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn absurd_prices_and_output_caps_are_refused() {
+        let config = |extra: &str| {
+            let toml = format!(
+                "[providers.p]\nkind = \"mock\"\n[tasks.t]\nchain = [{{ provider = \"p\", model = \"m\" }}]\n{extra}"
+            );
+            crate::config::Config::from_toml_str(&toml, |_| None)
+        };
+        let paths = |extra: &str| config(extra).err().map(|e| e.paths()).unwrap_or_default();
+        assert!(config("[pricing.m]\ninput_per_mtok = 10000\noutput_per_mtok = 0").is_ok());
+        assert_eq!(
+            paths("[pricing.m]\ninput_per_mtok = 10000.01\noutput_per_mtok = 1e300"),
+            [
+                "pricing.\"m\".input_per_mtok",
+                "pricing.\"m\".output_per_mtok"
+            ]
+        );
+        assert_eq!(
+            paths(
+                "[pricing.m]\nprice = \"unknown\"\n[tasks.u]\nchain = [{ provider = \"p\", model = \"m\" }]\nmax_tokens = 1000001"
+            ),
+            ["tasks.u.max_tokens"]
+        );
+    }
 }

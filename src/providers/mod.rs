@@ -87,6 +87,52 @@ pub struct TokenUsage {
     pub output_tokens: u64,
 }
 
+/// Input tokens a provider may bill beyond our text's bytes: its own chat
+/// framing, a structured-output schema, tool prompts it adds.
+const INPUT_SLACK: u64 = 16_384;
+
+/// Output tokens a provider may report beyond `max_tokens`: reasoning or
+/// "thinking" tokens some count in the output.
+const OUTPUT_SLACK: u64 = 1_024;
+
+impl TokenUsage {
+    /// Both counts added, saturating: provider numbers must never wrap.
+    pub fn saturating_add(self, other: TokenUsage) -> TokenUsage {
+        TokenUsage {
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+        }
+    }
+
+    /// `Ok` when the provider's counts are plausible for `req`; else `Err`
+    /// with the counts capped at what is plausible, the amount the attempt
+    /// is charged (docs/metering.md, *Implausible usage*).
+    ///
+    /// Plausible: input at most twice the bytes of our text plus
+    /// [`INPUT_SLACK`] (every token of a byte-level tokenizer is at least
+    /// one byte), output at most twice `max_tokens` plus [`OUTPUT_SLACK`].
+    /// An answer claiming more (a broken or hostile upstream, `u64::MAX`)
+    /// is malformed: it would otherwise saturate the cost and the ledger.
+    pub fn plausible_for(self, req: &CompletionRequest) -> Result<TokenUsage, TokenUsage> {
+        let bytes = req.system.as_deref().map_or(0, str::len)
+            + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+        let input = u64::try_from(bytes)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(2)
+            .saturating_add(INPUT_SLACK);
+        let output = u64::from(req.max_tokens)
+            .saturating_mul(2)
+            .saturating_add(OUTPUT_SLACK);
+        if self.input_tokens <= input && self.output_tokens <= output {
+            return Ok(self);
+        }
+        Err(TokenUsage {
+            input_tokens: self.input_tokens.min(input),
+            output_tokens: self.output_tokens.min(output),
+        })
+    }
+}
+
 /// Why the model stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FinishReason {
@@ -212,5 +258,50 @@ fn build(
             &base_url()?,
         )?)),
         ProviderKind::Gemini => Ok(Arc::new(gemini::GeminiProvider::new(p, &base_url()?)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(text: &str, max_tokens: u32) -> CompletionRequest {
+        CompletionRequest {
+            model: String::new(),
+            system: Some("sys".into()),
+            messages: vec![ChatMessage {
+                role: Role::User,
+                content: text.into(),
+            }],
+            temperature: None,
+            max_tokens,
+            response_format: None,
+            trace_id: String::new(),
+            traceparent: None,
+            deadline: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn implausible_usage_is_refused_and_capped() {
+        let req = request(&"x".repeat(1000), 100);
+        let usage = |input, output| TokenUsage {
+            input_tokens: input,
+            output_tokens: output,
+        };
+        // 2 x 1003 bytes + 16,384 input, 2 x 100 + 1,024 output.
+        assert_eq!(
+            usage(18_390, 1_224).plausible_for(&req),
+            Ok(usage(18_390, 1_224))
+        );
+        assert_eq!(
+            usage(u64::MAX, u64::MAX).plausible_for(&req),
+            Err(usage(18_390, 1_224))
+        );
+        assert_eq!(usage(10, 1_225).plausible_for(&req), Err(usage(10, 1_224)));
+        assert_eq!(
+            usage(u64::MAX, 1).saturating_add(usage(5, u64::MAX)),
+            usage(u64::MAX, u64::MAX)
+        );
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::{
     config::TargetConfig,
-    providers::{ProviderError, TokenUsage},
+    providers::{Completion, CompletionRequest, ProviderError, TokenUsage},
     resilience::{CutShort, ProviderGuards},
     telemetry::metrics,
 };
@@ -137,10 +137,21 @@ impl AttemptRecord {
 pub fn total_usage(attempts: &[AttemptRecord]) -> TokenUsage {
     attempts
         .iter()
-        .fold(TokenUsage::default(), |acc, a| TokenUsage {
-            input_tokens: acc.input_tokens + a.usage.input_tokens,
-            output_tokens: acc.output_tokens + a.usage.output_tokens,
-        })
+        .fold(TokenUsage::default(), |acc, a| acc.saturating_add(a.usage))
+}
+
+/// A completion whose reported usage is implausible for `req`, as the
+/// malformed response it is, with the usage it is charged (capped).
+pub(super) fn implausible(
+    completion: &Completion,
+    req: &CompletionRequest,
+) -> Option<(ProviderError, TokenUsage)> {
+    completion.usage.plausible_for(req).err().map(|capped| {
+        (
+            ProviderError::Malformed("implausible token usage reported".into()),
+            capped,
+        )
+    })
 }
 
 /// Who a failed attempt's error is charged to: a timeout at or after the

@@ -10,7 +10,7 @@ mod stream;
 mod tests;
 
 pub use attempt::{AttemptOutcome, AttemptRecord, CANCELLED, total_usage};
-use attempt::{InFlight, attribute};
+use attempt::{InFlight, attribute, implausible};
 pub use stream::RouteEvent;
 
 use crate::{
@@ -345,29 +345,37 @@ impl Router {
             }
         }
         let err = match called {
-            Ok(completion) => match parse(&completion) {
-                Ok(value) => {
-                    let elapsed = call.end(None);
-                    permit.record(Outcome::Success);
-                    attempts.push(
-                        AttemptRecord::succeeded(target, retry, elapsed, completion.usage)
-                            .with_waited(waited),
-                    );
-                    return Tried::Served(value, completion);
+            Ok(completion) => {
+                // An answer with absurd token counts is as unusable as one
+                // that does not parse, and is charged its plausible part.
+                let parsed = match implausible(&completion, request) {
+                    Some(refused) => Err(refused),
+                    None => parse(&completion)
+                        .map_err(|why| (ProviderError::Malformed(why), completion.usage)),
+                };
+                match parsed {
+                    Ok(value) => {
+                        let elapsed = call.end(None);
+                        permit.record(Outcome::Success);
+                        attempts.push(
+                            AttemptRecord::succeeded(target, retry, elapsed, completion.usage)
+                                .with_waited(waited),
+                        );
+                        return Tried::Served(value, completion);
+                    }
+                    Err((err, charged)) => {
+                        span.record("outcome", "MALFORMED_RESPONSE");
+                        let elapsed = call.end(Some(&err));
+                        // An unusable answer still consumed tokens.
+                        attempts.push(
+                            AttemptRecord::failed(target, retry, elapsed, &err)
+                                .with_usage(charged)
+                                .with_waited(waited),
+                        );
+                        err
+                    }
                 }
-                Err(why) => {
-                    span.record("outcome", "MALFORMED_RESPONSE");
-                    let err = ProviderError::Malformed(why);
-                    let elapsed = call.end(Some(&err));
-                    // An unusable answer still consumed tokens.
-                    attempts.push(
-                        AttemptRecord::failed(target, retry, elapsed, &err)
-                            .with_usage(completion.usage)
-                            .with_waited(waited),
-                    );
-                    err
-                }
-            },
+            }
             Err(err) => {
                 let elapsed = call.end(Some(&err));
                 attempts

@@ -6,9 +6,9 @@
 
 use super::{
     AttemptOutcome, AttemptRecord, RouteError, RouteOptions, Router,
-    attempt::{InFlight, attribute},
+    attempt::{InFlight, attribute, implausible},
 };
-use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent};
+use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent, TokenUsage};
 use crate::{config::TargetConfig, resilience::Outcome, tasks::Priority};
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
@@ -169,6 +169,19 @@ impl Router {
                         Ok(None) => Err(ProviderError::Malformed("stream ended without completion".into())),
                         Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
                     };
+                    // Absurd token counts make the answer malformed; it is
+                    // charged their plausible part.
+                    let mut charged = TokenUsage::default();
+                    let item = match item {
+                        Ok(StreamEvent::Done(completion)) => match implausible(&completion, &request) {
+                            Some((err, capped)) => {
+                                charged = capped;
+                                Err(err)
+                            }
+                            None => Ok(StreamEvent::Done(completion)),
+                        },
+                        other => other,
+                    };
                     match item {
                         Ok(StreamEvent::Delta(text)) => {
                             sent_output = true;
@@ -195,7 +208,7 @@ impl Router {
                             failed(&span, target, &err);
                             let elapsed = call.end(Some(&err));
                             permit.record_error(&err);
-                            attempts.push(AttemptRecord::failed(target, 0, elapsed, &err));
+                            attempts.push(AttemptRecord::failed(target, 0, elapsed, &err).with_usage(charged));
                             if sent_output {
                                 yield RouteEvent::Failed(if matches!(err, ProviderError::Deadline) {
                                     RouteError::DeadlineExceeded { attempts }

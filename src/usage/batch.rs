@@ -170,9 +170,9 @@ pub(super) fn settle_deltas<'a>(
             .or_default();
         for (id, tokens, requests, cost) in &s.reservations {
             if deleted.contains(id) {
-                delta.released[0] += tokens;
-                delta.released[1] += requests;
-                delta.released[2] += cost;
+                for (total, added) in delta.released.iter_mut().zip([tokens, requests, cost]) {
+                    *total = total.saturating_add(*added);
+                }
             } else {
                 // Swept as orphaned (charged at its estimate) although the call
                 // finished: charge the actuals too; over-counting beats losing.
@@ -180,7 +180,7 @@ pub(super) fn settle_deltas<'a>(
             }
         }
         for (total, charged) in delta.charged.iter_mut().zip(s.charged()) {
-            *total += charged;
+            *total = total.saturating_add(charged);
         }
     }
     deltas.retain(|_, d| *d != Delta::default());
@@ -228,7 +228,11 @@ fn group_key<'a>(group: &Vec<(usize, &'a Reserve)>) -> Option<(&'a str, i64)> {
 /// `(tokens, requests, cost)` of several reservations together.
 pub(super) fn sum(reserves: &[(usize, &Reserve)]) -> (i64, i64, i64) {
     reserves.iter().fold((0, 0, 0), |(t, n, c), (_, r)| {
-        (t + r.tokens(), n + r.requests, c + r.cost_micros)
+        (
+            t.saturating_add(r.tokens()),
+            n.saturating_add(r.requests),
+            c.saturating_add(r.cost_micros),
+        )
     })
 }
 

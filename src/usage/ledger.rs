@@ -66,7 +66,7 @@ pub struct Refusal {
 impl Refusal {
     /// What is left under the cap.
     pub fn remaining(&self) -> i64 {
-        (self.limit - self.used).max(0)
+        self.limit.saturating_sub(self.used).max(0)
     }
 }
 
@@ -111,7 +111,7 @@ pub struct Reserve {
 impl Reserve {
     /// Estimated tokens, input + output.
     pub fn tokens(&self) -> i64 {
-        self.input_tokens + self.output_tokens
+        self.input_tokens.saturating_add(self.output_tokens)
     }
 
     /// `(tokens, requests, cost_micros)`: what the guarded reservation adds.
@@ -146,7 +146,9 @@ impl Settle {
             return [0; 3];
         }
         [
-            self.record.input_tokens + self.record.output_tokens,
+            self.record
+                .input_tokens
+                .saturating_add(self.record.output_tokens),
             i64::from(!self.reservations.is_empty()),
             self.record.cost_micros.unwrap_or(0),
         ]
@@ -236,10 +238,15 @@ pub(super) const BALANCE: &str = "SELECT spent_tokens, spent_requests, spent_cos
 reserved_requests, reserved_cost_micros FROM usage_ledger WHERE team_id = $1 AND month_start_ms = $2";
 
 /// Settles a (team, month): releases estimates ($3..$5) and charges
-/// actuals ($6..$8) in one statement.
+/// actuals ($6..$8) in one statement. A release never takes a reserved
+/// amount below zero (the CHECK constraints would refuse the statement):
+/// more released than reserved can only follow an earlier inconsistency,
+/// and the row heals at zero instead of failing every later settlement.
 pub(super) const CHARGE_AND_RELEASE: &str = "UPDATE usage_ledger SET \
-reserved_tokens = reserved_tokens - $3, reserved_requests = reserved_requests - $4, \
-reserved_cost_micros = reserved_cost_micros - $5, spent_tokens = spent_tokens + $6, \
+reserved_tokens = CASE WHEN reserved_tokens > $3 THEN reserved_tokens - $3 ELSE 0 END, \
+reserved_requests = CASE WHEN reserved_requests > $4 THEN reserved_requests - $4 ELSE 0 END, \
+reserved_cost_micros = CASE WHEN reserved_cost_micros > $5 THEN reserved_cost_micros - $5 ELSE 0 END, \
+spent_tokens = spent_tokens + $6, \
 spent_requests = spent_requests + $7, spent_cost_micros = spent_cost_micros + $8 \
 WHERE team_id = $1 AND month_start_ms = $2";
 
@@ -263,19 +270,19 @@ fn checks(b: &Balance, caps: &Caps, r: &Reserve) -> Vec<(CapKind, i64, i64, i64)
         (
             CapKind::Requests,
             caps.requests,
-            b.spent_requests + b.reserved_requests,
+            b.spent_requests.saturating_add(b.reserved_requests),
             r.requests,
         ),
         (
             CapKind::Tokens,
             caps.tokens,
-            b.spent_tokens + b.reserved_tokens,
+            b.spent_tokens.saturating_add(b.reserved_tokens),
             r.tokens(),
         ),
         (
             CapKind::Cost,
             caps.cost_micros,
-            b.spent_cost_micros + b.reserved_cost_micros,
+            b.spent_cost_micros.saturating_add(b.reserved_cost_micros),
             r.cost_micros,
         ),
     ]
@@ -331,7 +338,7 @@ pub(super) fn refusal(b: &Balance, caps: &Caps, r: &Reserve) -> Refusal {
         // reached; describe the request count as it stands.
         None => Refusal {
             cap: CapKind::Requests,
-            limit: b.spent_requests + b.reserved_requests,
+            limit: b.spent_requests.saturating_add(b.reserved_requests),
             used: b.spent_requests + b.reserved_requests,
             requested: r.requests,
         },

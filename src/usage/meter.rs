@@ -229,7 +229,11 @@ impl MeterSession {
         };
         // The budget bounds the whole request: a second reservation (a
         // redrafted SMS reply) adds to what the first one already holds.
-        let held: i64 = self.lock().reservations.iter().map(|r| r.4).sum();
+        let held = self
+            .lock()
+            .reservations
+            .iter()
+            .fold(0_i64, |sum, r| sum.saturating_add(r.4));
         if let Some(budget) = self.budget_micros
             && held.saturating_add(cost) > budget
         {
@@ -309,7 +313,7 @@ impl MeterSession {
             charge: !reservations.is_empty(),
             reservations: reservations
                 .into_iter()
-                .map(|(id, i, o, r, c)| (id, i + o, r, c))
+                .map(|(id, i, o, r, c)| (id, i.saturating_add(o), r, c))
                 .collect(),
             record,
             month_start_ms: self.month_start_ms,
@@ -346,9 +350,16 @@ impl Drop for MeterSession {
             return;
         };
         let reservations = state.reservations.clone();
-        let (input, output, cost) = reservations
-            .iter()
-            .fold((0, 0, 0), |(i, o, c), r| (i + r.1, o + r.2, c + r.4));
+        let (input, output, cost) =
+            reservations
+                .iter()
+                .fold((0_i64, 0_i64, 0_i64), |(i, o, c), r| {
+                    (
+                        i.saturating_add(r.1),
+                        o.saturating_add(r.2),
+                        c.saturating_add(r.4),
+                    )
+                });
         let record = UsageRecord {
             created_at_ms: self.started_at_ms,
             team_id: self.who.team_id.clone(),
@@ -368,7 +379,7 @@ impl Drop for MeterSession {
         let op = Op::Settle(Settle {
             reservations: reservations
                 .into_iter()
-                .map(|(id, i, o, r, c)| (id, i + o, r, c))
+                .map(|(id, i, o, r, c)| (id, i.saturating_add(o), r, c))
                 .collect(),
             charge: true,
             record,

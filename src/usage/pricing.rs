@@ -64,7 +64,9 @@ impl Pricing {
         match self.price(provider, model) {
             Price::PerToken { input, output } => {
                 let micros = input_tokens as f64 * input + output_tokens as f64 * output;
-                Some(micros.ceil() as i64)
+                // `as` saturates (and NaN is 0): a cost never wraps or goes
+                // negative, whatever the counts.
+                Some(micros.ceil().max(0.0) as i64)
             }
             Price::Unknown => None,
         }
@@ -78,12 +80,12 @@ impl Pricing {
             if a.usage.input_tokens == 0 && a.usage.output_tokens == 0 {
                 continue;
             }
-            total += self.cost_micros(
+            total = total.saturating_add(self.cost_micros(
                 &a.provider,
                 &a.model,
                 a.usage.input_tokens,
                 a.usage.output_tokens,
-            )?;
+            )?);
         }
         Some(total)
     }

@@ -19,7 +19,7 @@ use super::{
     ledger::{Done, Op},
     sqlite_writer,
     wal_sync::{self, Wal},
-    writer::{Reply, answer, next_batch, take_queued},
+    writer::{Outcome, Reply, answer, isolate, next_batch, outcomes, take_queued},
 };
 use crate::{store::StoreError, telemetry::metrics};
 use std::{
@@ -80,35 +80,46 @@ impl SqliteWriter {
     /// Blocking.
     fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
         let started = Instant::now();
-        let result = match sqlite_writer::apply_reading(&mut self.conn, ops) {
-            Ok((done, rows)) => {
-                self.admission.committed(ops, rows);
-                Ok(done)
-            }
-            Err(e) => {
-                self.admission.failed(ops);
-                Err(StoreError::from(e))
-            }
-        };
+        let units = isolate(ops, |batch| {
+            sqlite_writer::apply_reading(&mut self.conn, batch).map_err(StoreError::from)
+        });
+        // Admission learns the final fate of each operation once.
+        let units = units
+            .into_iter()
+            .map(|(batch, result)| match result {
+                Ok((done, rows)) => {
+                    self.admission.committed(batch, rows);
+                    (batch, Ok(done))
+                }
+                Err(e) => {
+                    self.admission.failed(batch);
+                    (batch, Err(e))
+                }
+            })
+            .collect();
+        let outcomes = outcomes(units);
         metrics::ledger_commit(ops.len(), started.elapsed());
-        let committed = result.is_ok();
-        let Some(wal) = self.wal.as_mut().filter(|_| committed && settles(ops)) else {
+        let committed = outcomes.iter().any(Result::is_ok);
+        let settled = |o: &Outcome| matches!(o, Ok(Done::Settled));
+        let Some(wal) = self.wal.as_mut().filter(|_| outcomes.iter().any(settled)) else {
             // Nobody waits for this commit's sync (or nothing committed).
             if committed {
                 self.background.mark();
             }
-            answer(replies, result, |_| true);
+            answer(replies, outcomes, |_| true);
             return;
         };
-        answer(replies, result, |done| *done != Done::Settled);
+        answer(replies, outcomes, |o| !settled(o));
         // This sync covers every commit so far, the unsynced reservations
         // included.
         self.background.unmark();
         let started = Instant::now();
         let synced = wal.sync();
         metrics::ledger_sync(started.elapsed());
-        let synced = synced.map(|()| vec![Done::Settled; replies.len()]);
-        answer(replies, synced.map_err(StoreError::Io), |_| true);
+        let synced: Outcome = synced
+            .map(|()| Done::Settled)
+            .map_err(|e| Arc::new(StoreError::Io(e)));
+        answer(replies, vec![synced; replies.len()], |_| true);
     }
 }
 

@@ -282,7 +282,7 @@ pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<(Vec
             .entry((first.team_id.as_str(), first.month_start_ms))
             .or_default();
         for (total, added) in amount.iter_mut().zip([tokens, requests, cost]) {
-            *total += added;
+            *total = total.saturating_add(added);
         }
     }
 
@@ -300,7 +300,7 @@ pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<(Vec
         // Releasing a negative amount reserves it.
         let released = &mut deltas.entry(key).or_default().released;
         for (released, reserved) in released.iter_mut().zip(amount) {
-            *released -= reserved;
+            *released = released.saturating_sub(reserved);
         }
     }
     for ((team, month), d) in deltas {

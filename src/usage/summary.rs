@@ -221,13 +221,14 @@ struct Acc {
 impl Acc {
     fn add(&mut self, &(latency, input, output, cost, error, degraded, unpriced): &SumRow) {
         let t = &mut self.totals;
-        t.requests += 1;
-        t.input_tokens += input.max(0) as u64;
-        t.output_tokens += output.max(0) as u64;
-        t.cost_micros += cost;
-        t.errors += error.max(0) as u64;
-        t.degraded += u64::from(degraded != 0);
-        t.unpriced += unpriced.max(0) as u64;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        t.requests = t.requests.saturating_add(1);
+        t.input_tokens = t.input_tokens.saturating_add(n(input));
+        t.output_tokens = t.output_tokens.saturating_add(n(output));
+        t.cost_micros = t.cost_micros.saturating_add(cost.max(0));
+        t.errors = t.errors.saturating_add(n(error));
+        t.degraded = t.degraded.saturating_add(u64::from(degraded != 0));
+        t.unpriced = t.unpriced.saturating_add(n(unpriced));
         self.latencies.push(latency);
     }
 

@@ -15,9 +15,12 @@ const ORPHANS: &str = "SELECT id, team_id, month_start_ms, input_tokens, output_
 task, user_id, trace_id, channel, priority, created_at_ms FROM usage_reservations \
 WHERE created_at_ms < $1 ORDER BY created_at_ms LIMIT 1000";
 
+/// Releases ($3..$5) never below zero, as in the ledger's settlement.
 const MOVE_TO_SPENT: &str = "UPDATE usage_ledger SET \
-reserved_tokens = reserved_tokens - $3, reserved_requests = reserved_requests - $4, \
-reserved_cost_micros = reserved_cost_micros - $5, spent_tokens = spent_tokens + $3, \
+reserved_tokens = CASE WHEN reserved_tokens > $3 THEN reserved_tokens - $3 ELSE 0 END, \
+reserved_requests = CASE WHEN reserved_requests > $4 THEN reserved_requests - $4 ELSE 0 END, \
+reserved_cost_micros = CASE WHEN reserved_cost_micros > $5 THEN reserved_cost_micros - $5 ELSE 0 END, \
+spent_tokens = spent_tokens + $3, \
 spent_requests = spent_requests + $4, spent_cost_micros = spent_cost_micros + $5 \
 WHERE team_id = $1 AND month_start_ms = $2";
 

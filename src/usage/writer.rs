@@ -73,33 +73,61 @@ enum Applier {
     Sqlite(Box<SqliteWriter>),
 }
 
-/// Answers, in order, the replies whose result `now` accepts, leaving the
-/// others in `replies` (in order) for later. On an error every reply gets it.
+/// How one operation of a batch went.
+pub(super) type Outcome = Result<Done, Arc<StoreError>>;
+
+/// Answers, in order, the replies whose outcome `now` accepts, leaving the
+/// others in `replies` (in order) for later.
 pub(super) fn answer(
     replies: &mut Vec<Reply>,
-    result: Result<Vec<Done>, StoreError>,
-    now: impl Fn(&Done) -> bool,
+    outcomes: Vec<Outcome>,
+    now: impl Fn(&Outcome) -> bool,
 ) {
-    match result {
-        Ok(results) => {
-            let mut later = Vec::new();
-            for (reply, done) in replies.drain(..).zip(results) {
-                if now(&done) {
-                    let _ = reply.send(Ok(done));
-                } else {
-                    later.push(reply);
-                }
-            }
-            *replies = later;
+    let mut later = Vec::new();
+    for (reply, outcome) in replies.drain(..).zip(outcomes) {
+        if now(&outcome) {
+            let _ = reply.send(outcome);
+        } else {
+            later.push(reply);
         }
-        Err(e) => {
-            tracing::error!(error = %e, batch = replies.len(), "ledger batch failed");
-            let e = Arc::new(e);
-            for reply in replies.drain(..) {
-                let _ = reply.send(Err(e.clone()));
+    }
+    *replies = later;
+}
+
+/// Operations applied in one transaction, with what came of it.
+pub(super) type Unit<'a, R> = (&'a [Op], R);
+
+/// Applies `ops` as one transaction, and if that fails and they are
+/// several, each alone: an operation that breaks a constraint fails its own
+/// caller only, never the calls it shared a batch with. Returns each unit
+/// as last applied, in order, with its result.
+pub(super) fn isolate<T, E: std::fmt::Display>(
+    ops: &[Op],
+    mut apply: impl FnMut(&[Op]) -> Result<T, E>,
+) -> Vec<Unit<'_, Result<T, E>>> {
+    match apply(ops) {
+        Err(e) if ops.len() > 1 => {
+            tracing::warn!(error = %e, batch = ops.len(), "ledger batch failed; applying its operations one by one");
+            ops.chunks(1).map(|op| (op, apply(op))).collect()
+        }
+        whole => vec![(ops, whole)],
+    }
+}
+
+/// The outcome of every operation of `units` (see [`isolate`]), in order.
+pub(super) fn outcomes(units: Vec<Unit<'_, Result<Vec<Done>, StoreError>>>) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    for (ops, result) in units {
+        match result {
+            Ok(done) => out.extend(done.into_iter().map(Ok)),
+            Err(e) => {
+                tracing::error!(error = %e, batch = ops.len(), "ledger batch failed");
+                let e = Arc::new(e);
+                out.extend(ops.iter().map(|_| Err(e.clone())));
             }
         }
     }
+    out
 }
 
 impl LedgerWriter {
@@ -392,9 +420,20 @@ async fn run_pool(
     let mut replies = Vec::with_capacity(batch_max);
     while next_batch(&mut rx, &mut stop, batch_max, &mut ops, &mut replies).await {
         let started = Instant::now();
-        let result = ledger::apply(&store, &ops).await;
+        // `isolate`, awaited: the whole batch, else each operation alone.
+        let units = match ledger::apply(&store, &ops).await {
+            Err(e) if ops.len() > 1 => {
+                tracing::warn!(error = %e, batch = ops.len(), "ledger batch failed; applying its operations one by one");
+                let mut units = Vec::with_capacity(ops.len());
+                for op in ops.chunks(1) {
+                    units.push((op, ledger::apply(&store, op).await));
+                }
+                units
+            }
+            whole => vec![(&ops[..], whole)],
+        };
         metrics::ledger_commit(ops.len(), started.elapsed());
-        answer(&mut replies, result, |_| true);
+        answer(&mut replies, outcomes(units), |_| true);
         ops.clear();
         replies.clear();
     }
@@ -424,6 +463,36 @@ mod tests {
             month_start_ms: 0,
             prompt_owner: None,
         })
+    }
+
+    /// A batch that fails is applied again one operation at a time, so
+    /// only the operation at fault fails; a batch that succeeds, or a lone
+    /// operation, is applied once.
+    #[test]
+    fn a_failed_batch_is_retried_operation_by_operation() {
+        let ops = [reserve("a"), settle("bad"), reserve("c")];
+        let bad = |op: &Op| matches!(op, Op::Settle(s) if s.record.team_id == "bad");
+        let mut calls = Vec::new();
+        let units = isolate(&ops, |batch| {
+            calls.push(batch.len());
+            if batch.iter().any(bad) {
+                Err("constraint")
+            } else {
+                Ok(batch.len())
+            }
+        });
+        assert_eq!(calls, [3, 1, 1, 1]);
+        let results: Vec<_> = units.iter().map(|(b, r)| (b.len(), *r)).collect();
+        assert_eq!(results, [(1, Ok(1)), (1, Err("constraint")), (1, Ok(1))]);
+
+        let mut calls = 0;
+        let units = isolate(&ops, |batch| {
+            calls += 1;
+            Ok::<_, &str>(batch.len())
+        });
+        assert_eq!((calls, units.len()), (1, 1));
+        let lone = isolate(&ops[1..2], |_| Err::<(), _>("constraint"));
+        assert_eq!(lone.len(), 1);
     }
 
     /// A call dropped while its admitted reservation waits for room in a

@@ -21,6 +21,7 @@ use tonic_types::StatusExt;
 mod admission;
 mod caps;
 mod get_usage;
+mod overflow;
 mod wal;
 
 /// A database for one scenario: a temp SQLite file or a fresh PostgreSQL db.
