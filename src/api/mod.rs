@@ -99,7 +99,9 @@ impl OrchestratorApi {
         task: &str,
         result: Result<(T, CallMeta), Failure>,
     ) -> impl Future<Output = Result<(T, CallMeta), Status>> + 'a {
-        let (record, outcome, provider_time) = match result {
+        // Whether a provider was called: a call refused before that spent
+        // nothing, and its reply does not wait for the disk.
+        let (record, outcome, provider_time, reached) = match result {
             Ok((value, mut meta)) => {
                 meta.cost_usd = self
                     .meter
@@ -111,6 +113,7 @@ impl OrchestratorApi {
                     self.record(ctx, task, &meta, "ok"),
                     Ok((value, meta)),
                     provider_time,
+                    true,
                 )
             }
             Err(Failure::Route(err)) => {
@@ -128,10 +131,12 @@ impl OrchestratorApi {
                 };
                 let provider_time = self.observe(task, &meta);
                 let outcome = error::route_reason(&err);
+                let reached = err.attempts().iter().any(AttemptRecord::reached_provider);
                 (
                     self.record(ctx, task, &meta, outcome),
                     Err(to_status(Failure::Route(err), &ctx.trace_id)),
                     provider_time,
+                    reached,
                 )
             }
             Err(other) => {
@@ -142,8 +147,14 @@ impl OrchestratorApi {
             }
         };
 
-        // Durable before the response is sent: no acknowledged call unrecorded.
-        Either::Right(ctx.meter.settle(record).map(move |settled| {
+        // Durable before the response is sent: no acknowledged call that
+        // reached a provider goes unrecorded.
+        let settled = if reached {
+            Either::Left(ctx.meter.settle(record))
+        } else {
+            Either::Right(ctx.meter.settle_refused(record))
+        };
+        Either::Right(settled.map(move |settled| {
             // Our overhead includes the settlement the response waits for.
             crate::telemetry::metrics::overhead(
                 ctx.started.elapsed().saturating_sub(provider_time),

@@ -114,6 +114,15 @@ impl AttemptRecord {
         }
     }
 
+    /// Whether a provider was called (a request was sent, whatever came of
+    /// it); a skipped target was not.
+    pub fn reached_provider(&self) -> bool {
+        !matches!(
+            self.outcome,
+            AttemptOutcome::SkippedCircuitOpen | AttemptOutcome::SkippedRateLimited
+        )
+    }
+
     /// Same record with its retry number.
     pub fn with_retry(mut self, retry: u32) -> Self {
         self.retry = retry;

@@ -287,11 +287,36 @@ impl MeterSession {
     /// [`super::writer::LedgerWriter::submit`] for why it is kept small).
     pub fn settle(
         &self,
-        mut record: UsageRecord,
+        record: UsageRecord,
     ) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
-        let Some(writer) = &self.meter.writer else {
+        let (Some(writer), Some(settle)) = (&self.meter.writer, self.settlement(record)) else {
             return Either::Left(future::ready(Ok(())));
         };
+        // A combinator, not an `async` block, so the submit future is held
+        // once, inline.
+        Either::Right(writer.submit(Op::Settle(settle)).map_ok(drop).err_into())
+    }
+
+    /// Like [`Self::settle`], for a call refused before any provider was
+    /// called (every target skipped: breaker open, cooldown, saturated):
+    /// its record is queued, and the reply does not wait for the disk. No
+    /// provider spent anything, and the promise that an acknowledged call
+    /// is recorded before its reply is about calls that reached one
+    /// (docs/metering.md, *Fast failures*).
+    pub fn settle_refused(
+        &self,
+        record: UsageRecord,
+    ) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
+        let (Some(writer), Some(settle)) = (&self.meter.writer, self.settlement(record)) else {
+            return Either::Left(future::ready(Ok(())));
+        };
+        Either::Right(writer.enqueue(settle).err_into())
+    }
+
+    /// The settlement of this session with `record`; `None` when metering
+    /// is off. Marks the session settled.
+    fn settlement(&self, mut record: UsageRecord) -> Option<Settle> {
+        self.meter.writer.as_ref()?;
         let (reservations, prompt) = {
             let mut state = self.lock();
             state.settled = true;
@@ -309,7 +334,7 @@ impl MeterSession {
             prompt_owner = Some(owner);
         }
         record.created_at_ms = self.started_at_ms;
-        let op = Op::Settle(Settle {
+        Some(Settle {
             charge: !reservations.is_empty(),
             reservations: reservations
                 .into_iter()
@@ -318,10 +343,7 @@ impl MeterSession {
             record,
             month_start_ms: self.month_start_ms,
             prompt_owner,
-        });
-        // A combinator, not an `async` block, so the submit future is held
-        // once, inline.
-        Either::Right(writer.submit(op).map_ok(drop).err_into())
+        })
     }
 
     /// Remembers the prompt the task resolved, for the record and the

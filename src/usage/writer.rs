@@ -18,7 +18,7 @@
 
 use super::{
     admission::Admission,
-    ledger::{self, Done, Op},
+    ledger::{self, Done, Op, Settle},
     sqlite_thread::{self, SqliteWriter},
     sqlite_writer,
 };
@@ -245,6 +245,30 @@ impl LedgerWriter {
                 }
                 Either::Right(queue(shard, op, started))
             }
+        }
+    }
+}
+
+impl LedgerWriter {
+    /// Queues a settlement without waiting for its commit, only for room in
+    /// the queue: for calls refused before any provider was called, whose
+    /// records the durability promise does not cover (docs/metering.md).
+    /// It is committed in order with everything queued after it.
+    pub fn enqueue(&self, s: Settle) -> impl Future<Output = Result<(), WriteError>> + Send + '_ {
+        if let Some(admission) = self.admission.as_deref() {
+            admission.settling(&s);
+        }
+        let op = Op::Settle(s);
+        let shard = self.shard(&op);
+        async move {
+            let slot = shard
+                .ok_or(WriteError::Stopped)?
+                .reserve()
+                .await
+                .map_err(|_| WriteError::Stopped)?;
+            // Nobody listens for the reply.
+            slot.send((op, oneshot::channel().0));
+            Ok(())
         }
     }
 }

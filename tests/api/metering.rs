@@ -20,6 +20,7 @@ use tonic_types::StatusExt;
 
 mod admission;
 mod caps;
+mod fast_fail;
 mod get_usage;
 mod overflow;
 mod wal;

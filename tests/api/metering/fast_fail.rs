@@ -1,0 +1,86 @@
+//! A call refused before any provider was called (breaker open, cooldown,
+//! saturated) is written without its reply waiting for the disk; a call
+//! that reached a provider is still recorded durably before its reply.
+//! Shown with the ledger writer stalled behind another connection's write
+//! lock on the SQLite file.
+
+use super::{Db, wait_for};
+use crate::common::{TestApp, config_toml_with, ctx};
+use ai_orchestrator::{api::pb, usage::record};
+use sqlx::Connection;
+use tonic::Code;
+use tonic_types::StatusExt;
+
+fn execute(task: &str) -> pb::ExecuteRequest {
+    pb::ExecuteRequest {
+        context: ctx(),
+        task: task.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_do_not_wait_for_the_disk_but_served_calls_do() {
+    let db = Db::new(false).await;
+    // `solo` has one target, which always fails and opens its breaker on
+    // the first failure.
+    let extra = r#"
+[tasks.solo]
+chain = [{ provider = "primary", model = "gpt-4o-mini" }]
+[providers.primary.breaker]
+failure_threshold = 1
+"#;
+    let app = TestApp::spawn_toml(&config_toml_with(
+        &db.url(),
+        "failure_rate = 1.0",
+        "latency = \"1ms\"",
+        extra,
+    ))
+    .await;
+    let mut client = app.client.clone();
+    let first = client.execute(execute("solo")).await.unwrap_err();
+    assert_eq!(first.code(), Code::Unavailable);
+
+    // Stall the ledger writer: another connection holds the write lock.
+    let mut lock = sqlx::SqliteConnection::connect(&db.url()).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+
+    // A served call waits for its record, so it cannot finish meanwhile.
+    let mut served_client = app.client.clone();
+    let served = tokio::spawn(async move { served_client.execute(execute("meeting_brief")).await });
+    // The breaker is open: refused with no provider call, answered at once.
+    let refused = client.execute(execute("solo")).await.unwrap_err();
+    let info = refused.get_details_error_info().unwrap();
+    assert_eq!(
+        info.metadata["attempts"],
+        "primary/gpt-4o-mini:CIRCUIT_OPEN"
+    );
+    assert!(
+        !served.is_finished(),
+        "a call that reached a provider was answered before its record was written"
+    );
+
+    sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
+    let meta = served.await.unwrap().unwrap().into_inner().meta.unwrap();
+    let store = db.store().await;
+    assert_eq!(
+        record::by_trace(&store, &meta.trace_id)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    // The refused call's record follows, without anybody waiting for it.
+    let trace = info.metadata["trace_id"].clone();
+    wait_for(|| {
+        let (store, trace) = (store.clone(), trace.clone());
+        async move { record::by_trace(&store, &trace).await.unwrap().len() == 1 }
+    })
+    .await;
+    store.close().await;
+    app.stop().await;
+    db.cleanup().await;
+}
