@@ -179,6 +179,8 @@ pub fn provider_health(
         recent_errors: count(health.errors),
         recent_deadline_exceeded: count(health.deadline_exceeded),
         recent_cancelled: count(health.cancelled),
+        recent_connection_errors: count(health.connection_errors),
+        recent_resent: count(health.resent),
     }
 }
 

@@ -79,7 +79,7 @@ impl AnthropicProvider {
         if let Some(key) = &self.api_key {
             builder = builder.header("x-api-key", key.clone());
         }
-        http::send(http::with_trace(builder, req), req.deadline).await
+        client.checked(http::send(http::with_trace(builder, req), req.deadline).await)
     }
 }
 
@@ -89,7 +89,7 @@ impl Provider for AnthropicProvider {
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, false).await?;
         let message: MessagesResponse =
-            http::json(response, req.deadline, self.max_response).await?;
+            lease.checked(http::json(response, req.deadline, self.max_response).await)?;
         Ok(message.into_completion())
     }
 
@@ -105,11 +105,11 @@ impl Provider for AnthropicProvider {
         ));
         Ok(Box::pin(async_stream::stream! {
             // The stream holds its place on the connection until it ends.
-            let _lease = lease;
+            let lease = lease;
             let mut events = events;
             let mut state = stream::State::new(limit);
             while let Some(event) = events.next().await {
-                match event.and_then(|e| state.on_event(&e.data)) {
+                match lease.checked(event).and_then(|e| state.on_event(&e.data)) {
                     Err(err) => {
                         yield Err(err);
                         return;

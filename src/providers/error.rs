@@ -19,9 +19,10 @@ pub enum ProviderError {
     /// which knows both deadlines; a provider only ever reports `Timeout`.
     #[error("the caller's deadline ended the attempt")]
     Deadline,
-    /// The connection could not be made or broke mid-call.
-    #[error("connection failed: {0}")]
-    Connect(String),
+    /// The connection could not be made, refused the request, or broke
+    /// mid-call.
+    #[error("connection failed: {}", .0.as_str())]
+    Connect(ConnectFailure),
     /// The provider answered with a non-success HTTP status.
     #[error("HTTP {status}: {summary}")]
     Status {
@@ -49,7 +50,89 @@ pub enum ProviderError {
     Unsupported(String),
 }
 
+/// What broke at the connection level: the transport's own error kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// The connection could not be made (refused, unreachable, DNS, TLS).
+    Connect,
+    /// The server refused the HTTP/2 stream (`REFUSED_STREAM`).
+    RefusedStream,
+    /// The HTTP/2 stream was above a GOAWAY's last stream ID.
+    GoAway,
+    /// The connection went away before the request was written.
+    Canceled,
+    /// The server reset the HTTP/2 stream.
+    StreamReset,
+    /// The HTTP/2 connection failed with a protocol error.
+    Protocol,
+    /// The connection was reset or closed under the call.
+    ConnectionReset,
+    /// The server closed the connection before the whole response.
+    IncompleteMessage,
+    /// Reading the response body failed.
+    Body,
+    /// Any other transport failure.
+    Transport,
+}
+
+impl ConnectFailure {
+    /// Stable name for logs and the `cause` metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ConnectFailure::Connect => "connect",
+            ConnectFailure::RefusedStream => "h2_refused_stream",
+            ConnectFailure::GoAway => "h2_goaway",
+            ConnectFailure::Canceled => "canceled",
+            ConnectFailure::StreamReset => "h2_reset",
+            ConnectFailure::Protocol => "h2_protocol",
+            ConnectFailure::ConnectionReset => "connection_reset",
+            ConnectFailure::IncompleteMessage => "incomplete_message",
+            ConnectFailure::Body => "body",
+            ConnectFailure::Transport => "transport",
+        }
+    }
+
+    /// The provider cannot have seen the request: the connection was never
+    /// made, the stream was refused or above a GOAWAY's last stream ID
+    /// (RFC 9113 §8.7), or it was never written. Such a call is resent at
+    /// once within the same attempt.
+    pub const fn unsent(self) -> bool {
+        matches!(
+            self,
+            ConnectFailure::Connect
+                | ConnectFailure::RefusedStream
+                | ConnectFailure::GoAway
+                | ConnectFailure::Canceled
+        )
+    }
+
+    /// The connection itself broke: other connections of the same pool may
+    /// be dead the same way (see `http::Clients`). A refused stream leaves
+    /// a healthy connection that now knows the server's limit; a failed
+    /// connect never had one.
+    pub const fn broke_connection(self) -> bool {
+        matches!(
+            self,
+            ConnectFailure::GoAway
+                | ConnectFailure::Canceled
+                | ConnectFailure::Protocol
+                | ConnectFailure::ConnectionReset
+                | ConnectFailure::IncompleteMessage
+        )
+    }
+}
+
 impl ProviderError {
+    /// The connection-level failure, if this is one: on a multiplexed
+    /// connection one such event fails every call on it at once, so the
+    /// breaker counts it once (`resilience::breaker`).
+    pub fn connection_failure(&self) -> Option<ConnectFailure> {
+        match self {
+            ProviderError::Connect(failure) => Some(*failure),
+            _ => None,
+        }
+    }
+
     /// Stable, low-cardinality code for `meta.attempts[].error_code` and metrics.
     pub fn code(&self) -> String {
         match self {
@@ -129,7 +212,11 @@ mod tests {
         // (error, retryable, counts against breaker)
         let table = [
             (ProviderError::Timeout, true, true),
-            (ProviderError::Connect("reset".into()), true, true),
+            (
+                ProviderError::Connect(ConnectFailure::ConnectionReset),
+                true,
+                true,
+            ),
             (status(500), true, true),
             (status(503), true, true),
             (status(529), true, true),

@@ -77,7 +77,7 @@ impl GeminiProvider {
         if let Some(key) = &self.api_key {
             builder = builder.header("x-goog-api-key", key.clone());
         }
-        http::send(http::with_trace(builder, req), req.deadline).await
+        client.checked(http::send(http::with_trace(builder, req), req.deadline).await)
     }
 }
 
@@ -87,7 +87,7 @@ impl Provider for GeminiProvider {
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, "generateContent").await?;
         let answer: GenerateResponse =
-            http::json(response, req.deadline, self.max_response).await?;
+            lease.checked(http::json(response, req.deadline, self.max_response).await)?;
         let no_candidates = answer.candidates.is_empty();
         let mut state = StreamState::new(self.max_response);
         // Fails first on an error envelope or a blocked prompt.
@@ -114,11 +114,11 @@ impl Provider for GeminiProvider {
         ));
         Ok(Box::pin(async_stream::stream! {
             // The stream holds its place on the connection until it ends.
-            let _lease = lease;
+            let lease = lease;
             let mut events = events;
             let mut state = StreamState::new(limit);
             while let Some(event) = events.next().await {
-                let step = event.and_then(|e| parse_chunk(&e.data)).and_then(|chunk| match chunk {
+                let step = lease.checked(event).and_then(|e| parse_chunk(&e.data)).and_then(|chunk| match chunk {
                     Some(chunk) => state.on_chunk(chunk),
                     None => Ok(String::new()),
                 });

@@ -7,14 +7,14 @@
 //! and the rest of the body are dropped here, so they can never reach logs
 //! shown to clients or the client itself.
 
-use super::{CompletionRequest, ProviderError};
+use super::{CompletionRequest, ConnectFailure, ProviderError};
 use crate::config::ProviderConfig;
 use reqwest::{RequestBuilder, Response, header::HeaderMap};
 use serde::de::DeserializeOwned;
 use std::{
     future::Future,
     sync::{
-        Arc, OnceLock,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
     time::{Duration, SystemTime},
@@ -37,27 +37,40 @@ const MAX_ERROR_BODY: usize = 16 * 1024;
 /// client is built on first use: under ordinary load a provider has one
 /// connection, and its calls share it. Over HTTP/1.1 the split only divides
 /// the idle pool.
+///
+/// A connection-level failure (a reset, a GOAWAY, a connection closed under
+/// a call) makes the failed call's client suspect: its pool may hold more
+/// connections that died the same way (a server that dropped its idle
+/// keep-alive connections resets every one of them on reuse). The slot then
+/// gets a fresh client with an empty pool for the calls that follow; calls
+/// already on the old one finish on it.
 pub struct Clients {
     config: ProviderConfig,
     per_client: usize,
-    /// Built at start-up.
-    first: reqwest::Client,
-    first_in_flight: Arc<AtomicUsize>,
-    /// Built on first use.
-    more: Box<[Slot]>,
+    /// The first is built at start-up, the others on first use.
+    slots: Box<[Arc<Slot>]>,
 }
 
 #[derive(Default)]
 struct Slot {
-    client: OnceLock<reqwest::Client>,
-    in_flight: Arc<AtomicUsize>,
+    client: Mutex<Built>,
+    in_flight: AtomicUsize,
+}
+
+/// A slot's client (`None` until built, or once replaced), and how many
+/// times it was replaced.
+#[derive(Default)]
+struct Built {
+    client: Option<reqwest::Client>,
+    generation: u64,
 }
 
 /// One call's client and its place on it, released when dropped: hold it
 /// until the call's response has been read to the end.
 pub struct Lease {
     client: reqwest::Client,
-    in_flight: Arc<AtomicUsize>,
+    slot: Arc<Slot>,
+    generation: u64,
 }
 
 impl Lease {
@@ -65,12 +78,35 @@ impl Lease {
     pub fn client(&self) -> &reqwest::Client {
         &self.client
     }
+
+    /// Hands back `result`, first replacing this call's client with a fresh
+    /// one when its connection broke (see [`Clients`] and
+    /// [`ConnectFailure::broke_connection`]).
+    pub fn checked<T>(&self, result: Result<T, ProviderError>) -> Result<T, ProviderError> {
+        if let Err(e) = &result
+            && e.connection_failure()
+                .is_some_and(ConnectFailure::broke_connection)
+        {
+            let mut built = lock(&self.slot.client);
+            if built.generation == self.generation {
+                // Built anew on the slot's next lease.
+                built.client = None;
+                built.generation += 1;
+            }
+        }
+        result
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.slot.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// A slot's lock holds only a client handle: still usable after a panic.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Clients {
@@ -79,12 +115,14 @@ impl Clients {
     pub fn new(config: &ProviderConfig) -> Result<Self, ProviderError> {
         let per_client = config.streams_per_connection.max(1);
         let count = config.max_concurrency.div_ceil(per_client).max(1);
+        let slots: Box<[Arc<Slot>]> = (0..count).map(|_| Arc::default()).collect();
+        if let Some(first) = slots.first() {
+            lock(&first.client).client = Some(client(config, per_client)?);
+        }
         Ok(Self {
-            first: client(config, per_client)?,
-            first_in_flight: Arc::default(),
-            more: (1..count).map(|_| Slot::default()).collect(),
             config: config.clone(),
             per_client,
+            slots,
         })
     }
 
@@ -98,54 +136,62 @@ impl Clients {
                 })
                 .is_ok()
         };
-        if take(&self.first_in_flight) {
-            return self.lease_first();
-        }
-        if let Some(slot) = self.more.iter().find(|slot| take(&slot.in_flight)) {
-            return self.lease_of(slot);
-        }
-        let load = |in_flight: &AtomicUsize| in_flight.load(Ordering::Acquire);
-        let least = self.more.iter().min_by_key(|slot| load(&slot.in_flight));
-        match least {
-            Some(slot) if load(&slot.in_flight) < load(&self.first_in_flight) => {
+        let slot = match self.slots.iter().find(|slot| take(&slot.in_flight)) {
+            Some(slot) => slot,
+            None => {
+                // All full: the least loaded, the first on a tie.
+                let least = self
+                    .slots
+                    .iter()
+                    .min_by_key(|slot| slot.in_flight.load(Ordering::Acquire));
+                let Some(slot) = least.or(self.slots.first()) else {
+                    unreachable!("a provider has at least one client slot")
+                };
                 slot.in_flight.fetch_add(1, Ordering::AcqRel);
-                self.lease_of(slot)
+                slot
             }
-            _ => {
-                self.first_in_flight.fetch_add(1, Ordering::AcqRel);
-                self.lease_first()
-            }
-        }
-    }
-
-    fn lease_first(&self) -> Lease {
-        Lease {
-            client: self.first.clone(),
-            in_flight: Arc::clone(&self.first_in_flight),
-        }
+        };
+        self.lease_of(slot)
     }
 
     /// A lease on `slot`, whose place is already taken. Its client is built
-    /// on first use from the config the first one was built from, so
-    /// building cannot fail differently; should it fail, the call shares the
-    /// first client rather than failing.
-    fn lease_of(&self, slot: &Slot) -> Lease {
-        let client = slot.client.get_or_init(|| {
-            client(&self.config, self.per_client).unwrap_or_else(|_| self.first.clone())
-        });
+    /// on first use (or after a connection failure replaced it) from the
+    /// config the first one was built from, so building cannot fail
+    /// differently; should it fail, the call uses another slot's client.
+    fn lease_of(&self, slot: &Arc<Slot>) -> Lease {
+        let mut built = lock(&slot.client);
+        let generation = built.generation;
+        let client = match &built.client {
+            Some(client) => client.clone(),
+            None => match client(&self.config, self.per_client) {
+                Ok(client) => built.client.insert(client).clone(),
+                Err(_) => {
+                    drop(built);
+                    self.any_client()
+                }
+            },
+        };
         Lease {
-            client: client.clone(),
-            in_flight: Arc::clone(&slot.in_flight),
+            client,
+            slot: Arc::clone(slot),
+            generation,
         }
+    }
+
+    /// Some built client (the first slot's is built at start-up).
+    fn any_client(&self) -> reqwest::Client {
+        self.slots
+            .iter()
+            .find_map(|s| lock(&s.client).client.clone())
+            .unwrap_or_default()
     }
 
     /// Clients built so far (one connection pool each).
     #[cfg(test)]
     fn built(&self) -> usize {
-        1 + self
-            .more
+        self.slots
             .iter()
-            .filter(|s| s.client.get().is_some())
+            .filter(|s| lock(&s.client).client.is_some())
             .count()
     }
 }
@@ -159,6 +205,10 @@ fn client(config: &ProviderConfig, idle: usize) -> Result<reqwest::Client, Provi
         builder
     };
     builder
+        // Calls that never reached the provider are resent by the router,
+        // which counts and shows them; reqwest would resend protocol NACKs
+        // on its own, unseen.
+        .retry(reqwest::retry::never())
         .connect_timeout(config.connect_timeout)
         // Nagle off upstream too: small request frames must not wait for ACKs.
         .tcp_nodelay(true)
@@ -296,13 +346,69 @@ pub fn transport_error(e: &reqwest::Error) -> ProviderError {
     } else if e.is_decode() {
         ProviderError::Malformed("undecodable body".into())
     } else {
-        // Connection refused/reset, TLS, DNS, broken body: all transport.
-        ProviderError::Connect(if e.is_connect() {
-            "connect".into()
-        } else {
-            "transport".into()
-        })
+        ProviderError::Connect(connect_failure(e))
     }
+}
+
+/// What broke under a reqwest error, read from its source chain (hyper's
+/// and h2's own errors, the socket's), and whether the request provably
+/// never reached the provider.
+pub fn connect_failure(e: &reqwest::Error) -> ConnectFailure {
+    use std::error::Error as _;
+    if e.is_connect() {
+        // Refused, unreachable, DNS, TLS handshake: nothing was sent.
+        return ConnectFailure::Connect;
+    }
+    let mut source = e.source();
+    while let Some(err) = source {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2_failure(h2);
+        }
+        if let Some(hyper) = err.downcast_ref::<hyper::Error>() {
+            if hyper.is_canceled() {
+                // The connection went away before the request was written.
+                return ConnectFailure::Canceled;
+            }
+            if hyper.is_incomplete_message() {
+                return ConnectFailure::IncompleteMessage;
+            }
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            if matches!(
+                io.kind(),
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+            ) {
+                return ConnectFailure::ConnectionReset;
+            }
+        }
+        source = err.source();
+    }
+    if e.is_body() {
+        ConnectFailure::Body
+    } else {
+        ConnectFailure::Transport
+    }
+}
+
+/// An HTTP/2 stream's error: RFC 9113 §8.7 names what was never processed.
+fn h2_failure(e: &h2::Error) -> ConnectFailure {
+    if e.is_remote() && e.reason() == Some(h2::Reason::REFUSED_STREAM) {
+        return ConnectFailure::RefusedStream;
+    }
+    // h2 gives this error only to our streams above the GOAWAY's last
+    // stream ID; the ones at or below it fail later, as the connection
+    // closes (broken pipe), and may have been processed.
+    if e.is_go_away() && e.is_remote() {
+        return ConnectFailure::GoAway;
+    }
+    if e.is_io() {
+        return ConnectFailure::ConnectionReset;
+    }
+    if e.is_reset() {
+        return ConnectFailure::StreamReset;
+    }
+    ConnectFailure::Protocol
 }
 
 /// The provider's error type/code from a JSON error body, e.g.
@@ -390,9 +496,9 @@ mod tests {
     }
 
     fn loads(c: &Clients) -> Vec<usize> {
-        std::iter::once(&c.first_in_flight)
-            .chain(c.more.iter().map(|s| &s.in_flight))
-            .map(|n| n.load(Ordering::SeqCst))
+        c.slots
+            .iter()
+            .map(|s| s.in_flight.load(Ordering::SeqCst))
             .collect()
     }
 

@@ -18,7 +18,7 @@ mod perplexity;
 pub mod sse;
 mod turns;
 
-pub use error::ProviderError;
+pub use error::{ConnectFailure, ProviderError};
 
 use crate::config::{Config, ProviderConfig, ProviderKind};
 use futures::stream::BoxStream;

@@ -112,7 +112,7 @@ impl OpenAiProvider {
         if stream {
             builder = builder.header(reqwest::header::ACCEPT, "text/event-stream");
         }
-        http::send(http::with_trace(builder, req), req.deadline).await
+        client.checked(http::send(http::with_trace(builder, req), req.deadline).await)
     }
 }
 
@@ -121,7 +121,8 @@ impl Provider for OpenAiProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, false).await?;
-        let wire: WireResponse = http::json(response, req.deadline, self.max_response).await?;
+        let wire: WireResponse =
+            lease.checked(http::json(response, req.deadline, self.max_response).await)?;
         completion(self.flavor, wire)
     }
 
@@ -137,10 +138,10 @@ impl Provider for OpenAiProvider {
         let mut state = StreamState::new(self.flavor, self.max_response);
         Ok(Box::pin(async_stream::stream! {
             // The stream holds its place on the connection until it ends.
-            let _lease = lease;
+            let lease = lease;
             let mut saw_done = false;
             while let Some(event) = events.next().await {
-                let step = event.and_then(|e| state.on_data(&e.data));
+                let step = lease.checked(event).and_then(|e| state.on_data(&e.data));
                 match step {
                     Ok(Step::Delta(text)) => yield Ok(StreamEvent::Delta(text)),
                     Ok(Step::Nothing) => {}

@@ -15,6 +15,14 @@
 //! Independently of the state, a 429 puts the provider in *cooldown* until its
 //! `Retry-After`; it is skipped meanwhile but nothing counts as a failure.
 //!
+//! A connection-level failure (a GOAWAY, a reset, a refused connect) counts
+//! once per *connection event*, not once per call it broke: on a multiplexed
+//! HTTP/2 connection one event fails every stream on it at once, and a burst
+//! of stale pooled HTTP/1.1 connections fails together too. Each counted
+//! connection failure starts a new *connection epoch*; a permit remembers the
+//! epoch it was issued in, and a connection failure of a call that started
+//! before the last counted one is part of an event already counted.
+//!
 //! The breaker never sleeps or waits: OPEN → HALF_OPEN happens lazily when
 //! the breaker is next looked at. Its lock is a plain mutex, held only for a
 //! few field updates and never across an `.await`.
@@ -188,6 +196,8 @@ enum Phase {
 struct State {
     phase: Phase,
     generation: u64,
+    /// Bumped on every counted connection-level failure.
+    connection_epoch: u64,
     consecutive_failures: u32,
     opened_at: Option<SystemTime>,
     cooldown_until: Option<Instant>,
@@ -205,6 +215,7 @@ impl CircuitBreaker {
         let state = State {
             phase: Phase::Closed,
             generation: 0,
+            connection_epoch: 0,
             consecutive_failures: 0,
             opened_at: None,
             cooldown_until: None,
@@ -241,7 +252,11 @@ impl CircuitBreaker {
             }
             *probes += 1;
         }
-        Ok(Permit::new(Arc::clone(&self.inner), st.generation))
+        Ok(Permit::new(
+            Arc::clone(&self.inner),
+            st.generation,
+            st.connection_epoch,
+        ))
     }
 
     /// Skips the provider until `now + d` (capped at [`MAX_COOLDOWN`])
@@ -301,7 +316,10 @@ impl Inner {
     }
 
     /// Applies one permit's result (`None` = cancelled) under the lock.
-    fn finish(&self, generation: u64, outcome: Option<Outcome>) {
+    /// `connection_epoch` is set for a connection-level failure of a call
+    /// whose permit was issued in that epoch: it counts only when no
+    /// connection failure was counted since the call started.
+    fn finish(&self, generation: u64, outcome: Option<Outcome>, connection_epoch: Option<u64>) {
         let now = Instant::now();
         let mut st = self.lock();
         st.refresh(now);
@@ -310,6 +328,17 @@ impl Inner {
             // Any probe slot it held belonged to a period that is over.
             return;
         }
+        let outcome = match (outcome, connection_epoch) {
+            (Some(Outcome::Failure), Some(epoch)) if epoch != st.connection_epoch => {
+                // Broken by a connection event already counted.
+                Some(Outcome::Ignored)
+            }
+            (Some(Outcome::Failure), Some(_)) => {
+                st.connection_epoch = st.connection_epoch.wrapping_add(1);
+                Some(Outcome::Failure)
+            }
+            (outcome, _) => outcome,
+        };
         let s = self.settings;
         match st.phase {
             Phase::Closed => match outcome {

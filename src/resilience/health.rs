@@ -38,6 +38,9 @@ struct Window {
     /// Attempts cut short by the caller, kept apart from `samples` so a
     /// burst of impatient callers never pushes real calls out.
     cut_short: VecDeque<(Instant, CutShort)>,
+    /// When calls that never reached the provider were resent at once on
+    /// a fresh connection (within their attempt).
+    resent: VecDeque<Instant>,
 }
 
 /// Why an attempt ended without a result of the provider's own: the
@@ -55,6 +58,8 @@ struct Sample {
     at: Instant,
     latency: Duration,
     ok: bool,
+    /// Failed at the connection level (reset, GOAWAY, refused connect).
+    connection: bool,
 }
 
 /// The window's numbers at one moment.
@@ -74,6 +79,13 @@ pub struct HealthSnapshot {
     pub deadline_exceeded: usize,
     /// Attempts abandoned by a caller that went away (not calls).
     pub cancelled: usize,
+    /// Failed calls whose connection broke or could not be made (a part of
+    /// `errors`; the breaker counts each connection event once).
+    pub connection_errors: usize,
+    /// Calls that never reached the provider (a refused stream, above a
+    /// GOAWAY, a failed connect) and were resent at once on a fresh
+    /// connection, within the same attempt.
+    pub resent: usize,
 }
 
 impl Default for ProviderHealth {
@@ -92,6 +104,7 @@ impl ProviderHealth {
                 max_age,
                 samples: VecDeque::with_capacity(capacity),
                 cut_short: VecDeque::new(),
+                resent: VecDeque::new(),
             })),
         }
     }
@@ -100,6 +113,15 @@ impl ProviderHealth {
     /// Latency is recorded for failures too (a timeout is what the caller
     /// experienced).
     pub fn record(&self, latency: Duration, ok: bool) {
+        self.push(latency, ok, false);
+    }
+
+    /// Records a call that failed at the connection level.
+    pub fn record_connection_failure(&self, latency: Duration) {
+        self.push(latency, false, true);
+    }
+
+    fn push(&self, latency: Duration, ok: bool, connection: bool) {
         let now = Instant::now();
         let mut w = self.lock();
         w.prune(now);
@@ -110,7 +132,19 @@ impl ProviderHealth {
             at: now,
             latency,
             ok,
+            connection,
         });
+    }
+
+    /// Records a call resent at once because it never reached the provider.
+    pub fn record_resend(&self) {
+        let now = Instant::now();
+        let mut w = self.lock();
+        w.prune(now);
+        if w.resent.len() >= w.capacity {
+            w.resent.pop_front();
+        }
+        w.resent.push_back(now);
     }
 
     /// Records an attempt the caller cut short: neither a call nor an error.
@@ -137,10 +171,11 @@ impl ProviderHealth {
 
     /// Calls, errors, error rate, p50 and p99 in one consistent view.
     pub fn snapshot(&self) -> HealthSnapshot {
-        let (calls, errors, sorted, deadline_exceeded, cancelled) = {
+        let (calls, errors, sorted, deadline_exceeded, cancelled, connection_errors, resent) = {
             let mut w = self.lock();
             w.prune(Instant::now());
             let errors = w.samples.iter().filter(|s| !s.ok).count();
+            let connection_errors = w.samples.iter().filter(|s| s.connection).count();
             let of = |why| w.cut_short.iter().filter(|(_, w)| *w == why).count();
             (
                 w.samples.len(),
@@ -148,6 +183,8 @@ impl ProviderHealth {
                 sorted(&w.samples),
                 of(CutShort::Deadline),
                 of(CutShort::Cancelled),
+                connection_errors,
+                w.resent.len(),
             )
         };
         HealthSnapshot {
@@ -162,6 +199,8 @@ impl ProviderHealth {
             p99: nearest_rank(&sorted, 99.0),
             deadline_exceeded,
             cancelled,
+            connection_errors,
+            resent,
         }
     }
 
@@ -191,6 +230,12 @@ impl Window {
                 break;
             }
             self.cut_short.pop_front();
+        }
+        while let Some(at) = self.resent.front() {
+            if now.saturating_duration_since(*at) <= self.max_age {
+                break;
+            }
+            self.resent.pop_front();
         }
     }
 }

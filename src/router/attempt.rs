@@ -185,6 +185,7 @@ pub(super) struct InFlight<'a> {
     target: &'a TargetConfig,
     started: Instant,
     ended: bool,
+    resends: u32,
 }
 
 impl<'a> InFlight<'a> {
@@ -195,6 +196,7 @@ impl<'a> InFlight<'a> {
             target,
             started: Instant::now(),
             ended: false,
+            resends: 0,
         }
     }
 
@@ -219,6 +221,10 @@ impl<'a> InFlight<'a> {
                 health.record_cut_short(CutShort::Deadline);
                 ProviderError::Deadline.code()
             }
+            Some(err @ ProviderError::Connect(_)) => {
+                health.record_connection_failure(elapsed);
+                err.code()
+            }
             Some(err) => {
                 health.record(elapsed, false);
                 err.code()
@@ -226,6 +232,30 @@ impl<'a> InFlight<'a> {
         };
         metrics::attempt(&self.target.provider, &self.target.model, &status, elapsed);
         elapsed
+    }
+}
+
+/// Most times one attempt resends a call that never reached the provider:
+/// enough for a refused stream and a connection that went away under it,
+/// few enough that a provider refusing everything fails the attempt.
+pub(super) const MAX_RESENDS: u32 = 2;
+
+impl InFlight<'_> {
+    /// Whether `err` is a call that provably never reached the provider and
+    /// may be resent now within this attempt (at most [`MAX_RESENDS`]
+    /// times, never past `deadline`); counted as a resend when so.
+    pub(super) fn resend(&mut self, err: &ProviderError, deadline: Instant) -> bool {
+        let Some(failure) = err.connection_failure() else {
+            return false;
+        };
+        if !failure.unsent() || self.resends >= MAX_RESENDS || Instant::now() >= deadline {
+            return false;
+        }
+        self.resends += 1;
+        self.guards.health.record_resend();
+        metrics::resend(&self.target.provider, failure.as_str());
+        tracing::info!(provider = %self.target.provider, cause = failure.as_str(), "resending a call that never reached the provider");
+        true
     }
 }
 

@@ -15,7 +15,9 @@ pub use stream::RouteEvent;
 
 use crate::{
     config::{Config, TargetConfig},
-    providers::{Completion, CompletionRequest, ProviderError, Providers, TokenUsage},
+    providers::{
+        Completion, CompletionRequest, ConnectFailure, ProviderError, Providers, TokenUsage,
+    },
     resilience::{Decision, Outcome, Resilience, instant_after, retry::Jitter},
     tasks::Priority,
 };
@@ -309,7 +311,7 @@ impl Router {
                 return Tried::Failed(None);
             }
         };
-        let call = InFlight::start(guards, target);
+        let mut call = InFlight::start(guards, target);
         let attempt_deadline = self.attempt_deadline(&target.provider, call.started(), deadline);
         let req = CompletionRequest {
             model: target.model.clone(),
@@ -327,12 +329,25 @@ impl Router {
             input_tokens = tracing::field::Empty,
             output_tokens = tracing::field::Empty,
         );
-        let called = match tokio::time::timeout_at(attempt_deadline, provider.complete(req))
-            .instrument(span.clone())
-            .await
-        {
-            Ok(result) => result.map_err(|e| attribute(e, deadline)),
-            Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
+        let mut req = Some(req);
+        let called = loop {
+            // A resend is the same call again: built anew only then.
+            let req = req.take().unwrap_or_else(|| CompletionRequest {
+                model: target.model.clone(),
+                deadline: attempt_deadline,
+                ..request.clone()
+            });
+            let called = match tokio::time::timeout_at(attempt_deadline, provider.complete(req))
+                .instrument(span.clone())
+                .await
+            {
+                Ok(result) => result.map_err(|e| attribute(e, deadline)),
+                Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
+            };
+            match called {
+                Err(e) if call.resend(&e, attempt_deadline) => continue,
+                called => break called,
+            }
         };
         match &called {
             Ok(c) => {
@@ -385,7 +400,8 @@ impl Router {
         };
         permit.record_error(&err);
 
-        tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), "provider attempt failed");
+        let cause = err.connection_failure().map(ConnectFailure::as_str);
+        tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), cause, "provider attempt failed");
         Tried::Failed(Some(err))
     }
 }

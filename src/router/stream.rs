@@ -8,7 +8,9 @@ use super::{
     AttemptOutcome, AttemptRecord, RouteError, RouteOptions, Router,
     attempt::{InFlight, attribute, implausible},
 };
-use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent, TokenUsage};
+use crate::providers::{
+    Completion, CompletionRequest, ConnectFailure, ProviderError, StreamEvent, TokenUsage,
+};
 use crate::{config::TargetConfig, resilience::Outcome, tasks::Priority};
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
@@ -36,7 +38,8 @@ fn attempt_span(target: &TargetConfig, trace_id: &str) -> tracing::Span {
 fn failed(span: &tracing::Span, target: &TargetConfig, err: &ProviderError) {
     let code = err.code();
     span.record("outcome", code.as_str());
-    tracing::warn!(provider = %target.provider, model = %target.model, retry = 0_u32, code = %code, "provider attempt failed");
+    let cause = err.connection_failure().map(ConnectFailure::as_str);
+    tracing::warn!(provider = %target.provider, model = %target.model, retry = 0_u32, code = %code, cause, "provider attempt failed");
 }
 
 /// What the streaming walk reports, in order.
@@ -134,19 +137,28 @@ impl Router {
                     continue;
                 };
                 // Timed from here, as in `run`: a rate-limiter wait is not provider time.
-                let call = InFlight::start(guards, target);
+                let mut call = InFlight::start(guards, target);
                 let attempt_deadline = router.attempt_deadline(&target.provider, call.started(), deadline);
                 let req = CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() };
                 let span = attempt_span(target, &req.trace_id);
                 yield RouteEvent::Started { provider: target.provider.clone(), model: target.model.clone() };
 
                 // Opened inside the attempt span: the upstream `traceparent` names it.
-                let opened = match tokio::time::timeout_at(attempt_deadline, provider.stream(req))
-                    .instrument(span.clone())
-                    .await
-                {
-                    Ok(opened) => opened.map_err(|e| attribute(e, deadline)),
-                    Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
+                let mut req = Some(req);
+                let opened = loop {
+                    let req = req.take().unwrap_or_else(|| CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() });
+                    let opened = match tokio::time::timeout_at(attempt_deadline, provider.stream(req))
+                        .instrument(span.clone())
+                        .await
+                    {
+                        Ok(opened) => opened.map_err(|e| attribute(e, deadline)),
+                        Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
+                    };
+                    match opened {
+                        // Never reached the provider: the same call again, at once.
+                        Err(e) if call.resend(&e, attempt_deadline) => continue,
+                        opened => break opened,
+                    }
                 };
                 let mut upstream = match opened {
                     Ok(s) => s,

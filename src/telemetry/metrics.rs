@@ -103,6 +103,12 @@ pub fn attempt(provider: &str, model: &str, status: &str, latency: Duration) {
         .record(latency.as_secs_f64());
 }
 
+/// A call resent at once within its attempt because it never reached the
+/// provider (`cause`: the transport's error kind, a fixed set).
+pub fn resend(provider: &str, cause: &'static str) {
+    counter!("llm_resends_total", "provider" => provider.to_owned(), "cause" => cause).increment(1);
+}
+
 /// Tokens and cost of one attempt.
 pub fn usage(provider: &str, model: &str, input: u64, output: u64, cost_usd: Option<f64>) {
     if input > 0 {

@@ -166,6 +166,11 @@ impl TestApp {
         }
     }
 
+    /// Keeps `dir` (the test's database folder) until the app is dropped.
+    pub fn keep(&mut self, dir: tempfile::TempDir) {
+        self._dir = Some(dir);
+    }
+
     /// Sends the shutdown signal (like SIGTERM).
     pub fn trigger_shutdown(&mut self) {
         if let Some(tx) = self.shutdown.take() {

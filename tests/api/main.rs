@@ -4,6 +4,7 @@
 mod auth;
 mod cli;
 mod common;
+mod connections;
 mod crash;
 mod deadlines;
 mod errors;

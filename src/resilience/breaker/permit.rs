@@ -16,14 +16,17 @@ use std::sync::Arc;
 pub struct Permit {
     breaker: Arc<Inner>,
     generation: u64,
+    /// The connection epoch it was issued in (see the module docs).
+    connection_epoch: u64,
     done: bool,
 }
 
 impl Permit {
-    pub(super) fn new(breaker: Arc<Inner>, generation: u64) -> Self {
+    pub(super) fn new(breaker: Arc<Inner>, generation: u64, connection_epoch: u64) -> Self {
         Self {
             breaker,
             generation,
+            connection_epoch,
             done: false,
         }
     }
@@ -37,17 +40,26 @@ impl Permit {
     /// the permit was issued.
     pub fn record(mut self, outcome: Outcome) {
         self.done = true;
-        self.breaker.finish(self.generation, Some(outcome));
+        self.breaker.finish(self.generation, Some(outcome), None);
     }
 
     /// Reports a failed call: a 429 starts a cooldown (its `Retry-After`, or
     /// [`DEFAULT_COOLDOWN`]) — even for a stale permit, since the provider's
     /// request to back off holds regardless — and the error counts as a
     /// failure only if [`ProviderError::counts_against_breaker`].
-    pub fn record_error(self, err: &ProviderError) {
+    pub fn record_error(mut self, err: &ProviderError) {
         if err.is_rate_limited() {
             self.breaker
                 .cooldown(err.retry_after().unwrap_or(DEFAULT_COOLDOWN));
+        }
+        if err.connection_failure().is_some() {
+            self.done = true;
+            self.breaker.finish(
+                self.generation,
+                Some(Outcome::Failure),
+                Some(self.connection_epoch),
+            );
+            return;
         }
         self.record(Outcome::of_error(err));
     }
@@ -56,7 +68,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if !self.done {
-            self.breaker.finish(self.generation, None);
+            self.breaker.finish(self.generation, None, None);
         }
     }
 }

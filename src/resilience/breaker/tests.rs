@@ -378,3 +378,52 @@ async fn every_state_change_bumps_the_generation_and_the_gauge_follows() {
     assert_eq!(seen, [(0, 0), (1, 2), (2, 1), (3, 0)]);
     assert_eq!(BreakerState::HalfOpen.as_str(), "half_open");
 }
+
+fn reset() -> ProviderError {
+    ProviderError::Connect(crate::providers::ConnectFailure::ConnectionReset)
+}
+
+/// One connection event fails every call that was on the connection: 30
+/// calls started together and broken together count once.
+#[tokio::test(start_paused = true)]
+async fn a_connection_event_counts_once_however_many_calls_it_broke() {
+    let b = breaker();
+    let on_the_connection: Vec<Permit> = (0..30).map(|_| b.try_acquire().unwrap()).collect();
+    for permit in on_the_connection {
+        permit.record_error(&reset());
+    }
+    let snap = b.snapshot();
+    assert_eq!(snap.state, BreakerState::Closed);
+    assert_eq!(snap.consecutive_failures, 1);
+
+    // Calls started after it, broken by a new event: one more each event.
+    for event in 2..=4 {
+        let calls: Vec<Permit> = (0..10).map(|_| b.try_acquire().unwrap()).collect();
+        for permit in calls {
+            permit.record_error(&reset());
+        }
+        assert_eq!(b.snapshot().consecutive_failures, event);
+    }
+    // A provider that is really down still opens: a fifth event.
+    b.try_acquire().unwrap().record_error(&reset());
+    assert_eq!(b.state(), BreakerState::Open);
+}
+
+/// Other failures keep counting per call, and a success in between resets
+/// the count as always.
+#[tokio::test(start_paused = true)]
+async fn only_connection_failures_share_a_count() {
+    let b = breaker();
+    let calls: Vec<Permit> = (0..3).map(|_| b.try_acquire().unwrap()).collect();
+    for permit in calls {
+        permit.record_error(&status(503, None));
+    }
+    assert_eq!(b.snapshot().consecutive_failures, 3);
+    let calls: Vec<Permit> = (0..3).map(|_| b.try_acquire().unwrap()).collect();
+    for permit in calls {
+        permit.record_error(&reset());
+    }
+    assert_eq!(b.snapshot().consecutive_failures, 4);
+    b.try_acquire().unwrap().record(Outcome::Success);
+    assert_eq!(b.snapshot().consecutive_failures, 0);
+}

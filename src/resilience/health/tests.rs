@@ -58,6 +58,8 @@ async fn an_empty_window_reports_no_errors_and_no_latency() {
             p99: None,
             deadline_exceeded: 0,
             cancelled: 0,
+            connection_errors: 0,
+            resent: 0,
         }
     );
 }
