@@ -8,8 +8,10 @@
 
 pub mod api;
 pub mod auth;
+pub mod call;
 pub mod cli;
 pub mod config;
+pub mod domain;
 pub mod prompts;
 pub mod providers;
 pub mod resilience;

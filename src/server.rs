@@ -5,12 +5,12 @@ use crate::{api::metrics_layer::GrpcMetricsLayer, telemetry::metrics};
 use crate::{
     api::{OrchestratorApi, admin::PromptAdminApi, auth::AuthInterceptor, pb},
     auth::{Authenticator, keys::KeyStore},
+    call::Pipeline,
     config::Config,
     prompts::store::PromptStore,
     providers::Providers,
     router::Router,
     store::Store,
-    tasks::TaskRunner,
     usage::{Meter, pricing::Pricing, sqlite_writer, sweeper, writer::LedgerWriter},
 };
 use anyhow::Context;
@@ -56,7 +56,6 @@ pub async fn serve(
     let router = Router::new(config.clone(), providers);
     let resilience = router.resilience().clone();
     let prompts = PromptStore::new(store.clone());
-    let runner = TaskRunner::new(config.clone(), router, prompts.clone());
     let metering = &config.metering;
     let (stop_writer, writer_stopped) = watch::channel(false);
     let (writer, writer_done) = if metering.enabled {
@@ -88,7 +87,8 @@ pub async fn serve(
         (None, None)
     };
     let meter = Meter::new(writer, Pricing::from_config(&config.pricing), metering);
-    let api = OrchestratorApi::new(config.clone(), runner, store.clone(), meter, auth.clone());
+    let pipeline = Pipeline::new(config.clone(), router, prompts.clone(), meter);
+    let api = OrchestratorApi::new(config.clone(), pipeline, store.clone(), auth.clone());
 
     let (health, health_service) = tonic_health::server::health_reporter();
     let (ready_tx, ready_rx) = watch::channel(true);

@@ -2,8 +2,9 @@
 
 use crate::{
     api::pb,
+    call::CallMeta,
     router::{AttemptOutcome, AttemptRecord},
-    tasks::{CallMeta, SmsTurn},
+    tasks::{SmsTurn, sms_generate::GenerateInput},
     usage::{
         ledger::{Balance, Caps},
         pricing::usd,
@@ -65,6 +66,30 @@ pub fn history(messages: &[pb::SmsMessage]) -> Vec<SmsTurn> {
             text: m.text.clone(),
         })
         .collect()
+}
+
+/// A `GenerateSms` request → the task's input (the lead's named fields
+/// join its attributes).
+pub fn generate_input(req: pb::GenerateSmsRequest) -> GenerateInput {
+    let lead = req.lead.unwrap_or_default();
+    let mut lead_map: std::collections::BTreeMap<String, String> =
+        lead.attributes.into_iter().collect();
+    for (k, v) in [
+        ("first_name", lead.first_name),
+        ("last_name", lead.last_name),
+        ("company", lead.company),
+    ] {
+        if !v.is_empty() {
+            lead_map.insert(k.to_owned(), v);
+        }
+    }
+    GenerateInput {
+        history: history(&req.history),
+        inbound_message: req.inbound_message,
+        lead: lead_map,
+        goal: req.goal,
+        max_segments: req.max_segments,
+    }
 }
 
 fn millis(d: std::time::Duration) -> u32 {

@@ -6,11 +6,10 @@
 //! trace ID, never to the client.
 
 use crate::{
+    call::CallError,
     router::{AttemptRecord, RouteError},
-    tasks::TaskError,
     telemetry::trace_id::TRACE_ID_HEADER,
     usage::{
-        MeterError,
         ledger::{CapKind, Refusal},
         pricing::usd,
     },
@@ -98,31 +97,23 @@ impl Failure {
     }
 }
 
-impl From<TaskError> for Failure {
-    fn from(err: TaskError) -> Self {
+impl From<CallError> for Failure {
+    fn from(err: CallError) -> Self {
         match err {
-            TaskError::Invalid(v) => Failure::Invalid(v),
-            TaskError::Route(RouteError::UnknownTask(t)) => Failure::UnknownTask(t),
-            TaskError::Route(e) => Failure::Route(e),
-            TaskError::Meter(MeterError::Quota(refusal)) => Failure::Quota(refusal),
-            TaskError::Meter(MeterError::Budget {
+            CallError::Invalid(v) => Failure::Invalid(v),
+            CallError::UnknownTask(t) => Failure::UnknownTask(t),
+            CallError::Route(e) => Failure::Route(e),
+            CallError::Quota(refusal) => Failure::Quota(refusal),
+            CallError::Budget {
                 estimate_micros,
                 budget_micros,
-            }) => Failure::Budget {
+            } => Failure::Budget {
                 estimate_micros,
                 budget_micros,
             },
-            TaskError::Meter(MeterError::Write(e)) => Failure::Storage(e.to_string()),
+            CallError::Storage(e) => Failure::Storage(e),
+            CallError::Overloaded => Failure::Overloaded,
         }
-    }
-}
-
-/// The stable reason of a routing failure (also the usage record's outcome).
-pub(crate) fn route_reason(err: &RouteError) -> &'static str {
-    match err {
-        RouteError::UnknownTask(_) => reason::TASK_UNKNOWN,
-        RouteError::AllProvidersFailed { .. } => reason::ALL_PROVIDERS_FAILED,
-        RouteError::DeadlineExceeded { .. } => reason::DEADLINE_EXCEEDED,
     }
 }
 

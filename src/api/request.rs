@@ -4,13 +4,11 @@
 use super::error::Failure;
 use crate::{
     api::pb,
+    call::CallContext,
     config::ServerConfig,
-    resilience::instant_after,
-    tasks::{CallContext, Channel, Priority},
+    domain::{Channel, Priority, instant_after},
     telemetry::trace_id,
-    usage::{Meter, meter::Who},
 };
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
@@ -28,7 +26,6 @@ pub(crate) fn call_context(
     budget: Option<&pb::Budget>,
     metadata: &MetadataMap,
     server: &ServerConfig,
-    meter: &Meter,
 ) -> Result<CallContext, (String, Failure)> {
     let started = Instant::now();
     let ctx_trace = context.map_or("", |c| c.trace_id.as_str());
@@ -84,14 +81,6 @@ pub(crate) fn call_context(
         Ok(pb::Priority::Background) => Priority::Background,
         _ => Priority::Interactive,
     };
-    let who = Who {
-        team_id: context.team_id.clone(),
-        user_id: context.user_id.clone(),
-        trace_id: trace_id.clone(),
-        channel: channel.as_str().to_owned(),
-        priority: priority.as_str().to_owned(),
-    };
-    let budget_usd = budget.map(|b| b.max_cost_usd);
     Ok(CallContext {
         team_id: context.team_id.clone(),
         user_id: context.user_id.clone(),
@@ -99,10 +88,10 @@ pub(crate) fn call_context(
         channel,
         priority,
         started,
+        started_at_ms: chrono::Utc::now().timestamp_millis(),
         // `default_timeout` comes from config: an absurd one must not overflow.
         deadline: instant_after(started, timeout),
-        meter: Arc::new(meter.session(who, chrono::Utc::now().timestamp_millis(), budget_usd)),
-        slot: None,
+        budget_usd: budget.map(|b| b.max_cost_usd).filter(|b| *b > 0.0),
         traceparent: metadata
             .get("traceparent")
             .and_then(|v| v.to_str().ok())
@@ -276,14 +265,6 @@ mod tests {
         );
     }
 
-    fn meter() -> Meter {
-        Meter::new(
-            None,
-            crate::usage::pricing::Pricing::from_config(&Default::default()),
-            &Default::default(),
-        )
-    }
-
     fn team() -> pb::RequestContext {
         pb::RequestContext {
             team_id: "t1".into(),
@@ -297,14 +278,14 @@ mod tests {
             default_timeout: Duration::MAX,
             ..Default::default()
         };
-        let ctx = call_context(Some(&team()), None, &MetadataMap::new(), &server, &meter())
+        let ctx = call_context(Some(&team()), None, &MetadataMap::new(), &server)
             .map_err(|(_, f)| format!("{f:?}"))
             .unwrap();
         assert!(ctx.deadline > ctx.started + Duration::from_secs(365 * 24 * 3600));
         // The largest grpc-timeout (99999999 hours) is fine too.
         let mut metadata = MetadataMap::new();
         metadata.insert("grpc-timeout", "99999999H".parse().unwrap());
-        assert!(call_context(Some(&team()), None, &metadata, &server, &meter()).is_ok());
+        assert!(call_context(Some(&team()), None, &metadata, &server).is_ok());
     }
 
     #[test]
@@ -313,8 +294,7 @@ mod tests {
         for bad in ["soon", "10", "m", "-5m", "1.5S", "123456789m"] {
             let mut metadata = MetadataMap::new();
             metadata.insert("grpc-timeout", bad.parse().unwrap());
-            let Err((_, failure)) = call_context(Some(&team()), None, &metadata, &server, &meter())
-            else {
+            let Err((_, failure)) = call_context(Some(&team()), None, &metadata, &server) else {
                 panic!("{bad:?} accepted");
             };
             assert!(
@@ -328,7 +308,7 @@ mod tests {
             "grpc-timeout",
             tonic::metadata::MetadataValue::try_from(&b"1\xffm"[..]).unwrap(),
         );
-        assert!(call_context(Some(&team()), None, &metadata, &server, &meter()).is_err());
+        assert!(call_context(Some(&team()), None, &metadata, &server).is_err());
     }
 
     #[test]

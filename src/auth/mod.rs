@@ -21,34 +21,7 @@ use std::{
 use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataMap;
 
-/// What a key may do beyond calling tasks for its teams.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Calls the AI RPCs and reads usage for its teams.
-    Caller,
-    /// Also manages prompts (`PromptAdmin`) for its teams.
-    Admin,
-}
-
-impl Role {
-    /// The config/database spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Caller => "caller",
-            Role::Admin => "admin",
-        }
-    }
-
-    /// Parses the config/database spelling.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "caller" => Some(Role::Caller),
-            "admin" => Some(Role::Admin),
-            _ => None,
-        }
-    }
-}
+pub use crate::domain::Role;
 
 /// The teams a key may act for.
 #[derive(Debug, Clone, PartialEq, Eq)]

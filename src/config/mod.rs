@@ -15,6 +15,7 @@ mod validate;
 
 pub use secret::Secret;
 
+use crate::domain::Role;
 use figment::{
     Figment,
     providers::{Env, Format, Toml},
@@ -134,11 +135,11 @@ pub struct ApiKeyConfig {
     pub teams: Vec<String>,
     /// `caller` (default) or `admin` (prompt administration too).
     #[serde(default = "default_role")]
-    pub role: crate::auth::Role,
+    pub role: Role,
 }
 
-fn default_role() -> crate::auth::Role {
-    crate::auth::Role::Caller
+fn default_role() -> Role {
+    Role::Caller
 }
 
 /// `[server.tls]`: serve gRPC over TLS, optionally requiring client
@@ -199,15 +200,29 @@ pub struct RetryConfig {
 
 impl Default for RetryConfig {
     fn default() -> Self {
-        let seed = crate::resilience::RetryPolicy::default();
         Self {
-            max_attempts: seed.max_attempts,
-            base_backoff: seed.base_backoff,
-            max_backoff: seed.max_backoff,
-            interactive_max_wait: seed.interactive_max_wait,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            base_backoff: DEFAULT_BASE_BACKOFF,
+            max_backoff: DEFAULT_MAX_BACKOFF,
+            interactive_max_wait: DEFAULT_INTERACTIVE_MAX_WAIT,
         }
     }
 }
+
+/// Calls per target, the first included (SPEC §4: "up to 3 attempts").
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// Backoff cap after the first failed attempt; doubles after each further one.
+pub const DEFAULT_BASE_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Upper bound of the backoff cap: the last step of the SPEC's 1 s, 2 s, 4 s
+/// schedule, so raising `max_attempts` adds 4 s steps, not ever-longer ones.
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(4);
+
+/// Longest wait an INTERACTIVE request accepts at the same target when another
+/// target remains: a human is waiting, and a fresh provider usually answers
+/// sooner than a struggling one recovers. Short enough to be invisible.
+pub const DEFAULT_INTERACTIVE_MAX_WAIT: Duration = Duration::from_millis(250);
 
 /// Price of one model in USD per 1M tokens, or explicitly unknown.
 #[derive(Debug, Clone, Deserialize, PartialEq)]

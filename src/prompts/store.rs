@@ -447,10 +447,3 @@ macro_rules! audit {
     };
 }
 use audit;
-
-/// SQL that folds one call into a prompt version's stats (running means).
-pub const RECORD_STATS: &str = "UPDATE ai_prompts SET \
-avg_latency_ms = (avg_latency_ms * usage_count + $4) / (usage_count + 1), \
-success_rate = (success_rate * usage_count + $5) / (usage_count + 1), \
-usage_count = usage_count + 1 \
-WHERE team_id = $1 AND prompt_key = $2 AND version = $3";

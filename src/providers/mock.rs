@@ -31,8 +31,7 @@ impl MockProvider {
     async fn begin(&self, req: &CompletionRequest) -> Result<(), ProviderError> {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         // Saturating: a huge configured latency must not panic (it is a timeout).
-        let wake =
-            crate::resilience::instant_after(tokio::time::Instant::now(), self.config.latency);
+        let wake = crate::domain::instant_after(tokio::time::Instant::now(), self.config.latency);
         if wake > req.deadline {
             tokio::time::sleep_until(req.deadline).await;
             return Err(ProviderError::Timeout);

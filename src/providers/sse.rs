@@ -11,7 +11,7 @@
 //! finished when the stream ends is dropped.
 
 use super::ProviderError;
-use crate::resilience::instant_after;
+use crate::domain::instant_after;
 use futures::{Stream, StreamExt};
 use reqwest::Response;
 use std::{collections::VecDeque, time::Duration};

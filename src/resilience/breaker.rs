@@ -31,7 +31,7 @@ mod permit;
 
 pub use permit::Permit;
 
-use super::instant_after;
+use crate::domain::instant_after;
 use crate::{config::BreakerConfig, providers::ProviderError};
 use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},

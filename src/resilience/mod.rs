@@ -53,8 +53,7 @@ pub use limits::{LimitPermit, LimitRejected, ProviderLimits};
 pub use retry::{Decision, FixedJitter, JitterSource, RetryPolicy};
 
 use crate::config::{Config, ProviderConfig};
-use std::{collections::BTreeMap, time::Duration};
-use tokio::time::Instant;
+use std::collections::BTreeMap;
 
 /// The resilience state of one provider. Clones share the same state.
 #[derive(Debug, Clone)]
@@ -115,29 +114,5 @@ impl Resilience {
     /// Every provider's guards by name, for the ops RPC and metrics.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &ProviderGuards)> {
         self.providers.iter().map(|(k, v)| (k.as_str(), v))
-    }
-}
-
-/// `now + d` without the panic `Instant + Duration` has on overflow: an
-/// absurd duration from config saturates at roughly a century from now.
-pub(crate) fn instant_after(now: Instant, d: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    now.checked_add(d)
-        .or_else(|| now.checked_add(CENTURY))
-        .unwrap_or(now)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn instant_after_saturates_instead_of_panicking() {
-        let now = Instant::now();
-        assert_eq!(
-            instant_after(now, Duration::from_secs(1)),
-            now + Duration::from_secs(1)
-        );
-        assert!(instant_after(now, Duration::MAX) > now);
     }
 }

@@ -11,25 +11,14 @@
 //! jitter", which spreads the retries of many clients that failed together).
 //! With the default 3 attempts, waits are drawn after attempts 1 and 2.
 
-use crate::{providers::ProviderError, tasks::Priority};
+use crate::{domain::Priority, providers::ProviderError};
 use rand::RngExt;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Calls per target, the first included (SPEC §4: "up to 3 attempts").
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
-
-/// Backoff cap after the first failed attempt; doubles after each further one.
-pub const DEFAULT_BASE_BACKOFF: Duration = Duration::from_secs(1);
-
-/// Upper bound of the backoff cap: the last step of the SPEC's 1 s, 2 s, 4 s
-/// schedule, so raising `max_attempts` adds 4 s steps, not ever-longer ones.
-pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(4);
-
-/// Longest wait an INTERACTIVE request accepts at the same target when another
-/// target remains: a human is waiting, and a fresh provider usually answers
-/// sooner than a struggling one recovers. Short enough to be invisible.
-pub const DEFAULT_INTERACTIVE_MAX_WAIT: Duration = Duration::from_millis(250);
+pub use crate::config::{
+    DEFAULT_BASE_BACKOFF, DEFAULT_INTERACTIVE_MAX_WAIT, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF,
+};
 
 /// What to do after a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

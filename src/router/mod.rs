@@ -15,11 +15,11 @@ pub use stream::RouteEvent;
 
 use crate::{
     config::{Config, TargetConfig},
+    domain::{Priority, instant_after},
     providers::{
         Completion, CompletionRequest, ConnectFailure, ProviderError, Providers, TokenUsage,
     },
-    resilience::{Decision, Outcome, Resilience, instant_after, retry::Jitter},
-    tasks::Priority,
+    resilience::{Decision, Outcome, Resilience, retry::Jitter},
 };
 use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
@@ -160,7 +160,7 @@ impl Router {
         }
     }
 
-    /// Calls the task's targets in order until one answers and `parse`
+    /// Calls `chain`'s targets in order until one answers and `parse`
     /// accepts the answer, applying per target (see `resilience`): the
     /// breaker (an open provider is skipped with no call), the rate and
     /// concurrency limits, the call bounded by the provider timeout and the
@@ -173,13 +173,12 @@ impl Router {
     /// hold the request twice more through this one.
     pub async fn run<T>(
         &self,
-        task: &str,
+        chain: &[TargetConfig],
         request: &CompletionRequest,
         deadline: Instant,
         options: &RouteOptions,
         parse: impl Fn(&Completion) -> Result<T, String>,
     ) -> Result<Routed<T>, RouteError> {
-        let chain = self.chain(task)?;
         let mut attempts: Vec<AttemptRecord> = Vec::new();
         for (index, chain_target) in chain.iter().enumerate() {
             let target = TargetConfig {

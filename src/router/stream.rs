@@ -11,7 +11,7 @@ use super::{
 use crate::providers::{
     Completion, CompletionRequest, ConnectFailure, ProviderError, StreamEvent, TokenUsage,
 };
-use crate::{config::TargetConfig, resilience::Outcome, tasks::Priority};
+use crate::{config::TargetConfig, domain::Priority, resilience::Outcome};
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -81,30 +81,21 @@ pub enum RouteEvent {
 }
 
 impl Router {
-    /// Streams the task's answer. Dropping the stream cancels the upstream call.
+    /// Streams the answer along `chain`. Dropping the stream cancels the
+    /// upstream call.
     pub fn stream(
         &self,
-        task: &str,
+        mut chain: Vec<TargetConfig>,
         request: CompletionRequest,
         deadline: Instant,
         options: &RouteOptions,
-    ) -> impl Stream<Item = RouteEvent> + Send + 'static {
+    ) -> impl Stream<Item = RouteEvent> + Send + use<> {
         let router = self.clone();
-        let task = task.to_owned();
         let priority = options.priority;
-        let primary_model = options.primary_model.clone();
+        if let (Some(model), Some(primary)) = (&options.primary_model, chain.first_mut()) {
+            primary.model = model.clone();
+        }
         async_stream::stream! {
-            let chain = match router.chain(&task) {
-                Ok(chain) => chain
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| match (&primary_model, i) {
-                        (Some(m), 0) => TargetConfig { provider: t.provider.clone(), model: m.clone() },
-                        _ => t.clone(),
-                    })
-                    .collect::<Vec<_>>(),
-                Err(err) => { yield RouteEvent::Failed(err); return; }
-            };
             let mut attempts: Vec<AttemptRecord> = Vec::new();
             for (index, target) in chain.iter().enumerate() {
                 let now = Instant::now();

@@ -141,7 +141,13 @@ async fn run(
         primary_model: None,
     };
     let result = router
-        .run(task, &request(), deadline, &options, |c| Ok(c.text.clone()))
+        .run(
+            router.chain(task).unwrap(),
+            &request(),
+            deadline,
+            &options,
+            |c| Ok(c.text.clone()),
+        )
         .await;
     (result, starts)
 }

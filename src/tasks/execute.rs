@@ -1,9 +1,8 @@
 //! Generic tasks (`meeting_brief` and any task added in config) run through
 //! `Execute`: a JSON object in, the model's text (and JSON, when it is JSON) out.
 
-use super::{CallContext, CallMeta, Rendered, TaskError, TaskRunner, parse_json_object};
-use crate::prompts;
-use crate::providers::{CompletionRequest, JsonSchemaFormat};
+use super::{Rendered, Session, TaskError, Tasks, parse_json_object};
+use crate::{prompts, providers::JsonSchemaFormat, router::RouteError};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -16,17 +15,20 @@ pub struct Output {
     pub json: Option<Map<String, Value>>,
 }
 
-/// Builds the prompt and request for `task` with `input`. Template variables
-/// are `task`, `input` (the whole object as JSON) and each top-level field of
-/// the object (strings as-is, other values as JSON), all inserted as data.
-pub(crate) async fn prepare(
-    runner: &TaskRunner,
-    ctx: &CallContext,
+/// Builds the prompt for `task` with `input`, and the structured output to
+/// ask for. Template variables are `task`, `input` (the whole object as
+/// JSON) and each top-level field of the object (strings as-is, other values
+/// as JSON), all inserted as data.
+pub async fn prepare(
+    tasks: &Tasks,
+    session: &impl Session,
     task: &str,
     input: Map<String, Value>,
-) -> Result<(Rendered, CompletionRequest), TaskError> {
+) -> Result<(Rendered, Option<JsonSchemaFormat>), TaskError> {
     // Unknown tasks fail before any prompt work.
-    runner.router.chain(task)?;
+    if !tasks.known(task) {
+        return Err(RouteError::UnknownTask(task.to_owned()).into());
+    }
     let mut vars: BTreeMap<String, String> = input
         .iter()
         .map(|(k, v)| {
@@ -40,8 +42,8 @@ pub(crate) async fn prepare(
     let whole = serde_json::to_string_pretty(&Value::Object(input)).unwrap_or_default();
     vars.insert("input".into(), prompts::as_data(&whole));
     vars.insert("task".into(), task.to_owned());
-    let rendered = runner.render(ctx, task, &vars).await?;
-    let format = runner
+    let rendered = session.render(task, &vars).await?;
+    let format = tasks
         .config
         .tasks
         .get(task)
@@ -50,25 +52,24 @@ pub(crate) async fn prepare(
             name: task.to_owned(),
             schema,
         });
-    let request = runner.request(task, &rendered, ctx, format);
-    Ok((rendered, request))
+    Ok((rendered, format))
 }
 
 /// Runs `task` with `input` (see [`prepare`]).
 pub async fn execute(
-    runner: &TaskRunner,
-    ctx: &CallContext,
+    tasks: &Tasks,
+    session: &impl Session,
     task: &str,
     input: Map<String, Value>,
-) -> Result<(Output, CallMeta), TaskError> {
-    let (rendered, request) = prepare(runner, ctx, task, input).await?;
-    let validator = runner.output_validator(task);
-    let (output, _, meta) = runner
-        .route(task, &rendered, ctx, &request, |c| {
+) -> Result<Output, TaskError> {
+    let (rendered, format) = prepare(tasks, session, task, input).await?;
+    let validator = tasks.output_validator(task);
+    let (output, _) = session
+        .complete(task, &rendered, format, |c| {
             parse(&c.text, validator.as_deref())
         })
         .await?;
-    Ok((output, meta))
+    Ok(output)
 }
 
 /// The answer as text and, when it is a JSON object, as JSON. With an output

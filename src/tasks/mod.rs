@@ -1,5 +1,7 @@
-//! The typed tasks: each builds its prompt, asks the router for an answer it
-//! can parse and validate, and shapes the result. Tasks know nothing of gRPC.
+//! The typed tasks: each builds its prompt, asks for an answer it can parse
+//! and validate, and shapes the result. Tasks know nothing of gRPC, of the
+//! ledger or of which provider serves: they make their model calls through
+//! a [`Session`], which the call pipeline (`crate::call`) provides.
 
 pub mod execute;
 pub mod opt_out;
@@ -10,106 +12,51 @@ pub mod sms_generate;
 
 use crate::{
     config::Config,
-    prompts::{self, Prompt, TemplateError, store::PromptStore},
-    providers::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, Role, TokenUsage},
-    router::{AttemptRecord, RouteError, RouteOptions, Router},
-    usage::{MeterError, MeterSession},
+    prompts::{self, Prompt, TemplateError},
+    providers::{Completion, JsonSchemaFormat},
+    router::RouteError,
+    usage::MeterError,
 };
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
-use tokio::time::Instant;
+use std::{collections::BTreeMap, future::Future, sync::Arc};
 
-/// Where a request comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Channel {
-    /// SMS inbox pipeline.
-    Sms,
-    /// Web front end.
-    Web,
-    /// Backend job.
-    #[default]
-    System,
+/// What a task does through the call it serves: resolve its prompt and
+/// make model calls. Each model call is reserved against the team's caps,
+/// routed along the task's chain and metered; the call records every
+/// attempt, so a task that calls twice (a redraft) is billed for both.
+pub trait Session: Sync {
+    /// Resolves the prompt for `key` (team version, global version,
+    /// built-in) and renders it with `vars`.
+    fn render(
+        &self,
+        key: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<Rendered, TaskError>> + Send;
+
+    /// One model call for `task` with `prompt`, asking for `format` when
+    /// given; returns the answer `parse` accepted and the completion. A
+    /// `parse` error is a malformed answer: the chain moves on.
+    fn complete<T: Send>(
+        &self,
+        task: &str,
+        prompt: &Rendered,
+        format: Option<JsonSchemaFormat>,
+        parse: impl Fn(&Completion) -> Result<T, String> + Send + Sync,
+    ) -> impl Future<Output = Result<(T, Completion), TaskError>> + Send;
+
+    /// Records that the answer came from a rule, not a model (an opt-out
+    /// keyword): `key` is reported as the call's prompt key.
+    fn answered_by_rule(&self, key: &str);
 }
 
-/// Latency/success trade-off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Priority {
-    /// A human waits: fail over rather than wait.
-    #[default]
-    Interactive,
-    /// Nobody waits: full retry schedule.
-    Background,
-}
-
-impl Channel {
-    /// Lower-case name for records.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Channel::Sms => "sms",
-            Channel::Web => "web",
-            Channel::System => "system",
-        }
-    }
-}
-
-impl Priority {
-    /// Lower-case name for records.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Interactive => "interactive",
-            Priority::Background => "background",
-        }
-    }
-}
-
-/// Who is asking, parsed and validated at the API edge.
+/// A prompt ready to send: the resolved version and its rendered texts.
 #[derive(Debug, Clone)]
-pub struct CallContext {
-    /// Tenant, never empty.
-    pub team_id: String,
-    /// End user, may be empty.
-    pub user_id: String,
-    /// Trace ID of the request.
-    pub trace_id: String,
-    /// Channel.
-    pub channel: Channel,
-    /// Priority.
-    pub priority: Priority,
-    /// When the request started.
-    pub started: Instant,
-    /// When everything must be over.
-    pub deadline: Instant,
-    /// Metering of this request.
-    pub meter: Arc<MeterSession>,
-    /// This request's slot under `server.max_concurrent_requests`.
-    pub slot: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
-    /// The caller's valid W3C `traceparent`, continued by our spans and
-    /// forwarded upstream when trace export is off.
-    pub traceparent: Option<String>,
-}
-
-/// What happened while serving a call (becomes `ResponseMeta`).
-#[derive(Debug, Clone, Default)]
-pub struct CallMeta {
-    /// Trace ID.
-    pub trace_id: String,
-    /// Serving provider (empty when none was needed).
-    pub provider: String,
-    /// Serving model.
-    pub model: String,
-    /// A fallback served.
-    pub degraded: bool,
-    /// Every attempt.
-    pub attempts: Vec<AttemptRecord>,
-    /// Tokens over all attempts.
-    pub usage: TokenUsage,
-    /// Cost in USD, when every model involved has a price.
-    pub cost_usd: Option<f64>,
-    /// Server-side latency.
-    pub latency: Duration,
-    /// Prompt key.
-    pub prompt_key: String,
-    /// Prompt version (0 = built-in).
-    pub prompt_version: u32,
+pub struct Rendered {
+    /// The resolved prompt (key, version, overrides).
+    pub prompt: Prompt,
+    /// Rendered system prompt.
+    pub system: String,
+    /// Rendered user message.
+    pub user: String,
 }
 
 /// Why a task produced no answer.
@@ -142,7 +89,7 @@ const EXECUTE_INPUT_VAR: &str = "input";
 /// A typed RPC has no `input` field and fixed variables, so there the stored
 /// prompt is at fault: the violation is on `prompt` and names the variable,
 /// the prompt version and what the RPC provides.
-fn template_error(
+pub fn template_error(
     err: TemplateError,
     prompt: &Prompt,
     vars: &BTreeMap<String, String>,
@@ -179,29 +126,19 @@ fn template_error(
     }
 }
 
-/// What tasks share: config, router, prompt store.
+/// What tasks know at start-up: the config and the compiled output schemas
+/// of generic tasks.
 #[derive(Clone)]
-pub struct TaskRunner {
+pub struct Tasks {
     /// Loaded config.
     pub config: Arc<Config>,
-    /// The router.
-    pub router: Router,
-    /// Versioned prompts.
-    pub prompts: PromptStore,
-    /// Compiled output schemas of generic tasks, by task name.
-    pub output_schemas: Arc<std::collections::HashMap<String, Arc<jsonschema::Validator>>>,
+    output_schemas: Arc<std::collections::HashMap<String, Arc<jsonschema::Validator>>>,
 }
 
-/// A prompt ready to send: rendered system and user text.
-pub(crate) struct Rendered {
-    pub prompt: Prompt,
-    pub system: String,
-    pub user: String,
-}
-
-impl TaskRunner {
-    /// A runner; compiles the tasks' output schemas (validated at config load).
-    pub fn new(config: Arc<Config>, router: Router, prompts: PromptStore) -> Self {
+impl Tasks {
+    /// The tasks of `config`; compiles their output schemas (validated at
+    /// config load).
+    pub fn new(config: Arc<Config>) -> Self {
         let output_schemas = config
             .tasks
             .iter()
@@ -214,8 +151,6 @@ impl TaskRunner {
             .collect();
         Self {
             config,
-            router,
-            prompts,
             output_schemas: Arc::new(output_schemas),
         }
     }
@@ -225,103 +160,9 @@ impl TaskRunner {
         self.output_schemas.get(task).cloned()
     }
 
-    /// Resolves the prompt for `key` (team version, global version, built-in)
-    /// and renders it with `vars` (system and user templates share them).
-    pub(crate) async fn render(
-        &self,
-        ctx: &CallContext,
-        key: &str,
-        vars: &BTreeMap<String, String>,
-    ) -> Result<Rendered, TaskError> {
-        let prompt = match self.prompts.resolve(&ctx.team_id, key).await {
-            Ok(p) => p,
-            Err(e) => {
-                // The built-in default keeps the product working when the
-                // prompt table cannot be read.
-                tracing::warn!(trace_id = %ctx.trace_id, error = %e, key, "prompt store unavailable; using the built-in prompt");
-                prompts::builtin(key)
-            }
-        };
-        ctx.meter
-            .note_prompt(&prompt.owner, &prompt.key, prompt.version);
-        // One budget for both texts: together they are what is sent.
-        let limit = self.config.server.max_prompt_bytes;
-        let system = prompts::render_bounded(&prompt.system, vars, limit)
-            .map_err(|e| template_error(e, &prompt, vars))?;
-        let user = prompts::render_bounded(&prompt.user_template, vars, limit - system.len())
-            .map_err(|e| template_error(e, &prompt, vars))?;
-        Ok(Rendered {
-            prompt,
-            system,
-            user,
-        })
-    }
-
-    /// Builds the completion request for a task from a rendered prompt.
-    pub(crate) fn request(
-        &self,
-        task: &str,
-        rendered: &Rendered,
-        ctx: &CallContext,
-        response_format: Option<JsonSchemaFormat>,
-    ) -> CompletionRequest {
-        let task_cfg = self.config.tasks.get(task);
-        CompletionRequest {
-            model: String::new(),
-            system: Some(rendered.system.clone()),
-            messages: vec![ChatMessage {
-                role: Role::User,
-                content: rendered.user.clone(),
-            }],
-            temperature: rendered
-                .prompt
-                .temperature
-                .or_else(|| task_cfg.and_then(|t| t.temperature)),
-            max_tokens: rendered
-                .prompt
-                .max_tokens
-                .or_else(|| task_cfg.map(|t| t.max_tokens))
-                .unwrap_or(512),
-            response_format,
-            trace_id: ctx.trace_id.clone(),
-            traceparent: ctx.traceparent.clone(),
-            deadline: ctx.deadline,
-        }
-    }
-
-    /// Routes a request and builds the meta of the answer.
-    pub(crate) async fn route<T>(
-        &self,
-        task: &str,
-        rendered: &Rendered,
-        ctx: &CallContext,
-        request: &CompletionRequest,
-        parse: impl Fn(&Completion) -> Result<T, String>,
-    ) -> Result<(T, Completion, CallMeta), TaskError> {
-        ctx.meter
-            .reserve(task, self.router.chain(task)?, request)
-            .await?;
-        let options = RouteOptions {
-            priority: ctx.priority,
-            primary_model: rendered.prompt.model.clone(),
-        };
-        let routed = self
-            .router
-            .run(task, request, ctx.deadline, &options, parse)
-            .await?;
-        let meta = CallMeta {
-            trace_id: ctx.trace_id.clone(),
-            usage: routed.usage(),
-            provider: routed.provider,
-            model: routed.model,
-            degraded: routed.degraded,
-            attempts: routed.attempts,
-            cost_usd: None,
-            latency: ctx.started.elapsed(),
-            prompt_key: rendered.prompt.key.clone(),
-            prompt_version: rendered.prompt.version,
-        };
-        Ok((routed.value, routed.completion, meta))
+    /// Whether `task` is configured.
+    pub fn known(&self, task: &str) -> bool {
+        self.config.tasks.contains_key(task)
     }
 }
 

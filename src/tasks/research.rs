@@ -5,7 +5,7 @@
 //! resolved against the citation list, and a finding with no sources gets
 //! every citation. Otherwise the URLs in the model's structured answer are used.
 
-use super::{CallContext, CallMeta, TaskError, TaskRunner, parse_json_object};
+use super::{Session, TaskError, parse_json_object};
 use crate::{
     prompts,
     providers::{Citation, JsonSchemaFormat},
@@ -80,28 +80,26 @@ pub fn schema() -> Value {
 
 /// Answers a research query.
 pub async fn research(
-    runner: &TaskRunner,
-    ctx: &CallContext,
+    session: &impl Session,
     query: &str,
     depth: Depth,
-) -> Result<(Answer, CallMeta), TaskError> {
+) -> Result<Answer, TaskError> {
     if query.trim().is_empty() {
         return Err(TaskError::invalid("query", "must not be empty"));
     }
     let task = depth.task();
     let vars = BTreeMap::from([("query".to_owned(), prompts::as_data(query))]);
-    let rendered = runner.render(ctx, task, &vars).await?;
+    let rendered = session.render(task, &vars).await?;
     let format = JsonSchemaFormat {
         name: "research_answer".into(),
         schema: schema(),
     };
-    let request = runner.request(task, &rendered, ctx, Some(format));
-    let (answer, _, meta) = runner
-        .route(task, &rendered, ctx, &request, |c| {
+    let (answer, _) = session
+        .complete(task, &rendered, Some(format), |c| {
             parse(&c.text, &c.citations)
         })
         .await?;
-    Ok((answer, meta))
+    Ok(answer)
 }
 
 /// Parses the model's answer and attaches citations.

@@ -1,8 +1,6 @@
 //! `sms_classify`: intent of an inbound SMS, with a carrier opt-out fast path.
 
-use super::{
-    CallContext, CallMeta, SmsTurn, TaskError, TaskRunner, history_text, opt_out, parse_json_object,
-};
+use super::{Session, SmsTurn, TaskError, Tasks, history_text, opt_out, parse_json_object};
 use crate::{prompts, providers::JsonSchemaFormat};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -92,30 +90,23 @@ pub fn schema() -> Value {
 
 /// Classifies one inbound SMS.
 pub async fn classify(
-    runner: &TaskRunner,
-    ctx: &CallContext,
+    tasks: &Tasks,
+    session: &impl Session,
     input: ClassifyInput,
-) -> Result<(Classification, CallMeta), TaskError> {
+) -> Result<Classification, TaskError> {
     if input.message.trim().is_empty() {
         return Err(TaskError::invalid("message", "must not be empty"));
     }
     if opt_out::is_opt_out(&input.message) {
-        let meta = CallMeta {
-            trace_id: ctx.trace_id.clone(),
-            latency: ctx.started.elapsed(),
-            prompt_key: OPT_OUT_RULE_KEY.into(),
-            cost_usd: Some(0.0),
-            ..CallMeta::default()
-        };
-        let answer = Classification {
+        session.answered_by_rule(OPT_OUT_RULE_KEY);
+        return Ok(Classification {
             intent: Intent::OptOut,
             confidence: 1.0,
             needs_review: false,
             reason: "carrier opt-out keyword".into(),
-        };
-        return Ok((answer, meta));
+        });
     }
-    let threshold = runner
+    let threshold = tasks
         .config
         .tasks
         .get(TASK)
@@ -124,18 +115,15 @@ pub async fn classify(
         ("message".to_owned(), prompts::as_data(&input.message)),
         ("history".to_owned(), history_text(&input.history)),
     ]);
-    let rendered = runner.render(ctx, TASK, &vars).await?;
+    let rendered = session.render(TASK, &vars).await?;
     let format = JsonSchemaFormat {
         name: "sms_classification".into(),
         schema: schema(),
     };
-    let request = runner.request(TASK, &rendered, ctx, Some(format));
-    let (answer, _, meta) = runner
-        .route(TASK, &rendered, ctx, &request, |c| {
-            parse(&c.text, threshold)
-        })
+    let (answer, _) = session
+        .complete(TASK, &rendered, Some(format), |c| parse(&c.text, threshold))
         .await?;
-    Ok((answer, meta))
+    Ok(answer)
 }
 
 /// Parses and validates the model's answer; any problem is a malformed response.

@@ -2,11 +2,10 @@
 //! escalation to a human. Never writes a reply to an opt-out.
 
 use super::{
-    CallContext, CallMeta, SmsTurn, TaskError, TaskRunner, history_text, opt_out,
-    parse_json_object,
+    Session, SmsTurn, TaskError, history_text, opt_out, parse_json_object,
     sms_encoding::{self, SmsEncoding, SmsSize},
 };
-use crate::{prompts, providers::JsonSchemaFormat, router::RouteError, usage::MeterError};
+use crate::{prompts, providers::JsonSchemaFormat, usage::MeterError};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -70,11 +69,7 @@ pub fn schema() -> Value {
 
 /// Writes a reply, retrying once with a stricter length instruction when the
 /// first draft does not fit, and escalating when the second does not either.
-pub async fn generate(
-    runner: &TaskRunner,
-    ctx: &CallContext,
-    input: GenerateInput,
-) -> Result<(Reply, CallMeta), TaskError> {
+pub async fn generate(session: &impl Session, input: GenerateInput) -> Result<Reply, TaskError> {
     if input.inbound_message.trim().is_empty() {
         return Err(TaskError::invalid("inbound_message", "must not be empty"));
     }
@@ -89,16 +84,9 @@ pub async fn generate(
         n => n,
     };
     if opt_out::is_opt_out(&input.inbound_message) {
-        let meta = CallMeta {
-            trace_id: ctx.trace_id.clone(),
-            latency: ctx.started.elapsed(),
-            prompt_key: super::sms_classify::OPT_OUT_RULE_KEY.into(),
-            cost_usd: Some(0.0),
-            ..CallMeta::default()
-        };
-        return Ok((
-            escalation("inbound message is an opt-out; no reply may be sent"),
-            meta,
+        session.answered_by_rule(super::sms_classify::OPT_OUT_RULE_KEY);
+        return Ok(escalation(
+            "inbound message is an opt-out; no reply may be sent",
         ));
     }
 
@@ -136,10 +124,10 @@ pub async fn generate(
         ),
     ]);
 
-    let (first, mut meta) = draft(runner, ctx, &vars).await?;
+    let first = draft(session, &vars).await?;
     let size = sms_encoding::measure(&first.reply);
     if size.segments <= max_segments {
-        return Ok((accept(first, size), meta));
+        return Ok(accept(first, size));
     }
 
     // One stricter retry: a budget with a safety margin, GSM characters only.
@@ -148,12 +136,10 @@ pub async fn generate(
         "{stricter} (STRICT: your previous reply took {} segments; use only plain GSM characters, no emoji or accents)",
         size.segments
     ));
-    let (second, retry_meta) = match draft(runner, ctx, &vars).await {
+    // The first draft's attempts stay on the call (it was made and is
+    // paid for), whatever comes of the second.
+    let second = match draft(session, &vars).await {
         Ok(found) => found,
-        Err(TaskError::Route(err)) => {
-            // The first draft's attempts still happened and cost tokens.
-            return Err(TaskError::Route(prepend_attempts(err, &meta)));
-        }
         Err(TaskError::Meter(refused @ (MeterError::Quota(_) | MeterError::Budget { .. }))) => {
             // The retry cannot be afforded. The first draft was made and is
             // paid for: answer with an escalation (the reply does not fit), so
@@ -162,46 +148,37 @@ pub async fn generate(
                 MeterError::Quota(refusal) => format!("the team's {} cap", refusal.cap.as_str()),
                 _ => "budget.max_cost_usd".to_owned(),
             };
-            return Ok((
-                escalation(&format!(
-                    "reply does not fit in {max_segments} SMS segment(s) (needs {}); \
-                     a shorter retry would exceed {limit}",
-                    size.segments
-                )),
-                meta,
-            ));
+            return Ok(escalation(&format!(
+                "reply does not fit in {max_segments} SMS segment(s) (needs {}); \
+                 a shorter retry would exceed {limit}",
+                size.segments
+            )));
         }
         Err(other) => return Err(other),
     };
-    meta = merge(meta, retry_meta);
     let size = sms_encoding::measure(&second.reply);
     if size.segments <= max_segments {
-        return Ok((accept(second, size), meta));
+        return Ok(accept(second, size));
     }
-    Ok((
-        escalation(&format!(
-            "reply does not fit in {max_segments} SMS segment(s) (needs {})",
-            size.segments
-        )),
-        meta,
-    ))
+    Ok(escalation(&format!(
+        "reply does not fit in {max_segments} SMS segment(s) (needs {})",
+        size.segments
+    )))
 }
 
 async fn draft(
-    runner: &TaskRunner,
-    ctx: &CallContext,
+    session: &impl Session,
     vars: &BTreeMap<String, String>,
-) -> Result<(Draft, CallMeta), TaskError> {
-    let rendered = runner.render(ctx, TASK, vars).await?;
+) -> Result<Draft, TaskError> {
+    let rendered = session.render(TASK, vars).await?;
     let format = JsonSchemaFormat {
         name: "sms_reply".into(),
         schema: schema(),
     };
-    let request = runner.request(TASK, &rendered, ctx, Some(format));
-    let (draft, _, meta) = runner
-        .route(TASK, &rendered, ctx, &request, |c| parse(&c.text))
+    let (draft, _) = session
+        .complete(TASK, &rendered, Some(format), |c| parse(&c.text))
         .await?;
-    Ok((draft, meta))
+    Ok(draft)
 }
 
 fn parse(text: &str) -> Result<Draft, String> {
@@ -251,30 +228,6 @@ fn escalation(reason: &str) -> Reply {
         escalate: true,
         escalate_reason: reason.to_owned(),
         size: None,
-    }
-}
-
-fn merge(mut first: CallMeta, second: CallMeta) -> CallMeta {
-    first.attempts.extend(second.attempts);
-    first.usage.input_tokens += second.usage.input_tokens;
-    first.usage.output_tokens += second.usage.output_tokens;
-    CallMeta {
-        attempts: first.attempts,
-        usage: first.usage,
-        ..second
-    }
-}
-
-fn prepend_attempts(err: RouteError, meta: &CallMeta) -> RouteError {
-    let with_first = |later: Vec<_>| meta.attempts.iter().cloned().chain(later).collect();
-    match err {
-        RouteError::AllProvidersFailed { attempts } => RouteError::AllProvidersFailed {
-            attempts: with_first(attempts),
-        },
-        RouteError::DeadlineExceeded { attempts } => RouteError::DeadlineExceeded {
-            attempts: with_first(attempts),
-        },
-        other => other,
     }
 }
 

@@ -422,7 +422,7 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
             let Some((owner, success)) = s.prompt_stats() else {
                 continue;
             };
-            sqlx::query(crate::prompts::store::RECORD_STATS)
+            sqlx::query(super::ledger::RECORD_STATS)
                 .bind(owner)
                 .bind(&s.record.prompt_key)
                 .bind(s.record.prompt_version)

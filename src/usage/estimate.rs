@@ -18,7 +18,16 @@
 //! per three bytes of UTF-8, which over-counts English (≈ 4 bytes/token) on
 //! purpose. Every message adds a few tokens of chat framing.
 
-use crate::providers::CompletionRequest;
+/// What a model call sends, as far as counting its input goes.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// System prompt.
+    pub system: Option<&'a str>,
+    /// Message texts, in order.
+    pub messages: &'a [&'a str],
+    /// Structured-output schema, when asked for.
+    pub schema: Option<&'a serde_json::Value>,
+}
 
 /// Framing tokens per message (role markers), as in OpenAI's counting guide.
 const PER_MESSAGE: u64 = 4;
@@ -99,30 +108,32 @@ fn json_len(value: &serde_json::Value) -> usize {
     n.0
 }
 
-/// Estimated input tokens of `req` sent to `model`. With
+/// Estimated input tokens of `input` sent to `model`. With
 /// [`Precision::Exact`] and a real tokenizer this is CPU-heavy: call it
 /// from a blocking thread.
-pub fn input_tokens(model: &str, req: &CompletionRequest, precision: Precision) -> u64 {
-    let system = req
+pub fn input_tokens(model: &str, input: &Input<'_>, precision: Precision) -> u64 {
+    let system = input
         .system
-        .as_deref()
         .map_or(0, |s| count(model, s, precision) + PER_MESSAGE);
-    let schema = req.response_format.as_ref().map_or(0, |f| {
+    let schema = input.schema.map_or(0, |schema| {
         match (precision, tokenizer_for(model)) {
             (Precision::Exact, Tokenizer::O200k | Tokenizer::Cl100k) => {
-                count(model, &f.schema.to_string(), precision)
+                count(model, &schema.to_string(), precision)
             }
             // Same rule as `count`, from the length alone.
-            (_, Tokenizer::Approximate) => (json_len(&f.schema) as u64).div_ceil(3),
-            (Precision::Bound, _) => json_len(&f.schema) as u64,
+            (_, Tokenizer::Approximate) => (json_len(schema) as u64).div_ceil(3),
+            (Precision::Bound, _) => json_len(schema) as u64,
         }
     });
-    let messages: u64 = req
+    let messages = input
         .messages
         .iter()
-        .map(|m| count(model, &m.content, precision) + PER_MESSAGE)
-        .sum();
-    system + schema + messages + PER_REPLY
+        .map(|m| count(model, m, precision) + PER_MESSAGE)
+        .fold(0_u64, u64::saturating_add);
+    system
+        .saturating_add(schema)
+        .saturating_add(messages)
+        .saturating_add(PER_REPLY)
 }
 
 #[cfg(test)]

@@ -208,6 +208,14 @@ pub struct Balance {
     pub reserved_cost_micros: i64,
 }
 
+/// Folds one call into the stats of the stored prompt version it used
+/// (`ai_prompts`), in the settlement's transaction.
+pub(super) const RECORD_STATS: &str = "UPDATE ai_prompts SET \
+avg_latency_ms = (avg_latency_ms * usage_count + $4) / (usage_count + 1), \
+success_rate = (success_rate * usage_count + $5) / (usage_count + 1), \
+usage_count = usage_count + 1 \
+WHERE team_id = $1 AND prompt_key = $2 AND version = $3";
+
 pub(super) const ENSURE_ROW: &str = "INSERT INTO usage_ledger (team_id, month_start_ms) VALUES ($1, $2) \
 ON CONFLICT (team_id, month_start_ms) DO NOTHING";
 

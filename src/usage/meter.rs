@@ -8,16 +8,12 @@
 
 use super::{
     UsageRecord,
-    estimate::{self, Precision},
     ledger::{CapKind, Caps, Done, Op, Refusal, Reserve, Settle},
     pricing::{Pricing, micros_floor},
     summary::month_of,
     writer::{LedgerWriter, WriteError},
 };
-use crate::{
-    config::{MeteringConfig, TargetConfig},
-    providers::CompletionRequest,
-};
+use crate::config::MeteringConfig;
 use futures::{
     TryFutureExt,
     future::{self, Either},
@@ -100,6 +96,18 @@ impl Meter {
     }
 }
 
+/// What one model call is expected to use at most: reserved before the
+/// call, released when it settles.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Estimate {
+    /// Input tokens.
+    pub input_tokens: i64,
+    /// Output tokens (the output cap).
+    pub output_tokens: i64,
+    /// Cost, micro-USD (0 when unpriced).
+    pub cost_micros: i64,
+}
+
 /// Who a request is metered for (copied onto records and reservations).
 #[derive(Debug, Clone, Default)]
 pub struct Who {
@@ -121,8 +129,6 @@ struct State {
     reservations: Vec<(String, i64, i64, i64, i64)>,
     task: String,
     settled: bool,
-    /// `(owner team, key, version)` of the stored prompt the task used.
-    prompt: Option<(String, String, u32)>,
 }
 
 /// Metering of one request.
@@ -149,74 +155,31 @@ impl MeterSession {
         self.started_at_ms
     }
 
-    /// Reserves the worst case over `chain` for `req`: the largest input
-    /// estimate plus the output cap, and the largest cost. Refuses when the
-    /// team's caps or the request budget do not allow it.
-    ///
-    /// The input is first estimated with [`Precision::Bound`] (free, never
-    /// low); only if that is refused, and a model of the chain has a real
-    /// tokenizer, is it counted exactly and tried once more, so the bound's
-    /// slack never refuses a call that fits.
-    pub async fn reserve(
-        &self,
-        task: &str,
-        chain: &[TargetConfig],
-        req: &CompletionRequest,
-    ) -> Result<(), MeterError> {
-        if self.meter.writer.is_none() {
-            return Ok(());
-        }
-        let bound = self.estimate(chain, req, Precision::Bound);
-        let slack_matters = |e: &MeterError| match e {
+    /// Whether a refusal of a reservation could go away with a tighter
+    /// estimate of the same call (a token or cost cap, or the budget; a
+    /// request cap counts calls, not their size).
+    pub fn refusal_depends_on_size(err: &MeterError) -> bool {
+        match err {
             MeterError::Quota(refusal) => refusal.cap != CapKind::Requests,
             MeterError::Budget { .. } => true,
             MeterError::Write(_) => false,
-        };
-        match self.reserve_estimate(task, bound).await {
-            Err(e)
-                if slack_matters(&e) && chain.iter().any(|t| estimate::has_tokenizer(&t.model)) =>
-            {
-                let (meter, chain, req) = (self.meter.clone(), chain.to_vec(), req.clone());
-                let exact = tokio::task::spawn_blocking(move || {
-                    Self::estimate_with(&meter, &chain, &req, Precision::Exact)
-                })
-                .await
-                .unwrap_or(bound);
-                self.reserve_estimate(task, exact).await
-            }
-            other => other,
         }
     }
 
-    /// `(input tokens, output tokens, cost)`: the worst case over `chain`.
-    fn estimate(
-        &self,
-        chain: &[TargetConfig],
-        req: &CompletionRequest,
-        precision: Precision,
-    ) -> (i64, i64, i64) {
-        Self::estimate_with(&self.meter, chain, req, precision)
-    }
-
-    fn estimate_with(
-        meter: &Meter,
-        chain: &[TargetConfig],
-        req: &CompletionRequest,
-        precision: Precision,
-    ) -> (i64, i64, i64) {
-        let output = i64::from(req.max_tokens);
-        let (mut input, mut cost) = (0_i64, 0_i64);
-        for target in chain {
-            let est = i64::try_from(estimate::input_tokens(&target.model, req, precision))
-                .unwrap_or(i64::MAX);
-            input = input.max(est);
-            let c = meter
-                .pricing
-                .cost_micros(&target.provider, &target.model, est as u64, output as u64)
-                .unwrap_or(0);
-            cost = cost.max(c);
-        }
-        (input, output, cost)
+    /// Reserves `estimate` for one model call of `task`, refused when the
+    /// team's caps or the request budget do not allow it. The first
+    /// reservation of a request counts it as a request; later ones (a
+    /// redraft) add only their tokens and cost.
+    pub async fn reserve(&self, task: &str, estimate: Estimate) -> Result<(), MeterError> {
+        self.reserve_estimate(
+            task,
+            (
+                estimate.input_tokens,
+                estimate.output_tokens,
+                estimate.cost_micros,
+            ),
+        )
+        .await
     }
 
     async fn reserve_estimate(
@@ -288,8 +251,11 @@ impl MeterSession {
     pub fn settle(
         &self,
         record: UsageRecord,
+        prompt_owner: Option<String>,
     ) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
-        let (Some(writer), Some(settle)) = (&self.meter.writer, self.settlement(record)) else {
+        let (Some(writer), Some(settle)) =
+            (&self.meter.writer, self.settlement(record, prompt_owner))
+        else {
             return Either::Left(future::ready(Ok(())));
         };
         // A combinator, not an `async` block, so the submit future is held
@@ -306,33 +272,27 @@ impl MeterSession {
     pub fn settle_refused(
         &self,
         record: UsageRecord,
+        prompt_owner: Option<String>,
     ) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
-        let (Some(writer), Some(settle)) = (&self.meter.writer, self.settlement(record)) else {
+        let (Some(writer), Some(settle)) =
+            (&self.meter.writer, self.settlement(record, prompt_owner))
+        else {
             return Either::Left(future::ready(Ok(())));
         };
         Either::Right(writer.enqueue(settle).err_into())
     }
 
     /// The settlement of this session with `record`; `None` when metering
-    /// is off. Marks the session settled.
-    fn settlement(&self, mut record: UsageRecord) -> Option<Settle> {
+    /// is off. Marks the session settled. `prompt_owner` names the team of
+    /// the stored prompt version the call used (`''` global; `None` for a
+    /// built-in prompt), whose stats this call is folded into.
+    fn settlement(&self, mut record: UsageRecord, prompt_owner: Option<String>) -> Option<Settle> {
         self.meter.writer.as_ref()?;
-        let (reservations, prompt) = {
+        let reservations = {
             let mut state = self.lock();
             state.settled = true;
-            (
-                std::mem::take(&mut state.reservations),
-                state.prompt.clone(),
-            )
+            std::mem::take(&mut state.reservations)
         };
-        let mut prompt_owner = None;
-        if let Some((owner, key, version)) = prompt {
-            if record.prompt_key.is_empty() {
-                record.prompt_key = key;
-                record.prompt_version = i64::from(version);
-            }
-            prompt_owner = Some(owner);
-        }
         record.created_at_ms = self.started_at_ms;
         Some(Settle {
             charge: !reservations.is_empty(),
@@ -344,12 +304,6 @@ impl MeterSession {
             month_start_ms: self.month_start_ms,
             prompt_owner,
         })
-    }
-
-    /// Remembers the prompt the task resolved, for the record and the
-    /// prompt's stats (built-in prompts, version 0, have no stats).
-    pub fn note_prompt(&self, owner: &str, key: &str, version: u32) {
-        self.lock().prompt = (version > 0).then(|| (owner.to_owned(), key.to_owned(), version));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -15,5 +15,5 @@ pub mod sweeper;
 mod wal_sync;
 pub mod writer;
 
-pub use meter::{Meter, MeterError, MeterSession};
+pub use meter::{Estimate, Meter, MeterError, MeterSession};
 pub use record::UsageRecord;

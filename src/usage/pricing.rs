@@ -3,7 +3,7 @@
 //! Prices are USD per 1M tokens, which is exactly micro-USD per token, so
 //! costs are kept as integer micro-USD: sums and cap checks are exact.
 
-use crate::{config::PriceConfig, router::AttemptRecord};
+use crate::config::PriceConfig;
 use std::collections::{BTreeMap, HashMap};
 
 /// Price of one model.
@@ -70,24 +70,6 @@ impl Pricing {
             }
             Price::Unknown => None,
         }
-    }
-
-    /// Cost of every attempt of a call. `None` when an attempt that consumed
-    /// tokens has no price (the cost is then unknown, not understated).
-    pub fn cost_of_attempts(&self, attempts: &[AttemptRecord]) -> Option<i64> {
-        let mut total = 0_i64;
-        for a in attempts {
-            if a.usage.input_tokens == 0 && a.usage.output_tokens == 0 {
-                continue;
-            }
-            total = total.saturating_add(self.cost_micros(
-                &a.provider,
-                &a.model,
-                a.usage.input_tokens,
-                a.usage.output_tokens,
-            )?);
-        }
-        Some(total)
     }
 }
 

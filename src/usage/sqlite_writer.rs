@@ -315,7 +315,7 @@ pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> rusqlite::Result<(Vec
         };
         execute(
             &tx,
-            crate::prompts::store::RECORD_STATS,
+            super::ledger::RECORD_STATS,
             &[
                 &owner,
                 &s.record.prompt_key,

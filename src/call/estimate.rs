@@ -1,0 +1,85 @@
+//! A model call's worst case over its chain, reserved before the call.
+//!
+//! The input is first estimated with [`Precision::Bound`] (free, never low);
+//! only if that is refused by a token or cost cap or the budget, and a model
+//! of the chain has a real tokenizer, is it counted exactly (on a blocking
+//! thread) and tried once more, so the bound's slack never refuses a call
+//! that fits.
+
+use super::Call;
+use crate::{
+    config::TargetConfig,
+    providers::CompletionRequest,
+    usage::{
+        Estimate, Meter, MeterError, MeterSession,
+        estimate::{self, Input, Precision},
+    },
+};
+
+impl Call {
+    /// Reserves the worst case of `request` over `chain` for `task`.
+    pub(super) async fn reserve(
+        &self,
+        task: &str,
+        chain: &[TargetConfig],
+        request: &CompletionRequest,
+    ) -> Result<(), MeterError> {
+        let meter = self.pipeline.meter();
+        if !meter.enabled() {
+            return Ok(());
+        }
+        let bound = worst_case(meter, chain, request, Precision::Bound);
+        match self.meter.reserve(task, bound).await {
+            Err(e)
+                if MeterSession::refusal_depends_on_size(&e)
+                    && chain.iter().any(|t| estimate::has_tokenizer(&t.model)) =>
+            {
+                let (meter, chain, request) = (meter.clone(), chain.to_vec(), request.clone());
+                let exact = tokio::task::spawn_blocking(move || {
+                    worst_case(&meter, &chain, &request, Precision::Exact)
+                })
+                .await
+                .unwrap_or(bound);
+                self.meter.reserve(task, exact).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// The largest input estimate plus the output cap, and the largest cost,
+/// over `chain`.
+fn worst_case(
+    meter: &Meter,
+    chain: &[TargetConfig],
+    request: &CompletionRequest,
+    precision: Precision,
+) -> Estimate {
+    let messages: Vec<&str> = request
+        .messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect();
+    let input = Input {
+        system: request.system.as_deref(),
+        messages: &messages,
+        schema: request.response_format.as_ref().map(|f| &f.schema),
+    };
+    let output = u64::from(request.max_tokens);
+    let mut worst = Estimate {
+        output_tokens: i64::from(request.max_tokens),
+        ..Estimate::default()
+    };
+    for target in chain {
+        let tokens = estimate::input_tokens(&target.model, &input, precision);
+        worst.input_tokens = worst
+            .input_tokens
+            .max(i64::try_from(tokens).unwrap_or(i64::MAX));
+        let cost = meter
+            .pricing()
+            .cost_micros(&target.provider, &target.model, tokens, output)
+            .unwrap_or(0);
+        worst.cost_micros = worst.cost_micros.max(cost);
+    }
+    worst
+}

@@ -1,0 +1,204 @@
+//! The end of a call: its metrics, its usage record and the ledger's
+//! settlement, from the call's log, once.
+
+use super::{Call, CallMeta, log::CallLog};
+use crate::{
+    router::{AttemptRecord, RouteError},
+    tasks::TaskError,
+    telemetry::metrics,
+    usage::{MeterError, UsageRecord, ledger::Refusal, pricing::usd},
+};
+use std::time::Duration;
+
+/// Why a call produced no answer, in the pipeline's terms (the API maps
+/// each to a status once, in `api::error`).
+#[derive(Debug)]
+pub enum CallError {
+    /// The input is unusable; each entry is `(field, description)`.
+    Invalid(Vec<(String, String)>),
+    /// The task is not configured.
+    UnknownTask(String),
+    /// Every target failed, or the deadline passed; the attempts are every
+    /// attempt of the call.
+    Route(RouteError),
+    /// A monthly cap would be exceeded.
+    Quota(Refusal),
+    /// The estimated cost exceeds the request budget.
+    Budget {
+        /// Estimated cost, micro-USD.
+        estimate_micros: i64,
+        /// Budget, micro-USD.
+        budget_micros: i64,
+    },
+    /// The ledger could not be read or written.
+    Storage(String),
+    /// Too many calls in flight on this replica.
+    Overloaded,
+}
+
+impl From<MeterError> for CallError {
+    fn from(err: MeterError) -> Self {
+        match err {
+            MeterError::Quota(refusal) => CallError::Quota(refusal),
+            MeterError::Budget {
+                estimate_micros,
+                budget_micros,
+            } => CallError::Budget {
+                estimate_micros,
+                budget_micros,
+            },
+            MeterError::Write(e) => CallError::Storage(e.to_string()),
+        }
+    }
+}
+
+impl From<TaskError> for CallError {
+    fn from(err: TaskError) -> Self {
+        match err {
+            TaskError::Invalid(v) => CallError::Invalid(v),
+            TaskError::Route(RouteError::UnknownTask(t)) => CallError::UnknownTask(t),
+            TaskError::Route(e) => CallError::Route(e),
+            TaskError::Meter(e) => e.into(),
+        }
+    }
+}
+
+/// The stable reason of a routing failure (also the usage record's outcome).
+pub fn route_reason(err: &RouteError) -> &'static str {
+    match err {
+        RouteError::UnknownTask(_) => "TASK_UNKNOWN",
+        RouteError::AllProvidersFailed { .. } => "ALL_PROVIDERS_FAILED",
+        RouteError::DeadlineExceeded { .. } => "DEADLINE_EXCEEDED",
+    }
+}
+
+impl Call {
+    /// Ends the call with the task's `result`: records the metrics of its
+    /// attempts, writes its usage record and settles its reservations,
+    /// then hands back the answer with its meta, or the error (a routing
+    /// error then carries every attempt of the call).
+    ///
+    /// The record is durable before this returns when a provider was
+    /// called (SPEC §5: no acknowledged call goes unrecorded). A call
+    /// refused before any provider attempt spent nothing, and does not wait
+    /// for the disk. Input, cap and budget refusals leave no record.
+    pub async fn finish<T>(self, result: Result<T, TaskError>) -> Result<(T, CallMeta), CallError> {
+        let (value, outcome) = match result {
+            Ok(value) => (Some(value), "ok"),
+            Err(TaskError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => {
+                (None, route_reason(&err))
+            }
+            Err(other) => return Err(self.refused(other)),
+        };
+        let (meta, record, prompt_owner, provider_time, reached) = {
+            let log = self.log();
+            let meta = CallMeta::of(&log, &self.ctx.trace_id, self.ctx.started.elapsed());
+            let provider_time = self.observe(&log, &meta);
+            let reached =
+                value.is_some() || log.attempts.iter().any(AttemptRecord::reached_provider);
+            // Built-in prompts (version 0) keep no stats.
+            let prompt_owner = log
+                .prompt
+                .as_ref()
+                .filter(|(_, _, version)| *version > 0)
+                .map(|(owner, _, _)| owner.clone());
+            let record = self.record(&log, &meta, outcome);
+            (meta, record, prompt_owner, provider_time, reached)
+        };
+        let settled = if reached {
+            self.meter.settle(record, prompt_owner).await
+        } else {
+            self.meter.settle_refused(record, prompt_owner).await
+        };
+        // Our overhead includes the settlement the response waits for.
+        metrics::overhead(self.ctx.started.elapsed().saturating_sub(provider_time));
+        settled?;
+        match value {
+            Some(value) => Ok((value, meta)),
+            None => Err(CallError::Route(if outcome == "DEADLINE_EXCEEDED" {
+                RouteError::DeadlineExceeded {
+                    attempts: meta.attempts,
+                }
+            } else {
+                RouteError::AllProvidersFailed {
+                    attempts: meta.attempts,
+                }
+            })),
+        }
+    }
+
+    /// A call refused before any provider work (input, cap, budget): no
+    /// record is written; a cap refusal is counted.
+    pub(super) fn refused(&self, err: impl Into<CallError>) -> CallError {
+        let err = err.into();
+        if let CallError::Quota(_) = err {
+            metrics::quota_rejection(&self.ctx.team_id);
+        }
+        err
+    }
+
+    /// Metrics of a finished call: tokens and cost per attempt, breaker
+    /// states, fallbacks. Returns the time spent waiting on providers (not
+    /// our overhead): their calls, retry backoff and their limits.
+    fn observe(&self, log: &CallLog, meta: &CallMeta) -> Duration {
+        let resilience = self.pipeline.router().resilience();
+        let mut provider_time = Duration::ZERO;
+        for (a, cost) in log.priced() {
+            if let Some(guards) = resilience.get(&a.provider) {
+                metrics::breaker_state(&a.provider, guards.breaker.state().metric_value());
+            }
+            let (input, output) = (a.usage.input_tokens, a.usage.output_tokens);
+            metrics::usage(&a.provider, &a.model, input, output, cost.map(usd));
+            // Backoff and limiter waits are waiting on providers too.
+            provider_time += a.latency + a.waited;
+        }
+        if let (true, Some(first)) = (meta.degraded, meta.attempts.first()) {
+            metrics::fallback(&self.task, &first.provider, &meta.provider);
+        }
+        provider_time
+    }
+
+    fn record(&self, log: &CallLog, meta: &CallMeta, outcome: &str) -> UsageRecord {
+        let ctx = &self.ctx;
+        let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        UsageRecord {
+            created_at_ms: ctx.started_at_ms,
+            team_id: ctx.team_id.clone(),
+            user_id: ctx.user_id.clone(),
+            task: self.task.clone(),
+            provider: meta.provider.clone(),
+            model: meta.model.clone(),
+            prompt_key: meta.prompt_key.clone(),
+            prompt_version: i64::from(meta.prompt_version),
+            trace_id: ctx.trace_id.clone(),
+            input_tokens: tokens(meta.usage.input_tokens),
+            output_tokens: tokens(meta.usage.output_tokens),
+            cost_micros: log.cost_micros(),
+            latency_ms: i64::try_from(meta.latency.as_millis()).unwrap_or(i64::MAX),
+            outcome: outcome.to_owned(),
+            attempts: attempts_json(&meta.attempts),
+            degraded: meta.degraded,
+            channel: ctx.channel.as_str().to_owned(),
+            priority: ctx.priority.as_str().to_owned(),
+        }
+    }
+}
+
+fn attempts_json(attempts: &[AttemptRecord]) -> String {
+    let list: Vec<serde_json::Value> = attempts
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "provider": a.provider,
+                "model": a.model,
+                "outcome": format!("{:?}", a.outcome),
+                "latency_ms": a.latency.as_millis() as u64,
+                "error_code": a.error_code,
+                "retry": a.retry,
+                "input_tokens": a.usage.input_tokens,
+                "output_tokens": a.usage.output_tokens,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}

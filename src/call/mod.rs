@@ -1,0 +1,152 @@
+//! The one per-call pipeline every RPC goes through:
+//!
+//! ```text
+//! open     the caller's slot under server.max_concurrent_requests (shed at
+//!          once past it) and the call's meter session
+//! run      the task, which makes its model calls through the call
+//!          (`tasks::Session`): for each one the chain is resolved once, its
+//!          worst case estimated and reserved against the team's caps, the
+//!          chain walked by the router; every attempt is kept on the call
+//! finish   cost computed once per attempt, metrics, the usage record
+//!          written and the ledger settled (durably when a provider was
+//!          called), the response meta built
+//! ```
+//!
+//! Nothing else in the crate enters `usage` for a call: a call may make
+//! several model calls (a redraft, an agent's iterations) and is recorded
+//! once, with all of them.
+
+mod context;
+mod estimate;
+mod finish;
+mod log;
+mod model;
+mod stream;
+
+pub use context::CallContext;
+pub use finish::CallError;
+pub use log::CallMeta;
+pub use stream::CallEvent;
+
+use crate::{
+    config::Config,
+    prompts::store::PromptStore,
+    router::Router,
+    tasks::Tasks,
+    usage::{Meter, MeterSession, meter::Who},
+};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The services a call uses, shared by every call; cheap to clone.
+#[derive(Clone)]
+pub struct Pipeline {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Arc<Config>,
+    tasks: Tasks,
+    router: Router,
+    prompts: PromptStore,
+    meter: Meter,
+    /// Calls in flight on this replica (`server.max_concurrent_requests`).
+    inflight: Arc<Semaphore>,
+}
+
+impl Pipeline {
+    /// A pipeline over the configured tasks, router, prompt store and meter.
+    pub fn new(config: Arc<Config>, router: Router, prompts: PromptStore, meter: Meter) -> Self {
+        let inflight = Arc::new(Semaphore::new(config.server.max_concurrent_requests));
+        Self {
+            inner: Arc::new(Inner {
+                tasks: Tasks::new(config.clone()),
+                config,
+                router,
+                prompts,
+                meter,
+                inflight,
+            }),
+        }
+    }
+
+    /// What tasks know at start-up.
+    pub fn tasks(&self) -> &Tasks {
+        &self.inner.tasks
+    }
+
+    /// The router (its per-provider guards feed the ops RPC).
+    pub fn router(&self) -> &Router {
+        &self.inner.router
+    }
+
+    /// The meter (pricing, caps, whether metering is on).
+    pub fn meter(&self) -> &Meter {
+        &self.inner.meter
+    }
+
+    /// A slot under `server.max_concurrent_requests`, or `Overloaded` at
+    /// once: a caller can retry elsewhere, which beats queueing.
+    pub fn slot(&self) -> Result<OwnedSemaphorePermit, CallError> {
+        self.inner
+            .inflight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| CallError::Overloaded)
+    }
+
+    /// Opens a call of `task` for `ctx`: takes its slot (see
+    /// [`Self::slot`]) and its meter session.
+    pub fn open(&self, ctx: CallContext, task: &str) -> Result<Call, CallError> {
+        let slot = self.slot()?;
+        let who = Who {
+            team_id: ctx.team_id.clone(),
+            user_id: ctx.user_id.clone(),
+            trace_id: ctx.trace_id.clone(),
+            channel: ctx.channel.as_str().to_owned(),
+            priority: ctx.priority.as_str().to_owned(),
+        };
+        let meter = self
+            .inner
+            .meter
+            .session(who, ctx.started_at_ms, ctx.budget_usd);
+        Ok(Call {
+            pipeline: self.clone(),
+            task: task.to_owned(),
+            ctx,
+            meter,
+            log: Mutex::default(),
+            _slot: slot,
+        })
+    }
+}
+
+/// One request on its way through the pipeline. Dropping it unfinished (the
+/// caller went away) settles its reservations at their estimate.
+pub struct Call {
+    pipeline: Pipeline,
+    /// The task the caller asked for (its usage record's task).
+    task: String,
+    ctx: CallContext,
+    meter: MeterSession,
+    /// What its model calls did (see [`log::CallLog`]).
+    log: Mutex<log::CallLog>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Call {
+    /// Who is asking, and until when.
+    pub fn context(&self) -> &CallContext {
+        &self.ctx
+    }
+
+    /// The pipeline this call runs in.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, log::CallLog> {
+        // Plain data updated in single steps: still usable after a panic.
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,114 @@
+//! A call's model calls (`tasks::Session`): the prompt resolved for the
+//! team, and each model call reserved, routed and logged.
+
+use super::Call;
+use crate::{
+    prompts,
+    providers::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, Role},
+    router::RouteOptions,
+    tasks::{Rendered, Session, TaskError, template_error},
+};
+use std::collections::BTreeMap;
+
+impl Session for Call {
+    async fn render(
+        &self,
+        key: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Rendered, TaskError> {
+        let team = &self.ctx.team_id;
+        let prompt = match self.pipeline.inner.prompts.resolve(team, key).await {
+            Ok(p) => p,
+            Err(e) => {
+                // The built-in default keeps the product working when the
+                // prompt table cannot be read.
+                tracing::warn!(trace_id = %self.ctx.trace_id, error = %e, key, "prompt store unavailable; using the built-in prompt");
+                prompts::builtin(key)
+            }
+        };
+        self.log().prompt(&prompt);
+        // One budget for both texts: together they are what is sent.
+        let limit = self.pipeline.inner.config.server.max_prompt_bytes;
+        let system = prompts::render_bounded(&prompt.system, vars, limit)
+            .map_err(|e| template_error(e, &prompt, vars))?;
+        let user = prompts::render_bounded(&prompt.user_template, vars, limit - system.len())
+            .map_err(|e| template_error(e, &prompt, vars))?;
+        Ok(Rendered {
+            prompt,
+            system,
+            user,
+        })
+    }
+
+    async fn complete<T: Send>(
+        &self,
+        task: &str,
+        prompt: &Rendered,
+        format: Option<JsonSchemaFormat>,
+        parse: impl Fn(&Completion) -> Result<T, String> + Send + Sync,
+    ) -> Result<(T, Completion), TaskError> {
+        let router = self.pipeline.router();
+        let chain = router.chain(task)?;
+        let request = self.request(task, prompt, format);
+        self.reserve(task, chain, &request).await?;
+        let options = RouteOptions {
+            priority: self.ctx.priority,
+            primary_model: prompt.prompt.model.clone(),
+        };
+        let routed = router
+            .run(chain, &request, self.ctx.deadline, &options, parse)
+            .await;
+        let pricing = self.pipeline.meter().pricing();
+        match routed {
+            Ok(routed) => {
+                let mut log = self.log();
+                log.add(&routed.attempts, pricing);
+                log.served = Some((routed.provider, routed.model, routed.degraded));
+                drop(log);
+                Ok((routed.value, routed.completion))
+            }
+            Err(err) => {
+                self.log().add(err.attempts(), pricing);
+                Err(err.into())
+            }
+        }
+    }
+
+    fn answered_by_rule(&self, key: &str) {
+        self.log().prompt = Some((String::new(), key.to_owned(), 0));
+    }
+}
+
+impl Call {
+    /// The completion request of one model call of `task` with `prompt`:
+    /// the prompt version's overrides first, then the task's settings.
+    pub(super) fn request(
+        &self,
+        task: &str,
+        prompt: &Rendered,
+        format: Option<JsonSchemaFormat>,
+    ) -> CompletionRequest {
+        let task_cfg = self.pipeline.inner.config.tasks.get(task);
+        CompletionRequest {
+            model: String::new(),
+            system: Some(prompt.system.clone()),
+            messages: vec![ChatMessage {
+                role: Role::User,
+                content: prompt.user.clone(),
+            }],
+            temperature: prompt
+                .prompt
+                .temperature
+                .or_else(|| task_cfg.and_then(|t| t.temperature)),
+            max_tokens: prompt
+                .prompt
+                .max_tokens
+                .or_else(|| task_cfg.map(|t| t.max_tokens))
+                .unwrap_or(512),
+            response_format: format,
+            trace_id: self.ctx.trace_id.clone(),
+            traceparent: self.ctx.traceparent.clone(),
+            deadline: self.ctx.deadline,
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Plain domain types and helpers every layer may use: no I/O, and no
+//! import from any other module of the crate (this is the ground floor,
+//! beside `config`).
+
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Where a request comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Channel {
+    /// SMS inbox pipeline.
+    Sms,
+    /// Web front end.
+    Web,
+    /// Backend job.
+    #[default]
+    System,
+}
+
+/// Latency/success trade-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// A human waits: fail over rather than wait.
+    #[default]
+    Interactive,
+    /// Nobody waits: full retry schedule.
+    Background,
+}
+
+impl Channel {
+    /// Lower-case name for records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Sms => "sms",
+            Channel::Web => "web",
+            Channel::System => "system",
+        }
+    }
+}
+
+impl Priority {
+    /// Lower-case name for records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Interactive => "interactive",
+            Priority::Background => "background",
+        }
+    }
+}
+
+/// What a key may do beyond calling tasks for its teams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Calls the AI RPCs and reads usage for its teams.
+    Caller,
+    /// Also manages prompts (`PromptAdmin`) for its teams.
+    Admin,
+}
+
+impl Role {
+    /// The config/database spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Caller => "caller",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// Parses the config/database spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "caller" => Some(Role::Caller),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// `now + d` without the panic `Instant + Duration` has on overflow: an
+/// absurd duration from config saturates at roughly a century from now.
+pub fn instant_after(now: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(d)
+        .or_else(|| now.checked_add(CENTURY))
+        .unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instant_after_saturates_instead_of_panicking() {
+        let now = Instant::now();
+        assert_eq!(
+            instant_after(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+        assert!(instant_after(now, Duration::MAX) > now);
+    }
+}
