@@ -77,6 +77,14 @@ impl Role {
     }
 }
 
+/// The 32 bytes of a 64-character hex SHA-256 (an API key's stored hash);
+/// `None` when malformed.
+pub fn parse_hash(hex_hash: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(hex_hash.trim(), &mut out).ok()?;
+    Some(out)
+}
+
 /// `now + d` without the panic `Instant + Duration` has on overflow: an
 /// absurd duration from config saturates at roughly a century from now.
 pub fn instant_after(now: Instant, d: Duration) -> Instant {

@@ -1,10 +1,32 @@
 //! ai-orchestrator: the single gRPC entry point for every AI call.
 //!
-//! A request flows `api` (parse, validate) → `tasks` (prompt, parse the
-//! answer) → `router` (walk the task's fallback chain) → `providers` (one
-//! HTTP call in the provider's wire format), and its usage is written by
-//! `usage` to `store` before the response leaves. `resilience` holds the
-//! per-provider breaker, limits, retry policy and health the router consults.
+//! A request enters at the edge (`api`, or `cli` for the admin commands),
+//! which turns proto into domain types and opens a call in `call`, the one
+//! pipeline every RPC goes through (open → run the task → finish: reserve,
+//! route, settle, record). The task (`tasks`) builds its prompt and makes its
+//! model calls through the call; `router` walks each call's fallback chain,
+//! guarded per provider by `resilience`, and `providers` speak each wire
+//! format. `usage` (the ledger), `prompts` and `auth` are services the
+//! pipeline and the edge call; `store` is the database under them.
+//!
+//! # Layers: who may import whom
+//!
+//! ```text
+//! edge       api, cli, server        anything below
+//! pipeline   call                    tasks and everything below them
+//! tasks      tasks                   router, providers, prompts, usage (types)
+//! routing    router                  providers, resilience
+//!            resilience              providers (error classification)
+//!            providers               the ground floor
+//! services   usage, prompts, auth    store, the ground floor
+//!            store                   the ground floor
+//! ground     telemetry, config, domain
+//! ```
+//!
+//! Nothing imports upwards: `config` and `domain` import nothing else,
+//! `usage` knows neither the router nor a provider, and the tasks reach the
+//! pipeline only through the `tasks::Session` trait the call implements.
+//! `tests/layers.rs` fails on an import that breaks this.
 
 pub mod api;
 pub mod auth;

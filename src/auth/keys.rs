@@ -8,12 +8,7 @@ pub fn hash_hex(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
-/// The 32 bytes of a 64-character hex hash; `None` when malformed.
-pub fn parse_hash(hex_hash: &str) -> Option<[u8; 32]> {
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(hex_hash.trim(), &mut out).ok()?;
-    Some(out)
-}
+pub use crate::domain::parse_hash;
 
 /// A new random key: `aio_` and 64 hex characters (256 bits from the
 /// thread's CSPRNG, which the OS seeds).

@@ -193,7 +193,7 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         } else if !names.insert(key.name.as_str()) {
             bad(at("name"), &format!("duplicate key name `{}`", key.name));
         }
-        if crate::auth::keys::parse_hash(&key.sha256).is_none() {
+        if crate::domain::parse_hash(&key.sha256).is_none() {
             bad(
                 at("sha256"),
                 "must be the 64-character hex SHA-256 of the key (printf %s \"$KEY\" | sha256sum)",
