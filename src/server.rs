@@ -11,7 +11,12 @@ use crate::{
     providers::Providers,
     router::Router,
     store::Store,
-    usage::{Meter, pricing::Pricing, sqlite_writer, sweeper, writer::LedgerWriter},
+    usage::{
+        Meter,
+        ledger::{LedgerWriter, sqlite},
+        pricing::Pricing,
+        sweeper,
+    },
 };
 use anyhow::Context;
 use std::{future::Future, sync::Arc, time::Duration};
@@ -39,8 +44,8 @@ pub async fn serve(
         .context("connecting to the database")?;
     store.migrate().await.context("migrating the database")?;
     // Held until the server has stopped: the file is this process's alone.
-    let _claim = match (&store, sqlite_writer::file_of(&config.database.url)) {
-        (Store::Sqlite(_), Some(path)) => Some(sqlite_writer::claim(&path)?),
+    let _claim = match (&store, sqlite::file_of(&config.database.url)) {
+        (Store::Sqlite(_), Some(path)) => Some(sqlite::claim(&path)?),
         _ => None,
     };
     let auth = Authenticator::new(&config.auth);

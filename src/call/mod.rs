@@ -33,7 +33,7 @@ use crate::{
     prompts::store::PromptStore,
     router::Router,
     tasks::Tasks,
-    usage::{Meter, MeterSession, meter::Who},
+    usage::{Meter, MeterSession, session::Who},
 };
 use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};

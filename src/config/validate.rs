@@ -12,14 +12,18 @@ pub const MAX_PRICE_PER_MTOK: f64 = 10_000.0;
 /// window, and it bounds the output tokens a provider may plausibly report.
 pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
 
-/// Checks that a database URL names a SQLite file (or `:memory:`) or a
-/// PostgreSQL database.
+/// Checks that a database URL names a SQLite file or a PostgreSQL
+/// database. An in-memory SQLite database is refused: the ledger's writer
+/// has its own connection to the file, and usage must outlive the process.
 fn database_url(url: &str) -> Result<(), &'static str> {
     if let Some(rest) = url.strip_prefix("sqlite:") {
         let rest = rest.strip_prefix("//").unwrap_or(rest);
         let path = rest.split('?').next().unwrap_or_default();
         if path.is_empty() {
             return Err("names no SQLite file: use sqlite://path/to/file.db");
+        }
+        if path == ":memory:" || url.contains("mode=memory") {
+            return Err("is an in-memory SQLite database: use a file (sqlite://path/to/file.db)");
         }
         return Ok(());
     }
@@ -324,7 +328,6 @@ mod tests {
             "sqlite://data/ai.db",
             "sqlite:data/ai.db",
             "sqlite:///var/lib/aio/ai.db?mode=rwc",
-            "sqlite::memory:",
             "postgres://aio@db:5432/aio",
             "postgresql://aio:secret@db/aio?sslmode=require",
         ] {
@@ -334,6 +337,8 @@ mod tests {
             "sqlite://",
             "sqlite:",
             "sqlite://?mode=rwc",
+            "sqlite::memory:",
+            "sqlite://file:x?mode=memory",
             "postgres://db:5432",
             "postgres://db:5432/",
             "postgres:///aio",

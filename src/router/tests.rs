@@ -29,7 +29,7 @@ const CALL: Duration = Duration::from_millis(100);
 fn config() -> Config {
     let toml = r#"
 [database]
-url = "sqlite::memory:"
+url = "sqlite://unused.db"
 [providers.flaky]
 kind = "mock"
 timeout = "5s"

@@ -24,7 +24,7 @@ pub enum StoreError {
     #[error("database error: {0}")]
     Sqlx(#[from] sqlx::Error),
     /// The ledger writer's own SQLite connection failed (see
-    /// `usage::sqlite_writer`).
+    /// `usage::ledger::sqlite`).
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
     /// A migration failed.
@@ -39,6 +39,9 @@ pub enum StoreError {
          process (use PostgreSQL to run replicas)"
     )]
     InUse(std::path::PathBuf),
+    /// An operation this backend does not offer.
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 /// Runs the same code against whichever pool `store` holds: `$pool` is bound

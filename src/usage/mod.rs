@@ -1,19 +1,29 @@
-//! Usage metering: pricing, token estimates, the reserve -> settle ledger
-//! with group commit, the orphan sweeper, and the sums `GetUsage` reads.
+//! Usage metering: what a call may spend under its team's monthly caps, and
+//! what it did spend.
+//!
+//! - [`amount`]: tokens, requests and cost as one value, sums saturating;
+//! - [`policy`]: the cap rule, its one statement (and the SQL guard held to
+//!   it);
+//! - [`session`]: a request's reservations and its settlement ([`Meter`],
+//!   [`MeterSession`]);
+//! - [`estimate`] and [`pricing`]: a model call's worst case and its cost;
+//! - [`ledger`]: the reserve → settle ledger, group commit, both backends;
+//! - [`record`], [`summary`], [`sweeper`]: the usage records, the sums
+//!   `GetUsage` reads, and the orphans a crash leaves.
+//!
+//! Nothing here knows the router or a provider: the call pipeline hands in
+//! plain amounts and records.
 
-pub mod admission;
-mod batch;
+pub mod amount;
 pub mod estimate;
 pub mod ledger;
-pub mod meter;
+pub mod policy;
 pub mod pricing;
 pub mod record;
-mod sqlite_thread;
-pub mod sqlite_writer;
+pub mod session;
 pub mod summary;
 pub mod sweeper;
-mod wal_sync;
-pub mod writer;
 
-pub use meter::{Estimate, Meter, MeterError, MeterSession};
+pub use amount::Amount;
 pub use record::UsageRecord;
+pub use session::{Estimate, Meter, MeterError, MeterSession};

@@ -10,6 +10,7 @@ use ai_orchestrator::{
     config::DatabaseConfig,
     store::Store,
     usage::{
+        Amount,
         ledger::{self, Caps, Done, Op, Reserve},
         record, summary, sweeper,
     },
@@ -399,12 +400,13 @@ async fn caps_reset_at_the_utc_month_boundary_postgres() {
     month_rollover(true).await;
 }
 
-/// The SQLite ledger writer's own connection (`usage::sqlite_writer`)
-/// applies a batch exactly as the pooled path does: the same admissions and
-/// refusals (a team's group that fits, one that does not and is admitted one
-/// by one, a first-time team), the same settlement, the same balances.
+/// The two backends apply a batch alike (one plan, `usage::ledger`): the
+/// SQLite writer's own connection and a PostgreSQL transaction give the
+/// same admissions and refusals (a team's group that fits, one that does
+/// not and is admitted one by one, a first-time team), the same
+/// settlement, the same balances.
 #[tokio::test]
-async fn the_sqlite_writer_connection_agrees_with_the_pooled_path() {
+async fn both_backends_apply_a_batch_alike() {
     let caps = Caps {
         requests: Some(3),
         tokens: Some(1_000),
@@ -437,7 +439,16 @@ async fn the_sqlite_writer_connection_agrees_with_the_pooled_path() {
         reserve("b3", "tb", 500),
     ];
     let settle = Op::Settle(ledger::Settle {
-        reservations: vec![("a1".into(), 100, 1, 7), ("swept".into(), 5, 1, 1)],
+        reservations: vec![
+            ledger::Reservation {
+                id: "a1".into(),
+                amount: Amount::new(100, 1, 7),
+            },
+            ledger::Reservation {
+                id: "swept".into(),
+                amount: Amount::new(5, 1, 1),
+            },
+        ],
         charge: true,
         record: record::UsageRecord {
             team_id: "ta".into(),
@@ -456,17 +467,17 @@ async fn the_sqlite_writer_connection_agrees_with_the_pooled_path() {
     let second = vec![reserve("a3", "ta", 100), settle, reserve("a4", "ta", 100)];
 
     let mut outcomes = Vec::new();
-    for own_connection in [false, true] {
-        let db = Db::new(false).await;
+    for postgres in [true, false] {
+        let db = Db::new(postgres).await;
         let store = db.store().await;
-        let mut conn = own_connection.then(|| {
-            let path = ai_orchestrator::usage::sqlite_writer::file_of(&db.url()).unwrap();
-            ai_orchestrator::usage::sqlite_writer::open(&path, &DatabaseConfig::default()).unwrap()
+        let mut conn = (!postgres).then(|| {
+            let path = ledger::sqlite::file_of(&db.url()).unwrap();
+            ledger::sqlite::open(&path, &DatabaseConfig::default()).unwrap()
         });
         let mut done = Vec::new();
         for batch in [&first, &second] {
             done.push(match conn.as_mut() {
-                Some(conn) => ai_orchestrator::usage::sqlite_writer::apply(conn, batch).unwrap(),
+                Some(conn) => ledger::sqlite::apply(conn, batch).unwrap(),
                 None => ledger::apply(&store, batch).await.unwrap(),
             });
         }
@@ -505,7 +516,7 @@ async fn the_sqlite_writer_connection_agrees_with_the_pooled_path() {
     assert_eq!((tb.reserved_tokens, tb.reserved_requests), (900, 2));
     assert_eq!(records.len(), 1);
     assert_eq!(*open, 4, "a2, a3, b1, b3 are still open");
-    assert_eq!(outcomes[0], outcomes[1], "both paths agree");
+    assert_eq!(outcomes[0], outcomes[1], "both backends agree");
 }
 
 async fn cancelled_call_settles(postgres: bool) {

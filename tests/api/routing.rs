@@ -38,14 +38,14 @@ fn error(status: u16) -> ResponseTemplate {
 
 /// Config with `primary` (openai) and `fallback` (openai_compatible) at the
 /// given fake servers' base URIs; `retry` lines added to the `[retry]` table.
-fn toml(primary: &str, fallback: &str, retry: &str) -> String {
+fn toml(db: &str, primary: &str, fallback: &str, retry: &str) -> String {
     format!(
         r#"
 [server]
 default_timeout = "10s"
 health_probe_interval = "1s"
 [database]
-url = "sqlite::memory:"
+url = "sqlite://{db}"
 max_connections = 1
 [providers.primary]
 kind = "openai"
@@ -80,10 +80,16 @@ async fn spawn(primary: &MockServer, fallback: &MockServer, retry: &str) -> Test
 
 /// The server with `primary` and `fallback` at these base URIs (see [`toml`]).
 pub(crate) async fn spawn_at(primary: &str, fallback: &str, retry: &str) -> TestApp {
-    TestApp::spawn_toml_env(&toml(primary, fallback, retry), |name| {
-        (name == "TEST_OPENAI_KEY").then(|| "sk-test".to_owned())
-    })
-    .await
+    // Its own SQLite file, kept until the app is dropped.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("routing.db");
+    let mut app = TestApp::spawn_toml_env(
+        &toml(&db.display().to_string(), primary, fallback, retry),
+        |name| (name == "TEST_OPENAI_KEY").then(|| "sk-test".to_owned()),
+    )
+    .await;
+    app.keep(dir);
+    app
 }
 
 pub(crate) fn classify(priority: pb::Priority) -> pb::ClassifySmsRequest {

@@ -11,11 +11,13 @@ use ai_orchestrator::{
     config::{Config, DatabaseConfig},
     store::Store,
     usage::{
-        admission::Admission,
-        ledger::{self, CapKind, Caps, Done, Op, Reserve, Settle},
+        Amount,
+        ledger::{
+            self, CapKind, Caps, Done, LedgerWriter, Op, Reservation, Reserve, Settle,
+            sqlite::{self as sqlite_writer, Admission},
+        },
         record::{self, UsageRecord},
-        sqlite_writer, sweeper,
-        writer::LedgerWriter,
+        sweeper,
     },
 };
 use futures::FutureExt;
@@ -39,7 +41,7 @@ fn reserve(id: &str, team: &str, month: i64) -> Reserve {
 
 fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
     Settle {
-        reservations: vec![(r.id.clone(), r.tokens(), r.requests, r.cost_micros)],
+        reservations: vec![Reservation::from(r)],
         charge: true,
         record: UsageRecord {
             team_id: r.team_id.clone(),
@@ -106,11 +108,7 @@ async fn a_reservation_settled_in_its_own_batch_leaves_nothing_open() {
         (120, 1, 15)
     );
     assert_eq!(
-        (
-            b.reserved_tokens,
-            b.reserved_requests,
-            b.reserved_cost_micros
-        ),
+        b.reserved(),
         running.amount(),
         "only the running call's estimate stays reserved"
     );
@@ -182,7 +180,7 @@ async fn admissions_count_until_written_and_memory_follows_the_ledger() {
 
     let admission = writer.admission().expect("a SQLite file admits in memory");
     wait_for(|| async { sweeper::open_reservations(&store).await.unwrap() == 3 }).await;
-    wait_for(|| async { admission.snapshot("t1", month).unwrap().1 == [0; 3] }).await;
+    wait_for(|| async { admission.snapshot("t1", month).unwrap().1 == Amount::ZERO }).await;
     let row = ledger::balance_of(&store, "t1", month).await.unwrap();
     assert_eq!(admission.snapshot("t1", month).unwrap().0, row);
     assert_eq!((row.reserved_requests, row.reserved_tokens), (3, 450));
@@ -196,7 +194,7 @@ async fn admissions_count_until_written_and_memory_follows_the_ledger() {
         Done::Settled
     );
     let (committed, pending) = admission.snapshot("t1", month).unwrap();
-    assert_eq!(pending, [0; 3]);
+    assert_eq!(pending, Amount::ZERO);
     assert_eq!(
         committed,
         ledger::balance_of(&store, "t1", month).await.unwrap()
@@ -284,7 +282,7 @@ async fn a_failed_batch_keeps_its_reservations_counted_until_they_settle() {
     );
     // Its batch fails; its amount stays pending (held), on top of `ok`'s
     // committed reservation.
-    let held = [lost.tokens(), lost.requests, lost.cost_micros];
+    let held = lost.amount();
     wait_for(|| async {
         let (committed, pending) = admission.snapshot("t1", month).unwrap();
         committed.reserved_requests == 1 && pending == held
@@ -296,7 +294,7 @@ async fn a_failed_batch_keeps_its_reservations_counted_until_they_settle() {
     // Its call settles (that batch fails too): nothing is left pending.
     let failed = writer.submit(Op::Settle(settle(&lost, 10, 1))).await;
     assert!(failed.is_err(), "{failed:?}");
-    assert_eq!(admission.snapshot("t1", month).unwrap().1, [0; 3]);
+    assert_eq!(admission.snapshot("t1", month).unwrap().1, Amount::ZERO);
     store.close().await;
     db.cleanup().await;
 }

@@ -269,7 +269,10 @@ async fn get_usage_across_months(postgres: bool) {
     ledger::apply(
         &store,
         &[Op::Settle(Settle {
-            reservations: vec![("last-month".into(), 200, 1, 50)],
+            reservations: vec![ledger::Reservation {
+                id: "last-month".into(),
+                amount: ai_orchestrator::usage::Amount::new(200, 1, 50),
+            }],
             charge: true,
             record: UsageRecord {
                 created_at_ms: this_month - 60_000,

@@ -12,8 +12,7 @@ use ai_orchestrator::{
     config::DatabaseConfig,
     usage::{
         UsageRecord,
-        ledger::{self, Done, Op, Reserve, Settle},
-        writer::LedgerWriter,
+        ledger::{self, Done, LedgerWriter, Op, Reservation, Reserve, Settle},
     },
 };
 use serde_json::json;
@@ -156,7 +155,7 @@ fn reserve(id: &str) -> Reserve {
 
 fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
     Settle {
-        reservations: vec![(r.id.clone(), r.tokens(), r.requests, r.cost_micros)],
+        reservations: vec![Reservation::from(r)],
         charge: true,
         record: UsageRecord {
             team_id: r.team_id.clone(),

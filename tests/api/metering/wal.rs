@@ -8,10 +8,9 @@ use super::Db;
 use ai_orchestrator::{
     config::{DatabaseConfig, SqliteDurability},
     usage::{
-        ledger::{Done, Op, Reserve, Settle},
+        Amount,
+        ledger::{Done, LedgerWriter, Op, Reservation, Reserve, Settle, sqlite as sqlite_writer},
         record::{self, UsageRecord},
-        sqlite_writer,
-        writer::LedgerWriter,
     },
 };
 use std::time::Duration;
@@ -66,7 +65,10 @@ async fn wal_stays_bounded(durability: SqliteDurability) {
         assert_eq!(admitted, Done::Admitted);
         let settled = writer
             .submit(Op::Settle(Settle {
-                reservations: vec![(id.clone(), 150, 1, 10)],
+                reservations: vec![Reservation {
+                    id: id.clone(),
+                    amount: Amount::new(150, 1, 10),
+                }],
                 charge: true,
                 record: UsageRecord {
                     team_id: format!("team-{}", i % 8),

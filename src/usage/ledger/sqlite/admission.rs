@@ -1,13 +1,12 @@
 //! Admission decided in memory, for a SQLite file.
 //!
 //! A SQLite file has one ledger writer in one process (the server holds the
-//! file exclusively, [`super::sqlite_writer::claim`]), so that process
+//! file exclusively, [`super::claim`]), so that process
 //! can know each team's ledger exactly: the balance as of the writer's last
 //! commit, plus what it has admitted or charged since and not yet committed.
 //! A call is then admitted (or refused) against that sum without waiting
 //! for the writer; its reservation row is written by the writer's next
-//! batch. The benchmark measured that round trip to the writer as most of
-//! the metered p99 beside the fsync (docs/benchmarks.md).
+//! batch, nobody waiting for it.
 //!
 //! The sum never counts less than the ledger will hold once every queued
 //! operation is committed, so concurrent calls cannot overshoot a cap:
@@ -25,42 +24,22 @@
 //! is another process and cannot tell this one.
 //!
 //! PostgreSQL keeps admission in SQL (the guarded `UPDATE` of
-//! [`super::ledger`]): replicas share its ledger, and none of them alone
-//! knows the whole of it.
+//! [`crate::usage::policy::GUARDED_RESERVE`]): replicas share its ledger,
+//! and none of them alone knows the whole of it.
 
-use super::ledger::{self, Balance, Caps, Op, Refusal, Reserve, Settle, exceeded};
-use crate::store::{Store, StoreError};
+use crate::{
+    store::{Store, StoreError},
+    usage::{
+        amount::Amount,
+        ledger::{self, Key, Op, Reserve, Rows, Settle},
+        policy::{self, Balance, Caps, Refusal},
+    },
+};
 use std::{
     collections::HashMap,
     sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
-
-/// A team's ledger row: (team, month start).
-pub type Key = (String, i64);
-
-/// Ledger rows as a batch's transaction left them.
-pub type Rows = Vec<(Key, Balance)>;
-
-/// `[tokens, requests, cost_micros]`.
-type Amount = [i64; 3];
-
-fn add(a: &mut Amount, b: Amount) {
-    for (x, y) in a.iter_mut().zip(b) {
-        *x = x.saturating_add(y);
-    }
-}
-
-fn sub(a: &mut Amount, b: Amount) {
-    for (x, y) in a.iter_mut().zip(b) {
-        *x = x.saturating_sub(y);
-    }
-}
-
-fn amount_of(r: &Reserve) -> Amount {
-    let (tokens, requests, cost) = r.amount();
-    [tokens, requests, cost]
-}
 
 /// One (team, month) as this process sees it.
 #[derive(Debug, Clone, Copy)]
@@ -74,11 +53,10 @@ struct Entry {
 impl Entry {
     /// What admission checks against: pending amounts count as reserved.
     fn seen(&self) -> Balance {
-        let mut b = self.committed;
-        b.reserved_tokens = b.reserved_tokens.saturating_add(self.pending[0]);
-        b.reserved_requests = b.reserved_requests.saturating_add(self.pending[1]);
-        b.reserved_cost_micros = b.reserved_cost_micros.saturating_add(self.pending[2]);
-        b
+        Balance::of(
+            self.committed.spent(),
+            self.committed.reserved() + self.pending,
+        )
     }
 }
 
@@ -161,12 +139,12 @@ impl Admission {
         let mut inner = self.lock();
         let entry = inner.ledgers.entry(key).or_insert(Entry {
             committed: loaded.unwrap_or_default(),
-            pending: [0; 3],
+            pending: Amount::ZERO,
         });
-        if let Some(refusal) = exceeded(&entry.seen(), &caps, r) {
+        if let Err(refusal) = policy::check(&entry.seen(), &caps, r.amount()) {
             return Ok(Err(refusal));
         }
-        add(&mut entry.pending, amount_of(r));
+        entry.pending += r.amount();
         Ok(Ok(()))
     }
 
@@ -177,21 +155,21 @@ impl Admission {
             .ledgers
             .get_mut(&(r.team_id.clone(), r.month_start_ms))
         {
-            sub(&mut entry.pending, amount_of(r));
+            entry.pending -= r.amount();
         }
     }
 
     /// Counts what `s` charges from now on, before the writer commits it.
     pub fn settling(&self, s: &Settle) {
         let charged = s.charged();
-        if charged == [0; 3] {
+        if charged == Amount::ZERO {
             return;
         }
         // A settlement that charges has reservations, so its call was
         // admitted here and its entry exists (entries are never dropped).
         let key = (s.record.team_id.clone(), s.month_start_ms);
         if let Some(entry) = self.lock().ledgers.get_mut(&key) {
-            add(&mut entry.pending, charged);
+            entry.pending += charged;
         }
     }
 
@@ -217,7 +195,7 @@ impl Admission {
             match op {
                 Op::Reserve(r) if r.admitted => {
                     let key = (r.team_id.clone(), r.month_start_ms);
-                    inner.held.insert(r.id.clone(), (key, amount_of(r)));
+                    inner.held.insert(r.id.clone(), (key, r.amount()));
                 }
                 Op::Reserve(_) => {}
                 Op::Settle(s) => inner.settled(s),
@@ -258,7 +236,7 @@ impl Admission {
     }
 
     /// `(committed, pending)` of a (team, month), for tests and ops.
-    pub fn snapshot(&self, team: &str, month_start_ms: i64) -> Option<(Balance, [i64; 3])> {
+    pub fn snapshot(&self, team: &str, month_start_ms: i64) -> Option<(Balance, Amount)> {
         self.lock()
             .ledgers
             .get(&(team.to_owned(), month_start_ms))
@@ -274,7 +252,7 @@ impl Inner {
                 Op::Reserve(r) if r.admitted => {
                     let key = (r.team_id.clone(), r.month_start_ms);
                     if let Some(entry) = self.ledgers.get_mut(&key) {
-                        sub(&mut entry.pending, amount_of(r));
+                        entry.pending -= r.amount();
                     }
                 }
                 Op::Reserve(_) => {}
@@ -288,16 +266,16 @@ impl Inner {
     fn settled(&mut self, s: &Settle) {
         let key = (s.record.team_id.clone(), s.month_start_ms);
         if let Some(entry) = self.ledgers.get_mut(&key) {
-            sub(&mut entry.pending, s.charged());
+            entry.pending -= s.charged();
         }
         if self.held.is_empty() {
             return;
         }
-        for (id, ..) in &s.reservations {
-            if let Some((key, amount)) = self.held.remove(id)
+        for r in &s.reservations {
+            if let Some((key, amount)) = self.held.remove(&r.id)
                 && let Some(entry) = self.ledgers.get_mut(&key)
             {
-                sub(&mut entry.pending, amount);
+                entry.pending -= amount;
             }
         }
     }

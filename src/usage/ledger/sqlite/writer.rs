@@ -1,7 +1,7 @@
 //! The SQLite ledger writer's thread: it owns the writer's connection
-//! ([`super::sqlite_writer`]), waits for the queue itself, and applies each
-//! batch where it stands: one commit, then, for settlements, the WAL sync
-//! they wait for ([`super::wal_sync`]).
+//! ([`super`]), waits for the queue itself, and applies each batch where it
+//! stands: one commit, then, for settlements, the WAL sync they wait for
+//! ([`super::wal`]).
 //!
 //! Why a thread and not a task handing batches to the blocking pool: a
 //! settlement then went through four wake-ups (the writer task, a blocking
@@ -15,11 +15,12 @@
 //! waits for.
 
 use super::{
-    admission::Admission,
-    ledger::{Done, Op},
-    sqlite_writer,
-    wal_sync::{self, Wal},
-    writer::{Outcome, Reply, answer, isolate, next_batch, outcomes, take_queued},
+    Admission, apply_reading,
+    wal::{self, Wal},
+};
+use crate::usage::ledger::{
+    Done, Op,
+    group_commit::{Applier, Outcome, Reply, answer, isolate, outcomes, take_queued},
 };
 use crate::{store::StoreError, telemetry::metrics};
 use std::{
@@ -29,7 +30,7 @@ use std::{
     thread::Thread,
     time::{Duration, Instant},
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// How long the writer holds a batch of reservations alone before
 /// committing it, waiting for a settlement to share its commit.
@@ -53,8 +54,8 @@ pub struct SqliteWriter {
     wal: Option<Wal>,
     /// Syncs the commits the writer leaves unsynced (all of them in
     /// `"normal"`, reservation-only batches in `"full"`) within
-    /// [`wal_sync::BACKGROUND_EVERY`]; it ends with the writer.
-    background: wal_sync::Background,
+    /// [`wal::BACKGROUND_EVERY`]; it ends with the writer.
+    background: wal::Background,
     admission: Arc<Admission>,
 }
 
@@ -70,19 +71,17 @@ impl SqliteWriter {
         Ok(Self {
             conn,
             wal: full.then(|| Wal::of(path)),
-            background: wal_sync::Background::start(path, wal_sync::BACKGROUND_EVERY)?,
+            background: wal::Background::start(path, wal::BACKGROUND_EVERY)?,
             admission,
         })
     }
 
     /// Commits `ops` and answers `replies`: reservations once committed,
-    /// settlements once the WAL is synced (see [`super::wal_sync`]).
+    /// settlements once the WAL is synced (see [`super::wal`]).
     /// Blocking.
-    fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
+    fn commit(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
         let started = Instant::now();
-        let units = isolate(ops, |batch| {
-            sqlite_writer::apply_reading(&mut self.conn, batch).map_err(StoreError::from)
-        });
+        let units = isolate(ops, |batch| apply_reading(&mut self.conn, batch));
         // Admission learns the final fate of each operation once.
         let units = units
             .into_iter()
@@ -123,40 +122,37 @@ impl SqliteWriter {
     }
 }
 
-fn settles(ops: &[Op]) -> bool {
-    ops.iter().any(|op| matches!(op, Op::Settle(_)))
-}
+impl Applier for SqliteWriter {
+    /// Holds a batch of reservations alone for up to [`LINGER`], until a
+    /// settlement (or `batch_max` operations) joins it; a batch with a
+    /// settlement goes at once.
+    fn gather(
+        &mut self,
+        rx: &mut mpsc::Receiver<(Op, Reply)>,
+        batch_max: usize,
+        ops: &mut Vec<Op>,
+        replies: &mut Vec<Reply>,
+    ) {
+        linger(rx, batch_max, ops, replies);
+    }
 
-/// The writer thread's loop, until the queue is closed (every handle
-/// dropped, or `stop`) and drained.
-pub fn run(
-    mut writer: SqliteWriter,
-    mut rx: mpsc::Receiver<(Op, Reply)>,
-    batch_max: usize,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut ops = Vec::with_capacity(batch_max);
-    let mut replies = Vec::with_capacity(batch_max);
-    while block_on(
-        next_batch(&mut rx, &mut stop, batch_max, &mut ops, &mut replies),
-        None,
-    )
-    .unwrap_or(false)
-    {
-        linger(&mut rx, batch_max, &mut ops, &mut replies);
-        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            writer.apply(&ops, &mut replies)
-        }));
+    /// Blocking (this is the writer's own thread): commits, then syncs for
+    /// the settlements.
+    async fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
+        let applied =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(ops, replies)));
         if applied.is_err() {
             // The transaction rolled back when it dropped; the replies
-            // still held are dropped below, so their callers see the
+            // still held are dropped by the loop, so their callers see the
             // writer as stopped (STORAGE_UNAVAILABLE, as any ledger
             // failure). The next batch goes on.
             tracing::error!(batch = ops.len(), "ledger batch panicked");
         }
-        ops.clear();
-        replies.clear();
     }
+}
+
+fn settles(ops: &[Op]) -> bool {
+    ops.iter().any(|op| matches!(op, Op::Settle(_)))
 }
 
 /// Holds a batch of reservations alone for up to [`LINGER`], until a
@@ -187,7 +183,10 @@ fn linger(
 /// tokio's `Handle::block_on` with a timer: this thread must not depend on
 /// the runtime's timer (1 ms ticks, and gone once the runtime shuts down
 /// while the writer drains), and parking with a timeout is all it takes.
-fn block_on<F: Future>(future: F, deadline: Option<Instant>) -> Option<F::Output> {
+pub(in crate::usage::ledger) fn block_on<F: Future>(
+    future: F,
+    deadline: Option<Instant>,
+) -> Option<F::Output> {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     let mut future = pin!(future);
@@ -230,7 +229,7 @@ mod tests {
     use crate::{
         config::DatabaseConfig,
         store::Store,
-        usage::ledger::{Reserve, Settle},
+        usage::ledger::{Reservation, Reserve, Settle},
     };
     use tokio::sync::oneshot;
 
@@ -247,7 +246,7 @@ mod tests {
 
     fn settle(of: &Reserve) -> Settle {
         Settle {
-            reservations: vec![(of.id.clone(), of.tokens(), 1, 0)],
+            reservations: vec![Reservation::from(of)],
             charge: true,
             record: crate::usage::UsageRecord {
                 team_id: "t".into(),
@@ -269,14 +268,14 @@ mod tests {
         store.migrate().await.unwrap();
         let admission = Arc::new(Admission::new(store.clone(), Duration::from_secs(3600)));
         let mut writer = SqliteWriter::new(
-            sqlite_writer::open(&path, &config).unwrap(),
+            super::super::open(&path, &config).unwrap(),
             &path,
             true,
             admission,
         )
         .unwrap();
         // No background pass within a test: only the writer's marks show.
-        writer.background = wal_sync::Background::start(&path, Duration::from_secs(3600)).unwrap();
+        writer.background = wal::Background::start(&path, Duration::from_secs(3600)).unwrap();
         (writer, store)
     }
 
@@ -301,13 +300,13 @@ mod tests {
 
         let r = reserve("r1");
         let (ops, mut replies, mut rx) = one(Op::Reserve(r.clone()));
-        writer.apply(&ops, &mut replies);
+        writer.commit(&ops, &mut replies);
         assert_eq!(rx.try_recv().unwrap().unwrap(), Done::Admitted);
         assert_eq!(synced(&writer), 0, "a reservation batch waited for a sync");
         assert!(writer.background.marked(), "left unsynced for nobody");
 
         let (ops, mut replies, mut rx) = one(Op::Settle(settle(&r)));
-        writer.apply(&ops, &mut replies);
+        writer.commit(&ops, &mut replies);
         assert_eq!(rx.try_recv().unwrap().unwrap(), Done::Settled);
         assert_eq!(synced(&writer), 1, "a settlement answered without a sync");
         assert!(!writer.background.marked(), "the writer's sync covers it");
@@ -319,7 +318,7 @@ mod tests {
             .execute_batch("ALTER TABLE usage_records RENAME TO gone")
             .unwrap();
         let (ops, mut replies, mut rx) = one(Op::Settle(settle(&reserve("r2"))));
-        writer.apply(&ops, &mut replies);
+        writer.commit(&ops, &mut replies);
         assert!(rx.try_recv().unwrap().is_err());
         assert_eq!(synced(&writer), 1);
         assert!(!writer.background.marked());

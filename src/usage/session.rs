@@ -8,10 +8,11 @@
 
 use super::{
     UsageRecord,
-    ledger::{CapKind, Caps, Done, Op, Refusal, Reserve, Settle},
+    amount::Amount,
+    ledger::{Done, LedgerWriter, Op, Reservation, Reserve, Settle, WriteError},
+    policy::{CapKind, Caps, Refusal},
     pricing::{Pricing, micros_floor},
     summary::month_of,
-    writer::{LedgerWriter, WriteError},
 };
 use crate::config::MeteringConfig;
 use futures::{
@@ -123,10 +124,19 @@ pub struct Who {
     pub priority: String,
 }
 
+/// A reservation the session holds until it settles.
+#[derive(Debug, Clone)]
+struct Held {
+    reservation: Reservation,
+    /// Its estimate split as the record of a cancelled call shows it.
+    input_tokens: i64,
+    output_tokens: i64,
+}
+
 #[derive(Default)]
 struct State {
     /// `(id, input, output, requests, cost)` of every reservation made.
-    reservations: Vec<(String, i64, i64, i64, i64)>,
+    reservations: Vec<Held>,
     task: String,
     settled: bool,
 }
@@ -171,37 +181,28 @@ impl MeterSession {
     /// reservation of a request counts it as a request; later ones (a
     /// redraft) add only their tokens and cost.
     pub async fn reserve(&self, task: &str, estimate: Estimate) -> Result<(), MeterError> {
-        self.reserve_estimate(
-            task,
-            (
-                estimate.input_tokens,
-                estimate.output_tokens,
-                estimate.cost_micros,
-            ),
-        )
-        .await
-    }
-
-    async fn reserve_estimate(
-        &self,
-        task: &str,
-        (input, output, cost): (i64, i64, i64),
-    ) -> Result<(), MeterError> {
         let Some(writer) = &self.meter.writer else {
             return Ok(());
         };
+        let Estimate {
+            input_tokens: input,
+            output_tokens: output,
+            cost_micros: cost,
+        } = estimate;
         // The budget bounds the whole request: a second reservation (a
         // redrafted SMS reply) adds to what the first one already holds.
-        let held = self
+        let held: Amount = self
             .lock()
             .reservations
             .iter()
-            .fold(0_i64, |sum, r| sum.saturating_add(r.4));
+            .map(|h| h.reservation.amount)
+            .sum();
+        let total = held.cost_micros.saturating_add(cost);
         if let Some(budget) = self.budget_micros
-            && held.saturating_add(cost) > budget
+            && total > budget
         {
             return Err(MeterError::Budget {
-                estimate_micros: held.saturating_add(cost),
+                estimate_micros: total,
                 budget_micros: budget,
             });
         }
@@ -210,9 +211,8 @@ impl MeterSession {
             state.task = task.to_owned();
             i64::from(state.reservations.is_empty())
         };
-        let id = uuid::Uuid::now_v7().simple().to_string();
-        let op = Op::Reserve(Reserve {
-            id: id.clone(),
+        let reserve = Reserve {
+            id: uuid::Uuid::now_v7().simple().to_string(),
             team_id: self.who.team_id.clone(),
             month_start_ms: self.month_start_ms,
             input_tokens: input,
@@ -227,12 +227,15 @@ impl MeterSession {
             priority: self.who.priority.clone(),
             created_at_ms: self.started_at_ms,
             admitted: false,
-        });
-        match writer.submit(op).await? {
+        };
+        let held = Held {
+            reservation: Reservation::from(&reserve),
+            input_tokens: input,
+            output_tokens: output,
+        };
+        match writer.submit(Op::Reserve(reserve)).await? {
             Done::Admitted => {
-                self.lock()
-                    .reservations
-                    .push((id, input, output, requests, cost));
+                self.lock().reservations.push(held);
                 Ok(())
             }
             Done::Refused(refusal) => Err(MeterError::Quota(refusal)),
@@ -247,7 +250,7 @@ impl MeterSession {
     ///
     /// The state is taken and the operation built when this is called; the
     /// returned future only waits for the writer (see
-    /// [`super::writer::LedgerWriter::submit`] for why it is kept small).
+    /// [`LedgerWriter::submit`] for why it is kept small).
     pub fn settle(
         &self,
         record: UsageRecord,
@@ -296,10 +299,7 @@ impl MeterSession {
         record.created_at_ms = self.started_at_ms;
         Some(Settle {
             charge: !reservations.is_empty(),
-            reservations: reservations
-                .into_iter()
-                .map(|(id, i, o, r, c)| (id, i.saturating_add(o), r, c))
-                .collect(),
+            reservations: reservations.into_iter().map(|h| h.reservation).collect(),
             record,
             month_start_ms: self.month_start_ms,
             prompt_owner,
@@ -329,11 +329,11 @@ impl Drop for MeterSession {
         let (input, output, cost) =
             reservations
                 .iter()
-                .fold((0_i64, 0_i64, 0_i64), |(i, o, c), r| {
+                .fold((0_i64, 0_i64, 0_i64), |(i, o, c), h| {
                     (
-                        i.saturating_add(r.1),
-                        o.saturating_add(r.2),
-                        c.saturating_add(r.4),
+                        i.saturating_add(h.input_tokens),
+                        o.saturating_add(h.output_tokens),
+                        c.saturating_add(h.reservation.amount.cost_micros),
                     )
                 });
         let record = UsageRecord {
@@ -353,10 +353,7 @@ impl Drop for MeterSession {
             ..UsageRecord::default()
         };
         let op = Op::Settle(Settle {
-            reservations: reservations
-                .into_iter()
-                .map(|(id, i, o, r, c)| (id, i.saturating_add(o), r, c))
-                .collect(),
+            reservations: reservations.into_iter().map(|h| h.reservation).collect(),
             charge: true,
             record,
             month_start_ms: self.month_start_ms,

@@ -1,26 +1,14 @@
-//! Group commit: a writer task owns ledger writes and applies whatever
-//! operations are queued as one transaction, so one commit (and one fsync)
-//! covers a whole burst while every caller still waits until its own
-//! operation is done.
-//!
-//! A SQLite file has one writer, with its own synchronous connection
-//! ([`super::sqlite_writer`]) on a thread of its own. Its calls are
-//! admitted in memory ([`super::admission`]): a reservation is queued for
-//! the next batch and nobody waits for it. Its commits do not wait for the
-//! disk: the WAL is synced after each commit that carries settlements, then
-//! those are answered; a thread beside it syncs the rest
-//! ([`super::wal_sync`]). PostgreSQL has
-//! `metering.ledger_writers` writers, each on its own pooled connection,
-//! and a team always goes to the same one: batches for different teams
-//! commit in parallel (a network round trip per statement no longer
-//! serialises the whole replica), while one team's operations keep their
-//! order. An in-memory SQLite database (tests) has one pooled writer.
+//! The ledger writers' handle: where a call's reservations and settlements
+//! are queued ([`LedgerWriter::submit`]), one writer per SQLite file or
+//! `metering.ledger_writers` per PostgreSQL, a team always on the same one
+//! (its operations keep their order; batches of different teams commit in
+//! parallel). On a SQLite file a reservation is admitted in memory and
+//! queued, nobody waiting for its commit ([`super::sqlite::Admission`]).
 
 use super::{
-    admission::Admission,
-    ledger::{self, Done, Op, Settle},
-    sqlite_thread::{self, SqliteWriter},
-    sqlite_writer,
+    Done, Op, Reserve, Settle,
+    group_commit::{Pool, Reply, run},
+    sqlite::{self, Admission, writer::SqliteWriter},
 };
 use crate::{
     config::{DatabaseConfig, SqliteDurability},
@@ -42,9 +30,6 @@ use tokio::{
 /// Queue depth per writer before callers wait (back-pressure).
 const QUEUE: usize = 4096;
 
-/// Where a caller hears how its operation went.
-pub(super) type Reply = oneshot::Sender<Result<Done, Arc<crate::store::StoreError>>>;
-
 /// Why a ledger operation did not complete.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum WriteError {
@@ -65,69 +50,12 @@ pub struct LedgerWriter {
 }
 
 /// Where a batch is applied.
-enum Applier {
-    /// Through the pool (PostgreSQL, in-memory SQLite), on a task.
+enum Writer {
+    /// Through the pool (PostgreSQL), on a task.
     Pool(Store),
     /// Through the writer's own SQLite connection, on a thread of its own
-    /// that waits for the queue itself ([`sqlite_thread`]).
+    /// that waits for the queue itself ([`sqlite::writer`]).
     Sqlite(Box<SqliteWriter>),
-}
-
-/// How one operation of a batch went.
-pub(super) type Outcome = Result<Done, Arc<StoreError>>;
-
-/// Answers, in order, the replies whose outcome `now` accepts, leaving the
-/// others in `replies` (in order) for later.
-pub(super) fn answer(
-    replies: &mut Vec<Reply>,
-    outcomes: Vec<Outcome>,
-    now: impl Fn(&Outcome) -> bool,
-) {
-    let mut later = Vec::new();
-    for (reply, outcome) in replies.drain(..).zip(outcomes) {
-        if now(&outcome) {
-            let _ = reply.send(outcome);
-        } else {
-            later.push(reply);
-        }
-    }
-    *replies = later;
-}
-
-/// Operations applied in one transaction, with what came of it.
-pub(super) type Unit<'a, R> = (&'a [Op], R);
-
-/// Applies `ops` as one transaction, and if that fails and they are
-/// several, each alone: an operation that breaks a constraint fails its own
-/// caller only, never the calls it shared a batch with. Returns each unit
-/// as last applied, in order, with its result.
-pub(super) fn isolate<T, E: std::fmt::Display>(
-    ops: &[Op],
-    mut apply: impl FnMut(&[Op]) -> Result<T, E>,
-) -> Vec<Unit<'_, Result<T, E>>> {
-    match apply(ops) {
-        Err(e) if ops.len() > 1 => {
-            tracing::warn!(error = %e, batch = ops.len(), "ledger batch failed; applying its operations one by one");
-            ops.chunks(1).map(|op| (op, apply(op))).collect()
-        }
-        whole => vec![(ops, whole)],
-    }
-}
-
-/// The outcome of every operation of `units` (see [`isolate`]), in order.
-pub(super) fn outcomes(units: Vec<Unit<'_, Result<Vec<Done>, StoreError>>>) -> Vec<Outcome> {
-    let mut out = Vec::new();
-    for (ops, result) in units {
-        match result {
-            Ok(done) => out.extend(done.into_iter().map(Ok)),
-            Err(e) => {
-                tracing::error!(error = %e, batch = ops.len(), "ledger batch failed");
-                let e = Arc::new(e);
-                out.extend(ops.iter().map(|_| Err(e.clone())));
-            }
-        }
-    }
-    out
 }
 
 impl LedgerWriter {
@@ -147,21 +75,25 @@ impl LedgerWriter {
     ) -> Result<(Self, JoinHandle<()>), StoreError> {
         let mut appliers = Vec::new();
         let mut admission = None;
-        match (&store, sqlite_writer::file_of(&config.url)) {
+        match (&store, sqlite::file_of(&config.url)) {
             (Store::Sqlite(_), Some(path)) => {
-                let conn = sqlite_writer::open(&path, config)?;
+                let conn = sqlite::open(&path, config)?;
                 let full = config.sqlite_synchronous == SqliteDurability::Full;
                 let memory = Arc::new(Admission::new(store.clone(), limits_refresh));
                 admission = Some(memory.clone());
                 let writer = SqliteWriter::new(conn, &path, full, memory)?;
-                appliers.push(Applier::Sqlite(Box::new(writer)));
+                appliers.push(Writer::Sqlite(Box::new(writer)));
             }
             (Store::Postgres(_), _) => {
                 for _ in 0..postgres_writers.max(1) {
-                    appliers.push(Applier::Pool(store.clone()));
+                    appliers.push(Writer::Pool(store.clone()));
                 }
             }
-            (Store::Sqlite(_), None) => appliers.push(Applier::Pool(store.clone())),
+            (Store::Sqlite(_), None) => {
+                return Err(StoreError::Unsupported(
+                    "the ledger needs a SQLite file (database.url = sqlite://path), not an in-memory database",
+                ));
+            }
         }
         let mut shards = Vec::with_capacity(appliers.len());
         let mut tasks = Vec::with_capacity(appliers.len());
@@ -171,13 +103,13 @@ impl LedgerWriter {
             shards.push(tx);
             let stop = stop.clone();
             tasks.push(match applier {
-                Applier::Pool(store) => tokio::spawn(run_pool(store, rx, batch_max, stop)),
-                Applier::Sqlite(writer) => {
+                Writer::Pool(store) => tokio::spawn(run(Pool(store), rx, batch_max, stop)),
+                Writer::Sqlite(writer) => {
                     let (exited, ended) = oneshot::channel::<()>();
                     std::thread::Builder::new()
                         .name("ledger-writer".into())
                         .spawn(move || {
-                            sqlite_thread::run(*writer, rx, batch_max, stop);
+                            sqlite::writer::block_on(run(*writer, rx, batch_max, stop), None);
                             drop(exited);
                         })?;
                     tokio::spawn(async move {
@@ -210,12 +142,8 @@ impl LedgerWriter {
         if self.shards.len() == 1 {
             return self.shards.first();
         }
-        let team = match op {
-            Op::Reserve(r) => &r.team_id,
-            Op::Settle(s) => &s.record.team_id,
-        };
         let mut hasher = DefaultHasher::new();
-        team.hash(&mut hasher);
+        op.team().hash(&mut hasher);
         let n = self.shards.len() as u64;
         self.shards
             .get(usize::try_from(hasher.finish() % n).unwrap_or(0))
@@ -313,7 +241,7 @@ fn queue(
 fn admit<'a>(
     admission: &'a Admission,
     shard: Option<&'a mpsc::Sender<(Op, Reply)>>,
-    mut r: ledger::Reserve,
+    mut r: Reserve,
     started: Instant,
 ) -> impl Future<Output = Result<Done, WriteError>> + Send + 'a {
     async move {
@@ -371,7 +299,7 @@ fn admit<'a>(
 /// while `reserve` is still set.
 struct Unqueued<'a> {
     admission: &'a Admission,
-    reserve: Option<&'a ledger::Reserve>,
+    reserve: Option<&'a Reserve>,
 }
 
 impl Drop for Unqueued<'_> {
@@ -382,91 +310,10 @@ impl Drop for Unqueued<'_> {
     }
 }
 
-/// Waits for the next operation, then takes whatever else is queued (up to
-/// `batch_max`) into `ops` and `replies`: the next batch. False once the
-/// queue is closed and empty.
-pub(super) async fn next_batch(
-    rx: &mut mpsc::Receiver<(Op, Reply)>,
-    stop: &mut watch::Receiver<bool>,
-    batch_max: usize,
-    ops: &mut Vec<Op>,
-    replies: &mut Vec<Reply>,
-) -> bool {
-    loop {
-        // Once stopping, refuse new work; what is queued is still drained.
-        // Checked on every turn, not only while waiting: the stop can come
-        // while a batch is being applied (its callers were already
-        // answered), and a receiver left open would then wait forever for
-        // handles that are still alive.
-        if *stop.borrow() {
-            rx.close();
-        }
-        let next = tokio::select! {
-            biased;
-            next = rx.recv() => next,
-            _ = stop.wait_for(|s| *s), if !*stop.borrow() => continue,
-        };
-        let Some((op, reply)) = next else {
-            return false;
-        };
-        ops.push(op);
-        replies.push(reply);
-        take_queued(rx, batch_max, ops, replies);
-        return true;
-    }
-}
-
-/// Adds whatever is already queued to the batch, up to `batch_max`
-/// operations: it joins this transaction.
-pub(super) fn take_queued(
-    rx: &mut mpsc::Receiver<(Op, Reply)>,
-    batch_max: usize,
-    ops: &mut Vec<Op>,
-    replies: &mut Vec<Reply>,
-) {
-    while ops.len() < batch_max {
-        let Ok((op, reply)) = rx.try_recv() else {
-            break;
-        };
-        ops.push(op);
-        replies.push(reply);
-    }
-}
-
-/// A pooled writer's task: each batch one transaction through the pool.
-async fn run_pool(
-    store: Store,
-    mut rx: mpsc::Receiver<(Op, Reply)>,
-    batch_max: usize,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut ops = Vec::with_capacity(batch_max);
-    let mut replies = Vec::with_capacity(batch_max);
-    while next_batch(&mut rx, &mut stop, batch_max, &mut ops, &mut replies).await {
-        let started = Instant::now();
-        // `isolate`, awaited: the whole batch, else each operation alone.
-        let units = match ledger::apply(&store, &ops).await {
-            Err(e) if ops.len() > 1 => {
-                tracing::warn!(error = %e, batch = ops.len(), "ledger batch failed; applying its operations one by one");
-                let mut units = Vec::with_capacity(ops.len());
-                for op in ops.chunks(1) {
-                    units.push((op, ledger::apply(&store, op).await));
-                }
-                units
-            }
-            whole => vec![(&ops[..], whole)],
-        };
-        metrics::ledger_commit(ops.len(), started.elapsed());
-        answer(&mut replies, outcomes(units), |_| true);
-        ops.clear();
-        replies.clear();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::ledger::{Reserve, Settle};
+    use crate::usage::amount::Amount;
 
     fn reserve(team: &str) -> Op {
         Op::Reserve(Reserve {
@@ -487,36 +334,6 @@ mod tests {
             month_start_ms: 0,
             prompt_owner: None,
         })
-    }
-
-    /// A batch that fails is applied again one operation at a time, so
-    /// only the operation at fault fails; a batch that succeeds, or a lone
-    /// operation, is applied once.
-    #[test]
-    fn a_failed_batch_is_retried_operation_by_operation() {
-        let ops = [reserve("a"), settle("bad"), reserve("c")];
-        let bad = |op: &Op| matches!(op, Op::Settle(s) if s.record.team_id == "bad");
-        let mut calls = Vec::new();
-        let units = isolate(&ops, |batch| {
-            calls.push(batch.len());
-            if batch.iter().any(bad) {
-                Err("constraint")
-            } else {
-                Ok(batch.len())
-            }
-        });
-        assert_eq!(calls, [3, 1, 1, 1]);
-        let results: Vec<_> = units.iter().map(|(b, r)| (b.len(), *r)).collect();
-        assert_eq!(results, [(1, Ok(1)), (1, Err("constraint")), (1, Ok(1))]);
-
-        let mut calls = 0;
-        let units = isolate(&ops, |batch| {
-            calls += 1;
-            Ok::<_, &str>(batch.len())
-        });
-        assert_eq!((calls, units.len()), (1, 1));
-        let lone = isolate(&ops[1..2], |_| Err::<(), _>("constraint"));
-        assert_eq!(lone.len(), 1);
     }
 
     /// A call dropped while its admitted reservation waits for room in a
@@ -541,13 +358,13 @@ mod tests {
         let first = writer.submit(reserve("t")).await.unwrap();
         assert_eq!(first, Done::Admitted);
         let counted = |a: &Admission| a.snapshot("t", 0).map(|(_, pending)| pending);
-        assert_eq!(counted(&admission), Some([0, 1, 0]));
+        assert_eq!(counted(&admission), Some(Amount::new(0, 1, 0)));
 
         // Caps and ledger row are known now, so the second call is admitted
         // at once and then waits for room: dropped there, it is withdrawn.
         let waiting = writer.submit(reserve("t")).now_or_never();
         assert!(waiting.is_none(), "waits for room in the queue");
-        assert_eq!(counted(&admission), Some([0, 1, 0]));
+        assert_eq!(counted(&admission), Some(Amount::new(0, 1, 0)));
         store.close().await;
     }
 

@@ -1,0 +1,247 @@
+//! Group commit: a writer applies whatever operations are queued as one
+//! transaction, so one commit (and one fsync) covers a whole burst while
+//! every caller still waits until its own operation is done. One loop
+//! ([`run`]) for both backends, over an [`Applier`]: PostgreSQL's pooled
+//! writers ([`Pool`]) and a SQLite file's writer thread
+//! ([`super::sqlite::writer`]). A batch that fails is applied again one
+//! operation at a time ([`isolate`]), so a bad operation fails alone.
+
+use super::{Done, Op, postgres};
+use crate::{
+    store::{Store, StoreError},
+    telemetry::metrics,
+};
+use std::{future::Future, sync::Arc, time::Instant};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Where a caller hears how its operation went.
+pub(super) type Reply = oneshot::Sender<Result<Done, Arc<crate::store::StoreError>>>;
+
+/// How one operation of a batch went.
+pub(super) type Outcome = Result<Done, Arc<StoreError>>;
+
+/// Answers, in order, the replies whose outcome `now` accepts, leaving the
+/// others in `replies` (in order) for later.
+pub(super) fn answer(
+    replies: &mut Vec<Reply>,
+    outcomes: Vec<Outcome>,
+    now: impl Fn(&Outcome) -> bool,
+) {
+    let mut later = Vec::new();
+    for (reply, outcome) in replies.drain(..).zip(outcomes) {
+        if now(&outcome) {
+            let _ = reply.send(outcome);
+        } else {
+            later.push(reply);
+        }
+    }
+    *replies = later;
+}
+
+/// Operations applied in one transaction, with what came of it.
+pub(super) type Unit<'a, R> = (&'a [Op], R);
+
+/// Applies `ops` as one transaction, and if that fails and they are
+/// several, each alone: an operation that breaks a constraint fails its own
+/// caller only, never the calls it shared a batch with. Returns each unit
+/// as last applied, in order, with its result.
+pub(super) fn isolate<T, E: std::fmt::Display>(
+    ops: &[Op],
+    mut apply: impl FnMut(&[Op]) -> Result<T, E>,
+) -> Vec<Unit<'_, Result<T, E>>> {
+    match apply(ops) {
+        Err(e) if ops.len() > 1 => {
+            tracing::warn!(error = %e, batch = ops.len(), "ledger batch failed; applying its operations one by one");
+            ops.chunks(1).map(|op| (op, apply(op))).collect()
+        }
+        whole => vec![(ops, whole)],
+    }
+}
+
+/// The outcome of every operation of `units` (see [`isolate`]), in order.
+pub(super) fn outcomes(units: Vec<Unit<'_, Result<Vec<Done>, StoreError>>>) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    for (ops, result) in units {
+        match result {
+            Ok(done) => out.extend(done.into_iter().map(Ok)),
+            Err(e) => {
+                tracing::error!(error = %e, batch = ops.len(), "ledger batch failed");
+                let e = Arc::new(e);
+                out.extend(ops.iter().map(|_| Err(e.clone())));
+            }
+        }
+    }
+    out
+}
+
+/// Waits for the next operation, then takes whatever else is queued (up to
+/// `batch_max`) into `ops` and `replies`: the next batch. False once the
+/// queue is closed and empty.
+pub(super) async fn next_batch(
+    rx: &mut mpsc::Receiver<(Op, Reply)>,
+    stop: &mut watch::Receiver<bool>,
+    batch_max: usize,
+    ops: &mut Vec<Op>,
+    replies: &mut Vec<Reply>,
+) -> bool {
+    loop {
+        // Once stopping, refuse new work; what is queued is still drained.
+        // Checked on every turn, not only while waiting: the stop can come
+        // while a batch is being applied (its callers were already
+        // answered), and a receiver left open would then wait forever for
+        // handles that are still alive.
+        if *stop.borrow() {
+            rx.close();
+        }
+        let next = tokio::select! {
+            biased;
+            next = rx.recv() => next,
+            _ = stop.wait_for(|s| *s), if !*stop.borrow() => continue,
+        };
+        let Some((op, reply)) = next else {
+            return false;
+        };
+        ops.push(op);
+        replies.push(reply);
+        take_queued(rx, batch_max, ops, replies);
+        return true;
+    }
+}
+
+/// Adds whatever is already queued to the batch, up to `batch_max`
+/// operations: it joins this transaction.
+pub(super) fn take_queued(
+    rx: &mut mpsc::Receiver<(Op, Reply)>,
+    batch_max: usize,
+    ops: &mut Vec<Op>,
+    replies: &mut Vec<Reply>,
+) {
+    while ops.len() < batch_max {
+        let Ok((op, reply)) = rx.try_recv() else {
+            break;
+        };
+        ops.push(op);
+        replies.push(reply);
+    }
+}
+
+/// A pooled writer's task: each batch one transaction through the pool.
+/// What applies a writer's batches: the one loop ([`run`]) asks it to
+/// gather a batch, then to apply it and answer its callers.
+pub(super) trait Applier {
+    /// Takes more queued operations into the batch before it is applied
+    /// (the SQLite writer holds reservations for a settlement to share
+    /// their commit); by default nothing.
+    fn gather(
+        &mut self,
+        _rx: &mut mpsc::Receiver<(Op, Reply)>,
+        _batch_max: usize,
+        _ops: &mut Vec<Op>,
+        _replies: &mut Vec<Reply>,
+    ) {
+    }
+
+    /// Applies `ops` (see [`isolate`]) and answers `replies`, in order.
+    fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> impl Future<Output = ()>;
+}
+
+/// The group-commit loop of one writer, until its queue is closed (every
+/// handle dropped, or `stop`) and drained.
+pub(super) async fn run<A: Applier>(
+    mut applier: A,
+    mut rx: mpsc::Receiver<(Op, Reply)>,
+    batch_max: usize,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ops = Vec::with_capacity(batch_max);
+    let mut replies = Vec::with_capacity(batch_max);
+    while next_batch(&mut rx, &mut stop, batch_max, &mut ops, &mut replies).await {
+        applier.gather(&mut rx, batch_max, &mut ops, &mut replies);
+        applier.apply(&ops, &mut replies).await;
+        ops.clear();
+        replies.clear();
+    }
+}
+
+/// A PostgreSQL writer: each batch one transaction on a pooled connection.
+pub(super) struct Pool(pub(super) Store);
+
+impl Applier for Pool {
+    async fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
+        let started = Instant::now();
+        // `isolate`, awaited: the whole batch, else each operation alone.
+        let units = match postgres::apply(&self.0, ops).await {
+            Err(e) if ops.len() > 1 => {
+                tracing::warn!(error = %e, batch = ops.len(), "ledger batch failed; applying its operations one by one");
+                let mut units = Vec::with_capacity(ops.len());
+                for op in ops.chunks(1) {
+                    units.push((op, postgres::apply(&self.0, op).await));
+                }
+                units
+            }
+            whole => vec![(ops, whole)],
+        };
+        metrics::ledger_commit(ops.len(), started.elapsed());
+        answer(replies, outcomes(units), |_| true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::usage::{
+        UsageRecord,
+        ledger::{Reserve, Settle},
+    };
+
+    fn reserve(team: &str) -> Op {
+        Op::Reserve(Reserve {
+            team_id: team.into(),
+            requests: 1,
+            ..Reserve::default()
+        })
+    }
+
+    fn settle(team: &str) -> Op {
+        Op::Settle(Settle {
+            reservations: Vec::new(),
+            charge: false,
+            record: UsageRecord {
+                team_id: team.into(),
+                ..Default::default()
+            },
+            month_start_ms: 0,
+            prompt_owner: None,
+        })
+    }
+
+    /// A batch that fails is applied again one operation at a time, so
+    /// only the operation at fault fails; a batch that succeeds, or a lone
+    /// operation, is applied once.
+    #[test]
+    fn a_failed_batch_is_retried_operation_by_operation() {
+        let ops = [reserve("a"), settle("bad"), reserve("c")];
+        let bad = |op: &Op| matches!(op, Op::Settle(s) if s.record.team_id == "bad");
+        let mut calls = Vec::new();
+        let units = isolate(&ops, |batch| {
+            calls.push(batch.len());
+            if batch.iter().any(bad) {
+                Err("constraint")
+            } else {
+                Ok(batch.len())
+            }
+        });
+        assert_eq!(calls, [3, 1, 1, 1]);
+        let results: Vec<_> = units.iter().map(|(b, r)| (b.len(), *r)).collect();
+        assert_eq!(results, [(1, Ok(1)), (1, Err("constraint")), (1, Ok(1))]);
+
+        let mut calls = 0;
+        let units = isolate(&ops, |batch| {
+            calls += 1;
+            Ok::<_, &str>(batch.len())
+        });
+        assert_eq!((calls, units.len()), (1, 1));
+        let lone = isolate(&ops[1..2], |_| Err::<(), _>("constraint"));
+        assert_eq!(lone.len(), 1);
+    }
+}

@@ -1,0 +1,297 @@
+//! The PostgreSQL backend of the ledger: a batch on one pooled connection's
+//! transaction, with multi-row statements (each statement is a network
+//! round trip, and writers commit batches for different teams in parallel,
+//! see [`super::group_commit`]). Admission stays in SQL, guarded on the
+//! locked row: replicas share the ledger and none of them alone knows all
+//! of it.
+
+use super::{
+    BALANCE, Backend, BalanceRow, Delta, Done, ENSURE_ROW, INSERT_RESERVATION_HEAD, Op,
+    RECORD_STATS, RESERVATION_COLUMNS, Reserve, Settle, TEAM_CAPS, UPDATE_ROW, balance,
+    net_release, plan,
+};
+use crate::{
+    store::{Store, StoreError},
+    usage::{
+        amount::Amount,
+        policy::{Balance, Caps, GUARDED_RESERVE},
+        record::{self, UsageRecord},
+    },
+};
+use sqlx::{Postgres, Transaction};
+use std::{collections::HashSet, sync::OnceLock};
+
+/// Applies `ops` in one transaction of `store` (PostgreSQL) and returns one
+/// result per op, in order.
+pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
+    let Store::Postgres(pool) = store else {
+        return Err(StoreError::Unsupported(
+            "the pooled ledger path is PostgreSQL's; a SQLite file has its own writer",
+        ));
+    };
+    let mut tx = pool.begin().await?;
+    let (done, _) = plan::apply(&mut Pg { tx: &mut tx }, ops, false).await?;
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// Rows per multi-row statement. A batch is cut greedily into these sizes,
+/// so each statement kind has at most this many distinct SQL texts, all of
+/// them reused from the connection's prepared-statement cache.
+const CHUNKS: [usize; 7] = [64, 32, 16, 8, 4, 2, 1];
+
+/// `(start, len)` chunks covering `0..n`.
+fn chunks(n: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for size in CHUNKS {
+        while n - start >= size {
+            out.push((start, size));
+            start += size;
+        }
+    }
+    out
+}
+
+/// `$first, …` for `n` parameters.
+fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `head` followed by `rows` groups of `columns` placeholders.
+fn values_sql(head: &str, columns: usize, rows: usize) -> String {
+    let groups: Vec<String> = (0..rows)
+        .map(|r| format!("({})", placeholders(r * columns + 1, columns)))
+        .collect();
+    format!("{head} VALUES {}", groups.join(", "))
+}
+
+/// The SQL of one statement kind for `rows` rows (a [`CHUNKS`] size),
+/// built once per size.
+fn cached(
+    cache: &'static OnceLock<Vec<String>>,
+    build: fn(usize) -> String,
+    rows: usize,
+) -> &'static str {
+    let all = cache.get_or_init(|| CHUNKS.iter().map(|&n| build(n)).collect());
+    let index = CHUNKS
+        .iter()
+        .position(|&n| n == rows)
+        .unwrap_or(CHUNKS.len() - 1);
+    all.get(index).map_or("", String::as_str)
+}
+
+fn insert_reservations_sql(rows: usize) -> &'static str {
+    static CACHE: OnceLock<Vec<String>> = OnceLock::new();
+    cached(
+        &CACHE,
+        |n| values_sql(INSERT_RESERVATION_HEAD, RESERVATION_COLUMNS, n),
+        rows,
+    )
+}
+
+fn insert_records_sql(rows: usize) -> &'static str {
+    static CACHE: OnceLock<Vec<String>> = OnceLock::new();
+    cached(
+        &CACHE,
+        |n| values_sql(record::INSERT_HEAD, record::COLUMNS, n),
+        rows,
+    )
+}
+
+fn delete_reservations_sql(rows: usize) -> &'static str {
+    static CACHE: OnceLock<Vec<String>> = OnceLock::new();
+    cached(
+        &CACHE,
+        |n| {
+            format!(
+                "DELETE FROM usage_reservations WHERE id IN ({}) RETURNING id",
+                placeholders(1, n)
+            )
+        },
+        rows,
+    )
+}
+
+/// A batch's transaction.
+struct Pg<'t, 'c> {
+    tx: &'t mut Transaction<'c, Postgres>,
+}
+
+impl Backend for Pg<'_, '_> {
+    async fn delete_reservations(&mut self, ids: &[&str]) -> Result<HashSet<String>, StoreError> {
+        let mut deleted = HashSet::new();
+        for (start, len) in chunks(ids.len()) {
+            let mut q = sqlx::query_scalar::<_, String>(delete_reservations_sql(len));
+            for id in &ids[start..start + len] {
+                q = q.bind(*id);
+            }
+            deleted.extend(q.fetch_all(&mut **self.tx).await?);
+        }
+        Ok(deleted)
+    }
+
+    async fn insert_reservations(&mut self, rows: &[&Reserve]) -> Result<(), StoreError> {
+        for (start, len) in chunks(rows.len()) {
+            let mut q = sqlx::query(insert_reservations_sql(len));
+            for r in &rows[start..start + len] {
+                q = q
+                    .bind(&r.id)
+                    .bind(&r.team_id)
+                    .bind(r.month_start_ms)
+                    .bind(r.input_tokens)
+                    .bind(r.output_tokens)
+                    .bind(r.requests)
+                    .bind(r.cost_micros)
+                    .bind(&r.task)
+                    .bind(&r.user_id)
+                    .bind(&r.trace_id)
+                    .bind(&r.channel)
+                    .bind(&r.priority)
+                    .bind(r.created_at_ms);
+            }
+            q.execute(&mut **self.tx).await?;
+        }
+        Ok(())
+    }
+
+    async fn insert_records(&mut self, rows: &[&UsageRecord]) -> Result<(), StoreError> {
+        for (start, len) in chunks(rows.len()) {
+            let mut q = sqlx::query(insert_records_sql(len));
+            for r in &rows[start..start + len] {
+                q = crate::bind_usage_record!(q, r);
+            }
+            q.execute(&mut **self.tx).await?;
+        }
+        Ok(())
+    }
+
+    async fn update_row(
+        &mut self,
+        (team, month): (&str, i64),
+        d: &Delta,
+    ) -> Result<(), StoreError> {
+        let [rt, rr, rc] = net_release(d);
+        for attempt in 0..2 {
+            let updated = sqlx::query(UPDATE_ROW)
+                .bind(team)
+                .bind(month)
+                .bind(rt)
+                .bind(rr)
+                .bind(rc)
+                .bind(d.charged.tokens)
+                .bind(d.charged.requests)
+                .bind(d.charged.cost_micros)
+                .execute(&mut **self.tx)
+                .await?
+                .rows_affected();
+            if updated > 0 || attempt > 0 {
+                break;
+            }
+            sqlx::query(ENSURE_ROW)
+                .bind(team)
+                .bind(month)
+                .execute(&mut **self.tx)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn reserve_guarded(
+        &mut self,
+        (team, month): (&str, i64),
+        defaults: &Caps,
+        amount: Amount,
+    ) -> Result<bool, StoreError> {
+        // The common case is one statement; the row is created on the
+        // first miss.
+        for attempt in 0..2 {
+            let rows = sqlx::query(GUARDED_RESERVE)
+                .bind(team)
+                .bind(month)
+                .bind(amount.tokens)
+                .bind(amount.requests)
+                .bind(amount.cost_micros)
+                .bind(defaults.tokens)
+                .bind(defaults.requests)
+                .bind(defaults.cost_micros)
+                .execute(&mut **self.tx)
+                .await?
+                .rows_affected();
+            if rows == 1 || attempt > 0 {
+                return Ok(rows == 1);
+            }
+            sqlx::query(ENSURE_ROW)
+                .bind(team)
+                .bind(month)
+                .execute(&mut **self.tx)
+                .await?;
+        }
+        Ok(false)
+    }
+
+    async fn team_caps(&mut self, team: &str) -> Result<Option<Caps>, StoreError> {
+        let row: Option<(Option<i64>, Option<i64>, Option<i64>)> = sqlx::query_as(TEAM_CAPS)
+            .bind(team)
+            .fetch_optional(&mut **self.tx)
+            .await?;
+        Ok(row.map(|(tokens, requests, cost_micros)| Caps {
+            tokens,
+            requests,
+            cost_micros,
+        }))
+    }
+
+    async fn balance(&mut self, (team, month): (&str, i64)) -> Result<Balance, StoreError> {
+        let row: Option<BalanceRow> = sqlx::query_as(BALANCE)
+            .bind(team)
+            .bind(month)
+            .fetch_optional(&mut **self.tx)
+            .await?;
+        Ok(balance(row))
+    }
+
+    async fn fold_prompt_stats(
+        &mut self,
+        s: &Settle,
+        owner: &str,
+        success: f64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(RECORD_STATS)
+            .bind(owner)
+            .bind(&s.record.prompt_key)
+            .bind(s.record.prompt_version)
+            .bind(s.record.latency_ms as f64)
+            .bind(success)
+            .execute(&mut **self.tx)
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_every_row_with_few_sizes() {
+        for n in 0..300 {
+            let c = chunks(n);
+            assert_eq!(c.iter().map(|(_, len)| len).sum::<usize>(), n);
+            let mut next = 0;
+            for (start, len) in c {
+                assert_eq!(start, next);
+                assert!(CHUNKS.contains(&len));
+                next += len;
+            }
+        }
+        assert_eq!(
+            values_sql("INSERT INTO t (a, b)", 2, 2),
+            "INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4)"
+        );
+        assert!(delete_reservations_sql(2).ends_with("IN ($1, $2) RETURNING id"));
+    }
+}

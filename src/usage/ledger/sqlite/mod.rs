@@ -1,0 +1,311 @@
+//! The SQLite backend of the ledger: a file has one writer, in one server
+//! process, with its own synchronous connection on a thread of its own
+//! ([`writer`]), admission decided in memory ([`admission`]) and the WAL
+//! synced after the commits somebody waits for ([`wal`]).
+//!
+//! Why its own connection and not sqlx's pool: sqlx drives SQLite from a
+//! worker thread per connection, so every statement of a batch would be a
+//! round trip between that thread and the runtime (docs/adr). A rusqlite
+//! connection, on the same linked SQLite library, runs the whole batch on
+//! the writer's thread. Everything else (reads, the sweeper, prompts,
+//! limits) stays on the sqlx pool; WAL and the busy timeout order them.
+
+pub mod admission;
+mod wal;
+pub mod writer;
+
+pub use admission::Admission;
+
+use super::{
+    BALANCE, Backend, BalanceRow, Delta, Done, ENSURE_ROW, INSERT_RESERVATION_HEAD, Op,
+    RECORD_STATS, Reserve, Rows, Settle, TEAM_CAPS, UPDATE_ROW, balance, net_release, plan,
+};
+use crate::{
+    config::DatabaseConfig,
+    store::StoreError,
+    usage::{
+        amount::Amount,
+        policy::{Balance, Caps, GUARDED_RESERVE},
+        record::{self, UsageRecord},
+    },
+};
+use futures::FutureExt;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, ToSql, Transaction, TransactionBehavior};
+use std::{collections::HashSet, ffi::CStr, path::PathBuf, str::FromStr, sync::OnceLock};
+
+/// Parameter names `$1`..`$18`, for binding by name: the shared SQL numbers
+/// its parameters, and SQLite indexes them in order of first appearance,
+/// which is not their number in `GUARDED_RESERVE` or `UPDATE_ROW`.
+const NAMES: [&CStr; 18] = [
+    c"$1", c"$2", c"$3", c"$4", c"$5", c"$6", c"$7", c"$8", c"$9", c"$10", c"$11", c"$12", c"$13",
+    c"$14", c"$15", c"$16", c"$17", c"$18",
+];
+
+/// The database file behind a `sqlite:` URL, or `None` when the database
+/// lives only in memory.
+pub fn file_of(url: &str) -> Option<PathBuf> {
+    if url.contains(":memory:") || url.contains("mode=memory") {
+        return None;
+    }
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url).ok()?;
+    Some(options.get_filename().to_path_buf())
+}
+
+/// Claims the database file for this server process until the returned
+/// handle is dropped (an advisory `flock`, released by the kernel if the
+/// process dies; SQLite's own locks are `fcntl` ones and unaffected).
+///
+/// A SQLite file belongs to one server: admission is decided in its memory
+/// and its start-up sweep charges every open reservation as orphaned. The
+/// `limits` CLI and other readers do not claim it.
+pub fn claim(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
+    let file = std::fs::OpenOptions::new().read(true).open(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::InUse(path.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Io(e)),
+    }
+}
+
+/// Opens the writer's connection to the (already created and migrated)
+/// file: the pool's busy timeout and foreign keys; commits that do not wait
+/// for the disk (the writer syncs the WAL itself, see [`wal`]).
+pub fn open(path: &std::path::Path, config: &DatabaseConfig) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(config.busy_timeout)?;
+    // WAL is a property of the file (set by the pool on creation); asking
+    // again is harmless and makes this connection's view explicit.
+    let _mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    // Commits do not wait for the disk: with `sqlite_synchronous = "full"`
+    // the writer syncs the WAL right after each commit, before it answers
+    // the settlements; with "normal" checkpoints do.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    // SQLite's automatic checkpoint stays on this connection, between
+    // commits: a passive checkpoint beside a busy writer never catches up.
+    conn.pragma_update(None, "wal_autocheckpoint", config.sqlite_wal_autocheckpoint)?;
+    // Every SQL text the ledger uses, with room to spare.
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(conn)
+}
+
+/// Applies `ops` in one `BEGIN IMMEDIATE` transaction and returns one result
+/// per op, in order. Blocking: call it from the writer's thread (or a
+/// blocking task).
+pub fn apply(conn: &mut Connection, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
+    apply_reading(conn, ops).map(|(done, _)| done)
+}
+
+/// [`apply`], also returning the ledger row of every (team, month) the
+/// batch touched, as its transaction left them (for [`Admission`]).
+pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> Result<(Vec<Done>, Rows), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Every statement runs synchronously, so the plan's future is ready
+    // when first polled.
+    let applied = plan::apply(&mut Sqlite { tx: &tx }, ops, true)
+        .now_or_never()
+        .unwrap_or(Err(StoreError::Unsupported(
+            "a SQLite ledger batch waited on something",
+        )))?;
+    tx.commit()?;
+    Ok(applied)
+}
+
+/// A batch's transaction.
+struct Sqlite<'t, 'c> {
+    tx: &'t Transaction<'c>,
+}
+
+impl Sqlite<'_, '_> {
+    /// Runs a cached statement whose parameters are `$1..$n`, bound by name.
+    fn execute(&self, sql: &str, args: &[&dyn ToSql]) -> rusqlite::Result<usize> {
+        let mut stmt = self.tx.prepare_cached(sql)?;
+        for (name, value) in NAMES.iter().zip(args) {
+            stmt.raw_bind_parameter(*name, value)?;
+        }
+        stmt.raw_execute()
+    }
+
+    fn ensure_row(&self, team: &str, month: i64) -> rusqlite::Result<usize> {
+        self.execute(ENSURE_ROW, &[&team, &month])
+    }
+}
+
+/// `INSERT INTO usage_reservations ... VALUES ($1, ..., $13)`.
+fn insert_reservation_sql() -> &'static str {
+    static SQL: OnceLock<String> = OnceLock::new();
+    SQL.get_or_init(|| {
+        let cells: Vec<String> = (1..=super::RESERVATION_COLUMNS)
+            .map(|i| format!("${i}"))
+            .collect();
+        format!("{INSERT_RESERVATION_HEAD} VALUES ({})", cells.join(", "))
+    })
+}
+
+impl Backend for Sqlite<'_, '_> {
+    async fn delete_reservations(&mut self, ids: &[&str]) -> Result<HashSet<String>, StoreError> {
+        let mut deleted = HashSet::new();
+        for id in ids {
+            if self.execute("DELETE FROM usage_reservations WHERE id = $1", &[id])? == 1 {
+                deleted.insert((*id).to_owned());
+            }
+        }
+        Ok(deleted)
+    }
+
+    async fn insert_reservations(&mut self, rows: &[&Reserve]) -> Result<(), StoreError> {
+        for r in rows {
+            self.execute(
+                insert_reservation_sql(),
+                &[
+                    &r.id,
+                    &r.team_id,
+                    &r.month_start_ms,
+                    &r.input_tokens,
+                    &r.output_tokens,
+                    &r.requests,
+                    &r.cost_micros,
+                    &r.task,
+                    &r.user_id,
+                    &r.trace_id,
+                    &r.channel,
+                    &r.priority,
+                    &r.created_at_ms,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    async fn insert_records(&mut self, rows: &[&UsageRecord]) -> Result<(), StoreError> {
+        for r in rows {
+            self.execute(
+                record::INSERT,
+                &[
+                    &r.created_at_ms,
+                    &r.team_id,
+                    &r.user_id,
+                    &r.task,
+                    &r.provider,
+                    &r.model,
+                    &r.prompt_key,
+                    &r.prompt_version,
+                    &r.trace_id,
+                    &r.input_tokens,
+                    &r.output_tokens,
+                    &r.cost_micros,
+                    &r.latency_ms,
+                    &r.outcome,
+                    &r.attempts,
+                    &i64::from(r.degraded),
+                    &r.channel,
+                    &r.priority,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    async fn update_row(
+        &mut self,
+        (team, month): (&str, i64),
+        d: &Delta,
+    ) -> Result<(), StoreError> {
+        let [rt, rr, rc] = net_release(d);
+        let args: [&dyn ToSql; 8] = [
+            &team,
+            &month,
+            &rt,
+            &rr,
+            &rc,
+            &d.charged.tokens,
+            &d.charged.requests,
+            &d.charged.cost_micros,
+        ];
+        if self.execute(UPDATE_ROW, &args)? == 0 {
+            self.ensure_row(team, month)?;
+            self.execute(UPDATE_ROW, &args)?;
+        }
+        Ok(())
+    }
+
+    async fn reserve_guarded(
+        &mut self,
+        (team, month): (&str, i64),
+        defaults: &Caps,
+        amount: Amount,
+    ) -> Result<bool, StoreError> {
+        let args: [&dyn ToSql; 8] = [
+            &team,
+            &month,
+            &amount.tokens,
+            &amount.requests,
+            &amount.cost_micros,
+            &defaults.tokens,
+            &defaults.requests,
+            &defaults.cost_micros,
+        ];
+        if self.execute(GUARDED_RESERVE, &args)? == 1 {
+            return Ok(true);
+        }
+        // The row may not exist yet: create it and ask once more.
+        if self.ensure_row(team, month)? == 1 {
+            return Ok(self.execute(GUARDED_RESERVE, &args)? == 1);
+        }
+        Ok(false)
+    }
+
+    async fn team_caps(&mut self, team: &str) -> Result<Option<Caps>, StoreError> {
+        Ok(self
+            .tx
+            .prepare_cached(TEAM_CAPS)?
+            .query_row([team], |row| {
+                Ok(Caps {
+                    tokens: row.get(0)?,
+                    requests: row.get(1)?,
+                    cost_micros: row.get(2)?,
+                })
+            })
+            .optional()?)
+    }
+
+    async fn balance(&mut self, (team, month): (&str, i64)) -> Result<Balance, StoreError> {
+        let row: Option<BalanceRow> = self
+            .tx
+            .prepare_cached(BALANCE)?
+            .query_row(rusqlite::params![team, month], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                    row.get(5)?,
+                ))
+            })
+            .optional()?;
+        Ok(balance(row))
+    }
+
+    async fn fold_prompt_stats(
+        &mut self,
+        s: &Settle,
+        owner: &str,
+        success: f64,
+    ) -> Result<(), StoreError> {
+        self.execute(
+            RECORD_STATS,
+            &[
+                &owner,
+                &s.record.prompt_key,
+                &s.record.prompt_version,
+                &(s.record.latency_ms as f64),
+                &success,
+            ],
+        )?;
+        Ok(())
+    }
+}
