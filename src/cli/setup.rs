@@ -1,0 +1,83 @@
+//! `check-config` and `migrate`: a config checked and described, and the
+//! database created or upgraded.
+
+use crate::{config::Config, store::Store};
+use anyhow::Context;
+use std::fmt::Write as _;
+
+/// Validates the config file and describes it.
+pub fn check_config(config: &Config) -> String {
+    let mut out = String::from("config OK\n\nserver:\n");
+    let _ = writeln!(
+        out,
+        "  listen={} metrics={} database={} metering={} max_concurrent_requests={}",
+        config.server.listen,
+        config
+            .server
+            .metrics_listen
+            .map_or_else(|| "off".to_string(), |a| a.to_string()),
+        if config.database.url.starts_with("postgres") {
+            "postgres"
+        } else {
+            "sqlite"
+        },
+        if config.metering.enabled { "on" } else { "off" },
+        config.server.max_concurrent_requests,
+    );
+    out.push_str("\nproviders:\n");
+    for (name, p) in &config.providers {
+        let _ = writeln!(
+            out,
+            "  {name:<12} kind={:<17} base_url={} key={} timeout={:?}",
+            p.kind.as_str(),
+            config.base_url(name).unwrap_or_else(|| "-".into()),
+            if p.api_key.is_some() { "[set]" } else { "-" },
+            p.timeout,
+        );
+    }
+    out.push_str("\ntasks:\n");
+    for (name, t) in &config.tasks {
+        let chain: Vec<String> = t
+            .chain
+            .iter()
+            .map(|c| format!("{}/{}", c.provider, c.model))
+            .collect();
+        let _ = writeln!(out, "  {name:<16} {}", chain.join(" -> "));
+    }
+    let _ = writeln!(out, "\ndatabase: {}", redact_url(&config.database.url));
+    out
+}
+
+/// Hides a password in a database URL.
+pub(super) fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!(
+                    "{}{}:[REDACTED]{}",
+                    &url[..scheme + 3],
+                    &creds[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Applies migrations and lists the tables.
+pub async fn migrate(config: &Config) -> anyhow::Result<String> {
+    let store = Store::connect(&config.database)
+        .await
+        .context("connecting to the database")?;
+    store.migrate().await.context("migrating")?;
+    let tables = store.tables().await?;
+    store.close().await;
+    Ok(format!(
+        "migrated {} database; tables: {}\n",
+        store.backend(),
+        tables.join(", ")
+    ))
+}

@@ -1,0 +1,105 @@
+//! The server's background work: the orphan sweeper, API key reloads, the
+//! database probe behind the health service.
+
+use super::{Health, SERVICE_NAME};
+use crate::{
+    auth::{Authenticator, keys::KeyStore},
+    config::Config,
+    store::Store,
+    usage::sweeper,
+};
+use std::{sync::Arc, time::Duration};
+use tokio::sync::watch;
+use tonic_health::ServingStatus;
+
+/// Charges orphaned reservations. On SQLite at start-up every open
+/// reservation is an orphan (the file has one owner); otherwise only those
+/// older than `metering.sweep_after`.
+pub(super) async fn sweep_orphans(
+    store: &Store,
+    config: &Config,
+    at_startup: bool,
+) -> Result<u64, crate::store::StoreError> {
+    let now = chrono::Utc::now().timestamp_millis();
+    let cutoff = if at_startup && matches!(store, Store::Sqlite(_)) {
+        i64::MAX
+    } else {
+        now - i64::try_from(config.metering.sweep_after.as_millis()).unwrap_or(i64::MAX)
+    };
+    sweeper::sweep(store, cutoff).await
+}
+
+pub(super) async fn sweep_periodically(
+    store: Store,
+    config: Arc<Config>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(config.metering.sweep_interval) => {}
+        }
+        match sweep_orphans(&store, &config, false).await {
+            Ok(0) => {}
+            Ok(swept) => tracing::warn!(swept, "charged orphaned reservations at their estimate"),
+            Err(e) => tracing::error!(error = %e, "sweeping orphaned reservations failed"),
+        }
+    }
+}
+
+/// Reloads the database's API keys, so created and revoked keys take effect
+/// on every replica without a restart.
+pub(super) async fn refresh_keys_periodically(
+    auth: Authenticator,
+    keys: KeyStore,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        // On failure the last loaded keys stay in force.
+        if let Err(e) = auth.refresh(&keys).await {
+            tracing::error!(error = %e, "reloading API keys failed");
+        }
+    }
+}
+
+pub(super) async fn set_health(health: &Health, status: ServingStatus) {
+    health.reporter.set_service_status("", status).await;
+    health
+        .reporter
+        .set_service_status(SERVICE_NAME, status)
+        .await;
+    let _ = health.ready.send(status == ServingStatus::Serving);
+}
+
+/// Keeps the health status in step with the database: NOT_SERVING while it
+/// cannot be reached, SERVING again when it can.
+pub(super) async fn probe_database(
+    store: Store,
+    health: Health,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut serving = true;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        let ok = store.ping(interval.max(Duration::from_millis(500))).await;
+        if ok != serving && !*stop.borrow() {
+            serving = ok;
+            if ok {
+                tracing::info!("database reachable again: SERVING");
+                set_health(&health, ServingStatus::Serving).await;
+            } else {
+                tracing::error!("database unreachable: NOT_SERVING");
+                set_health(&health, ServingStatus::NotServing).await;
+            }
+        }
+    }
+}

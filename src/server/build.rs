@@ -1,0 +1,165 @@
+//! [`App::build`]: the database connected and migrated, the providers,
+//! router, meter and call pipeline built, the listeners bound.
+
+use super::{App, Health, background};
+use crate::{
+    api::{OrchestratorApi, admin::PromptAdminApi},
+    auth::{Authenticator, keys::KeyStore},
+    call::Pipeline,
+    config::Config,
+    prompts::store::PromptStore,
+    providers::Providers,
+    router::Router,
+    store::Store,
+    telemetry::metrics,
+    usage::{
+        Meter,
+        ledger::{LedgerWriter, sqlite},
+        pricing::Pricing,
+    },
+};
+use anyhow::Context;
+use std::sync::Arc;
+use tokio::{net::TcpListener, sync::watch};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic_health::ServingStatus;
+
+impl App {
+    /// Builds the application on `config`, to be served on `listener`:
+    /// connects and migrates the database (claiming a SQLite file), sweeps
+    /// orphaned reservations, starts the ledger writers, builds the
+    /// pipeline and the services, and binds the metrics endpoint. Nothing
+    /// is served until [`App::run`].
+    pub async fn build(listener: TcpListener, config: Config) -> anyhow::Result<App> {
+        let config = Arc::new(config);
+        let store = Store::connect(&config.database)
+            .await
+            .context("connecting to the database")?;
+        store.migrate().await.context("migrating the database")?;
+        // Held until the server has stopped: the file is this process's alone.
+        let claim = match (&store, sqlite::file_of(&config.database.url)) {
+            (Store::Sqlite(_), Some(path)) => Some(sqlite::claim(&path)?),
+            _ => None,
+        };
+        let auth = Authenticator::new(&config.auth);
+        let key_store = KeyStore::new(store.clone());
+        if auth.enabled() {
+            // Config keys work even if this fails; stored keys follow at the
+            // next refresh.
+            if let Err(e) = auth.refresh(&key_store).await {
+                tracing::error!(error = %e, "loading API keys from the database failed");
+            }
+        }
+        let providers = Providers::from_config(&config).context("building providers")?;
+        let router = Router::new(config.clone(), providers);
+        let prompts = PromptStore::new(store.clone());
+        let (stop_writer, writer_stopped) = watch::channel(false);
+        let (writer, writer_done) = ledger_writer(&store, &config, writer_stopped).await?;
+        let meter = Meter::new(
+            writer,
+            Pricing::from_config(&config.pricing),
+            &config.metering,
+        );
+
+        if config.server.metrics_listen.is_some() {
+            // Install the recorder first: gauges set before it would be
+            // lost, and a fresh pod must already show every breaker closed.
+            metrics::handle();
+        }
+        for (name, guards) in router.resilience().iter() {
+            metrics::breaker_state(name, guards.breaker.state().metric_value());
+        }
+        let metrics_listener = match config.server.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the metrics endpoint {addr}"))?,
+            ),
+            None => None,
+        };
+
+        let pipeline = Pipeline::new(config.clone(), router, prompts.clone(), meter);
+        let api = OrchestratorApi::new(config.clone(), pipeline, store.clone(), auth.clone());
+        let prompt_admin = PromptAdminApi::new(prompts, auth.clone());
+        let reporter = tonic_health::server::HealthReporter::new();
+        let health_service = tonic_health::pb::health_server::HealthServer::new(
+            tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
+        );
+        let (ready_tx, ready) = watch::channel(true);
+        let health = Health {
+            reporter,
+            ready: Arc::new(ready_tx),
+        };
+        background::set_health(&health, ServingStatus::Serving).await;
+        Ok(App {
+            config,
+            store,
+            _claim: claim,
+            auth,
+            api,
+            prompt_admin,
+            health,
+            health_service,
+            listener,
+            metrics_listener,
+            ready,
+            stop_writer,
+            writer_done,
+            key_store,
+        })
+    }
+}
+
+/// Sweeps the reservations an earlier crash left, then starts the ledger
+/// writers; none when metering is off.
+async fn ledger_writer(
+    store: &Store,
+    config: &Config,
+    stopped: watch::Receiver<bool>,
+) -> anyhow::Result<(Option<LedgerWriter>, Option<tokio::task::JoinHandle<()>>)> {
+    let metering = &config.metering;
+    if !metering.enabled {
+        tracing::warn!("usage metering is OFF: no caps, no usage records");
+        return Ok((None, None));
+    }
+    let swept = background::sweep_orphans(store, config, true)
+        .await
+        .context("sweeping orphaned reservations")?;
+    if swept > 0 {
+        tracing::warn!(
+            swept,
+            "charged reservations orphaned by an earlier crash at their estimate"
+        );
+    }
+    let (writer, done) = LedgerWriter::spawn(
+        store.clone(),
+        &config.database,
+        metering.batch_max,
+        // Each writer holds a pooled connection while it commits; half the
+        // pool stays for reads (GetUsage, health, prompts).
+        metering
+            .ledger_writers
+            .min((config.database.max_connections as usize / 2).max(1)),
+        metering.limits_refresh,
+        stopped,
+    )
+    .context("opening the ledger writer")?;
+    Ok((Some(writer), Some(done)))
+}
+
+/// Reads the PEM files of `[server.tls]`; errors name the file.
+pub(super) fn server_tls(tls: &crate::config::TlsConfig) -> anyhow::Result<ServerTlsConfig> {
+    let read = |path: &std::path::Path, key: &str| {
+        std::fs::read(path).with_context(|| format!("server.tls.{key}: reading {}", path.display()))
+    };
+    let mut out = ServerTlsConfig::new().identity(Identity::from_pem(
+        read(&tls.cert, "cert")?,
+        read(&tls.key, "key")?,
+    ));
+    if let Some(ca) = &tls.client_ca {
+        // Clients without a certificate signed by this CA are refused in
+        // the handshake (mTLS).
+        out = out.client_ca_root(Certificate::from_pem(read(ca, "client_ca")?));
+    }
+    Ok(out)
+}

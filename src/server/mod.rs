@@ -1,0 +1,75 @@
+//! Wiring: storage, providers, router, the call pipeline and the gRPC
+//! services. [`App::build`] puts the application together and binds what it
+//! listens on; [`App::run`] serves until a shutdown signal, then drains.
+//! [`serve`] is both in one step (what `ai-orchestrator serve` and the
+//! tests call).
+
+mod background;
+mod build;
+mod run;
+
+use crate::{
+    api::{OrchestratorApi, admin::PromptAdminApi},
+    auth::Authenticator,
+    config::Config,
+    store::Store,
+};
+use std::{future::Future, net::SocketAddr, sync::Arc};
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+use tonic_health::server::HealthReporter;
+
+/// Fully-qualified name of the main service, as reported by health checks.
+pub const SERVICE_NAME: &str = "ai.orchestrator.v1.Orchestrator";
+
+/// Serves the orchestrator on `listener` until `shutdown` completes, then
+/// marks health NOT_SERVING, stops accepting, lets in-flight calls finish
+/// (up to `server.shutdown_grace`) and closes the database.
+pub async fn serve(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    App::build(listener, config).await?.run(shutdown).await
+}
+
+/// The application, built and bound, not yet serving.
+pub struct App {
+    config: Arc<Config>,
+    store: Store,
+    /// The SQLite file's claim, held until the server has stopped.
+    _claim: Option<std::fs::File>,
+    auth: Authenticator,
+    api: OrchestratorApi,
+    prompt_admin: PromptAdminApi,
+    health: Health,
+    health_service:
+        tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    ready: watch::Receiver<bool>,
+    /// Stops the ledger writers (after the drain), and their end.
+    stop_writer: watch::Sender<bool>,
+    writer_done: Option<JoinHandle<()>>,
+    key_store: crate::auth::keys::KeyStore,
+}
+
+impl App {
+    /// Where gRPC is served.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+}
+
+/// The gRPC health reporter plus the readiness flag `/readyz` serves.
+#[derive(Clone)]
+struct Health {
+    reporter: HealthReporter,
+    ready: Arc<watch::Sender<bool>>,
+}

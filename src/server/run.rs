@@ -1,0 +1,151 @@
+//! [`App::run`]: the gRPC services and the background work, until a
+//! shutdown signal; then the drain.
+
+use super::{App, background};
+use crate::{
+    api::{auth::AuthInterceptor, metrics_layer::GrpcMetricsLayer, pb},
+    telemetry::metrics,
+};
+use anyhow::Context;
+use std::future::Future;
+use tokio::sync::watch;
+use tonic::{
+    service::interceptor::InterceptedService,
+    transport::{Server, server::TcpIncoming},
+};
+use tonic_health::ServingStatus;
+
+impl App {
+    /// Serves until `shutdown` completes, then marks health NOT_SERVING,
+    /// stops accepting, lets in-flight calls finish (up to
+    /// `server.shutdown_grace`), flushes usage and closes the database.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let App {
+            config,
+            store,
+            _claim,
+            auth,
+            api,
+            prompt_admin,
+            health,
+            health_service,
+            listener,
+            metrics_listener,
+            ready,
+            stop_writer,
+            writer_done,
+            key_store,
+        } = self;
+        let (stop_background, background_stopped) = watch::channel(false);
+        let probe = tokio::spawn(background::probe_database(
+            store.clone(),
+            health.clone(),
+            config.server.health_probe_interval,
+            background_stopped.clone(),
+        ));
+        let key_refresher = auth.enabled().then(|| {
+            tokio::spawn(background::refresh_keys_periodically(
+                auth.clone(),
+                key_store,
+                config.auth.refresh_interval,
+                background_stopped.clone(),
+            ))
+        });
+        let sweeper = config.metering.enabled.then(|| {
+            tokio::spawn(background::sweep_periodically(
+                store.clone(),
+                config.clone(),
+                background_stopped.clone(),
+            ))
+        });
+        let metrics_task = metrics_listener.map(|listener| {
+            tracing::info!(addr = ?listener.local_addr().ok(), "metrics endpoint");
+            tokio::spawn(metrics::serve_http(listener, ready, background_stopped))
+        });
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .context("building the reflection service")?;
+        let reflection_alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .context("building the reflection service")?;
+
+        let addr = listener.local_addr().ok();
+        tracing::info!(?addr, backend = store.backend(), "serving");
+
+        // Nagle off on accepted sockets: with it on, small gRPC frames on
+        // kept-alive connections wait ~40 ms for delayed ACKs.
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let (draining_tx, mut draining) = watch::channel(false);
+        let signal_health = health.clone();
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutdown requested: draining in-flight calls");
+            // The database probe goes first (cancelled mid-ping if need be):
+            // a database recovering during the drain must not flip health
+            // back to SERVING while the load balancer is taking this
+            // replica out.
+            probe.abort();
+            let _ = probe.await;
+            background::set_health(&signal_health, ServingStatus::NotServing).await;
+            let _ = draining_tx.send(true);
+        };
+        let mut builder = Server::builder();
+        if let Some(tls) = &config.server.tls {
+            builder = builder
+                .tls_config(super::build::server_tls(tls)?)
+                .context("configuring TLS for the gRPC port")?;
+        }
+        let server = builder
+            .http2_keepalive_interval(Some(config.server.http2_keepalive_interval))
+            .http2_keepalive_timeout(Some(config.server.http2_keepalive_timeout))
+            .max_concurrent_streams(config.server.max_concurrent_streams)
+            .layer(GrpcMetricsLayer)
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(reflection_alpha)
+            // Health and reflection stay open: probes and tooling carry no key.
+            .add_service(InterceptedService::new(
+                pb::orchestrator_server::OrchestratorServer::new(api)
+                    .max_decoding_message_size(config.server.max_message_bytes),
+                AuthInterceptor::new(auth.clone()),
+            ))
+            .add_service(InterceptedService::new(
+                pb::prompt_admin_server::PromptAdminServer::new(prompt_admin)
+                    .max_decoding_message_size(config.server.max_message_bytes),
+                AuthInterceptor::new(auth),
+            ))
+            .serve_with_incoming_shutdown(incoming, signal);
+
+        let grace = config.server.shutdown_grace;
+        let deadline = async move {
+            let _ = draining.wait_for(|d| *d).await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            result = server => result.context("gRPC server failed")?,
+            () = deadline => tracing::warn!(?grace, "shutdown grace elapsed with calls still in flight"),
+        }
+
+        let _ = stop_background.send(true);
+        for task in [sweeper, key_refresher, metrics_task].into_iter().flatten() {
+            let _ = task.await;
+        }
+        // Calls still running past the grace period can no longer be
+        // recorded; everything queued (incl. settlements of cancelled calls)
+        // is committed.
+        let _ = stop_writer.send(true);
+        if let Some(done) = writer_done {
+            let _ = done.await;
+        }
+        store.close().await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
