@@ -214,7 +214,7 @@ fn settings(args: &Args, dir: PathBuf) -> anyhow::Result<Settings> {
     };
     anyhow::ensure!(
         server_bin.is_file(),
-        "no server binary at {} (build it: cargo build --release --bins, or pass --server-bin)",
+        "no server binary at {} (build it: cargo build --release --workspace --bins, or pass --server-bin)",
         server_bin.display()
     );
     let metering = args
