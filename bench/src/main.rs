@@ -17,11 +17,12 @@ mod disk;
 mod inflight;
 mod loadgen;
 mod paired;
-mod procfs;
+
 mod prom;
 mod report;
 mod run;
 mod server;
+mod sys;
 mod target;
 mod targets;
 mod upstream;
@@ -316,9 +317,9 @@ fn git_commit() -> Option<String> {
 
 async fn wait_for_idle(max: Duration) {
     let until = Instant::now() + max;
-    while procfs::load_avg()[0] >= 0.5 && Instant::now() < until {
+    while sys::load_avg()[0] >= 0.5 && Instant::now() < until {
         tracing::info!(
-            load = procfs::load_avg()[0],
+            load = sys::load_avg()[0],
             "waiting for the machine to be idle"
         );
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -332,7 +333,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("aio-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).context("creating the scratch folder")?;
     let settings = settings(&args, dir.clone())?;
-    let machine = procfs::machine();
+    let machine = sys::machine();
     let mut results = Results {
         schema_version: report::SCHEMA_VERSION,
         started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
@@ -440,7 +441,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     run::add_baselines(&mut results);
     results.targets = targets::evaluate(&results);
     results.finished_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    results.load_avg_at_end = procfs::load_avg();
+    results.load_avg_at_end = sys::load_avg();
     write(&args, &results)?;
     let keep = args.keep_scratch
         || results

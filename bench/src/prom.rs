@@ -1,8 +1,13 @@
-//! The server's own view: the `orchestrator_overhead_seconds` histogram
-//! scraped from `/metrics` before and after a step, and quantiles estimated
-//! from the bucket deltas (linear inside a bucket, as PromQL's
-//! `histogram_quantile` does). Bucket bounds limit the precision; `_sum /
+//! The server's own view: histograms scraped from `/metrics` before and
+//! after a step (parsed with `prometheus-parse`), and quantiles estimated
+//! from the bucket deltas. Bucket bounds limit the precision; `_sum /
 //! _count` gives an exact mean.
+//!
+//! The quantile estimate is written here: `prometheus-parse` reads the
+//! exposition but does not do PromQL's `histogram_quantile` (linear inside
+//! a bucket), and no maintained crate does it on parsed buckets.
+
+use prometheus_parse::{Sample, Value};
 
 /// Name of the histogram of request time not spent waiting on providers.
 pub const OVERHEAD: &str = "orchestrator_overhead_seconds";
@@ -47,13 +52,13 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    fn parse(text: &str) -> Self {
+    fn of(samples: &[Sample]) -> Self {
         Self {
-            reserve_wait: Histogram::parse_series(text, LEDGER_WAIT, "op=\"reserve\""),
-            settle_wait: Histogram::parse_series(text, LEDGER_WAIT, "op=\"settle\""),
-            commit: Histogram::parse(text, LEDGER_COMMIT),
-            sync: Histogram::parse(text, LEDGER_SYNC),
-            batch: Histogram::parse(text, LEDGER_BATCH),
+            reserve_wait: Histogram::of(samples, LEDGER_WAIT, &[("op", "reserve")]),
+            settle_wait: Histogram::of(samples, LEDGER_WAIT, &[("op", "settle")]),
+            commit: Histogram::of(samples, LEDGER_COMMIT, &[]),
+            sync: Histogram::of(samples, LEDGER_SYNC, &[]),
+            batch: Histogram::of(samples, LEDGER_BATCH, &[]),
         }
     }
 
@@ -71,12 +76,24 @@ impl Ledger {
 
 impl Scrape {
     /// Parses a text exposition.
-    pub fn parse(text: &str) -> Self {
-        Self {
-            overhead: Histogram::parse(text, OVERHEAD),
-            provider_time: sum_and_count(text, PROVIDER_TIME),
-            ledger: Ledger::parse(text),
-        }
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        let samples = prometheus_parse::Scrape::parse(lines)?.samples;
+        let total = |name: String| -> f64 {
+            samples
+                .iter()
+                .filter(|s| s.metric == name)
+                .map(|s| scalar(&s.value))
+                .sum()
+        };
+        Ok(Self {
+            overhead: Histogram::of(&samples, OVERHEAD, &[]),
+            provider_time: (
+                total(format!("{PROVIDER_TIME}_sum")),
+                total(format!("{PROVIDER_TIME}_count")),
+            ),
+            ledger: Ledger::of(&samples),
+        })
     }
 
     /// Mean provider call time between `before` and `self`, seconds.
@@ -87,25 +104,12 @@ impl Scrape {
     }
 }
 
-/// `_sum` and `_count` of histogram `name` added over all its label sets.
-pub fn sum_and_count(text: &str, name: &str) -> (f64, f64) {
-    let value = |line: &str| -> f64 {
-        line.rsplit_once(' ')
-            .and_then(|(_, v)| v.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
-    let (sum, count) = (format!("{name}_sum"), format!("{name}_count"));
-    let mut total = (0.0, 0.0);
-    for line in text.lines() {
-        // The series name ends where its labels or its value begin.
-        let series = line.split(['{', ' ']).next().unwrap_or("");
-        if series == sum {
-            total.0 += value(line);
-        } else if series == count {
-            total.1 += value(line);
-        }
+/// The number of a counter, gauge or untyped sample (`_sum`, `_count`).
+fn scalar(v: &Value) -> f64 {
+    match v {
+        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => *v,
+        Value::Histogram(_) | Value::Summary(_) => 0.0,
     }
-    total
 }
 
 /// A cumulative Prometheus histogram (one series).
@@ -120,57 +124,37 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    /// Parses histogram `name` (without labels) out of a text exposition;
-    /// empty when absent.
-    pub fn parse(text: &str, name: &str) -> Self {
-        Self::parse_series(text, name, "")
-    }
-
-    /// Parses the series of histogram `name` whose labels besides `le` are
-    /// exactly `labels` (as exposed, e.g. `op="reserve"`; empty for none);
-    /// empty when absent.
-    pub fn parse_series(text: &str, name: &str, labels: &str) -> Self {
-        let (bucket, sum, count) = if labels.is_empty() {
-            (
-                format!("{name}_bucket{{le=\""),
-                format!("{name}_sum "),
-                format!("{name}_count "),
-            )
-        } else {
-            (
-                format!("{name}_bucket{{{labels},le=\""),
-                format!("{name}_sum{{{labels}}} "),
-                format!("{name}_count{{{labels}}} "),
-            )
+    /// The series of histogram `name` whose labels besides `le` are exactly
+    /// `labels`; empty when absent.
+    pub fn of(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Self {
+        let matches = |s: &&Sample| {
+            s.labels.len() == labels.len()
+                && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
         };
-        let value = |prefix: &str| {
-            text.lines()
-                .find_map(|line| line.strip_prefix(prefix))
-                .and_then(|v| v.trim().parse().ok())
+        let series = |metric: String| {
+            samples
+                .iter()
+                .filter(matches)
+                .find(|s| s.metric == metric)
+                .map(|s| scalar(&s.value))
                 .unwrap_or(0.0)
         };
-        let mut h = Histogram {
-            sum: value(&sum),
-            count: value(&count),
-            ..Histogram::default()
-        };
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix(&bucket) {
-                let Some((le, value)) = rest.split_once("\"}") else {
-                    continue;
-                };
-                let le = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().unwrap_or(f64::NAN)
-                };
-                if let (false, Ok(v)) = (le.is_nan(), value.trim().parse::<f64>()) {
-                    h.buckets.push((le, v));
+        let mut buckets: Vec<(f64, f64)> = samples
+            .iter()
+            .filter(matches)
+            .find_map(|s| match &s.value {
+                Value::Histogram(b) if s.metric == name => {
+                    Some(b.iter().map(|b| (b.less_than, b.count)).collect())
                 }
-            }
+                _ => None,
+            })
+            .unwrap_or_default();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Histogram {
+            buckets,
+            sum: series(format!("{name}_sum")),
+            count: series(format!("{name}_count")),
         }
-        h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        h
     }
 
     /// Observations made between `before` and `self`.
@@ -198,7 +182,8 @@ impl Histogram {
         (self.count > 0.0).then(|| self.sum / self.count)
     }
 
-    /// Estimated `q` quantile. Observations above the last finite bound
+    /// Estimated `q` quantile, linear inside a bucket as PromQL's
+    /// `histogram_quantile`. Observations above the last finite bound
     /// report that bound (a lower bound of the truth).
     pub fn quantile(&self, q: f64) -> Option<f64> {
         let total = self.buckets.last()?.1;
@@ -241,12 +226,14 @@ orchestrator_overhead_seconds_count 100
 
     #[test]
     fn quantiles_from_bucket_deltas() {
-        let after = Histogram::parse(TEXT, OVERHEAD);
+        let after = Scrape::parse(TEXT).unwrap().overhead;
         assert_eq!(after.buckets.len(), 4);
         assert_eq!(after.count, 100.0);
         let q50 = after.quantile(0.5).unwrap();
         assert!((q50 - 0.000175).abs() < 1e-9, "{q50}");
-        let before = Histogram::parse(&TEXT.replace("} 10\n", "} 5\n"), OVERHEAD);
+        let before = Scrape::parse(&TEXT.replace("} 10\n", "} 5\n"))
+            .unwrap()
+            .overhead;
         let delta = after.since(&before);
         assert_eq!(delta.buckets[0].1, 5.0);
         assert_eq!(Histogram::default().quantile(0.5), None);
@@ -255,7 +242,8 @@ orchestrator_overhead_seconds_count 100
 
     #[test]
     fn a_labelled_series_is_read_apart_from_its_siblings() {
-        let text = "usage_ledger_wait_seconds_bucket{op=\"reserve\",le=\"0.0005\"} 8
+        let text = "# TYPE usage_ledger_wait_seconds histogram
+usage_ledger_wait_seconds_bucket{op=\"reserve\",le=\"0.0005\"} 8
 usage_ledger_wait_seconds_bucket{op=\"reserve\",le=\"+Inf\"} 10
 usage_ledger_wait_seconds_sum{op=\"reserve\"} 0.004
 usage_ledger_wait_seconds_count{op=\"reserve\"} 10
@@ -263,11 +251,12 @@ usage_ledger_wait_seconds_bucket{op=\"settle\",le=\"0.0005\"} 1
 usage_ledger_wait_seconds_bucket{op=\"settle\",le=\"+Inf\"} 4
 usage_ledger_wait_seconds_sum{op=\"settle\"} 0.008
 usage_ledger_wait_seconds_count{op=\"settle\"} 4
+# TYPE usage_ledger_commit_seconds histogram
 usage_ledger_commit_seconds_bucket{le=\"+Inf\"} 7
 usage_ledger_commit_seconds_sum 0.0007
 usage_ledger_commit_seconds_count 7
 ";
-        let ledger = Scrape::parse(text).ledger;
+        let ledger = Scrape::parse(text).unwrap().ledger;
         assert_eq!(
             ledger.reserve_wait.buckets,
             vec![(0.0005, 8.0), (f64::INFINITY, 10.0)]
@@ -284,23 +273,26 @@ usage_ledger_commit_seconds_count 7
         assert_eq!(ledger.commit.count, 7.0);
         // Metering off: no ledger series at all.
         assert_eq!(ledger.sync, Histogram::default());
-        assert_eq!(Scrape::parse(TEXT).ledger, Ledger::default());
+        assert_eq!(Scrape::parse(TEXT).unwrap().ledger, Ledger::default());
     }
 
     #[test]
     fn provider_time_adds_up_every_series() {
-        let text = "llm_response_time_seconds_bucket{provider=\"a\",le=\"+Inf\"} 3
+        let text = "# TYPE llm_response_time_seconds histogram
+llm_response_time_seconds_bucket{provider=\"a\",model=\"m\",le=\"+Inf\"} 3
 llm_response_time_seconds_sum{provider=\"a\",model=\"m\"} 0.3
 llm_response_time_seconds_count{provider=\"a\",model=\"m\"} 3
+llm_response_time_seconds_bucket{provider=\"b\",model=\"m\",le=\"+Inf\"} 1
 llm_response_time_seconds_sum{provider=\"b\",model=\"m\"} 0.5
 llm_response_time_seconds_count{provider=\"b\",model=\"m\"} 1
 llm_response_time_seconds_sum_other 9
 ";
-        let (sum, count) = sum_and_count(text, PROVIDER_TIME);
+        let after = Scrape::parse(text).unwrap();
+        let (sum, count) = after.provider_time;
         assert!((sum - 0.8).abs() < 1e-12, "{sum}");
         assert_eq!(count, 4.0);
-        let after = Scrape::parse(text);
-        let before = Scrape::parse(&text.replace("} 1\n", "} 0\n").replace("} 0.5\n", "} 0\n"));
+        let before =
+            Scrape::parse(&text.replace("} 1\n", "} 0\n").replace("} 0.5\n", "} 0\n")).unwrap();
         let mean = after.provider_time_since(&before).unwrap();
         assert!((mean - 0.5).abs() < 1e-12, "{mean}");
         assert_eq!(after.provider_time_since(&after), None);

@@ -1,7 +1,7 @@
 //! Results: the machine-readable shape (`results.json`), its validation
 //! when read back, and the Markdown tables (`results.md`).
 
-use crate::procfs::Machine;
+use crate::sys::Machine;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use std::{collections::BTreeMap, fmt::Write as _};
@@ -1124,7 +1124,7 @@ mod tests {
         // Asked for, but a server's steps ran without a probe.
         let mut asked = Results {
             schema_version: SCHEMA_VERSION,
-            machine: Some(crate::procfs::machine()),
+            machine: Some(crate::sys::machine()),
             settings: serde_json::json!({"wait_quiet": {"max_wait_s": 1, "p99_ms": 0.5, "sync_p99_ms": 0.5}}),
             steps: vec![Step {
                 sent: 10,
@@ -1209,7 +1209,7 @@ mod tests {
         };
         let mut r = Results {
             schema_version: SCHEMA_VERSION,
-            machine: Some(crate::procfs::machine()),
+            machine: Some(crate::sys::machine()),
             settings: serde_json::json!({
                 "paired": {"rounds": 3, "rate": 1000.0, "duration_s": 5.0},
                 "upstream_latency_ms": [0, 50],
@@ -1312,7 +1312,7 @@ mod tests {
     fn validation_rejects_runs_where_everything_failed() {
         let mut r = Results {
             schema_version: SCHEMA_VERSION,
-            machine: Some(crate::procfs::machine()),
+            machine: Some(crate::sys::machine()),
             ..Results::default()
         };
         assert!(

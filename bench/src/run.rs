@@ -6,12 +6,13 @@
 use crate::{
     disk,
     loadgen::{self, MakeRequest, Plan},
-    paired, procfs, prom,
+    paired, prom,
     report::{
         ColdStart, Group, LedgerView, Quantiles, QuietWait, Results, Saturation, ServerOverhead,
         Step,
     },
     server::{self, Metering, PgDatabase, Server},
+    sys,
     target::{self, Expect, Rpc},
     upstream::{Kind, Upstream},
 };
@@ -317,8 +318,8 @@ impl Bench {
             None => None,
         };
         let connections_before = self.upstream.connections();
-        let pg_before = pg.as_deref().map(procfs::postgres_backends_cpu);
-        let bench_before = procfs::cpu_seconds("self")?;
+        let pg_before = pg.as_deref().map(sys::postgres_backends_cpu);
+        let bench_before = sys::cpu_seconds(sys::Pid::This)?;
         let started = Instant::now();
         let m = loadgen::run(plan, make).await?;
         let wall = started.elapsed().as_secs_f64();
@@ -331,7 +332,7 @@ impl Bench {
         step.achieved_rps = m.achieved_rps();
         step.latency_us = Quantiles::of(&m.latency);
         step.pacer_lag_us = Quantiles::of(&m.lag);
-        step.bench_cpu_s_per_1k = per_1k(procfs::cpu_seconds("self")? - bench_before);
+        step.bench_cpu_s_per_1k = per_1k(sys::cpu_seconds(sys::Pid::This)? - bench_before);
         step.errors_by_code = m.errors;
         step.upstream_connections = Some(self.upstream.connections() - connections_before);
         if let (Some(l), Some((cpu, scrape))) = (live, before) {
@@ -347,7 +348,7 @@ impl Bench {
             step.server_peak_rss_mb = Some(peak);
         }
         if let (Some(db), Some(before)) = (pg.as_deref(), pg_before) {
-            step.db_cpu_s_per_1k = Some(per_1k(procfs::postgres_backends_cpu(db) - before));
+            step.db_cpu_s_per_1k = Some(per_1k(sys::postgres_backends_cpu(db) - before));
         }
         let q = &step.latency_us;
         tracing::info!(

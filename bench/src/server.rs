@@ -3,7 +3,11 @@
 //! first SERVING health answer), its `/proc` numbers, `/metrics`, and a
 //! graceful stop. Also the per-run PostgreSQL database.
 
-use crate::{procfs, prom, upstream::Upstream};
+use crate::{
+    prom,
+    sys::{self, Pid},
+    upstream::Upstream,
+};
 use anyhow::Context;
 use std::{
     net::SocketAddr,
@@ -193,7 +197,7 @@ pub fn free_ports() -> anyhow::Result<(SocketAddr, SocketAddr)> {
 /// A running orchestrator.
 pub struct Server {
     child: Child,
-    pid: String,
+    pid: Pid,
     /// gRPC address.
     pub grpc: SocketAddr,
     metrics: SocketAddr,
@@ -240,7 +244,8 @@ impl Server {
             .with_context(|| format!("starting {}", bin.display()))?;
         let pid = child
             .id()
-            .map(|p| p.to_string())
+            .and_then(|p| i32::try_from(p).ok())
+            .map(Pid::Of)
             .ok_or_else(|| anyhow::anyhow!("the server exited at once"))?;
         loop {
             if let Some(status) = child.try_wait()? {
@@ -270,12 +275,12 @@ impl Server {
 
     /// CPU seconds the server has used.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        procfs::cpu_seconds(&self.pid)
+        sys::cpu_seconds(self.pid)
     }
 
     /// `(rss, peak rss)` in MiB.
     pub fn memory_mb(&self) -> anyhow::Result<(f64, f64)> {
-        procfs::memory_mb(&self.pid)
+        sys::memory_mb(self.pid)
     }
 
     /// What a step reads from `/metrics` (overhead, provider time), now.
@@ -288,14 +293,16 @@ impl Server {
             .error_for_status()?
             .text()
             .await?;
-        Ok(prom::Scrape::parse(&text))
+        prom::Scrape::parse(&text)
     }
 
     /// SIGTERM, then waits for the drain; true when it exited 0.
     pub async fn stop(mut self) -> bool {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid])
-            .status();
+        if let Pid::Of(pid) = self.pid {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
         match tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await {
             Ok(Ok(status)) if status.success() => true,
             Ok(Ok(status)) => {
