@@ -5,8 +5,8 @@
 //! path adds.
 
 use crate::{
+    bench::{Bench, Live},
     report::{Breaker, Step},
-    run::Bench,
     server::{BREAKER_TASK, BROKEN_PROVIDER, HEALTHY_TASK, Metering},
     target::{self, Expect, Rpc},
 };
@@ -16,18 +16,19 @@ use std::time::Duration;
 /// Most calls sent to open the breaker before giving up.
 const MAX_TRIP_CALLS: u64 = 100;
 
-/// Runs the scenario at `rate` requests/s (SQLite metering).
-pub async fn run(bench: &mut Bench, rate: f64) -> anyhow::Result<()> {
+/// Runs the scenario at `--breaker-rate` (SQLite metering).
+pub async fn run(bench: &mut Bench) -> anyhow::Result<()> {
     let Some(live) = bench.start(Metering::Sqlite, 0, "breaker", None).await else {
         return Ok(());
     };
+    let rate = bench.settings.breaker_rate;
     let outcome = measure(bench, &live, rate).await;
     bench.stop(live).await;
     bench.results.breaker = Some(outcome?);
     Ok(())
 }
 
-async fn measure(bench: &Bench, live: &crate::run::Live, rate: f64) -> anyhow::Result<Breaker> {
+async fn measure(bench: &Bench, live: &Live, rate: f64) -> anyhow::Result<Breaker> {
     let timeout = bench.settings.timeout;
     let healthy = || {
         target::grpc(
@@ -100,9 +101,7 @@ async fn measure(bench: &Bench, live: &crate::run::Live, rate: f64) -> anyhow::R
     let while_open = bench.upstream.error_calls() - before;
     Ok(Breaker {
         calls_to_open: calls,
-        broken_upstream_calls_to_open: broken_to_open,
         broken_upstream_calls_while_open: while_open,
-        added_latency_us: Some(fast_fail.latency_us.minus(&healthy.latency_us)),
         healthy: Some(healthy),
         fast_fail: Some(fast_fail),
     })

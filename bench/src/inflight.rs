@@ -6,21 +6,23 @@
 //! the lowest and highest step is the memory a call in flight costs.
 
 use crate::{
+    bench::{Bench, Live},
     report::{InFlight, Step},
-    run::Bench,
     server::Metering,
     target::Rpc,
 };
 
 /// Runs the scenario (SQLite metering, the default).
-pub async fn run(bench: &mut Bench, latency_ms: u64, rates: &[f64]) -> anyhow::Result<()> {
+pub async fn run(bench: &mut Bench) -> anyhow::Result<()> {
+    let latency_ms = bench.settings.inflight_latency_ms;
+    let rates = bench.settings.inflight_rates.clone();
     let Some(live) = bench
         .start(Metering::Sqlite, latency_ms, "in flight", None)
         .await
     else {
         return Ok(());
     };
-    let outcome = measure(bench, &live, latency_ms, rates).await;
+    let outcome = measure(bench, &live, latency_ms, &rates).await;
     bench.stop(live).await;
     bench.results.in_flight = Some(summarize(latency_ms, outcome?));
     Ok(())
@@ -28,7 +30,7 @@ pub async fn run(bench: &mut Bench, latency_ms: u64, rates: &[f64]) -> anyhow::R
 
 async fn measure(
     bench: &Bench,
-    live: &crate::run::Live,
+    live: &Live,
     latency_ms: u64,
     rates: &[f64],
 ) -> anyhow::Result<Vec<Step>> {

@@ -54,8 +54,6 @@ pub struct Measured {
     pub errors: BTreeMap<String, u64>,
     /// Latency of successful requests, µs, from their due time.
     pub latency: Histogram<u64>,
-    /// How late the pacing thread sent requests, µs (generator health).
-    pub lag: Histogram<u64>,
     /// Due time of the first request to the last response.
     pub elapsed: Duration,
 }
@@ -133,7 +131,6 @@ pub async fn run(plan: Plan, make: MakeRequest) -> anyhow::Result<Measured> {
     let runtime = tokio::runtime::Handle::current();
     let t0 = Instant::now() + Duration::from_millis(5);
     let (rec, flying) = (recorder.clone(), inflight.clone());
-    let mut lag = histogram()?;
     let pacer = std::thread::Builder::new()
         .name("bench-pacer".into())
         .spawn(move || {
@@ -143,7 +140,6 @@ pub async fn run(plan: Plan, make: MakeRequest) -> anyhow::Result<Measured> {
                 if due > now {
                     std::thread::sleep(due - now);
                 }
-                lag.saturating_record(micros(Instant::now().saturating_duration_since(due)).max(1));
                 if flying.fetch_add(1, Ordering::AcqRel) >= plan.max_inflight {
                     flying.fetch_sub(1, Ordering::AcqRel);
                     rec.error("DROPPED_INFLIGHT_CAP");
@@ -160,9 +156,8 @@ pub async fn run(plan: Plan, make: MakeRequest) -> anyhow::Result<Measured> {
                     flying.fetch_sub(1, Ordering::AcqRel);
                 });
             }
-            lag
         })?;
-    let lag = tokio::task::spawn_blocking(move || pacer.join())
+    tokio::task::spawn_blocking(move || pacer.join())
         .await?
         .map_err(|_| anyhow::anyhow!("the pacing thread panicked"))?;
     // Every request has its own client-side timeout; allow a little more.
@@ -195,7 +190,6 @@ pub async fn run(plan: Plan, make: MakeRequest) -> anyhow::Result<Measured> {
         ok: recorder.ok.load(Ordering::Relaxed),
         errors,
         latency,
-        lag,
         elapsed: schedule.max(last),
     })
 }

@@ -13,8 +13,8 @@
 //! of rounds under the goal instead of one draw.
 
 use crate::{
+    bench::{Bench, Live},
     report::Pair,
-    run::{Bench, Live},
     target::Rpc,
 };
 use std::time::Duration;

@@ -11,9 +11,6 @@ use prometheus_parse::{Sample, Value};
 
 /// Name of the histogram of request time not spent waiting on providers.
 pub const OVERHEAD: &str = "orchestrator_overhead_seconds";
-/// Name of the histogram of provider call time (one series per provider
-/// and model), as the server measures it.
-pub const PROVIDER_TIME: &str = "llm_response_time_seconds";
 
 /// How long callers waited on the ledger writer, by `op`.
 pub const LEDGER_WAIT: &str = "usage_ledger_wait_seconds";
@@ -29,8 +26,6 @@ pub const LEDGER_BATCH: &str = "usage_ledger_batch_operations";
 pub struct Scrape {
     /// [`OVERHEAD`].
     pub overhead: Histogram,
-    /// `(sum, count)` of [`PROVIDER_TIME`] over all its series.
-    pub provider_time: (f64, f64),
     /// The metering ledger's histograms (empty with metering off).
     pub ledger: Ledger,
 }
@@ -79,28 +74,10 @@ impl Scrape {
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let lines = text.lines().map(|l| Ok(l.to_owned()));
         let samples = prometheus_parse::Scrape::parse(lines)?.samples;
-        let total = |name: String| -> f64 {
-            samples
-                .iter()
-                .filter(|s| s.metric == name)
-                .map(|s| scalar(&s.value))
-                .sum()
-        };
         Ok(Self {
             overhead: Histogram::of(&samples, OVERHEAD, &[]),
-            provider_time: (
-                total(format!("{PROVIDER_TIME}_sum")),
-                total(format!("{PROVIDER_TIME}_count")),
-            ),
             ledger: Ledger::of(&samples),
         })
-    }
-
-    /// Mean provider call time between `before` and `self`, seconds.
-    pub fn provider_time_since(&self, before: &Scrape) -> Option<f64> {
-        let sum = self.provider_time.0 - before.provider_time.0;
-        let count = self.provider_time.1 - before.provider_time.1;
-        (count > 0.0).then(|| sum / count)
     }
 }
 
@@ -274,27 +251,5 @@ usage_ledger_commit_seconds_count 7
         // Metering off: no ledger series at all.
         assert_eq!(ledger.sync, Histogram::default());
         assert_eq!(Scrape::parse(TEXT).unwrap().ledger, Ledger::default());
-    }
-
-    #[test]
-    fn provider_time_adds_up_every_series() {
-        let text = "# TYPE llm_response_time_seconds histogram
-llm_response_time_seconds_bucket{provider=\"a\",model=\"m\",le=\"+Inf\"} 3
-llm_response_time_seconds_sum{provider=\"a\",model=\"m\"} 0.3
-llm_response_time_seconds_count{provider=\"a\",model=\"m\"} 3
-llm_response_time_seconds_bucket{provider=\"b\",model=\"m\",le=\"+Inf\"} 1
-llm_response_time_seconds_sum{provider=\"b\",model=\"m\"} 0.5
-llm_response_time_seconds_count{provider=\"b\",model=\"m\"} 1
-llm_response_time_seconds_sum_other 9
-";
-        let after = Scrape::parse(text).unwrap();
-        let (sum, count) = after.provider_time;
-        assert!((sum - 0.8).abs() < 1e-12, "{sum}");
-        assert_eq!(count, 4.0);
-        let before =
-            Scrape::parse(&text.replace("} 1\n", "} 0\n").replace("} 0.5\n", "} 0\n")).unwrap();
-        let mean = after.provider_time_since(&before).unwrap();
-        assert!((mean - 0.5).abs() < 1e-12, "{mean}");
-        assert_eq!(after.provider_time_since(&after), None);
     }
 }

@@ -6,34 +6,18 @@
 use procfs::{Current, process::Process};
 use serde::{Deserialize, Serialize};
 
-/// A process: the server's pid, or this one.
-#[derive(Debug, Clone, Copy)]
-pub enum Pid {
-    /// This process (load generator and fake upstream).
-    This,
-    /// Another process.
-    Of(i32),
-}
-
-fn process(pid: Pid) -> anyhow::Result<Process> {
-    Ok(match pid {
-        Pid::This => Process::myself()?,
-        Pid::Of(pid) => Process::new(pid)?,
-    })
-}
-
-/// User + system CPU seconds of a process, threads included.
-pub fn cpu_seconds(pid: Pid) -> anyhow::Result<f64> {
-    let stat = process(pid)?.stat()?;
+/// User + system CPU seconds of process `pid`, threads included.
+pub fn cpu_seconds(pid: i32) -> anyhow::Result<f64> {
+    let stat = Process::new(pid)?.stat()?;
     Ok((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
 }
 
-/// Resident memory of a process, MiB: `(now, peak)` (VmRSS, VmHWM).
-pub fn memory_mb(pid: Pid) -> anyhow::Result<(f64, f64)> {
-    let status = process(pid)?.status()?;
+/// Resident memory of process `pid`, MiB: `(now, peak)` (VmRSS, VmHWM).
+pub fn memory_mb(pid: i32) -> anyhow::Result<(f64, f64)> {
+    let status = Process::new(pid)?.status()?;
     match (status.vmrss, status.vmhwm) {
         (Some(rss), Some(hwm)) => Ok((rss as f64 / 1024.0, hwm as f64 / 1024.0)),
-        _ => anyhow::bail!("no VmRSS/VmHWM for {pid:?}"),
+        _ => anyhow::bail!("no VmRSS/VmHWM for process {pid}"),
     }
 }
 
@@ -51,7 +35,7 @@ pub fn postgres_backends_cpu(db: &str) -> f64 {
                 title.starts_with("postgres:") && title.split_whitespace().any(|w| w == db)
             })
         })
-        .filter_map(|p| cpu_seconds(Pid::Of(p.pid)).ok())
+        .filter_map(|p| cpu_seconds(p.pid).ok())
         .sum()
 }
 
@@ -100,12 +84,13 @@ mod tests {
 
     #[test]
     fn reads_this_process_and_the_machine() {
-        assert!(cpu_seconds(Pid::This).unwrap() >= 0.0);
-        let (rss, hwm) = memory_mb(Pid::This).unwrap();
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert!(cpu_seconds(me).unwrap() >= 0.0);
+        let (rss, hwm) = memory_mb(me).unwrap();
         assert!(rss > 0.0 && hwm >= rss);
         let m = machine();
         assert!(m.cores > 0 && m.mem_total_mb > 0.0, "{m:?}");
-        assert!(cpu_seconds(Pid::Of(i32::MAX)).is_err());
+        assert!(cpu_seconds(i32::MAX).is_err());
         // No backend of a database that does not exist.
         assert_eq!(postgres_backends_cpu("no_such_bench_db"), 0.0);
     }

@@ -75,9 +75,6 @@ struct Shared {
     /// First request body seen per kind (the direct baseline replays it).
     samples: Mutex<HashMap<Kind, Bytes>>,
     error_calls: AtomicU64,
-    /// Connections accepted: a pooled HTTP/1.1 client opens one per call it
-    /// cannot serve from its idle pool, so bursts show up here.
-    connections: AtomicU64,
 }
 
 /// A running fake upstream. Stops when dropped.
@@ -97,7 +94,6 @@ impl Upstream {
             execute: completion(BRIEF, 412, 168),
             samples: Mutex::new(HashMap::new()),
             error_calls: AtomicU64::new(0),
-            connections: AtomicU64::new(0),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
@@ -112,7 +108,6 @@ impl Upstream {
         let app = Router::new()
             .route("/{mode}/v1/chat/completions", post(chat))
             .with_state(shared.clone());
-        let accepted = shared.clone();
         let thread = std::thread::Builder::new()
             .name("fake-upstream".into())
             .spawn(move || {
@@ -121,8 +116,7 @@ impl Upstream {
                         return;
                     };
                     // Nagle off, as on the orchestrator's sockets (SPEC §8).
-                    let listener = listener.tap_io(move |tcp| {
-                        accepted.connections.fetch_add(1, Ordering::Relaxed);
+                    let listener = listener.tap_io(|tcp| {
                         let _ = tcp.set_nodelay(true);
                     });
                     let _ = axum::serve(listener, app)
@@ -154,11 +148,6 @@ impl Upstream {
             .unwrap_or_else(|e| e.into_inner())
             .get(&kind)
             .cloned()
-    }
-
-    /// Connections accepted so far.
-    pub fn connections(&self) -> u64 {
-        self.shared.connections.load(Ordering::Relaxed)
     }
 
     /// Calls answered 500 so far.
@@ -246,30 +235,5 @@ mod tests {
         }
         assert_eq!(kind_of(b"... APPOINTMENT_REQUEST, ..."), Kind::Classify);
         assert_eq!(kind_of(b"meeting"), Kind::Execute);
-    }
-
-    /// The per-step "upstream conns" column: pooled calls reuse a
-    /// connection, a new client opens another.
-    #[tokio::test]
-    async fn counts_accepted_connections() {
-        let upstream = Upstream::start(1).unwrap();
-        let url = format!("{}/chat/completions", upstream.base_url("ok-0"));
-        let post = |client: reqwest::Client| {
-            let url = url.clone();
-            async move {
-                let answer = client.post(url).body("{}").send().await.unwrap();
-                assert!(answer.status().is_success());
-                answer.bytes().await.unwrap();
-            }
-        };
-        let pooled = reqwest::Client::new();
-        post(pooled.clone()).await;
-        // hyper hands a finished HTTP/1.1 connection back to its pool from
-        // a task of its own; let it run before the next call checks out.
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        post(pooled).await;
-        assert_eq!(upstream.connections(), 1);
-        post(reqwest::Client::new()).await;
-        assert_eq!(upstream.connections(), 2);
     }
 }
