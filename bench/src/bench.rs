@@ -33,6 +33,27 @@ pub struct Bench {
     servers: usize,
 }
 
+/// How a step offers its load.
+#[derive(Debug, Clone, Copy)]
+pub enum Load {
+    /// At a fixed rate, whatever the answers (latency from the due time).
+    Open(Plan),
+    /// `callers` calls in flight for `duration`, each sent when the last
+    /// one of its caller is answered (latency from the send).
+    Closed {
+        /// Calls in flight.
+        callers: usize,
+        /// Sending time.
+        duration: Duration,
+    },
+}
+
+impl From<Plan> for Load {
+    fn from(plan: Plan) -> Self {
+        Load::Open(plan)
+    }
+}
+
 /// A started server with what a step needs around it.
 pub struct Live {
     /// The process.
@@ -200,7 +221,7 @@ impl Bench {
     pub async fn measure(
         &self,
         live: Option<&Live>,
-        plan: Plan,
+        load: impl Into<Load>,
         make: MakeRequest,
         mut step: Step,
     ) -> anyhow::Result<Step> {
@@ -210,10 +231,19 @@ impl Bench {
             None => None,
         };
         let pg_before = pg.as_deref().map(sys::postgres_backends_cpu);
-        let m = loadgen::run(plan, make).await?;
-        let per_1k = |secs: f64| secs / (m.sent as f64 / 1000.0);
-        step.offered_rps = plan.rate;
-        step.duration_s = plan.duration.as_secs_f64();
+        let m = match load.into() {
+            Load::Open(plan) => {
+                step.offered_rps = plan.rate;
+                step.duration_s = plan.duration.as_secs_f64();
+                loadgen::run(plan, make).await?
+            }
+            Load::Closed { callers, duration } => {
+                step.callers = callers as u64;
+                step.duration_s = duration.as_secs_f64();
+                loadgen::closed(callers, duration, self.settings.timeout, make).await?
+            }
+        };
+        let per_1k = |secs: f64| secs / (m.sent.max(1) as f64 / 1000.0);
         step.sent = m.sent;
         step.ok = m.ok;
         step.errors = m.error_count();

@@ -87,6 +87,10 @@ pub struct Args {
     /// Rate of the breaker scenario [default: 1000; smoke: 50].
     #[arg(long)]
     pub breaker_rate: Option<f64>,
+    /// Callers of the breaker scenario's refused calls, one call in flight
+    /// each (closed loop).
+    #[arg(long, default_value_t = 200)]
+    pub breaker_callers: usize,
     /// Fake upstream latency of the long-calls scenario, ms [default: 1000; smoke: 100].
     #[arg(long)]
     pub inflight_latency_ms: Option<u64>,

@@ -1,4 +1,5 @@
-//! Open-loop load generator: request `i` is due at `t0 + i / rate` whatever
+//! Load generators. The open loop, for every step that measures latency:
+//! request `i` is due at `t0 + i / rate` whatever
 //! happened to the earlier ones, and its latency is measured from that due
 //! time, not from when it was actually sent. A slow server therefore shows up
 //! as latency (no coordinated omission) instead of silently lowering the
@@ -9,6 +10,11 @@
 //! runtime, so thousands can be in flight at once. In-flight requests are
 //! capped; a request over the cap is dropped and counted as an error, never
 //! queued behind the others. Errors are counted by code, never unwrapped.
+//!
+//! The closed loop, for calls answered at once (the breaker's refusals):
+//! `callers` tasks each send a request, wait for its answer and send the
+//! next, so exactly that many calls are in flight. Its latency is from each
+//! send; its rate is whatever the server answers.
 
 use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
@@ -80,6 +86,7 @@ pub fn histogram() -> anyhow::Result<Histogram<u64>> {
     Ok(Histogram::new_with_bounds(1, MAX_TRACKED_US, 3)?)
 }
 
+/// What the requests of one step came to, recorded as they finish.
 struct Recorder {
     latency: Mutex<Histogram<u64>>,
     errors: Mutex<BTreeMap<String, u64>>,
@@ -89,6 +96,35 @@ struct Recorder {
 }
 
 impl Recorder {
+    fn new() -> anyhow::Result<Arc<Self>> {
+        Ok(Arc::new(Recorder {
+            latency: Mutex::new(histogram()?),
+            errors: Mutex::new(BTreeMap::new()),
+            ok: AtomicU64::new(0),
+            last_done_us: AtomicU64::new(0),
+        }))
+    }
+
+    /// The step: `sent` requests over at least `schedule`.
+    fn measured(&self, sent: u64, schedule: Duration) -> Measured {
+        let last = Duration::from_micros(self.last_done_us.load(Ordering::Relaxed));
+        Measured {
+            sent,
+            ok: self.ok.load(Ordering::Relaxed),
+            errors: self
+                .errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            latency: self
+                .latency
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            elapsed: schedule.max(last),
+        }
+    }
+
     fn error(&self, code: &str) {
         let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
         *errors.entry(code.to_owned()).or_default() += 1;
@@ -121,12 +157,7 @@ pub fn micros(d: Duration) -> u64 {
 /// waits (up to `plan.timeout`) for the requests still in flight.
 pub async fn run(plan: Plan, make: MakeRequest) -> anyhow::Result<Measured> {
     let total = ((plan.rate * plan.duration.as_secs_f64()).round() as u64).max(1);
-    let recorder = Arc::new(Recorder {
-        latency: Mutex::new(histogram()?),
-        errors: Mutex::new(BTreeMap::new()),
-        ok: AtomicU64::new(0),
-        last_done_us: AtomicU64::new(0),
-    });
+    let recorder = Recorder::new()?;
     let inflight = Arc::new(AtomicUsize::new(0));
     let runtime = tokio::runtime::Handle::current();
     let t0 = Instant::now() + Duration::from_millis(5);
@@ -173,23 +204,74 @@ pub async fn run(plan: Plan, make: MakeRequest) -> anyhow::Result<Measured> {
             .unwrap_or_else(|e| e.into_inner())
             .insert("STUCK".into(), stuck);
     }
-    let schedule = plan.duration;
-    let last = Duration::from_micros(recorder.last_done_us.load(Ordering::Relaxed));
-    let latency = recorder
-        .latency
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let errors = recorder
-        .errors
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    Ok(Measured {
-        sent: total,
-        ok: recorder.ok.load(Ordering::Relaxed),
-        errors,
-        latency,
-        elapsed: schedule.max(last),
-    })
+    Ok(recorder.measured(total, plan.duration))
+}
+
+/// Runs a closed loop: `callers` tasks, each sending its next request as
+/// soon as the previous one is answered (or timed out after `timeout`),
+/// for `duration`.
+pub async fn closed(
+    callers: usize,
+    duration: Duration,
+    timeout: Duration,
+    make: MakeRequest,
+) -> anyhow::Result<Measured> {
+    let recorder = Recorder::new()?;
+    let next = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let until = t0 + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..callers.max(1) {
+        let (rec, next, make) = (recorder.clone(), next.clone(), make.clone());
+        tasks.spawn(async move {
+            while Instant::now() < until {
+                let request = make(next.fetch_add(1, Ordering::Relaxed));
+                let sent = Instant::now();
+                let outcome = match tokio::time::timeout(timeout, request).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err("CLIENT_TIMEOUT".to_owned()),
+                };
+                rec.finish(t0, sent, outcome);
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done?;
+    }
+    Ok(recorder.measured(next.load(Ordering::Relaxed), duration))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The breaker's refusals are measured with exactly `callers` calls in
+    /// flight, each answered one counted once.
+    #[tokio::test]
+    async fn a_closed_loop_holds_exactly_its_callers_in_flight() {
+        let now = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let (n, p) = (now.clone(), peak.clone());
+        let make: MakeRequest = Arc::new(move |i| {
+            let (now, peak) = (n.clone(), p.clone());
+            Box::pin(async move {
+                peak.fetch_max(now.fetch_add(1, Ordering::AcqRel) + 1, Ordering::AcqRel);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                now.fetch_sub(1, Ordering::AcqRel);
+                if i % 2 == 0 {
+                    Ok(())
+                } else {
+                    Err("ODD".into())
+                }
+            })
+        });
+        let m = closed(5, Duration::from_millis(100), Duration::from_secs(1), make)
+            .await
+            .unwrap();
+        assert_eq!(peak.load(Ordering::Acquire), 5);
+        assert_eq!(now.load(Ordering::Acquire), 0, "a call outlived the loop");
+        assert_eq!(m.sent, m.ok + m.error_count());
+        assert!(m.ok > 5 && m.errors["ODD"] > 5, "{m:?}");
+        assert_eq!(m.latency.len(), m.ok);
+    }
 }

@@ -50,6 +50,8 @@ pub struct Settings {
     pub sat_duration: Duration,
     /// Rate of the breaker scenario's open-loop steps.
     pub breaker_rate: f64,
+    /// Callers of its refused calls (closed loop).
+    pub breaker_callers: usize,
     /// Fake upstream latency of the long-calls scenario, ms.
     pub inflight_latency_ms: u64,
     /// Rates of the long-calls scenario.
@@ -148,6 +150,7 @@ impl Settings {
             sat_repeats: pick(args.saturation_repeats, s, 2, 3).max(1),
             sat_duration: secs(pick(args.saturation_duration, s, 0.5, 5.0)),
             breaker_rate: pick(args.breaker_rate, s, 50.0, 1000.0),
+            breaker_callers: args.breaker_callers.max(1),
             inflight_latency_ms: pick(args.inflight_latency_ms, s, 100, 1000),
             inflight_rates,
             coldstart_runs: pick(args.coldstart_runs, s, 1, 5),
@@ -184,7 +187,7 @@ impl Settings {
                 "repeats": self.sat_repeats, "duration_s": self.sat_duration.as_secs_f64(),
                 "criteria": "achieved >= 95% of offered, errors <= 1%, p99 <= 100 ms",
             },
-            "breaker": {"rate": self.breaker_rate},
+            "breaker": {"rate": self.breaker_rate, "callers": self.breaker_callers},
             "upstream_threads": args.upstream_threads,
             "client_threads": args.client_threads,
             "upstream_http": args.upstream_http,

@@ -121,13 +121,15 @@ fn status_code(status: &tonic::Status) -> String {
     format!("GRPC_{:?}", status.code()).to_uppercase()
 }
 
-/// What a successful response must look like to count as OK.
+/// What the answer must be to count as OK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expect {
     /// Served by the primary target.
     Primary,
     /// Served by a fallback (`meta.degraded`).
     Degraded,
+    /// Refused with UNAVAILABLE (every target skipped).
+    Refused,
 }
 
 fn check_meta(meta: Option<&pb::ResponseMeta>, expect: Expect) -> Outcome {
@@ -136,6 +138,15 @@ fn check_meta(meta: Option<&pb::ResponseMeta>, expect: Expect) -> Outcome {
         (Expect::Primary, false) | (Expect::Degraded, true) => Ok(()),
         (Expect::Primary, true) => Err("UNEXPECTED_FALLBACK".into()),
         (Expect::Degraded, false) => Err("NOT_DEGRADED".into()),
+        (Expect::Refused, _) => Err("ANSWERED".into()),
+    }
+}
+
+/// A failed call: OK when a refusal was expected and this is one.
+fn check_status(status: &tonic::Status, expect: Expect) -> Outcome {
+    match (expect, status.code()) {
+        (Expect::Refused, tonic::Code::Unavailable) => Ok(()),
+        _ => Err(status_code(status)),
     }
 }
 
@@ -165,7 +176,7 @@ pub fn grpc(
                     request.set_timeout(timeout);
                     match client.execute(request).await {
                         Ok(r) => check_meta(r.get_ref().meta.as_ref(), expect),
-                        Err(status) => Err(status_code(&status)),
+                        Err(status) => check_status(&status, expect),
                     }
                 }
                 Rpc::ClassifySms => {
@@ -186,7 +197,7 @@ pub fn grpc(
                             check_meta(r.get_ref().meta.as_ref(), expect)
                         }
                         Ok(_) => Err("WRONG_INTENT".into()),
-                        Err(status) => Err(status_code(&status)),
+                        Err(status) => check_status(&status, expect),
                     }
                 }
             }

@@ -70,10 +70,12 @@ pub struct Results {
 impl Results {
     /// Every step of the run, whatever its scenario.
     pub fn all_steps(&self) -> impl Iterator<Item = &Step> {
-        let breaker = self
-            .breaker
-            .iter()
-            .flat_map(|b| b.healthy.iter().chain(b.fast_fail.iter()));
+        let breaker = self.breaker.iter().flat_map(|b| {
+            b.healthy
+                .iter()
+                .chain(b.fast_fail.iter())
+                .chain(b.refused.iter().map(|r| &r.step))
+        });
         self.steps
             .iter()
             .chain(self.saturation_steps.iter())
@@ -146,17 +148,31 @@ pub struct Saturation {
     pub failed_because: Option<String>,
 }
 
-/// The fast-fail path: breaker open on the primary → fallback.
+/// The fast-fail paths of an open breaker.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Breaker {
     /// Calls sent before the breaker was seen OPEN.
     pub calls_to_open: u64,
     /// Calls the failing upstream received while measuring (must be 0).
     pub broken_upstream_calls_while_open: u64,
-    /// Chain straight to the healthy provider.
+    /// Chain straight to the healthy provider (SQLite metering).
     pub healthy: Option<Step>,
     /// Chain whose open primary is skipped before the healthy fallback.
     pub fast_fail: Option<Step>,
+    /// A task whose only target is the open breaker: every call refused
+    /// with UNAVAILABLE and no provider call, one step per metering mode.
+    pub refused: Vec<Refused>,
+}
+
+/// Calls refused at once (closed loop), on one server.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Refused {
+    /// Metering mode of the server.
+    pub metering: String,
+    /// Calls the failing upstream received while measuring (must be 0).
+    pub broken_upstream_calls: u64,
+    /// The step; `ok` counts the calls refused with UNAVAILABLE.
+    pub step: Step,
 }
 
 /// Long calls (as LLM calls are): memory per call in flight.

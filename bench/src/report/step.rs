@@ -86,7 +86,7 @@ pub struct LedgerView {
 /// One step of load.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Step {
-    /// `load`, `paired`, `saturation`, `breaker` or `in flight`.
+    /// `load`, `paired`, `saturation`, `breaker`, `refused` or `in flight`.
     pub kind: String,
     /// `Execute` or `ClassifySms` (for `direct`, the body it replays).
     pub rpc: String,
@@ -98,8 +98,11 @@ pub struct Step {
     pub task: String,
     /// Fake upstream latency, ms.
     pub upstream_latency_ms: u64,
-    /// Requests per second offered.
+    /// Requests per second offered (open loop); 0 for a closed loop.
     pub offered_rps: f64,
+    /// Callers with one call in flight each (closed loop); 0 for an open
+    /// loop.
+    pub callers: u64,
     /// Seconds of sending.
     pub duration_s: f64,
     /// Requests sent.

@@ -310,3 +310,77 @@ fn validation_rejects_runs_where_everything_failed() {
         "{err}"
     );
 }
+
+#[test]
+fn refused_calls_are_reported_side_by_side_and_validated() {
+    let refused = |metering: &str, p99: f64| Refused {
+        metering: metering.into(),
+        broken_upstream_calls: 0,
+        step: Step {
+            kind: "refused".into(),
+            rpc: "Execute".into(),
+            via: "orchestrator".into(),
+            metering: metering.into(),
+            callers: 200,
+            sent: 4000,
+            ok: 4000,
+            achieved_rps: 8000.0,
+            latency_us: Quantiles {
+                p50: 300.0,
+                p90: 500.0,
+                p99,
+                p999: p99,
+                ..Quantiles::default()
+            },
+            // The refusals' records are committed; nobody waited for them.
+            ledger: (metering == "sqlite").then(|| LedgerView {
+                commit_us: Some(ServerHistogram::default()),
+                ..LedgerView::default()
+            }),
+            ..Step::default()
+        },
+    };
+    let server = |metering: &str| Group {
+        purpose: "breaker".into(),
+        metering: metering.into(),
+        ..Group::default()
+    };
+    let mut r = Results {
+        schema_version: SCHEMA_VERSION,
+        machine: Some(crate::sys::machine()),
+        groups: vec![server("sqlite"), server("off")],
+        breaker: Some(Breaker {
+            refused: vec![refused("sqlite", 1900.0), refused("off", 1700.0)],
+            ..Breaker::default()
+        }),
+        ..Results::default()
+    };
+    let back = validate(&serde_json::to_string(&r).unwrap(), true).unwrap();
+    let md = markdown(&back);
+    assert!(
+        md.contains("| sqlite | 200 | 4000 | 8000 | 0 | 0.30 | **1.90** | 1.90 | – | 0 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| off | 200 | 4000 | 8000 | 0 | 0.30 | **1.70** |"),
+        "{md}"
+    );
+
+    // A refusal that reached the provider is not a fast failure.
+    r.breaker.as_mut().unwrap().refused[1].broken_upstream_calls = 2;
+    let err = validate(&serde_json::to_string(&r).unwrap(), true).unwrap_err();
+    assert!(err.to_string().contains("2 provider calls"), "{err}");
+    // A breaker server that measured no refused calls.
+    r.breaker.as_mut().unwrap().refused.pop();
+    let err = validate(&serde_json::to_string(&r).unwrap(), true).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("off server measured no refused calls"),
+        "{err}"
+    );
+    // A metered server whose refusals left no commit behind.
+    r.groups.pop();
+    r.breaker.as_mut().unwrap().refused[0].step.ledger = None;
+    let err = validate(&serde_json::to_string(&r).unwrap(), true).unwrap_err();
+    assert!(err.to_string().contains("no ledger figures"), "{err}");
+}

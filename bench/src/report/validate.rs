@@ -24,13 +24,7 @@ pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
     sweeps(&r)?;
     quiet_waits(&r)?;
     paired(&r)?;
-    if let Some(b) = &r.breaker {
-        ensure!(
-            b.broken_upstream_calls_while_open == 0,
-            "the broken provider was called {} times while its breaker was open",
-            b.broken_upstream_calls_while_open
-        );
-    }
+    breaker(&r)?;
     Ok(r)
 }
 
@@ -65,12 +59,17 @@ fn step(s: &Step, strict: bool) -> anyhow::Result<()> {
             s.offered_rps,
             s.errors_by_code
         );
-        // A metered server's answered calls waited on its ledger writer:
-        // no ledger figures means the scrape no longer reads its
-        // `usage_ledger_*` series.
+        // A metered server's calls went through its ledger writer: no
+        // ledger figures means the scrape no longer reads its
+        // `usage_ledger_*` series. A refused call's reply does not wait for
+        // its settlement, but its record is committed.
         let metered = s.via == "orchestrator" && s.metering != "off";
+        let figures = s.ledger.is_some_and(|l| {
+            let waited = l.settle_wait_us.is_some();
+            waited || (s.kind == "refused" && l.commit_us.is_some())
+        });
         ensure!(
-            !metered || s.ledger.is_some_and(|l| l.settle_wait_us.is_some()),
+            !metered || figures,
             "a {} {} step ({} metering) has no ledger figures",
             s.via,
             s.rpc,
@@ -172,6 +171,40 @@ fn paired(r: &Results) -> anyhow::Result<()> {
         ensure!(
             added == o.latency_us.minus(&d.latency_us),
             "{round}: added latency is not orchestrator minus direct"
+        );
+    }
+    Ok(())
+}
+
+/// The breaker scenario: no call past an open breaker reached the broken
+/// provider, and every server it started measured its refused calls.
+fn breaker(r: &Results) -> anyhow::Result<()> {
+    let refused = r.breaker.iter().flat_map(|b| &b.refused);
+    for x in refused.clone() {
+        ensure!(
+            x.broken_upstream_calls == 0 && x.step.callers > 0,
+            "refused calls with {} metering: {} provider calls, {} callers",
+            x.metering,
+            x.broken_upstream_calls,
+            x.step.callers
+        );
+    }
+    if let Some(b) = &r.breaker {
+        ensure!(
+            b.broken_upstream_calls_while_open == 0,
+            "the broken provider was called {} times while its breaker was open",
+            b.broken_upstream_calls_while_open
+        );
+    }
+    for g in r
+        .groups
+        .iter()
+        .filter(|g| g.purpose == "breaker" && g.skipped.is_none())
+    {
+        ensure!(
+            refused.clone().any(|x| x.metering == g.metering),
+            "the breaker scenario's {} server measured no refused calls",
+            g.metering
         );
     }
     Ok(())

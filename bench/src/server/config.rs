@@ -45,11 +45,14 @@ impl Metering {
     }
 }
 
-/// Tasks of the breaker scenario: primary always 500 → healthy fallback, and
-/// the healthy provider alone.
+/// Tasks of the breaker scenario: primary always 500 → healthy fallback,
+/// the healthy provider alone, and the failing provider alone (once its
+/// breaker is open, every call is refused with no provider call).
 pub const BREAKER_TASK: &str = "bench_breaker";
 /// See [`BREAKER_TASK`].
 pub const HEALTHY_TASK: &str = "bench_healthy";
+/// See [`BREAKER_TASK`].
+pub const BREAKER_ONLY_TASK: &str = "breaker_only";
 /// Name of the failing provider.
 pub const BROKEN_PROVIDER: &str = "broken";
 
@@ -153,6 +156,10 @@ max_tokens = 600
 
 [tasks.{HEALTHY_TASK}]
 chain = [{{ provider = "healthy", model = "gpt-4o-mini" }}]
+max_tokens = 600
+
+[tasks.{BREAKER_ONLY_TASK}]
+chain = [{{ provider = "{BROKEN_PROVIDER}", model = "gpt-4o-mini" }}]
 max_tokens = 600
 
 [metering]

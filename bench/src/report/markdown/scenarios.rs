@@ -82,6 +82,37 @@ pub fn breaker(out: &mut String, r: &Results) {
             ms(a.p99)
         );
     }
+    if b.refused.is_empty() {
+        return;
+    }
+    let rows = b.refused.iter().map(|x| {
+        let (s, q) = (&x.step, &x.step.latency_us);
+        vec![
+            x.metering.clone(),
+            s.callers.to_string(),
+            s.ok.to_string(),
+            format!("{:.0}", s.achieved_rps),
+            s.errors.to_string(),
+            ms(q.p50),
+            format!("**{}**", ms(q.p99)),
+            ms(q.p999),
+            overhead(s),
+            x.broken_upstream_calls.to_string(),
+        ]
+    });
+    let _ = writeln!(
+        out,
+        "### Refused at once: the only target's breaker open\n\n\
+         A task whose only target is the open breaker: every call is refused with UNAVAILABLE and no \
+         provider call. Closed loop (each caller sends its next call when the last one is answered), \
+         latency in ms from each send; `sqlite` is full durability, whose refusals do not wait for the disk.\n"
+    );
+    table(
+        out,
+        "metering | callers | refused calls | refused/s | errors | p50 | p99 | p99.9 | \
+         server overhead mean / p99 | provider calls",
+        rows.collect(),
+    );
 }
 
 pub fn cold_start(out: &mut String, r: &Results) {
