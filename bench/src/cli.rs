@@ -1,0 +1,143 @@
+//! The command line. Unset numbers take the full-run or the smoke default
+//! ([`crate::settings`] picks them).
+
+use clap::Parser;
+use std::path::PathBuf;
+
+/// Command line. Unset numbers take the full-run or the smoke default.
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench",
+    about = "Load benchmark of ai-orchestrator (docs/benchmarks.md)"
+)]
+pub struct Args {
+    /// CI mode: a few seconds at low rates; checks that it runs, not how fast.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Orchestrator binary [default: `ai-orchestrator` next to this binary].
+    #[arg(long)]
+    pub server_bin: Option<PathBuf>,
+    /// Folder for results.json and results.md.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    /// Scenarios: load, direct, paired, saturation, breaker, inflight, coldstart.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "load,direct,paired,saturation,breaker,inflight,coldstart"
+    )]
+    pub scenarios: Vec<String>,
+    /// RPCs at fixed rates: execute, classify.
+    #[arg(long, value_delimiter = ',', default_value = "execute,classify")]
+    pub rpcs: Vec<String>,
+    /// Metering modes: sqlite (fsync per commit, the default durability),
+    /// sqlite-normal (`sqlite_synchronous = "normal"`), postgres, off.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "sqlite,sqlite-normal,postgres,off"
+    )]
+    pub metering: Vec<String>,
+    /// Fixed rates, requests/s [default: 200,1000,3000; smoke: 50].
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Option<Vec<f64>>,
+    /// Fake upstream latencies, ms [default: 0,50; smoke: 0].
+    #[arg(long, value_delimiter = ',')]
+    pub upstream_latency_ms: Option<Vec<u64>>,
+    /// Seconds of load per fixed-rate step [default: 10; smoke: 0.5].
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Seconds of unmeasured load per RPC on each new server [default: 2; smoke: 0.3].
+    #[arg(long)]
+    pub warmup: Option<f64>,
+    /// HTTP/2 connections to the server.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Requests in flight at most; more are dropped and counted as errors.
+    #[arg(long, default_value_t = 20_000)]
+    pub max_inflight: usize,
+    /// First saturation rate [default: 1000; smoke: 50].
+    #[arg(long)]
+    pub saturation_start: Option<f64>,
+    /// Rate multiplier between saturation steps.
+    #[arg(long, default_value_t = 1.25)]
+    pub saturation_factor: f64,
+    /// Most saturation steps [default: 25; smoke: 2].
+    #[arg(long)]
+    pub saturation_steps: Option<usize>,
+    /// Bisection steps between the last passing and first failing rate [default: 3; smoke: 0].
+    #[arg(long)]
+    pub saturation_refine: Option<usize>,
+    /// Saturation sweeps per metering mode; targets read their median [default: 3; smoke: 2].
+    #[arg(long)]
+    pub saturation_repeats: Option<usize>,
+    /// Seconds per saturation step [default: 5; smoke: 0.5].
+    #[arg(long)]
+    pub saturation_duration: Option<f64>,
+    /// Paired rounds per server (a direct and an orchestrator step back to
+    /// back; the p99 target reads their median) [default: 6; smoke: 2].
+    #[arg(long)]
+    pub paired_rounds: Option<usize>,
+    /// Offered rate of the paired rounds [default: 1000; smoke: 50].
+    #[arg(long)]
+    pub paired_rate: Option<f64>,
+    /// Seconds per step of a paired round [default: 5; smoke: 0.5].
+    #[arg(long)]
+    pub paired_duration: Option<f64>,
+    /// Rate of the breaker scenario [default: 1000; smoke: 50].
+    #[arg(long)]
+    pub breaker_rate: Option<f64>,
+    /// Callers of the breaker scenario's refused calls, one call in flight
+    /// each (closed loop).
+    #[arg(long, default_value_t = 200)]
+    pub breaker_callers: usize,
+    /// Fake upstream latency of the long-calls scenario, ms [default: 1000; smoke: 100].
+    #[arg(long)]
+    pub inflight_latency_ms: Option<u64>,
+    /// Rates of the long-calls scenario [default: 100,400,800; smoke: 20,60].
+    #[arg(long, value_delimiter = ',')]
+    pub inflight_rates: Option<Vec<f64>>,
+    /// Cold-start launches (each: new database, then a restart) [default: 5; smoke: 1].
+    #[arg(long)]
+    pub coldstart_runs: Option<usize>,
+    /// PostgreSQL admin URL; a database is created (and dropped) per server.
+    #[arg(
+        long,
+        env = "AIO_TEST_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub postgres_url: String,
+    /// Wait up to this many seconds for the 1-minute load average to fall below 0.5.
+    #[arg(long, default_value_t = 0)]
+    pub wait_idle: u64,
+    /// Before each server's fixed-rate steps, wait up to this many seconds
+    /// for a quiet host: a 2 s probe at 1,000 rps straight to the fake
+    /// upstream must have a p99 of at most --quiet-p99-ms (the load average
+    /// only sees this VM, not its neighbours; the probe sees both), and 400
+    /// `fdatasync`s of 16 KiB rewrites in the scratch folder a p99 of at
+    /// most --quiet-sync-p99-ms (the disk's neighbours come and go apart
+    /// from the cores').
+    #[arg(long, default_value_t = 0)]
+    pub wait_quiet: u64,
+    /// The direct p99 at 1,000 rps that counts as quiet, ms.
+    #[arg(long, default_value_t = 0.5)]
+    pub quiet_p99_ms: f64,
+    /// The disk probe's `fdatasync` p99 that counts as quiet, ms.
+    #[arg(long, default_value_t = 0.5)]
+    pub quiet_sync_p99_ms: f64,
+    /// Keep the scratch folder (configs, databases, server logs) after the run.
+    #[arg(long)]
+    pub keep_scratch: bool,
+    /// Worker threads of the fake upstream.
+    #[arg(long, default_value_t = 2)]
+    pub upstream_threads: usize,
+    /// Worker threads of the load generator's runtime (its gRPC and HTTP
+    /// clients).
+    #[arg(long, default_value_t = 2)]
+    pub client_threads: usize,
+    /// HTTP version between the orchestrator (and the direct baseline) and
+    /// the fake upstream: `1.1` (pooled, a connection per concurrent call)
+    /// or `2` (plaintext HTTP/2 with prior knowledge, multiplexed).
+    #[arg(long, default_value = "2", value_parser = ["1.1", "2"])]
+    pub upstream_http: String,
+}

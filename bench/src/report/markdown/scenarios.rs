@@ -1,0 +1,199 @@
+//! The report's sections of the scenarios beside the fixed rates: long
+//! calls, the breaker, cold start, and the run's own bookkeeping (server
+//! processes, quiet waits).
+
+use super::{ms, opt, overhead, section, table};
+use crate::report::{Results, summary};
+use std::fmt::Write as _;
+
+pub fn in_flight(out: &mut String, r: &Results) {
+    let Some(f) = &r.in_flight else { return };
+    let rows = f.steps.iter().zip(&f.calls_in_flight).map(|(s, n)| {
+        vec![
+            format!("{:.0}", s.offered_rps),
+            format!("{:.0}", s.achieved_rps),
+            s.errors.to_string(),
+            ms(s.latency_us.p50),
+            ms(s.latency_us.p99),
+            format!("{n:.0}"),
+            opt(s.server_rss_mb, 1),
+            opt(s.server_cpu_s_per_1k, 3),
+        ]
+    });
+    section(
+        out,
+        "Long calls: memory per call in flight",
+        &format!(
+            "The fake upstream answers after {} ms (LLM calls take seconds); `Execute` with SQLite \
+             metering. Calls in flight = offered rps × share answered × mean latency (Little's law); RSS is \
+             the server's after each step.",
+            f.upstream_latency_ms
+        ),
+        "offered rps | achieved rps | errors | p50 | p99 | calls in flight | RSS MiB | CPU s/1k",
+        rows.collect(),
+    );
+    if let Some(kib) = f.kib_per_call {
+        let _ = writeln!(
+            out,
+            "Resident memory per call in flight: **{kib:.1} KiB** (slope from the first to the last step).\n"
+        );
+    }
+}
+
+pub fn breaker(out: &mut String, r: &Results) {
+    let Some(b) = &r.breaker else { return };
+    let rows = [
+        ("healthy provider only", &b.healthy),
+        ("open primary → fallback", &b.fast_fail),
+    ]
+    .into_iter()
+    .filter_map(|(name, s)| {
+        let s = s.as_ref()?;
+        let q = &s.latency_us;
+        Some(vec![
+            name.to_owned(),
+            format!("{:.0}", s.offered_rps),
+            format!("{:.0}", s.achieved_rps),
+            s.errors.to_string(),
+            ms(q.p50),
+            ms(q.p99),
+            ms(q.p999),
+            overhead(s),
+        ])
+    });
+    section(
+        out,
+        "Breaker fast-fail path",
+        &format!(
+            "The primary answers 500 until its breaker opens ({} calls); then every call skips it (no \
+             network call) and the fallback serves. The failing upstream received {} calls while measuring. \
+             SQLite metering, latency in ms.",
+            b.calls_to_open, b.broken_upstream_calls_while_open
+        ),
+        "chain | offered rps | achieved rps | errors | p50 | p99 | p99.9 | server overhead mean / p99",
+        rows.collect(),
+    );
+    if let (Some(h), Some(f)) = (&b.healthy, &b.fast_fail) {
+        let a = f.latency_us.minus(&h.latency_us);
+        let _ = writeln!(
+            out,
+            "Added by skipping the open primary: p50 {} ms, p99 {} ms.\n",
+            ms(a.p50),
+            ms(a.p99)
+        );
+    }
+    if b.refused.is_empty() {
+        return;
+    }
+    let rows = b.refused.iter().map(|x| {
+        let (s, q) = (&x.step, &x.step.latency_us);
+        vec![
+            x.metering.clone(),
+            s.callers.to_string(),
+            s.ok.to_string(),
+            format!("{:.0}", s.achieved_rps),
+            s.errors.to_string(),
+            ms(q.p50),
+            format!("**{}**", ms(q.p99)),
+            ms(q.p999),
+            overhead(s),
+            x.broken_upstream_calls.to_string(),
+        ]
+    });
+    let _ = writeln!(
+        out,
+        "### Refused at once: the only target's breaker open\n\n\
+         A task whose only target is the open breaker: every call is refused with UNAVAILABLE and no \
+         provider call. Closed loop (each caller sends its next call when the last one is answered), \
+         latency in ms from each send; `sqlite` is full durability, whose refusals do not wait for the disk.\n"
+    );
+    table(
+        out,
+        "metering | callers | refused calls | refused/s | errors | p50 | p99 | p99.9 | \
+         server overhead mean / p99 | provider calls",
+        rows.collect(),
+    );
+}
+
+pub fn cold_start(out: &mut String, r: &Results) {
+    let c = &r.cold_start;
+    let rows: Vec<Vec<String>> = [
+        ("new file (created + migrated)", &c.fresh_db_ms),
+        ("existing file", &c.existing_db_ms),
+    ]
+    .into_iter()
+    .filter_map(|(name, v)| {
+        let (min, med, max) = summary(v)?;
+        Some(vec![
+            name.to_owned(),
+            v.len().to_string(),
+            format!("{min:.1}"),
+            format!("{med:.1}"),
+            format!("{max:.1}"),
+        ])
+    })
+    .collect();
+    if rows.is_empty() {
+        return;
+    }
+    section(
+        out,
+        "Cold start",
+        "Process start → first SERVING answer of `grpc.health.v1.Health/Check`, SQLite metering.",
+        "database | runs | min ms | median ms | max ms",
+        rows,
+    );
+}
+
+pub fn processes(out: &mut String, r: &Results) {
+    if r.groups.is_empty() {
+        return;
+    }
+    let rows = r.groups.iter().map(|g| {
+        vec![
+            g.purpose.clone(),
+            g.metering.clone(),
+            g.upstream_latency_ms.to_string(),
+            opt(g.cold_start_ms, 1),
+            opt(g.peak_rss_mb, 1),
+            g.clean_exit
+                .map_or("–", |c| if c { "yes" } else { "no" })
+                .into(),
+            g.skipped.clone().unwrap_or_default(),
+        ]
+    });
+    let _ = writeln!(out, "## Server processes\n");
+    table(
+        out,
+        "purpose | metering | upstream ms | cold start ms | peak RSS MiB | clean exit | skipped",
+        rows.collect(),
+    );
+}
+
+pub fn quiet_waits(out: &mut String, r: &Results) {
+    if r.quiet_waits.is_empty() {
+        return;
+    }
+    let list = |v: &[f64]| {
+        let cells: Vec<String> = v.iter().map(|p| ms(*p)).collect();
+        cells.join(", ")
+    };
+    let rows = r.quiet_waits.iter().map(|w| {
+        vec![
+            w.before.clone(),
+            list(&w.probe_p99_us),
+            list(&w.probe_sync_p99_us),
+            if w.quiet { "yes" } else { "no (gave up)" }.into(),
+            format!("{:.0}", w.waited_s),
+        ]
+    });
+    section(
+        out,
+        "Quiet waits",
+        "Before each server's fixed-rate steps (`--wait-quiet`): 2 s probes at 1,000 rps straight to the \
+         fake upstream, each followed by 400 `fdatasync`s of 16 KiB rewrites in the scratch folder, until \
+         both p99s were at most their thresholds.",
+        "before | probe p99s (ms) | disk sync p99s (ms) | quiet | waited s",
+        rows.collect(),
+    );
+}

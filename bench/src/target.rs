@@ -1,0 +1,253 @@
+//! What the load generator sends: gRPC calls to the orchestrator over a few
+//! HTTP/2 connections (round-robin), or the same Chat Completions body sent
+//! straight to the fake upstream over pooled HTTP/1.1 (the baseline).
+
+use crate::loadgen::{MakeRequest, Outcome};
+use ai_orchestrator::api::pb::{self, orchestrator_client::OrchestratorClient};
+use axum::body::Bytes;
+use futures::future::BoxFuture;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+/// Teams the load is spread over (each has its own ledger row).
+const TEAMS: [&str; 8] = [
+    "bench-t0", "bench-t1", "bench-t2", "bench-t3", "bench-t4", "bench-t5", "bench-t6", "bench-t7",
+];
+
+/// Input of the `Execute` calls (a `meeting_brief`).
+pub const BRIEF_INPUT: &str = r#"{"company":"Acme Corp","attendees":["Ann Lee (VP Sales)","Bob Diaz (CTO)"],"meeting_at":"2025-03-12T15:00:00Z","notes":"Second call. 40 reps on the current tool, renewal in Q3. Asked about SSO and volume pricing."}"#;
+
+/// The RPCs under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rpc {
+    /// `Execute` of a generic task.
+    Execute,
+    /// `ClassifySms`.
+    ClassifySms,
+}
+
+impl Rpc {
+    /// Name used in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rpc::Execute => "Execute",
+            Rpc::ClassifySms => "ClassifySms",
+        }
+    }
+}
+
+/// The gRPC client of the load: one HTTP/2 connection.
+pub type Client = OrchestratorClient<H2>;
+
+/// One HTTP/2 connection used by the gRPC client as it is. A tonic
+/// `Channel` puts a queue and a task of its own in front of the connection
+/// (to reconnect and balance), a hand-off per request that the load
+/// generator would pay on the cores it shares with the server.
+#[derive(Clone)]
+pub struct H2 {
+    send: SendRequest<tonic::body::Body>,
+    authority: http::uri::Authority,
+}
+
+impl H2 {
+    /// Opens a connection to `addr` (Nagle off, as the server's sockets).
+    pub async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+        let tcp =
+            tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+                .await
+                .map_err(|_| anyhow::anyhow!("connecting to {addr} timed out"))??;
+        tcp.set_nodelay(true)?;
+        let (send, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "gRPC connection closed");
+            }
+        });
+        Ok(Self {
+            send,
+            authority: addr.to_string().parse()?,
+        })
+    }
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for H2 {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, hyper::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.send.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        // The generated client sends a path only; HTTP/2 wants the origin too.
+        let mut parts = request.uri().clone().into_parts();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        parts.authority = Some(self.authority.clone());
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+        Box::pin(self.send.send_request(request))
+    }
+}
+
+/// `count` separate HTTP/2 connections to the orchestrator.
+pub async fn connect(addr: SocketAddr, count: usize) -> anyhow::Result<Arc<Vec<Client>>> {
+    let mut clients = Vec::with_capacity(count);
+    for _ in 0..count.max(1) {
+        clients.push(OrchestratorClient::new(H2::connect(addr).await?));
+    }
+    Ok(Arc::new(clients))
+}
+
+fn context(i: u64) -> Option<pb::RequestContext> {
+    Some(pb::RequestContext {
+        team_id: TEAMS[(i % TEAMS.len() as u64) as usize].to_owned(),
+        user_id: "bench-user".to_owned(),
+        channel: pb::Channel::System as i32,
+        priority: pb::Priority::Interactive as i32,
+        ..Default::default()
+    })
+}
+
+fn status_code(status: &tonic::Status) -> String {
+    format!("GRPC_{:?}", status.code()).to_uppercase()
+}
+
+/// What the answer must be to count as OK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Served by the primary target.
+    Primary,
+    /// Served by a fallback (`meta.degraded`).
+    Degraded,
+    /// Refused with UNAVAILABLE (every target skipped).
+    Refused,
+}
+
+fn check_meta(meta: Option<&pb::ResponseMeta>, expect: Expect) -> Outcome {
+    let degraded = meta.is_some_and(|m| m.degraded);
+    match (expect, degraded) {
+        (Expect::Primary, false) | (Expect::Degraded, true) => Ok(()),
+        (Expect::Primary, true) => Err("UNEXPECTED_FALLBACK".into()),
+        (Expect::Degraded, false) => Err("NOT_DEGRADED".into()),
+        (Expect::Refused, _) => Err("ANSWERED".into()),
+    }
+}
+
+/// A failed call: OK when a refusal was expected and this is one.
+fn check_status(status: &tonic::Status, expect: Expect) -> Outcome {
+    match (expect, status.code()) {
+        (Expect::Refused, tonic::Code::Unavailable) => Ok(()),
+        _ => Err(status_code(status)),
+    }
+}
+
+/// gRPC calls of `rpc` (for `Execute`, of `task`) round-robin over `clients`.
+pub fn grpc(
+    clients: Arc<Vec<Client>>,
+    rpc: Rpc,
+    task: &str,
+    expect: Expect,
+    timeout: Duration,
+) -> MakeRequest {
+    let task = task.to_owned();
+    Arc::new(move |i| {
+        let mut client = clients[(i % clients.len() as u64) as usize].clone();
+        let task = task.clone();
+        Box::pin(async move {
+            match rpc {
+                Rpc::Execute => {
+                    let mut request = tonic::Request::new(pb::ExecuteRequest {
+                        context: context(i),
+                        budget: None,
+                        task,
+                        input: Some(pb::execute_request::Input::InputJson(
+                            BRIEF_INPUT.to_owned(),
+                        )),
+                    });
+                    request.set_timeout(timeout);
+                    match client.execute(request).await {
+                        Ok(r) => check_meta(r.get_ref().meta.as_ref(), expect),
+                        Err(status) => check_status(&status, expect),
+                    }
+                }
+                Rpc::ClassifySms => {
+                    let mut request = tonic::Request::new(pb::ClassifySmsRequest {
+                        context: context(i),
+                        budget: None,
+                        message: "Yes, I'm interested - can you call me tomorrow afternoon?".to_owned(),
+                        history: vec![pb::SmsMessage {
+                            direction: pb::SmsDirection::Outbound as i32,
+                            text: "Hi Ann, this is Sam from Acme. Would a 15-minute call about SSO pricing help?"
+                                .to_owned(),
+                            sent_at: None,
+                        }],
+                    });
+                    request.set_timeout(timeout);
+                    match client.classify_sms(request).await {
+                        Ok(r) if r.get_ref().intent == pb::SmsIntent::Interested as i32 => {
+                            check_meta(r.get_ref().meta.as_ref(), expect)
+                        }
+                        Ok(_) => Err("WRONG_INTENT".into()),
+                        Err(status) => check_status(&status, expect),
+                    }
+                }
+            }
+        })
+    })
+}
+
+/// The HTTP client of the direct baseline: pooled HTTP/1.1 keep-alive with
+/// Nagle off, as the orchestrator's own upstream client.
+pub fn http_client(pool: usize, http2: bool) -> anyhow::Result<reqwest::Client> {
+    let builder = reqwest::Client::builder();
+    let builder = if http2 {
+        builder.http2_prior_knowledge()
+    } else {
+        builder
+    };
+    Ok(builder
+        .no_proxy()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(pool)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()?)
+}
+
+/// `POST url` with `body` (the bytes the orchestrator sent upstream); OK
+/// when the status is 200 and the whole body has been read.
+pub fn direct(client: reqwest::Client, url: String, body: Bytes) -> MakeRequest {
+    Arc::new(move |i| {
+        let request = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer bench-dummy-key")
+            .header("x-trace-id", format!("bench-direct-{i}"))
+            .body(body.clone());
+        Box::pin(async move {
+            let response = request.send().await.map_err(|e| {
+                if e.is_connect() {
+                    "CONNECT"
+                } else {
+                    "TRANSPORT"
+                }
+                .to_owned()
+            })?;
+            let status = response.status();
+            let body = response.bytes().await.map_err(|_| "BODY".to_owned())?;
+            if status.is_success() && !body.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("HTTP_{}", status.as_u16()))
+            }
+        })
+    })
+}

@@ -1,0 +1,239 @@
+//! The fake OpenAI-format upstream: `POST /{mode}/v1/chat/completions`.
+//!
+//! `mode` is `ok-<ms>` (answer 200 after a fixed latency) or `err-500`
+//! (answer 500 with OpenAI's error body at once). Answers are recorded Chat
+//! Completions bodies, rendered once at start: an `sms_classify` request (its
+//! prompt lists the intents) gets a valid classification, any other request a
+//! meeting brief. The first request body of each kind is kept so the direct
+//! baseline can send exactly the bytes the orchestrator sent.
+//!
+//! It runs on its own runtime and threads, so a burst of load-generator
+//! tasks never queues in front of its accept loop.
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{Path, State},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::post,
+    serve::ListenerExt,
+};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+use tokio::sync::oneshot;
+
+/// Which kind of request the orchestrator sent (chosen from the prompt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `ClassifySms` → task `sms_classify`.
+    Classify,
+    /// `Execute` → a generic task (`meeting_brief`).
+    Execute,
+}
+
+/// A recorded gpt-4o-mini answer, `{content}` replaced by the escaped text.
+const COMPLETION: &str = r#"{"id":"chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT","object":"chat.completion","created":1741569952,"model":"gpt-4o-mini-2024-07-18","choices":[{"index":0,"message":{"role":"assistant","content":{content},"refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":{prompt},"completion_tokens":{completion},"total_tokens":{total},"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_06737a9306"}"#;
+
+const CLASSIFICATION: &str = r#"{"intent":"INTERESTED","confidence":0.92,"reason":"Lead says yes and asks for a call tomorrow afternoon."}"#;
+
+const BRIEF: &str = "**Meeting brief: Acme Corp (second call)**\n\n\
+**Who:** Ann Lee, VP Sales (economic buyer); Bob Diaz, CTO (technical evaluator).\n\n\
+**Context:** Second call. On the first call they confirmed 40 reps use the current tool and \
+renewal is in Q3. They asked about SSO and volume pricing.\n\n\
+**Open questions:**\n1. Which identity provider do they use for SSO (Okta, Azure AD)?\n\
+2. Expected seat count at renewal, and who signs off on budget?\n\
+3. Any data-residency requirements?\n\n\
+**Talking points:**\n- SSO is included from the Team plan; walk Bob through SAML setup.\n\
+- Volume pricing starts at 50 seats; tie it to their Q3 renewal.\n\
+- Offer a 2-week pilot with 5 reps to de-risk the switch.";
+
+/// OpenAI's body for an internal error.
+const SERVER_ERROR: &str = r#"{"error":{"message":"The server had an error while processing your request. Sorry about that!","type":"server_error","param":null,"code":null}}"#;
+
+fn completion(content: &str, prompt: u32, completion: u32) -> Bytes {
+    let content = serde_json::Value::String(content.to_owned()).to_string();
+    Bytes::from(
+        COMPLETION
+            .replace("{content}", &content)
+            .replace("{prompt}", &prompt.to_string())
+            .replace("{completion}", &completion.to_string())
+            .replace("{total}", &(prompt + completion).to_string()),
+    )
+}
+
+struct Shared {
+    classify: Bytes,
+    execute: Bytes,
+    /// First request body seen per kind (the direct baseline replays it).
+    samples: Mutex<HashMap<Kind, Bytes>>,
+    error_calls: AtomicU64,
+}
+
+/// A running fake upstream. Stops when dropped.
+pub struct Upstream {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Upstream {
+    /// Starts the server on 127.0.0.1 on its own runtime (`threads` workers).
+    pub fn start(threads: usize) -> anyhow::Result<Self> {
+        let shared = Arc::new(Shared {
+            classify: completion(CLASSIFICATION, 187, 24),
+            execute: completion(BRIEF, 412, 168),
+            samples: Mutex::new(HashMap::new()),
+            error_calls: AtomicU64::new(0),
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("fake-upstream")
+            .enable_all()
+            .build()?;
+        // Bound here (no runtime needed) so the address is known at once.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let app = Router::new()
+            .route("/{mode}/v1/chat/completions", post(chat))
+            .with_state(shared.clone());
+        let thread = std::thread::Builder::new()
+            .name("fake-upstream".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    // Nagle off, as on the orchestrator's sockets (SPEC §8).
+                    let listener = listener.tap_io(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    });
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                });
+                runtime.shutdown_timeout(Duration::from_secs(1));
+            })?;
+        Ok(Self {
+            addr,
+            shared,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Base URL of a mode, as configured for a provider (`.../v1`).
+    pub fn base_url(&self, mode: &str) -> String {
+        format!("http://{}/{mode}/v1", self.addr)
+    }
+
+    /// The first body the orchestrator sent for `kind`, if any yet.
+    pub fn sample(&self, kind: Kind) -> Option<Bytes> {
+        self.shared
+            .samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&kind)
+            .cloned()
+    }
+
+    /// Calls answered 500 so far.
+    pub fn error_calls(&self) -> u64 {
+        self.shared.error_calls.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn kind_of(body: &[u8]) -> Kind {
+    const NEEDLE: &[u8] = b"APPOINTMENT_REQUEST";
+    if body.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+        Kind::Classify
+    } else {
+        Kind::Execute
+    }
+}
+
+async fn chat(
+    State(shared): State<Arc<Shared>>,
+    Path(mode): Path<String>,
+    body: Bytes,
+) -> Response {
+    if mode == "err-500" {
+        shared.error_calls.fetch_add(1, Ordering::Relaxed);
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "application/json")],
+            SERVER_ERROR,
+        )
+            .into_response();
+    }
+    let Some(ms) = mode.strip_prefix("ok-").and_then(|m| m.parse::<u64>().ok()) else {
+        return (StatusCode::NOT_FOUND, "unknown mode").into_response();
+    };
+    let kind = kind_of(&body);
+    {
+        let mut samples = shared.samples.lock().unwrap_or_else(|e| e.into_inner());
+        samples.entry(kind).or_insert(body);
+    }
+    if ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let answer = match kind {
+        Kind::Classify => shared.classify.clone(),
+        Kind::Execute => shared.execute.clone(),
+    };
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (
+                header::HeaderName::from_static("openai-processing-ms"),
+                "312",
+            ),
+        ],
+        answer,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_valid_chat_completions() {
+        for (body, total) in [
+            (completion(CLASSIFICATION, 1, 2), 3),
+            (completion(BRIEF, 3, 4), 7),
+        ] {
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert!(v["choices"][0]["message"]["content"].is_string());
+            assert_eq!(v["usage"]["total_tokens"], total);
+        }
+        assert_eq!(kind_of(b"... APPOINTMENT_REQUEST, ..."), Kind::Classify);
+        assert_eq!(kind_of(b"meeting"), Kind::Execute);
+    }
+}
