@@ -191,8 +191,8 @@ fn imports_only_flow_down_the_layers() {
             .to_string_lossy()
             .trim_end_matches(".rs")
             .to_owned();
-        // The crate root and the binaries wire everything.
-        if top == "lib" || top == "main" || top == "bin" {
+        // The crate root and the binary wire everything.
+        if top == "lib" || top == "main" {
             continue;
         }
         let Some(may_use) = allowed.get(top.as_str()) else {
