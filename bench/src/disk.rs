@@ -57,6 +57,7 @@ fn probe_file(path: &Path, syncs: usize, pause: Duration) -> anyhow::Result<Hist
         let started = Instant::now();
         file.sync_data()?;
         times.saturating_record(loadgen::micros(started.elapsed()).max(1));
+        #[allow(clippy::disallowed_methods)] // the probe runs on a blocking thread of its own
         std::thread::sleep(pause);
     }
     Ok(times)

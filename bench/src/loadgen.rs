@@ -169,6 +169,8 @@ pub async fn run(plan: Plan, make: MakeRequest) -> anyhow::Result<Measured> {
                 let due = t0 + Duration::from_secs_f64(i as f64 / plan.rate);
                 let now = Instant::now();
                 if due > now {
+                    #[allow(clippy::disallowed_methods)]
+                    // the pacer's own thread, not a runtime worker
                     std::thread::sleep(due - now);
                 }
                 if flying.fetch_add(1, Ordering::AcqRel) >= plan.max_inflight {

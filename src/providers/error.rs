@@ -189,6 +189,19 @@ impl ProviderError {
         }
     }
 
+    /// A short description for the attempt's log line: the provider's
+    /// error type (`rate_limit_error`, `overloaded_error`, ...), the kind
+    /// of malformation, or the transport's error kind. Never the body.
+    pub fn summary(&self) -> Option<&str> {
+        match self {
+            ProviderError::Status { summary, .. } | ProviderError::Malformed(summary) => {
+                Some(summary)
+            }
+            ProviderError::Connect(failure) => Some(failure.as_str()),
+            _ => None,
+        }
+    }
+
     /// True for a timeout (reported as a TIMEOUT attempt outcome).
     pub fn is_timeout(&self) -> bool {
         matches!(self, ProviderError::Timeout)

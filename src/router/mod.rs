@@ -16,9 +16,7 @@ pub use stream::RouteEvent;
 use crate::{
     config::{Config, TargetConfig},
     domain::{Priority, instant_after},
-    providers::{
-        Completion, CompletionRequest, ConnectFailure, ProviderError, Providers, TokenUsage,
-    },
+    providers::{Completion, CompletionRequest, ProviderError, Providers, TokenUsage},
     resilience::{Decision, Outcome, Resilience, retry::Jitter},
 };
 use std::{sync::Arc, time::Duration};
@@ -399,8 +397,7 @@ impl Router {
         };
         permit.record_error(&err);
 
-        let cause = err.connection_failure().map(ConnectFailure::as_str);
-        tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), cause, "provider attempt failed");
+        tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), summary = err.summary(), "provider attempt failed");
         Tried::Failed(Some(err))
     }
 }

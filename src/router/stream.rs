@@ -8,9 +8,7 @@ use super::{
     AttemptOutcome, AttemptRecord, RouteError, RouteOptions, Router,
     attempt::{InFlight, attribute, implausible},
 };
-use crate::providers::{
-    Completion, CompletionRequest, ConnectFailure, ProviderError, StreamEvent, TokenUsage,
-};
+use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent, TokenUsage};
 use crate::{config::TargetConfig, domain::Priority, resilience::Outcome};
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
@@ -38,8 +36,7 @@ fn attempt_span(target: &TargetConfig, trace_id: &str) -> tracing::Span {
 fn failed(span: &tracing::Span, target: &TargetConfig, err: &ProviderError) {
     let code = err.code();
     span.record("outcome", code.as_str());
-    let cause = err.connection_failure().map(ConnectFailure::as_str);
-    tracing::warn!(provider = %target.provider, model = %target.model, retry = 0_u32, code = %code, cause, "provider attempt failed");
+    tracing::warn!(provider = %target.provider, model = %target.model, retry = 0_u32, code = %code, summary = err.summary(), "provider attempt failed");
 }
 
 /// What the streaming walk reports, in order.

@@ -119,6 +119,8 @@ price = "unknown"
 /// A running server.
 pub struct TestApp {
     pub addr: SocketAddr,
+    /// The server's `database.url`.
+    pub database_url: String,
     pub client: OrchestratorClient<Channel>,
     pub channel: Channel,
     shutdown: Option<oneshot::Sender<()>>,
@@ -149,6 +151,7 @@ impl TestApp {
     /// Server with a full config and an injected environment (API keys).
     pub async fn spawn_toml_env(toml: &str, env: impl Fn(&str) -> Option<String>) -> Self {
         let config = Config::from_toml_str(toml, env).expect("valid test config");
+        let database_url = config.database.url.clone();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, rx) = oneshot::channel::<()>();
@@ -158,12 +161,23 @@ impl TestApp {
         let channel = connect(addr).await;
         Self {
             addr,
+            database_url,
             client: OrchestratorClient::new(channel.clone()),
             channel,
             shutdown: Some(tx),
             handle,
             _dir: None,
         }
+    }
+
+    /// A store on the server's database (reads beside the running server).
+    pub async fn store(&self) -> ai_orchestrator::store::Store {
+        ai_orchestrator::store::Store::connect(&ai_orchestrator::config::DatabaseConfig {
+            url: self.database_url.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("connect to the test database")
     }
 
     /// Keeps `dir` (the test's database folder) until the app is dropped.

@@ -381,7 +381,16 @@ async fn an_over_limit_burst_is_shed_at_once_but_health_still_answers() {
     }
     // While the burst is in flight, health checks are not shed.
     let mut health = tonic_health::pb::health_client::HealthClient::new(app.channel.clone());
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // Three calls are in flight once their reservations are written.
+    let store = app.store().await;
+    crate::metering::wait_for(|| async {
+        ai_orchestrator::usage::sweeper::open_reservations(&store)
+            .await
+            .unwrap()
+            == 3
+    })
+    .await;
+    store.close().await;
     assert!(
         health
             .check(tonic_health::pb::HealthCheckRequest {

@@ -132,7 +132,17 @@ async fn graceful_shutdown_lets_an_in_flight_call_finish() {
         .expect("watch ok")
         .expect("first status");
     assert_eq!(first.status, ServingStatus::Serving as i32);
-    tokio::time::sleep(Duration::from_millis(200)).await; // let the call reach the provider
+    // The call is admitted and on its way to the provider once its
+    // reservation is written.
+    let store = app.store().await;
+    crate::metering::wait_for(|| async {
+        ai_orchestrator::usage::sweeper::open_reservations(&store)
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+    store.close().await;
     app.trigger_shutdown();
     let next = watch
         .message()

@@ -670,7 +670,15 @@ async fn records_match_responses_and_get_usage_postgres() {
 
 #[tokio::test]
 async fn budget_below_the_estimate_is_refused_before_any_call() {
-    let app = TestApp::spawn().await;
+    use wiremock::{Mock, MockServer, matchers::method};
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    for upstream in [&primary, &fallback] {
+        Mock::given(method("POST"))
+            .respond_with(crate::routing::classification())
+            .mount(upstream)
+            .await;
+    }
+    let app = crate::routing::spawn_at(&primary.uri(), &fallback.uri(), "").await;
     let status = app
         .client
         .clone()
@@ -686,10 +694,26 @@ async fn budget_below_the_estimate_is_refused_before_any_call() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
+    let info = status.get_details_error_info().unwrap();
+    assert_eq!(info.reason, "BUDGET_EXCEEDED");
+    // Refused before any provider work: no upstream call, no record, no
+    // reservation left.
     assert_eq!(
-        status.get_details_error_info().unwrap().reason,
-        "BUDGET_EXCEEDED"
+        (
+            crate::routing::calls(&primary).await,
+            crate::routing::calls(&fallback).await
+        ),
+        (0, 0)
     );
+    let store = app.store().await;
+    assert!(
+        record::by_trace(&store, &info.metadata["trace_id"])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(sweeper::open_reservations(&store).await.unwrap(), 0);
+    store.close().await;
     app.stop().await;
 }
 

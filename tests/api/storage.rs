@@ -352,10 +352,91 @@ fn migrate_needs_no_provider_keys_but_check_config_does() {
     assert!(String::from_utf8_lossy(&checked.stderr).contains("api_key_env"));
 }
 
+/// The ledger is committed on the writer's own connection, not the pool's:
+/// there `synchronous` is NORMAL in both modes, and with `"full"` the
+/// writer fsyncs the WAL before it answers each settlement (a commit's
+/// fsync covers every commit before it). So `"full"` shows as syncs that
+/// answered settlements, and `"normal"` as none. The pool's connections
+/// (prompts, keys, the sweeper) get the level itself.
 #[tokio::test]
 async fn sqlite_durability_is_the_configured_synchronous_level() {
-    use ai_orchestrator::config::SqliteDurability;
+    use ai_orchestrator::{
+        config::SqliteDurability,
+        usage::{
+            UsageRecord,
+            ledger::{Done, LedgerWriter, Op, Reservation, Reserve, Settle, sqlite},
+        },
+    };
     let dir = tempfile::tempdir().unwrap();
+    for (durability, syncs) in [
+        (SqliteDurability::Full, Some(1)),
+        (SqliteDurability::Normal, None),
+    ] {
+        let config = DatabaseConfig {
+            url: format!(
+                "sqlite://{}",
+                dir.path().join(format!("{durability:?}.db")).display()
+            ),
+            sqlite_synchronous: durability,
+            ..DatabaseConfig::default()
+        };
+        let store = Store::connect(&config).await.expect("connect");
+        store.migrate().await.expect("migrate");
+        let path = sqlite::file_of(&config.url).unwrap();
+        let ledger = sqlite::open(&path, &config).unwrap();
+        let level: i64 = ledger
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(level, 1, "the ledger's connection syncs the WAL itself");
+        drop(ledger);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let (writer, done) = LedgerWriter::spawn(
+            store.clone(),
+            &config,
+            64,
+            1,
+            std::time::Duration::from_secs(60),
+            stopped,
+        )
+        .unwrap();
+        let reserve = Reserve {
+            id: "r1".into(),
+            team_id: "t".into(),
+            requests: 1,
+            input_tokens: 10,
+            ..Reserve::default()
+        };
+        assert_eq!(
+            writer.submit(Op::Reserve(reserve.clone())).await.unwrap(),
+            Done::Admitted
+        );
+        assert_eq!(
+            writer.wal_syncs(),
+            syncs.map(|_| 0),
+            "a reservation waits for nothing"
+        );
+        let settle = Settle {
+            reservations: vec![Reservation::from(&reserve)],
+            charge: true,
+            record: UsageRecord {
+                team_id: "t".into(),
+                trace_id: "r1".into(),
+                outcome: "ok".into(),
+                ..UsageRecord::default()
+            },
+            month_start_ms: 0,
+            prompt_owner: None,
+        };
+        assert_eq!(
+            writer.submit(Op::Settle(settle)).await.unwrap(),
+            Done::Settled
+        );
+        assert_eq!(writer.wal_syncs(), syncs, "{durability:?}");
+        let _ = stop.send(true);
+        drop(writer);
+        done.await.unwrap();
+        store.close().await;
+    }
     // SQLite's codes: 1 = NORMAL, 2 = FULL.
     for (durability, code) in [(SqliteDurability::Full, 2), (SqliteDurability::Normal, 1)] {
         let config = DatabaseConfig {

@@ -47,6 +47,9 @@ pub struct LedgerWriter {
     shards: Arc<[mpsc::Sender<(Op, Reply)>]>,
     /// A SQLite file's in-memory admission; `None` where SQL admits.
     admission: Option<Arc<Admission>>,
+    /// A SQLite file's WAL syncs that answered settlements (full
+    /// durability); `None` elsewhere.
+    wal_syncs: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Where a batch is applied.
@@ -75,6 +78,7 @@ impl LedgerWriter {
     ) -> Result<(Self, JoinHandle<()>), StoreError> {
         let mut appliers = Vec::new();
         let mut admission = None;
+        let mut wal_syncs = None;
         match (&store, sqlite::file_of(&config.url)) {
             (Store::Sqlite(_), Some(path)) => {
                 let conn = sqlite::open(&path, config)?;
@@ -82,6 +86,7 @@ impl LedgerWriter {
                 let memory = Arc::new(Admission::new(store.clone(), limits_refresh));
                 admission = Some(memory.clone());
                 let writer = SqliteWriter::new(conn, &path, full, memory)?;
+                wal_syncs = writer.wal_syncs();
                 appliers.push(Writer::Sqlite(Box::new(writer)));
             }
             (Store::Postgres(_), _) => {
@@ -127,9 +132,18 @@ impl LedgerWriter {
             Self {
                 shards: shards.into(),
                 admission,
+                wal_syncs,
             },
             handle,
         ))
+    }
+
+    /// How many WAL syncs of a SQLite file answered settlements so far:
+    /// `None` unless the file has full durability (tests, ops).
+    pub fn wal_syncs(&self) -> Option<u64> {
+        self.wal_syncs
+            .as_ref()
+            .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The in-memory admission of a SQLite file's writer (tests, ops).
@@ -354,6 +368,7 @@ mod tests {
         let writer = LedgerWriter {
             shards: vec![tx].into(),
             admission: Some(admission.clone()),
+            wal_syncs: None,
         };
         let first = writer.submit(reserve("t")).await.unwrap();
         assert_eq!(first, Done::Admitted);
@@ -374,6 +389,7 @@ mod tests {
         let writer = LedgerWriter {
             shards: senders.into(),
             admission: None,
+            wal_syncs: None,
         };
         let index = |op: &Op| {
             let shard = writer.shard(op).unwrap();

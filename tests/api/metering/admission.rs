@@ -288,7 +288,14 @@ async fn a_failed_batch_keeps_its_reservations_counted_until_they_settle() {
         committed.reserved_requests == 1 && pending == held
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A later operation is answered only once the writer has applied the
+    // failed batch before it (one queue, in order): still held then.
+    let barrier = Settle {
+        reservations: Vec::new(),
+        charge: false,
+        ..settle(&reserve("barrier", "t2", month), 0, 0)
+    };
+    writer.submit(Op::Settle(barrier)).await.unwrap();
     assert_eq!(admission.snapshot("t1", month).unwrap().1, held);
 
     // Its call settles (that batch fails too): nothing is left pending.

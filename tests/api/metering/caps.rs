@@ -291,9 +291,13 @@ async fn limits_cli_sets_shows_clears_and_the_server_enforces() {
     let show = limits_cli(&config, &["show", "--team", "t1"]).await;
     assert!(show.contains("max_requests unlimited"), "{show}");
     // The running server admits in memory (SQLite file) and reads a team's
-    // caps again once they are older than `metering.limits_refresh`.
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
-    c.classify_sms(classify("Third time lucky")).await.unwrap();
+    // caps again once they are older than `metering.limits_refresh`: a
+    // call is refused (no record, nothing charged) until it has.
+    crate::metering::wait_for(|| {
+        let mut c = c.clone();
+        async move { c.classify_sms(classify("Third time lucky")).await.is_ok() }
+    })
+    .await;
     let again = limits_cli(&config, &["clear", "--team", "t1"]).await;
     assert_eq!(again, "team t1 had no override\n");
     app.stop().await;

@@ -41,8 +41,8 @@ use std::{
 pub struct Wal {
     path: PathBuf,
     file: Option<File>,
-    /// Syncs that succeeded (read by tests).
-    synced: u64,
+    /// Syncs that succeeded (ops and tests read it).
+    synced: Arc<AtomicU64>,
 }
 
 impl Wal {
@@ -54,7 +54,7 @@ impl Wal {
         Self {
             path: PathBuf::from(path),
             file: None,
-            synced: 0,
+            synced: Arc::default(),
         }
     }
 
@@ -71,14 +71,20 @@ impl Wal {
         };
         let result = file.sync_data();
         self.file = Some(file);
-        self.synced += u64::from(result.is_ok());
+        self.synced
+            .fetch_add(u64::from(result.is_ok()), Ordering::Relaxed);
         result
     }
 
     /// Syncs that succeeded so far.
     #[cfg(test)]
     pub fn syncs(&self) -> u64 {
-        self.synced
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    /// The count of syncs that succeeded, shared.
+    pub fn counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.synced)
     }
 }
 
@@ -212,6 +218,7 @@ mod tests {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !done() {
             assert!(std::time::Instant::now() < deadline, "{what}");
+            #[allow(clippy::disallowed_methods)] // the test's own thread, not a runtime worker
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -224,6 +231,7 @@ mod tests {
         let background = Background::start(&db, Duration::from_millis(1)).unwrap();
 
         // Nothing marked: many passes, no sync.
+        #[allow(clippy::disallowed_methods)] // the test's own thread, not a runtime worker
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(background.syncs(), 0, "synced with nothing marked");
 
@@ -235,6 +243,7 @@ mod tests {
         let before = background.syncs();
         background.mark();
         background.unmark();
+        #[allow(clippy::disallowed_methods)] // the test's own thread, not a runtime worker
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(background.syncs(), before, "synced an unmarked commit");
 

@@ -122,6 +122,13 @@ impl SqliteWriter {
     }
 }
 
+impl SqliteWriter {
+    /// How many WAL syncs answered settlements (with full durability).
+    pub fn wal_syncs(&self) -> Option<Arc<std::sync::atomic::AtomicU64>> {
+        self.wal.as_ref().map(Wal::counter)
+    }
+}
+
 impl Applier for SqliteWriter {
     /// Holds a batch of reservations alone for up to [`LINGER`], until a
     /// settlement (or `batch_max` operations) joins it; a batch with a
@@ -385,6 +392,8 @@ mod tests {
         // Woken from another thread while parked.
         let (tx, rx) = tokio::sync::oneshot::channel::<u8>();
         let sender = std::thread::spawn(move || {
+            #[allow(clippy::disallowed_methods)]
+            // a plain thread of the test, not a runtime worker
             std::thread::sleep(Duration::from_millis(5));
             tx.send(3).unwrap();
         });
