@@ -405,10 +405,9 @@ pub struct DatabaseConfig {
     /// When a SQLite commit counts as done (ignored for PostgreSQL).
     pub sqlite_synchronous: SqliteDurability,
     /// SQLite file only: WAL frames (pages) the ledger writer lets the WAL
-    /// grow to before it checkpoints, between commits. SQLite's default,
-    /// 1,000 (~4 MB), stalled the single writer often enough to show in the
-    /// metered p99 (docs/benchmarks.md); 10,000 keeps a ~40 MB WAL that is
-    /// rewritten in place.
+    /// grow to before it checkpoints, between commits: 10,000 keeps a
+    /// ~40 MB WAL, rewritten in place, and checkpoints rarely stall the
+    /// single writer (docs/adr/0006).
     pub sqlite_wal_autocheckpoint: u32,
 }
 

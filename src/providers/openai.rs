@@ -55,8 +55,7 @@ impl Flavor {
 pub struct OpenAiProvider {
     flavor: Flavor,
     clients: http::Clients,
-    /// Parsed once: parsing (IDNA host processing included) on every call
-    /// showed up in the benchmark's profile.
+    /// Parsed once, not per call (IDNA host processing included).
     url: reqwest::Url,
     /// `Authorization: Bearer …`, built once and marked sensitive so it
     /// never shows in debug output.

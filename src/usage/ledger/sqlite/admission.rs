@@ -206,8 +206,7 @@ impl Admission {
     /// The caps `admit` would use for `team` now. Once they are due for a
     /// refresh, one caller reads them again while the others keep using
     /// the ones it is replacing: a busy team would otherwise send every
-    /// call of that moment to the pool at once (measured: reservation waits
-    /// of hundreds of ms when the pool was busy).
+    /// call of that moment to the pool at once.
     async fn caps(&self, team: &str, defaults: Caps) -> Result<Caps, StoreError> {
         let mut guard = Refreshing {
             admission: self,

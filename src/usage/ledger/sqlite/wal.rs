@@ -91,16 +91,14 @@ impl Wal {
 /// Syncs commits that no caller waits for, at most [`BACKGROUND_EVERY`]
 /// after they were made, on a thread beside the writer.
 ///
-/// With `sqlite_synchronous = "normal"` no commit syncs the WAL, so the
+/// With `sqlite_synchronous = "normal"` no commit syncs the WAL, and the
 /// automatic checkpoint (run inside the commit that crosses its threshold)
-/// first had to sync the whole unsynced WAL, ~4 MB: a 10–20 ms stall for
-/// every call queued behind that commit, which set that mode's p99 in the
-/// benchmark. With `"full"` a batch of reservations alone (admitted in
-/// memory, nobody waiting) is not synced by the writer: the next
+/// would first sync the whole unsynced WAL, stalling every call queued
+/// behind that commit (docs/adr/0006). With `"full"` a batch of
+/// reservations alone (admitted in memory, nobody waiting) is not synced by
+/// the writer, so a settlement never waits behind it: the next
 /// settlement's sync covers it (the WAL is written in order), and until
 /// then this thread bounds how long it stays only in the OS's page cache.
-/// Before, the writer synced such a batch itself and a settlement arriving
-/// meanwhile waited for that sync before its own.
 ///
 /// The writer [`mark`](Self::mark)s what it leaves unsynced; the thread
 /// syncs only when something is marked, so an idle server does no I/O. The
