@@ -54,9 +54,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "domain",
                 "config",
                 "telemetry",
-                "store",
                 "providers",
-                "resilience",
                 "router",
                 "prompts",
                 "usage",
@@ -129,38 +127,59 @@ fn imports(source: &str) -> BTreeSet<String> {
     while let Some(at) = rest.find("crate::") {
         rest = &rest[at + "crate::".len()..];
         if let Some(group) = rest.strip_prefix('{') {
-            // The names at depth 0 of the group.
+            // The leading name of each depth-0 item of the group.
             let mut depth = 0;
-            let mut name = String::new();
-            let mut expect_name = true;
+            let mut item = String::new();
             for c in group.chars() {
                 match c {
                     '{' => depth += 1,
                     '}' if depth == 0 => break,
                     '}' => depth -= 1,
-                    ',' if depth == 0 => expect_name = true,
-                    c if depth == 0 && expect_name && (c.is_alphanumeric() || c == '_') => {
-                        name.push(c)
+                    ',' if depth == 0 => {
+                        found.extend(leading_name(&item));
+                        item.clear();
                     }
-                    _ if depth == 0 && expect_name && !name.is_empty() => {
-                        found.insert(std::mem::take(&mut name));
-                        expect_name = false;
-                    }
+                    c if depth == 0 => item.push(c),
                     _ => {}
                 }
             }
-            if !name.is_empty() {
-                found.insert(name);
-            }
+            found.extend(leading_name(&item));
         } else {
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            found.insert(name);
+            found.extend(leading_name(rest));
         }
     }
     found
+}
+
+/// The identifier `text` starts with (after whitespace), if any.
+fn leading_name(text: &str) -> Option<String> {
+    let name: String = text
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+/// The module each `#[macro_export]` macro is defined in: a macro is
+/// reached through the crate root (`crate::on_store!`), but it belongs to
+/// its home module's layer.
+fn macro_homes(files: &[(String, String)]) -> BTreeMap<String, String> {
+    let mut homes = BTreeMap::new();
+    for (top, source) in files {
+        let mut rest = source.as_str();
+        while let Some(at) = rest.find("#[macro_export]") {
+            rest = &rest[at..];
+            if let Some(def) = rest.find("macro_rules!") {
+                let after = &rest[def + "macro_rules!".len()..];
+                if let Some(name) = leading_name(after) {
+                    homes.insert(name, top.clone());
+                }
+            }
+            rest = &rest["#[macro_export]".len()..];
+        }
+    }
+    homes
 }
 
 fn visit(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
@@ -180,17 +199,26 @@ fn imports_only_flow_down_the_layers() {
     let allowed = allowed();
     let mut files = Vec::new();
     visit(&src, &mut files);
+    let sources: Vec<(String, String)> = files
+        .iter()
+        .map(|file| {
+            let top = file
+                .strip_prefix(&src)
+                .unwrap()
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_owned();
+            (top, fs::read_to_string(file).unwrap())
+        })
+        .collect();
+    let macros = macro_homes(&sources);
     let mut broken = Vec::new();
-    for file in &files {
+    for (file, (top, source)) in files.iter().zip(&sources) {
         let relative = file.strip_prefix(&src).unwrap();
-        let top = relative
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy()
-            .trim_end_matches(".rs")
-            .to_owned();
         // The crate root and the binary wire everything.
         if top == "lib" || top == "main" {
             continue;
@@ -202,9 +230,9 @@ fn imports_only_flow_down_the_layers() {
             ));
             continue;
         };
-        for used in imports(&fs::read_to_string(file).unwrap()) {
-            // Macros exported at the crate root, and the module itself.
-            if used == top || used.ends_with('!') || !allowed.contains_key(used.as_str()) {
+        for used in imports(source) {
+            let used = macros.get(&used).cloned().unwrap_or(used);
+            if used == *top || !allowed.contains_key(used.as_str()) {
                 continue;
             }
             if !may_use.contains(&used.as_str()) {
@@ -225,7 +253,23 @@ fn imports_only_flow_down_the_layers() {
 #[test]
 fn the_import_reader_sees_groups_and_paths_but_not_comments() {
     let source = "use crate::{\n    config::Config,\n    router::{A, B},\n    usage,\n};\n\
-                  let x = crate::tasks::run();\n// crate::api::nope\n";
+                  let x = crate::tasks::run();\n// crate::api::nope\n\
+                  use crate::{store, call::X};\nuse crate::{self as c, prompts};\n";
     let found: Vec<String> = imports(source).into_iter().collect();
-    assert_eq!(found, ["config", "router", "tasks", "usage"]);
+    assert_eq!(
+        found,
+        [
+            "call", "config", "prompts", "router", "self", "store", "tasks", "usage"
+        ]
+    );
+}
+
+#[test]
+fn exported_macros_belong_to_their_home_module() {
+    let files = [(
+        "store".to_owned(),
+        "#[macro_export]\nmacro_rules! on_store { () => {} }\n".to_owned(),
+    )];
+    let homes = macro_homes(&files);
+    assert_eq!(homes.get("on_store").map(String::as_str), Some("store"));
 }

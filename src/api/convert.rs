@@ -6,7 +6,7 @@ use crate::{
     router::{AttemptOutcome, AttemptRecord},
     tasks::{SmsTurn, sms_generate::GenerateInput},
     usage::{
-        ledger::{Balance, Caps},
+        policy::{Balance, Caps},
         pricing::usd,
     },
 };

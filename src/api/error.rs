@@ -10,7 +10,7 @@ use crate::{
     router::{AttemptRecord, RouteError},
     telemetry::trace_id::TRACE_ID_HEADER,
     usage::{
-        ledger::{CapKind, Refusal},
+        policy::{CapKind, Refusal},
         pricing::usd,
     },
 };
@@ -26,11 +26,11 @@ pub mod reason {
     /// A field is missing, malformed or too large.
     pub const INVALID_INPUT: &str = "INVALID_INPUT";
     /// The task is not configured.
-    pub const TASK_UNKNOWN: &str = "TASK_UNKNOWN";
+    pub const TASK_UNKNOWN: &str = crate::router::RouteError::TASK_UNKNOWN;
     /// Every target of the chain failed.
-    pub const ALL_PROVIDERS_FAILED: &str = "ALL_PROVIDERS_FAILED";
+    pub const ALL_PROVIDERS_FAILED: &str = crate::router::RouteError::ALL_PROVIDERS_FAILED;
     /// The deadline or latency budget ran out.
-    pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
+    pub const DEADLINE_EXCEEDED: &str = crate::router::RouteError::DEADLINE_EXCEEDED;
     /// A monthly cap would be exceeded.
     pub const QUOTA_EXCEEDED: &str = "QUOTA_EXCEEDED";
     /// The call's estimated cost exceeds `budget.max_cost_usd`.

@@ -158,11 +158,11 @@ fn open_execute(
         ("task", req.task.len()),
         ("context", context_bytes(req.context.as_ref())),
     ];
-    api.check_input(&opened, req.encoded_len(), &fields, 0)?;
     let trace_id = &opened.call.context().trace_id;
     if req.task.is_empty() {
         return Err(to_status(Failure::invalid("task", "is required"), trace_id));
     }
+    api.check_input(&opened, req.encoded_len(), &fields, 0)?;
     let input = execute_input(api, req.input).map_err(|f| to_status(f, trace_id))?;
     Ok((opened, req.task, input))
 }

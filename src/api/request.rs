@@ -91,7 +91,7 @@ pub(crate) fn call_context(
         started_at_ms: chrono::Utc::now().timestamp_millis(),
         // `default_timeout` comes from config: an absurd one must not overflow.
         deadline: instant_after(started, timeout),
-        budget_usd: budget.map(|b| b.max_cost_usd).filter(|b| *b > 0.0),
+        budget_usd: budget.map(|b| b.max_cost_usd),
         traceparent: metadata
             .get("traceparent")
             .and_then(|v| v.to_str().ok())

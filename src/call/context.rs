@@ -23,7 +23,8 @@ pub struct CallContext {
     pub started_at_ms: i64,
     /// When everything must be over.
     pub deadline: Instant,
-    /// `budget.max_cost_usd`, when the caller set one.
+    /// `budget.max_cost_usd`, as the caller sent it (the meter reads a
+    /// value that is not positive as no budget).
     pub budget_usd: Option<f64>,
     /// The caller's valid W3C `traceparent`, continued by our spans and
     /// forwarded upstream when trace export is off.

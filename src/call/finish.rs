@@ -6,8 +6,9 @@ use crate::{
     router::{AttemptRecord, RouteError},
     tasks::TaskError,
     telemetry::metrics,
-    usage::{MeterError, UsageRecord, ledger::Refusal, pricing::usd},
+    usage::{MeterError, UsageRecord, policy::Refusal, pricing::usd},
 };
+use futures::future::{self, Either};
 use std::time::Duration;
 
 /// Why a call produced no answer, in the pipeline's terms (the API maps
@@ -63,15 +64,6 @@ impl From<TaskError> for CallError {
     }
 }
 
-/// The stable reason of a routing failure (also the usage record's outcome).
-pub fn route_reason(err: &RouteError) -> &'static str {
-    match err {
-        RouteError::UnknownTask(_) => "TASK_UNKNOWN",
-        RouteError::AllProvidersFailed { .. } => "ALL_PROVIDERS_FAILED",
-        RouteError::DeadlineExceeded { .. } => "DEADLINE_EXCEEDED",
-    }
-}
-
 impl Call {
     /// Ends the call with the task's `result`: records the metrics of its
     /// attempts, writes its usage record and settles its reservations,
@@ -82,20 +74,32 @@ impl Call {
     /// called (SPEC §5: no acknowledged call goes unrecorded). A call
     /// refused before any provider attempt spent nothing, and does not wait
     /// for the disk. Input, cap and budget refusals leave no record.
-    pub async fn finish<T>(self, result: Result<T, TaskError>) -> Result<(T, CallMeta), CallError> {
-        let (value, outcome) = match result {
-            Ok(value) => (Some(value), "ok"),
-            Err(TaskError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => {
-                (None, route_reason(&err))
-            }
-            Err(other) => return Err(self.refused(other)),
+    ///
+    /// The record is built before the returned future is polled; the
+    /// future holds only it, the meter session and the answer, not the
+    /// call's log (a call in flight is the server's unit of memory:
+    /// docs/benchmarks.md, *Sizing*).
+    pub fn finish<T>(
+        self,
+        result: Result<T, TaskError>,
+    ) -> impl Future<Output = Result<(T, CallMeta), CallError>> {
+        let answer = match result {
+            Ok(value) => Ok(value),
+            Err(TaskError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => Err(err),
+            Err(other) => return Either::Left(future::ready(Err(self.refused(other)))),
         };
+        let outcome = answer.as_ref().map_or_else(RouteError::reason, |_| "ok");
         let (meta, record, prompt_owner, provider_time, reached) = {
-            let log = self.log();
+            let mut log = self.log();
+            if answer.is_err() {
+                // An earlier model call of this call may have been served
+                // (a redraft's first draft); the call itself was not.
+                log.served = None;
+            }
             let meta = CallMeta::of(&log, &self.ctx.trace_id, self.ctx.started.elapsed());
             let provider_time = self.observe(&log, &meta);
             let reached =
-                value.is_some() || log.attempts.iter().any(AttemptRecord::reached_provider);
+                answer.is_ok() || log.attempts.iter().any(AttemptRecord::reached_provider);
             // Built-in prompts (version 0) keep no stats.
             let prompt_owner = log
                 .prompt
@@ -105,26 +109,27 @@ impl Call {
             let record = self.record(&log, &meta, outcome);
             (meta, record, prompt_owner, provider_time, reached)
         };
-        let settled = if reached {
-            self.meter.settle(record, prompt_owner).await
-        } else {
-            self.meter.settle_refused(record, prompt_owner).await
-        };
-        // Our overhead includes the settlement the response waits for.
-        metrics::overhead(self.ctx.started.elapsed().saturating_sub(provider_time));
-        settled?;
-        match value {
-            Some(value) => Ok((value, meta)),
-            None => Err(CallError::Route(if outcome == "DEADLINE_EXCEEDED" {
-                RouteError::DeadlineExceeded {
-                    attempts: meta.attempts,
-                }
+        let Call {
+            meter,
+            ctx,
+            _slot: slot,
+            ..
+        } = self;
+        Either::Right(async move {
+            let settled = if reached {
+                meter.settle(record, prompt_owner).await
             } else {
-                RouteError::AllProvidersFailed {
-                    attempts: meta.attempts,
-                }
-            })),
-        }
+                meter.settle_refused(record, prompt_owner).await
+            };
+            // Our overhead includes the settlement the response waits for.
+            metrics::overhead(ctx.started.elapsed().saturating_sub(provider_time));
+            drop(slot);
+            settled?;
+            match answer {
+                Ok(value) => Ok((value, meta)),
+                Err(err) => Err(CallError::Route(err.with_attempts(meta.attempts))),
+            }
+        })
     }
 
     /// A call refused before any provider work (input, cap, budget): no

@@ -40,7 +40,8 @@ pub enum LimitsAction {
 /// Runs a `limits` sub-command against the configured database.
 pub async fn limits(config: &Config, action: LimitsAction) -> anyhow::Result<String> {
     use crate::usage::{
-        ledger::{self, Caps},
+        ledger,
+        policy::{Balance, Caps},
         pricing::{micros_floor, usd},
         summary::month_of,
     };
@@ -51,7 +52,7 @@ pub async fn limits(config: &Config, action: LimitsAction) -> anyhow::Result<Str
     let defaults =
         crate::usage::Meter::new(None, Default::default(), &config.metering).default_caps();
     let now = chrono::Utc::now();
-    let show = |team: &str, caps: Caps, b: ledger::Balance| {
+    let show = |team: &str, caps: Caps, b: Balance| {
         let fmt = |v: Option<i64>| v.map_or("unlimited".to_owned(), |v| v.to_string());
         format!(
             "team {team}\n  max_tokens   {}  (used {} + reserved {})\n  max_requests {}  (used {} + reserved {})\n  max_cost_usd {}  (used {:.6} + reserved {:.6})\n",

@@ -190,13 +190,14 @@ impl ProviderError {
     }
 
     /// A short description for the attempt's log line: the provider's
-    /// error type (`rate_limit_error`, `overloaded_error`, ...), the kind
-    /// of malformation, or the transport's error kind. Never the body.
+    /// error type (`rate_limit_error`, `overloaded_error`, ...) or the
+    /// transport's error kind. Never the body, and nothing for a malformed
+    /// answer: its description can quote the model's output (a parse error
+    /// naming the value it rejected), and model output can echo the user's
+    /// text, which stays out of logs.
     pub fn summary(&self) -> Option<&str> {
         match self {
-            ProviderError::Status { summary, .. } | ProviderError::Malformed(summary) => {
-                Some(summary)
-            }
+            ProviderError::Status { summary, .. } => Some(summary),
             ProviderError::Connect(failure) => Some(failure.as_str()),
             _ => None,
         }

@@ -44,6 +44,33 @@ pub enum RouteError {
 }
 
 impl RouteError {
+    /// [`Self::reason`] of [`RouteError::UnknownTask`].
+    pub const TASK_UNKNOWN: &'static str = "TASK_UNKNOWN";
+    /// [`Self::reason`] of [`RouteError::AllProvidersFailed`].
+    pub const ALL_PROVIDERS_FAILED: &'static str = "ALL_PROVIDERS_FAILED";
+    /// [`Self::reason`] of [`RouteError::DeadlineExceeded`].
+    pub const DEADLINE_EXCEEDED: &'static str = "DEADLINE_EXCEEDED";
+
+    /// The stable name of this failure: the API's `ErrorInfo.reason` and
+    /// the usage record's `outcome`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RouteError::UnknownTask(_) => Self::TASK_UNKNOWN,
+            RouteError::AllProvidersFailed { .. } => Self::ALL_PROVIDERS_FAILED,
+            RouteError::DeadlineExceeded { .. } => Self::DEADLINE_EXCEEDED,
+        }
+    }
+
+    /// The same failure carrying `attempts` instead (a call's failure
+    /// reports every attempt of the call, not only its last model call's).
+    pub fn with_attempts(self, attempts: Vec<AttemptRecord>) -> Self {
+        match self {
+            RouteError::UnknownTask(task) => RouteError::UnknownTask(task),
+            RouteError::AllProvidersFailed { .. } => RouteError::AllProvidersFailed { attempts },
+            RouteError::DeadlineExceeded { .. } => RouteError::DeadlineExceeded { attempts },
+        }
+    }
+
     /// The attempts made, for error details and usage records.
     pub fn attempts(&self) -> &[AttemptRecord] {
         match self {

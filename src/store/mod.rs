@@ -39,6 +39,10 @@ pub enum StoreError {
          process (use PostgreSQL to run replicas)"
     )]
     InUse(std::path::PathBuf),
+    /// A blocking task of the ledger (a SQLite batch) panicked or was
+    /// cancelled.
+    #[error("the ledger's blocking task failed: {0}")]
+    Blocking(#[from] tokio::task::JoinError),
     /// An operation this backend does not offer.
     #[error("{0}")]
     Unsupported(&'static str),

@@ -82,7 +82,8 @@ impl Meter {
         self.writer.is_some()
     }
 
-    /// A session for one request.
+    /// A session for one request; `budget_usd` not positive (the proto's
+    /// unset 0) is no budget.
     pub fn session(&self, who: Who, started_at_ms: i64, budget_usd: Option<f64>) -> MeterSession {
         let at =
             chrono::DateTime::from_timestamp_millis(started_at_ms).unwrap_or_else(chrono::Utc::now);
@@ -135,7 +136,7 @@ struct Held {
 
 #[derive(Default)]
 struct State {
-    /// `(id, input, output, requests, cost)` of every reservation made.
+    /// Every reservation made, with its estimate.
     reservations: Vec<Held>,
     task: String,
     settled: bool,

@@ -232,3 +232,18 @@ pub fn ctx() -> Option<ai_orchestrator::api::pb::RequestContext> {
         ..Default::default()
     })
 }
+
+/// Polls `check` until it holds (10 s at most): for effects of another task.
+pub async fn wait_for<F, Fut>(check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("condition not reached within 10 s");
+}

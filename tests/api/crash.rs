@@ -3,8 +3,8 @@
 //! after a restart no reservation stays open. Runs on SQLite and PostgreSQL.
 
 use crate::{
-    common::connect,
-    metering::{Db, wait_for},
+    common::{connect, wait_for},
+    metering::Db,
 };
 use ai_orchestrator::{
     api::pb::{self, orchestrator_client::OrchestratorClient},

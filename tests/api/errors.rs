@@ -383,7 +383,7 @@ async fn an_over_limit_burst_is_shed_at_once_but_health_still_answers() {
     let mut health = tonic_health::pb::health_client::HealthClient::new(app.channel.clone());
     // Three calls are in flight once their reservations are written.
     let store = app.store().await;
-    crate::metering::wait_for(|| async {
+    crate::common::wait_for(|| async {
         ai_orchestrator::usage::sweeper::open_reservations(&store)
             .await
             .unwrap()

@@ -135,7 +135,7 @@ async fn graceful_shutdown_lets_an_in_flight_call_finish() {
     // The call is admitted and on its way to the provider once its
     // reservation is written.
     let store = app.store().await;
-    crate::metering::wait_for(|| async {
+    crate::common::wait_for(|| async {
         ai_orchestrator::usage::sweeper::open_reservations(&store)
             .await
             .unwrap()

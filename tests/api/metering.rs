@@ -4,14 +4,15 @@
 //! and on PostgreSQL; GetUsage and the caps' other paths are in the
 //! submodules.
 
-use crate::common::{TestApp, TestPostgres, config_toml_with, ctx};
+use crate::common::{TestApp, TestPostgres, config_toml_with, ctx, wait_for};
 use ai_orchestrator::{
     api::pb,
     config::DatabaseConfig,
     store::Store,
     usage::{
         Amount,
-        ledger::{self, Caps, Done, Op, Reserve},
+        ledger::{self, Done, Op, Reserve},
+        policy::Caps,
         record, summary, sweeper,
     },
 };
@@ -390,6 +391,35 @@ async fn month_rollover(postgres: bool) {
     db.cleanup().await;
 }
 
+/// PostgreSQL admits every reservation in SQL, against the shared ledger:
+/// a reservation claiming to be admitted in memory (only a SQLite file's
+/// writer does that) is guarded like any other, never written unchecked.
+#[tokio::test]
+async fn postgres_guards_a_reservation_that_claims_it_was_admitted() {
+    let db = Db::new(true).await;
+    let store = db.store().await;
+    let over = |id: &str| {
+        Op::Reserve(Reserve {
+            id: id.into(),
+            team_id: "t8".into(),
+            requests: 1,
+            default_caps: Caps {
+                requests: Some(1),
+                ..Caps::default()
+            },
+            admitted: true,
+            ..Reserve::default()
+        })
+    };
+    let done = ledger::apply(&store, &[over("a"), over("b")])
+        .await
+        .unwrap();
+    assert_eq!(done[0], Done::Admitted);
+    assert!(matches!(done[1], Done::Refused(_)), "{:?}", done[1]);
+    store.close().await;
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn caps_reset_at_the_utc_month_boundary_sqlite() {
     month_rollover(false).await;
@@ -724,19 +754,4 @@ fn traced<T>(body: T, trace_id: &str) -> tonic::Request<T> {
         .metadata_mut()
         .insert("x-trace-id", trace_id.parse().unwrap());
     request
-}
-
-/// Polls `check` until it holds (10 s at most): for effects of another task.
-pub(crate) async fn wait_for<F, Fut>(check: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..500 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("condition not reached within 10 s");
 }

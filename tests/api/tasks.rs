@@ -4,6 +4,7 @@
 //! their own files under `tasks/`.
 
 mod classify;
+mod generate;
 mod research;
 
 use crate::common::{TestApp, config_toml_with, ctx};

@@ -45,14 +45,25 @@ pub(super) type Unit<'a, R> = (&'a [Op], R);
 /// several, each alone: an operation that breaks a constraint fails its own
 /// caller only, never the calls it shared a batch with. Returns each unit
 /// as last applied, in order, with its result.
-pub(super) fn isolate<T, E: std::fmt::Display>(
-    ops: &[Op],
-    mut apply: impl FnMut(&[Op]) -> Result<T, E>,
-) -> Vec<Unit<'_, Result<T, E>>> {
-    match apply(ops) {
+///
+/// Async for PostgreSQL's pooled transactions; the SQLite writer's
+/// blocking transaction answers with a ready future.
+pub(super) async fn isolate<'o, T, E, F>(
+    ops: &'o [Op],
+    mut apply: impl FnMut(&'o [Op]) -> F,
+) -> Vec<Unit<'o, Result<T, E>>>
+where
+    E: std::fmt::Display,
+    F: Future<Output = Result<T, E>>,
+{
+    match apply(ops).await {
         Err(e) if ops.len() > 1 => {
             tracing::warn!(error = %e, batch = ops.len(), "ledger batch failed; applying its operations one by one");
-            ops.chunks(1).map(|op| (op, apply(op))).collect()
+            let mut units = Vec::with_capacity(ops.len());
+            for op in ops.chunks(1) {
+                units.push((op, apply(op).await));
+            }
+            units
         }
         whole => vec![(ops, whole)],
     }
@@ -125,7 +136,6 @@ pub(super) fn take_queued(
     }
 }
 
-/// A pooled writer's task: each batch one transaction through the pool.
 /// What applies a writer's batches: the one loop ([`run`]) asks it to
 /// gather a batch, then to apply it and answer its callers.
 pub(super) trait Applier {
@@ -169,18 +179,8 @@ pub(super) struct Pool(pub(super) Store);
 impl Applier for Pool {
     async fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
         let started = Instant::now();
-        // `isolate`, awaited: the whole batch, else each operation alone.
-        let units = match postgres::apply(&self.0, ops).await {
-            Err(e) if ops.len() > 1 => {
-                tracing::warn!(error = %e, batch = ops.len(), "ledger batch failed; applying its operations one by one");
-                let mut units = Vec::with_capacity(ops.len());
-                for op in ops.chunks(1) {
-                    units.push((op, postgres::apply(&self.0, op).await));
-                }
-                units
-            }
-            whole => vec![(ops, whole)],
-        };
+        let store = &self.0;
+        let units = isolate(ops, move |batch| postgres::apply(store, batch)).await;
         metrics::ledger_commit(ops.len(), started.elapsed());
         answer(replies, outcomes(units), |_| true);
     }
@@ -218,19 +218,20 @@ mod tests {
     /// A batch that fails is applied again one operation at a time, so
     /// only the operation at fault fails; a batch that succeeds, or a lone
     /// operation, is applied once.
-    #[test]
-    fn a_failed_batch_is_retried_operation_by_operation() {
+    #[tokio::test]
+    async fn a_failed_batch_is_retried_operation_by_operation() {
         let ops = [reserve("a"), settle("bad"), reserve("c")];
         let bad = |op: &Op| matches!(op, Op::Settle(s) if s.record.team_id == "bad");
         let mut calls = Vec::new();
         let units = isolate(&ops, |batch| {
             calls.push(batch.len());
-            if batch.iter().any(bad) {
+            std::future::ready(if batch.iter().any(bad) {
                 Err("constraint")
             } else {
                 Ok(batch.len())
-            }
-        });
+            })
+        })
+        .await;
         assert_eq!(calls, [3, 1, 1, 1]);
         let results: Vec<_> = units.iter().map(|(b, r)| (b.len(), *r)).collect();
         assert_eq!(results, [(1, Ok(1)), (1, Err("constraint")), (1, Ok(1))]);
@@ -238,10 +239,14 @@ mod tests {
         let mut calls = 0;
         let units = isolate(&ops, |batch| {
             calls += 1;
-            Ok::<_, &str>(batch.len())
-        });
+            std::future::ready(Ok::<_, &str>(batch.len()))
+        })
+        .await;
         assert_eq!((calls, units.len()), (1, 1));
-        let lone = isolate(&ops[1..2], |_| Err::<(), _>("constraint"));
+        let lone = isolate(&ops[1..2], |_| {
+            std::future::ready(Err::<(), _>("constraint"))
+        })
+        .await;
         assert_eq!(lone.len(), 1);
     }
 }

@@ -15,7 +15,7 @@ pub mod postgres;
 pub mod sqlite;
 pub mod writer;
 
-pub use super::policy::{Balance, CapKind, Caps, Refusal};
+use super::policy::{Balance, Caps, Refusal};
 pub use writer::{LedgerWriter, WriteError};
 
 use super::{amount::Amount, record::UsageRecord};
@@ -62,8 +62,10 @@ pub struct Reserve {
     pub priority: String,
     /// Now, unix ms.
     pub created_at_ms: i64,
-    /// Already admitted in memory (a SQLite file's
-    /// [`sqlite::Admission`]): written without the guard.
+    /// Already admitted in memory by a SQLite file's writer
+    /// ([`sqlite::Admission`]): written without the guard. Only that writer
+    /// sets it; a backend that does not admit in memory (PostgreSQL)
+    /// ignores it and guards the reservation like any other.
     pub admitted: bool,
 }
 
@@ -202,6 +204,9 @@ pub struct Delta {
 /// The statements a batch needs, on one transaction of one backend.
 /// Implemented once per driver; [`plan::apply`] is the one algorithm over it.
 pub(super) trait Backend {
+    /// Whether this backend's writer admits reservations in memory (and
+    /// [`Reserve::admitted`] may be trusted).
+    const ADMITS_IN_MEMORY: bool;
     /// Deletes these reservations; returns the IDs that were still open
     /// (the others were swept as orphans).
     async fn delete_reservations(&mut self, ids: &[&str]) -> Result<HashSet<String>, StoreError>;
@@ -365,10 +370,15 @@ pub async fn clear_caps(store: &Store, team: &str) -> Result<bool, StoreError> {
     Ok(n > 0)
 }
 
-/// Applies `ops` to `store` in one transaction, outside any ledger writer
-/// (tools and tests; a server's writer applies its own batches): through a
-/// pooled connection on PostgreSQL, through a connection of its own on a
-/// SQLite file. One result per op, in order.
+/// Applies `ops` to `store` in one transaction, outside any ledger writer:
+/// through a pooled connection on PostgreSQL, through a connection of its
+/// own on a SQLite file. One result per op, in order.
+///
+/// Test support, not an API: a server's writer applies its own batches,
+/// and on a SQLite file this bypasses a running server's in-memory
+/// admission (and the configured busy timeout), so it must not be used
+/// beside one.
+#[doc(hidden)]
 pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
     let Store::Sqlite(pool) = store else {
         return postgres::apply(store, ops).await;
@@ -379,6 +389,5 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
         let mut conn = sqlite::open(&path, &crate::config::DatabaseConfig::default())?;
         sqlite::apply(&mut conn, &ops)
     })
-    .await
-    .map_err(|_| StoreError::Unsupported("the SQLite ledger batch did not finish"))?
+    .await?
 }

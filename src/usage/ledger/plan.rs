@@ -1,9 +1,10 @@
 //! The one algorithm that applies a batch of ledger operations, over either
 //! backend, in the backend's one transaction:
 //!
-//! 1. reservations admitted in memory (a SQLite file) are written unguarded,
-//!    except those settled in the same batch: a short call's reservation
-//!    would be inserted and deleted in one transaction, so it never is;
+//! 1. reservations admitted in memory (a SQLite file's writer) are taken as
+//!    admitted, and those settled in the same batch are dropped: a short
+//!    call's reservation would be inserted and deleted in one transaction,
+//!    so it never is;
 //! 2. the settled reservations still open are deleted (a missing one was
 //!    swept as an orphan and charged already);
 //! 3. each ledger row touched is updated once, in (team, month) order, with
@@ -13,7 +14,7 @@
 //! 4. the usage records are written, then the prompt versions' stats
 //!    folded in (after the ledger rows: every writer, of any replica, locks
 //!    rows in the same order, so PostgreSQL never has a cycle to break);
-//! 5. the admitted reservations are written.
+//! 5. the admitted reservations (of step 1 and step 3) are written.
 //!
 //! The result is one [`Done`] per operation, and (for a SQLite file's
 //! in-memory admission) the rows as the transaction left them.
@@ -55,7 +56,7 @@ pub(super) async fn apply<B: Backend>(
 
     for (i, op) in ops.iter().enumerate() {
         let Op::Reserve(r) = op else { continue };
-        if r.admitted {
+        if r.admitted && B::ADMITS_IN_MEMORY {
             done[i] = Done::Admitted;
             deltas.entry(r.key()).or_default().reserved += r.amount();
             if settling.contains(r.id.as_str()) {

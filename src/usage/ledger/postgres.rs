@@ -30,7 +30,7 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
         ));
     };
     let mut tx = pool.begin().await?;
-    let (done, _) = plan::apply(&mut Pg { tx: &mut tx }, ops, false).await?;
+    let (done, _) = plan::apply(&mut Pg::new(&mut tx), ops, false).await?;
     tx.commit().await?;
     Ok(done)
 }
@@ -119,9 +119,40 @@ fn delete_reservations_sql(rows: usize) -> &'static str {
 /// A batch's transaction.
 struct Pg<'t, 'c> {
     tx: &'t mut Transaction<'c, Postgres>,
+    /// Ledger rows known to exist in this transaction: a guarded
+    /// reservation refused against one is refused, not a missing row to
+    /// create and retry (which would cost two more round trips per refusal
+    /// with the row locked).
+    ensured: HashSet<(String, i64)>,
+}
+
+impl<'t, 'c> Pg<'t, 'c> {
+    fn new(tx: &'t mut Transaction<'c, Postgres>) -> Self {
+        Pg {
+            tx,
+            ensured: HashSet::new(),
+        }
+    }
+
+    /// Creates the ledger row of `(team, month)` unless this transaction
+    /// already knows it exists; true when it was just ensured (a retry can
+    /// tell more than the first try).
+    async fn ensure_row(&mut self, team: &str, month: i64) -> Result<bool, StoreError> {
+        if !self.ensured.insert((team.to_owned(), month)) {
+            return Ok(false);
+        }
+        sqlx::query(ENSURE_ROW)
+            .bind(team)
+            .bind(month)
+            .execute(&mut **self.tx)
+            .await?;
+        Ok(true)
+    }
 }
 
 impl Backend for Pg<'_, '_> {
+    const ADMITS_IN_MEMORY: bool = false;
+
     async fn delete_reservations(&mut self, ids: &[&str]) -> Result<HashSet<String>, StoreError> {
         let mut deleted = HashSet::new();
         for (start, len) in chunks(ids.len()) {
@@ -188,14 +219,13 @@ impl Backend for Pg<'_, '_> {
                 .execute(&mut **self.tx)
                 .await?
                 .rows_affected();
-            if updated > 0 || attempt > 0 {
+            if updated > 0 {
+                self.ensured.insert((team.to_owned(), month));
                 break;
             }
-            sqlx::query(ENSURE_ROW)
-                .bind(team)
-                .bind(month)
-                .execute(&mut **self.tx)
-                .await?;
+            if attempt > 0 || !self.ensure_row(team, month).await? {
+                break;
+            }
         }
         Ok(())
     }
@@ -221,14 +251,13 @@ impl Backend for Pg<'_, '_> {
                 .execute(&mut **self.tx)
                 .await?
                 .rows_affected();
-            if rows == 1 || attempt > 0 {
-                return Ok(rows == 1);
+            if rows == 1 {
+                self.ensured.insert((team.to_owned(), month));
+                return Ok(true);
             }
-            sqlx::query(ENSURE_ROW)
-                .bind(team)
-                .bind(month)
-                .execute(&mut **self.tx)
-                .await?;
+            if attempt > 0 || !self.ensure_row(team, month).await? {
+                return Ok(false);
+            }
         }
         Ok(false)
     }

@@ -64,7 +64,7 @@ enum Writer {
 impl LedgerWriter {
     /// Starts the writers on `store`: one on its own connection for a
     /// SQLite file (admitting calls in memory, caps re-read once older than
-    /// `limits_refresh`), `postgres_writers` for PostgreSQL, one otherwise. They
+    /// `limits_refresh`), `postgres_writers` for PostgreSQL. They
     /// stop once every handle is dropped, or when `stop` turns true: then
     /// they refuse new operations, commit everything already queued (the
     /// usage flush on shutdown) and exit. The handle ends when all have.
@@ -165,7 +165,7 @@ impl LedgerWriter {
 
     /// Queues `op` and waits until it is committed; on a SQLite file a
     /// reservation is instead admitted in memory and queued, with nobody
-    /// waiting for its commit ([`super::admission`]).
+    /// waiting for its commit ([`super::sqlite::Admission`]).
     ///
     /// A plain function returning one of two futures, so each path's
     /// future holds only what it needs: every call's future is as large as

@@ -5,17 +5,19 @@
 //! batch failed, and read caps again after `metering.limits_refresh`. And
 //! the file belongs to one server.
 
-use super::{Db, month_now, wait_for};
+use super::{Db, month_now};
 use crate::common::config_toml_with;
+use crate::common::wait_for;
 use ai_orchestrator::{
     config::{Config, DatabaseConfig},
     store::Store,
     usage::{
         Amount,
         ledger::{
-            self, CapKind, Caps, Done, LedgerWriter, Op, Reservation, Reserve, Settle,
+            self, Done, LedgerWriter, Op, Reservation, Reserve, Settle,
             sqlite::{self as sqlite_writer, Admission},
         },
+        policy::{CapKind, Caps},
         record::{self, UsageRecord},
         sweeper,
     },

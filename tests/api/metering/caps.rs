@@ -6,10 +6,7 @@ use super::{Db, FAST, classify, month_now, traced};
 use crate::common::{TestApp, config_toml_with, ctx};
 use ai_orchestrator::{
     api::pb,
-    usage::{
-        ledger::{self, Caps},
-        record, summary, sweeper,
-    },
+    usage::{ledger, policy::Caps, record, summary, sweeper},
 };
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -293,7 +290,7 @@ async fn limits_cli_sets_shows_clears_and_the_server_enforces() {
     // The running server admits in memory (SQLite file) and reads a team's
     // caps again once they are older than `metering.limits_refresh`: a
     // call is refused (no record, nothing charged) until it has.
-    crate::metering::wait_for(|| {
+    crate::common::wait_for(|| {
         let mut c = c.clone();
         async move { c.classify_sms(classify("Third time lucky")).await.is_ok() }
     })

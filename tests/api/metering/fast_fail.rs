@@ -4,7 +4,8 @@
 //! Shown with the ledger writer stalled behind another connection's write
 //! lock on the SQLite file.
 
-use super::{Db, wait_for};
+use super::Db;
+use crate::common::wait_for;
 use crate::common::{TestApp, config_toml_with, ctx};
 use ai_orchestrator::{api::pb, usage::record};
 use sqlx::Connection;

@@ -7,7 +7,8 @@ use ai_orchestrator::{
     api::pb,
     usage::{
         UsageRecord,
-        ledger::{self, Caps, Done, Op, Reserve, Settle},
+        ledger::{self, Done, Op, Reserve, Settle},
+        policy::Caps,
         record, summary,
     },
 };

@@ -146,6 +146,8 @@ fn insert_reservation_sql() -> &'static str {
 }
 
 impl Backend for Sqlite<'_, '_> {
+    const ADMITS_IN_MEMORY: bool = true;
+
     async fn delete_reservations(&mut self, ids: &[&str]) -> Result<HashSet<String>, StoreError> {
         let mut deleted = HashSet::new();
         for id in ids {

@@ -23,6 +23,7 @@ use crate::usage::ledger::{
     group_commit::{Applier, Outcome, Reply, answer, isolate, outcomes, take_queued},
 };
 use crate::{store::StoreError, telemetry::metrics};
+use futures::FutureExt;
 use std::{
     pin::pin,
     sync::Arc,
@@ -79,9 +80,10 @@ impl SqliteWriter {
     /// Commits `ops` and answers `replies`: reservations once committed,
     /// settlements once the WAL is synced (see [`super::wal`]).
     /// Blocking.
-    fn commit(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
+    async fn commit(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
         let started = Instant::now();
-        let units = isolate(ops, |batch| apply_reading(&mut self.conn, batch));
+        let conn = &mut self.conn;
+        let units = isolate(ops, |batch| std::future::ready(apply_reading(conn, batch))).await;
         // Admission learns the final fate of each operation once.
         let units = units
             .into_iter()
@@ -146,8 +148,9 @@ impl Applier for SqliteWriter {
     /// Blocking (this is the writer's own thread): commits, then syncs for
     /// the settlements.
     async fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
-        let applied =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit(ops, replies)));
+        let applied = std::panic::AssertUnwindSafe(self.commit(ops, replies))
+            .catch_unwind()
+            .await;
         if applied.is_err() {
             // The transaction rolled back when it dropped; the replies
             // still held are dropped by the loop, so their callers see the
@@ -307,13 +310,13 @@ mod tests {
 
         let r = reserve("r1");
         let (ops, mut replies, mut rx) = one(Op::Reserve(r.clone()));
-        writer.commit(&ops, &mut replies);
+        writer.commit(&ops, &mut replies).await;
         assert_eq!(rx.try_recv().unwrap().unwrap(), Done::Admitted);
         assert_eq!(synced(&writer), 0, "a reservation batch waited for a sync");
         assert!(writer.background.marked(), "left unsynced for nobody");
 
         let (ops, mut replies, mut rx) = one(Op::Settle(settle(&r)));
-        writer.commit(&ops, &mut replies);
+        writer.commit(&ops, &mut replies).await;
         assert_eq!(rx.try_recv().unwrap().unwrap(), Done::Settled);
         assert_eq!(synced(&writer), 1, "a settlement answered without a sync");
         assert!(!writer.background.marked(), "the writer's sync covers it");
@@ -325,7 +328,7 @@ mod tests {
             .execute_batch("ALTER TABLE usage_records RENAME TO gone")
             .unwrap();
         let (ops, mut replies, mut rx) = one(Op::Settle(settle(&reserve("r2"))));
-        writer.commit(&ops, &mut replies);
+        writer.commit(&ops, &mut replies).await;
         assert!(rx.try_recv().unwrap().is_err());
         assert_eq!(synced(&writer), 1);
         assert!(!writer.background.marked());
