@@ -3,7 +3,7 @@
 # (glibc + CA certificates, no shell, no package manager) as uid 65532.
 #
 #   docker build -t ai-orchestrator:0.1.0 .
-#   docker run --rm -p 50051:50051 -e AIO_SERVER__LISTEN=0.0.0.0:50051 ai-orchestrator:0.1.0
+#   docker run --rm -p 50051:50051 -p 9090:9090 ai-orchestrator:0.1.0
 #
 # Needs BuildKit (the default builder since Docker 23) for the cache mounts.
 
@@ -34,8 +34,16 @@ COPY --from=build --chown=65532:65532 /out/data /app/data
 # (the Helm chart sets AIO_CONFIG=/etc/ai-orchestrator/config.toml).
 COPY config/ /app/config/
 USER 65532:65532
-ENV AIO_LOG_FORMAT=json
+# Reachable from outside the container: gRPC and /metrics on all
+# interfaces (the sample config binds loopback for local runs). The Helm
+# chart sets both from its own values.
+ENV AIO_LOG_FORMAT=json \
+    AIO_SERVER__LISTEN=0.0.0.0:50051 \
+    AIO_SERVER__METRICS_LISTEN=0.0.0.0:9090
 EXPOSE 50051 9090
+# The binary is its own gRPC health client (no shell or curl here).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["/usr/local/bin/ai-orchestrator", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/ai-orchestrator"]
 # Any other subcommand runs in its place: `docker run IMAGE migrate`,
 # `docker run IMAGE check-config`.

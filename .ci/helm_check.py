@@ -134,6 +134,9 @@ def assert_common(r: Render, label: str):
     assert server["metrics_listen"] == f"0.0.0.0:{metrics_port}", server
     assert r.env["AIO_CONFIG"]["value"] == "/etc/ai-orchestrator/config.toml"
     assert r.env["AIO_LOG_FORMAT"]["value"] in ("json", "text")
+    # The image's own listen variables are overridden with the chart's ports.
+    assert r.env["AIO_SERVER__LISTEN"]["value"] == f"0.0.0.0:{grpc_port}", r.env
+    assert r.env["AIO_SERVER__METRICS_LISTEN"]["value"] == f"0.0.0.0:{metrics_port}", r.env
     mounts = {m["name"]: m for m in r.container["volumeMounts"]}
     assert mounts["config"]["mountPath"] == "/etc/ai-orchestrator" and mounts["config"]["readOnly"]
 
@@ -521,6 +524,10 @@ def service_check(binary: str):
         def _(values=values):
             r = Render(values)
             run_env = dict(env)
+            # The pod's own AIO_ overrides (the listen addresses).
+            for name, e in r.env.items():
+                if name.startswith("AIO_SERVER__") and "value" in e:
+                    run_env[name] = e["value"]
             if r.postgres:
                 run_env["DATABASE_URL"] = "postgres://aio@127.0.0.1:5432/aio"
             with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:

@@ -93,7 +93,7 @@ max_backoff = "5ms"
     let spans = exporter.get_finished_spans().unwrap();
     let request_span = spans
         .iter()
-        .find(|s| s.name == "request")
+        .find(|s| s.span_kind == opentelemetry::trace::SpanKind::Server)
         .expect("a request span, sampled because the caller's was (ratio 0 for new traces)");
     assert_eq!(request_span.span_context.trace_id().to_string(), TRACE);
     assert_eq!(request_span.parent_span_id.to_string(), CALLER_SPAN);
@@ -105,10 +105,32 @@ max_backoff = "5ms"
     };
     assert_eq!(attr(request_span, "trace_id").as_deref(), Some(TRACE));
     assert_eq!(attr(request_span, "team_id").as_deref(), Some("t1"));
+    // The OpenTelemetry RPC conventions.
+    assert_eq!(
+        request_span.name,
+        "ai.orchestrator.v1.Orchestrator/ClassifySms"
+    );
+    assert_eq!(attr(request_span, "rpc.system").as_deref(), Some("grpc"));
+    assert_eq!(
+        attr(request_span, "rpc.service").as_deref(),
+        Some("ai.orchestrator.v1.Orchestrator")
+    );
+    assert_eq!(
+        attr(request_span, "rpc.method").as_deref(),
+        Some("ClassifySms")
+    );
+    assert_eq!(
+        attr(request_span, "rpc.grpc.status_code").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        attr(request_span, "span_id"),
+        Some(request_span.span_context.span_id().to_string())
+    );
 
     let mut attempts: Vec<_> = spans
         .iter()
-        .filter(|s| s.name == "provider_attempt")
+        .filter(|s| s.span_kind == opentelemetry::trace::SpanKind::Client)
         .collect();
     attempts.sort_by_key(|s| attr(s, "retry"));
     assert_eq!(attempts.len(), 2, "{spans:#?}");
@@ -123,6 +145,39 @@ max_backoff = "5ms"
     assert_eq!(attr(attempts[1], "outcome").as_deref(), Some("ok"));
     assert_eq!(attr(attempts[1], "input_tokens").as_deref(), Some("120"));
     assert_eq!(attr(attempts[1], "output_tokens").as_deref(), Some("18"));
+    // The OpenTelemetry GenAI conventions: a failed attempt is an error
+    // with its type; an answered one carries the answer's facts.
+    for a in &attempts {
+        assert_eq!(a.name, "chat gpt-4o-mini");
+        assert_eq!(attr(a, "gen_ai.operation.name").as_deref(), Some("chat"));
+        assert_eq!(attr(a, "gen_ai.provider.name").as_deref(), Some("openai"));
+        assert_eq!(
+            attr(a, "gen_ai.request.model").as_deref(),
+            Some("gpt-4o-mini")
+        );
+    }
+    assert!(matches!(
+        attempts[0].status,
+        opentelemetry::trace::Status::Error { .. }
+    ));
+    assert_eq!(attr(attempts[0], "error.type").as_deref(), Some("HTTP_500"));
+    assert_eq!(attempts[1].status, opentelemetry::trace::Status::Unset);
+    assert_eq!(
+        attr(attempts[1], "gen_ai.response.model").as_deref(),
+        Some("gpt-4o-mini-2024-07-18")
+    );
+    assert_eq!(
+        attr(attempts[1], "gen_ai.usage.input_tokens").as_deref(),
+        Some("120")
+    );
+    assert_eq!(
+        attr(attempts[1], "gen_ai.usage.output_tokens").as_deref(),
+        Some("18")
+    );
+    assert_eq!(
+        attr(attempts[1], "gen_ai.response.finish_reasons").as_deref(),
+        Some("stop")
+    );
 
     // Upstream saw our attempt spans as parents, in the caller's trace.
     let received = upstream.received_requests().await.unwrap();
@@ -279,14 +334,17 @@ max_attempts = 1
     };
     let request_span = spans
         .iter()
-        .find(|s| s.name == "request" && attr(s, "rpc").as_deref() == Some("ExecuteStream"))
+        .find(|s| {
+            s.span_kind == opentelemetry::trace::SpanKind::Server
+                && attr(s, "rpc").as_deref() == Some("ExecuteStream")
+        })
         .expect("a request span for the stream");
     assert_eq!(request_span.span_context.trace_id().to_string(), TRACE);
     assert_eq!(request_span.parent_span_id.to_string(), CALLER_SPAN);
 
     let attempts: Vec<_> = spans
         .iter()
-        .filter(|s| s.name == "provider_attempt")
+        .filter(|s| s.span_kind == opentelemetry::trace::SpanKind::Client)
         .collect();
     assert_eq!(attempts.len(), 2, "{spans:#?}");
     let of = |p: &str| {
@@ -330,4 +388,57 @@ max_attempts = 1
 
     let dump = format!("{spans:?}");
     assert!(!dump.contains(CANARY) && !dump.contains("sk-test") && !dump.contains("meet Ann"));
+}
+
+/// Without a caller's `traceparent`, the trace ID the service generates is
+/// also the exported trace's: the reply's `meta.trace_id`, the request
+/// span's OpenTelemetry trace ID and its attempt's are one ID.
+#[tokio::test]
+async fn a_generated_trace_id_is_the_exported_trace_id() {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing_subscriber::prelude::*;
+
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .with_sampler(ai_orchestrator::telemetry::otel::sampler(1.0))
+        .with_id_generator(ai_orchestrator::telemetry::otel::RequestIds::default())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let app = TestApp::spawn().await;
+    let reply = app
+        .client
+        .clone()
+        .classify_sms(pb::ClassifySmsRequest {
+            context: ctx(),
+            message: "What does it cost?".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let trace_id = reply.into_inner().meta.unwrap().trace_id;
+    app.stop().await;
+    assert_eq!(trace_id.len(), 32, "{trace_id}");
+
+    let spans = exporter.get_finished_spans().unwrap();
+    let server = spans
+        .iter()
+        .find(|s| s.span_kind == opentelemetry::trace::SpanKind::Server)
+        .expect("a request span");
+    assert_eq!(server.span_context.trace_id().to_string(), trace_id);
+    assert_eq!(
+        server.parent_span_id,
+        opentelemetry::trace::SpanId::INVALID,
+        "a root"
+    );
+    let client = spans
+        .iter()
+        .find(|s| s.span_kind == opentelemetry::trace::SpanKind::Client)
+        .expect("an attempt span");
+    assert_eq!(client.span_context.trace_id().to_string(), trace_id);
 }

@@ -20,11 +20,12 @@ pub struct Args {
     /// Folder for results.json and results.md.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
-    /// Scenarios: load, direct, paired, saturation, breaker, inflight, coldstart.
+    /// Scenarios: load, direct, paired, saturation, breaker, inflight,
+    /// coldstart, usage.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "load,direct,paired,saturation,breaker,inflight,coldstart"
+        default_value = "load,direct,paired,saturation,breaker,inflight,coldstart,usage"
     )]
     pub scenarios: Vec<String>,
     /// RPCs at fixed rates: execute, classify.
@@ -100,6 +101,12 @@ pub struct Args {
     /// Cold-start launches (each: new database, then a restart) [default: 5; smoke: 1].
     #[arg(long)]
     pub coldstart_runs: Option<usize>,
+    /// Usage records of the GetUsage scenario's team this month [default: 1000000; smoke: 2000].
+    #[arg(long)]
+    pub usage_records: Option<u64>,
+    /// GetUsage calls timed per query shape [default: 20; smoke: 3].
+    #[arg(long)]
+    pub usage_calls: Option<usize>,
     /// PostgreSQL admin URL; a database is created (and dropped) per server.
     #[arg(
         long,

@@ -31,6 +31,7 @@ mod settings;
 mod sys;
 mod target;
 mod upstream;
+mod usage;
 
 use clap::Parser;
 use std::process::ExitCode;

@@ -10,7 +10,7 @@ use crate::{
     coldstart, fixed, inflight,
     report::{self, Results},
     settings::Settings,
-    sys, upstream,
+    sys, upstream, usage,
 };
 use anyhow::Context;
 use std::{
@@ -72,6 +72,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if scenario("inflight") {
         let outcome = inflight::run(&mut bench).await;
         noted(&mut bench, "long-calls scenario", outcome);
+    }
+    if scenario("usage") {
+        usage::run(&mut bench).await;
     }
 
     let mut results = bench.results;

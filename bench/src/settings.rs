@@ -58,6 +58,10 @@ pub struct Settings {
     pub inflight_rates: Vec<f64>,
     /// Cold-start launches (each: new database, then a restart).
     pub coldstart_runs: usize,
+    /// Records of the GetUsage scenario's team this month.
+    pub usage_records: u64,
+    /// GetUsage calls timed per query shape.
+    pub usage_calls: usize,
     /// PostgreSQL admin URL (a database is created per server).
     pub postgres_url: String,
     /// Wait for a quiet host before each server's fixed-rate steps.
@@ -154,6 +158,8 @@ impl Settings {
             inflight_latency_ms: pick(args.inflight_latency_ms, s, 100, 1000),
             inflight_rates,
             coldstart_runs: pick(args.coldstart_runs, s, 1, 5),
+            usage_records: pick(args.usage_records, s, 2_000, 1_000_000).max(1),
+            usage_calls: pick(args.usage_calls, s, 3, 20).max(1),
             postgres_url: args.postgres_url.clone(),
             paired: scenario("paired").then(|| paired::Rounds {
                 rounds: pick(args.paired_rounds, s, 2, 6).max(1),
@@ -188,6 +194,7 @@ impl Settings {
                 "criteria": "achieved >= 95% of offered, errors <= 1%, p99 <= 100 ms",
             },
             "breaker": {"rate": self.breaker_rate, "callers": self.breaker_callers},
+            "usage": {"records": self.usage_records, "calls": self.usage_calls},
             "upstream_threads": args.upstream_threads,
             "client_threads": args.client_threads,
             "upstream_http": args.upstream_http,

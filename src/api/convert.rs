@@ -119,6 +119,11 @@ fn attempt(a: &AttemptRecord) -> pb::Attempt {
 
 /// Domain meta → `ResponseMeta`.
 pub fn meta(m: &CallMeta) -> pb::ResponseMeta {
+    super::access::note(|f| {
+        f.attempts = m.attempts.len();
+        f.provider.clone_from(&m.provider);
+        f.model.clone_from(&m.model);
+    });
     pb::ResponseMeta {
         trace_id: m.trace_id.clone(),
         provider: m.provider.clone(),

@@ -11,7 +11,7 @@ use crate::{
     telemetry::trace_id::TRACE_ID_HEADER,
     usage::{
         policy::{CapKind, Refusal},
-        pricing::usd,
+        pricing::{usd, usd_text},
     },
 };
 use std::{collections::HashMap, time::Duration};
@@ -85,8 +85,8 @@ pub(crate) enum Failure {
     Budget {
         /// Estimated cost, micro-USD.
         estimate_micros: i64,
-        /// Budget, micro-USD.
-        budget_micros: i64,
+        /// The request's budget, USD, as sent.
+        budget_usd: f64,
     },
 }
 
@@ -106,10 +106,10 @@ impl From<CallError> for Failure {
             CallError::Quota(refusal) => Failure::Quota(refusal),
             CallError::Budget {
                 estimate_micros,
-                budget_micros,
+                budget_usd,
             } => Failure::Budget {
                 estimate_micros,
-                budget_micros,
+                budget_usd,
             },
             CallError::Storage(e) => Failure::Storage(e),
             CallError::Overloaded => Failure::Overloaded,
@@ -162,6 +162,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             return to_status(Failure::UnknownTask(task), trace_id);
         }
         Failure::Route(RouteError::AllProvidersFailed { attempts }) => {
+            super::access::note(|f| f.attempts = attempts.len());
             info.insert("attempts".into(), summarise(&attempts));
             // Outages are usually short; a second later the breaker may let a probe through.
             details.set_retry_info(Some(Duration::from_secs(1)));
@@ -172,6 +173,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             )
         }
         Failure::Route(RouteError::DeadlineExceeded { attempts }) => {
+            super::access::note(|f| f.attempts = attempts.len());
             info.insert("attempts".into(), summarise(&attempts));
             (
                 Code::DeadlineExceeded,
@@ -246,20 +248,17 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
         }
         Failure::Budget {
             estimate_micros,
-            budget_micros,
+            budget_usd,
         } => {
             details.add_bad_request_violation(
                 "budget.max_cost_usd",
                 format!(
-                    "estimated cost {:.6} USD exceeds the budget {:.6} USD",
-                    usd(estimate_micros),
-                    usd(budget_micros)
+                    "estimated cost {} USD exceeds the budget {budget_usd} USD",
+                    usd_text(estimate_micros),
                 ),
             );
-            info.insert(
-                "estimated_cost_usd".into(),
-                format!("{:.6}", usd(estimate_micros)),
-            );
+            info.insert("estimated_cost_usd".into(), usd_text(estimate_micros));
+            info.insert("budget_usd".into(), budget_usd.to_string());
             // The input is fine, but this call cannot run within its budget.
             (
                 Code::FailedPrecondition,
@@ -269,6 +268,13 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
         }
     };
     crate::telemetry::metrics::error_reason(reason);
+    super::record_status(code);
+    super::access::note(|f| {
+        f.reason = reason;
+        if f.trace_id.is_empty() {
+            trace_id.clone_into(&mut f.trace_id);
+        }
+    });
     details.set_error_info(reason, DOMAIN, info);
     let mut metadata = MetadataMap::new();
     if let Ok(value) = trace_id.parse() {

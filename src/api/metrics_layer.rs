@@ -1,5 +1,8 @@
-//! A tower layer counting gRPC calls by method and final status code, and
-//! timing them.
+//! A tower layer counting gRPC calls by method and final status code,
+//! timing them (the grpc-ecosystem convention: `grpc_server_started_total`,
+//! `grpc_server_handled_total`, `grpc_server_handling_seconds`, labelled
+//! `grpc_type`, `grpc_service`, `grpc_method`, `grpc_code`), and writing
+//! each call's access line ([`super::access`]) when it ends.
 //!
 //! A unary call is recorded when its response head leaves the service: an
 //! error travels trailers-only (its `grpc-status` is in the headers), a
@@ -13,6 +16,7 @@
 //! This layer runs before authentication: its labels must never echo what a
 //! caller sent. Methods come from a fixed list, codes from the gRPC set.
 
+use super::access::{self, Record};
 use crate::telemetry::metrics;
 use std::{
     future::Future,
@@ -28,22 +32,39 @@ use tower::{Layer, Service};
 /// path): the `Orchestrator` and `PromptAdmin` services of `proto/`, gRPC
 /// health and server reflection (v1 and v1alpha). A unit test checks it
 /// against the compiled descriptor sets, so a new RPC cannot be forgotten.
-const METHODS: &[&str] = &[
-    "ai.orchestrator.v1.Orchestrator/Execute",
-    "ai.orchestrator.v1.Orchestrator/ExecuteStream",
-    "ai.orchestrator.v1.Orchestrator/ClassifySms",
-    "ai.orchestrator.v1.Orchestrator/GenerateSms",
-    "ai.orchestrator.v1.Orchestrator/Research",
-    "ai.orchestrator.v1.Orchestrator/GetUsage",
-    "ai.orchestrator.v1.Orchestrator/GetProviderHealth",
-    "ai.orchestrator.v1.PromptAdmin/ListPrompts",
-    "ai.orchestrator.v1.PromptAdmin/CreatePromptVersion",
-    "ai.orchestrator.v1.PromptAdmin/ActivatePromptVersion",
-    "grpc.health.v1.Health/Check",
-    "grpc.health.v1.Health/Watch",
-    "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-    "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+const METHODS: &[(&str, &str)] = &[
+    ("ai.orchestrator.v1.Orchestrator/Execute", UNARY),
+    (
+        "ai.orchestrator.v1.Orchestrator/ExecuteStream",
+        SERVER_STREAM,
+    ),
+    ("ai.orchestrator.v1.Orchestrator/ClassifySms", UNARY),
+    ("ai.orchestrator.v1.Orchestrator/GenerateSms", UNARY),
+    ("ai.orchestrator.v1.Orchestrator/Research", UNARY),
+    ("ai.orchestrator.v1.Orchestrator/GetUsage", UNARY),
+    ("ai.orchestrator.v1.Orchestrator/GetProviderHealth", UNARY),
+    ("ai.orchestrator.v1.PromptAdmin/ListPrompts", UNARY),
+    ("ai.orchestrator.v1.PromptAdmin/CreatePromptVersion", UNARY),
+    (
+        "ai.orchestrator.v1.PromptAdmin/ActivatePromptVersion",
+        UNARY,
+    ),
+    ("grpc.health.v1.Health/Check", UNARY),
+    ("grpc.health.v1.Health/Watch", SERVER_STREAM),
+    (
+        "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        BIDI_STREAM,
+    ),
+    (
+        "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        BIDI_STREAM,
+    ),
 ];
+
+/// `grpc_type` values (the grpc-ecosystem convention's).
+const UNARY: &str = "unary";
+const SERVER_STREAM: &str = "server_stream";
+const BIDI_STREAM: &str = "bidi_stream";
 
 /// Label of everything not in [`METHODS`] (scanners, typos, old clients).
 const OTHER: &str = "other";
@@ -66,14 +87,15 @@ pub struct GrpcMetrics<S> {
     inner: S,
 }
 
-/// The method label of a request path: one of [`METHODS`], else `other`.
-fn method_label(path: &str) -> &'static str {
+/// The method of a request path, `service/method`, with its `grpc_type`:
+/// one of [`METHODS`], else `other`.
+fn method_label(path: &str) -> (&'static str, &'static str) {
     let method = path.strip_prefix('/').unwrap_or(path);
     METHODS
         .iter()
-        .find(|known| **known == method)
+        .find(|(known, _)| *known == method)
         .copied()
-        .unwrap_or(OTHER)
+        .unwrap_or((OTHER, OTHER))
 }
 
 /// gRPC status code → canonical name (17 values).
@@ -115,9 +137,14 @@ enum Phase {
 
 #[derive(Debug)]
 struct CallState {
+    /// `service/method`, or `other`.
     method: &'static str,
+    /// `unary`, `server_stream`, `bidi_stream`, or `other`.
+    kind: &'static str,
     started: Instant,
     phase: Mutex<Phase>,
+    /// What the handler noted for the access line.
+    record: Record,
 }
 
 /// One call's metrics, put in the request extensions by the layer so a
@@ -126,11 +153,14 @@ struct CallState {
 pub struct GrpcCall(Arc<CallState>);
 
 impl GrpcCall {
-    fn new(method: &'static str) -> Self {
+    fn new((method, kind): (&'static str, &'static str)) -> Self {
+        metrics::grpc_started(kind, method);
         Self(Arc::new(CallState {
             method,
+            kind,
             started: Instant::now(),
             phase: Mutex::new(Phase::Head),
+            record: Record::default(),
         }))
     }
 
@@ -140,7 +170,9 @@ impl GrpcCall {
     }
 
     fn observe(&self, code: Code) {
-        metrics::grpc(self.0.method, code_name(code), self.0.started.elapsed());
+        let (took, code) = (self.0.started.elapsed(), code_name(code));
+        metrics::grpc_handled(self.0.kind, self.0.method, code, took);
+        self.0.record.log(self.0.method, code, took);
     }
 
     /// The response head left the service; `status` is its `grpc-status`
@@ -220,7 +252,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<tokio::task::futures::TaskLocalFuture<Record, S::Future>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -230,7 +262,7 @@ where
         let call = GrpcCall::new(method_label(request.uri().path()));
         request.extensions_mut().insert(call.clone());
         ResponseFuture {
-            inner: self.inner.call(request),
+            inner: access::scope(call.0.record.clone(), self.inner.call(request)),
             call,
         }
     }
@@ -286,8 +318,14 @@ mod tests {
         for file in set.file {
             for service in &file.service {
                 for method in &service.method {
+                    let kind = match (method.client_streaming(), method.server_streaming()) {
+                        (false, false) => UNARY,
+                        (false, true) => SERVER_STREAM,
+                        (true, true) => BIDI_STREAM,
+                        (true, false) => "client_stream",
+                    };
                     out.push(format!(
-                        "{}.{}/{}",
+                        "{}.{}/{} {kind}",
                         file.package(),
                         service.name(),
                         method.name()
@@ -309,7 +347,7 @@ mod tests {
         .into_iter()
         .flat_map(methods_of)
         .collect();
-        let listed: BTreeSet<String> = METHODS.iter().map(|m| (*m).to_owned()).collect();
+        let listed: BTreeSet<String> = METHODS.iter().map(|(m, k)| format!("{m} {k}")).collect();
         assert_eq!(listed, served);
         assert_eq!(listed.len(), METHODS.len(), "no duplicates");
         use crate::api::pb::{orchestrator_server, prompt_admin_server};
@@ -320,7 +358,7 @@ mod tests {
             assert!(
                 METHODS
                     .iter()
-                    .any(|m| m.starts_with(&format!("{service}/")))
+                    .any(|(m, _)| m.starts_with(&format!("{service}/")))
             );
         }
     }
@@ -329,7 +367,7 @@ mod tests {
     fn labels_are_bounded() {
         assert_eq!(
             method_label("/ai.orchestrator.v1.Orchestrator/ClassifySms"),
-            "ai.orchestrator.v1.Orchestrator/ClassifySms"
+            ("ai.orchestrator.v1.Orchestrator/ClassifySms", "unary")
         );
         for unknown in [
             "/evil.Service/Random123",
@@ -342,7 +380,7 @@ mod tests {
             "",
             "/",
         ] {
-            assert_eq!(method_label(unknown), "other", "{unknown}");
+            assert_eq!(method_label(unknown), ("other", "other"), "{unknown}");
         }
         assert_eq!(code_name(Code::from_bytes(b"8")), "RESOURCE_EXHAUSTED");
         assert_eq!(code_name(Code::from_bytes(b"99")), "UNKNOWN");
@@ -353,7 +391,7 @@ mod tests {
     fn a_deferred_call_is_recorded_once_by_whoever_owns_it() {
         let phase = |c: &GrpcCall| *c.phase();
         // Stream started: the guard records, at its drop.
-        let call = GrpcCall::new(OTHER);
+        let call = GrpcCall::new((OTHER, OTHER));
         let mut end = call.defer();
         call.responded(None);
         assert_eq!(phase(&call), Phase::Streaming);
@@ -363,14 +401,14 @@ mod tests {
         assert_eq!(phase(&call), Phase::Done);
 
         // Dropped unfinished (client gone): recorded at the drop.
-        let call = GrpcCall::new(OTHER);
+        let call = GrpcCall::new((OTHER, OTHER));
         let end = call.defer();
         call.responded(None);
         drop(end);
         assert_eq!(phase(&call), Phase::Done);
 
         // The handler failed after deferring: the layer records the error.
-        let call = GrpcCall::new(OTHER);
+        let call = GrpcCall::new((OTHER, OTHER));
         drop(call.defer());
         assert_eq!(phase(&call), Phase::Head);
         call.responded(Some(Code::ResourceExhausted));
@@ -378,7 +416,7 @@ mod tests {
 
         // Trailers-only error while the guard lives: the layer records, the
         // guard then does nothing.
-        let call = GrpcCall::new(OTHER);
+        let call = GrpcCall::new((OTHER, OTHER));
         let end = call.defer();
         call.responded(Some(Code::NotFound));
         assert_eq!(phase(&call), Phase::Done);

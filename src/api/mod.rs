@@ -1,6 +1,7 @@
 //! The gRPC surface: proto → domain types, the call pipeline, domain →
 //! proto, and every error mapped to a status once (in [`error`]).
 
+pub mod access;
 pub mod admin;
 pub mod auth;
 pub mod convert;
@@ -13,27 +14,69 @@ mod usage;
 
 pub use orchestrator::OrchestratorApi;
 
-use crate::{call::CallContext, telemetry::trace_id::TRACE_ID_HEADER};
+use crate::{
+    call::CallContext,
+    telemetry::{otel, trace_id::TRACE_ID_HEADER},
+};
 use tonic::Response;
 
+/// The `Orchestrator` service's full name (`rpc.service`).
+const ORCHESTRATOR: &str = "ai.orchestrator.v1.Orchestrator";
+
 /// The span of one request: every log line inside it carries the trace ID.
-/// Only identifiers go here, never message contents.
+/// Only identifiers go here, never message contents. Exported, it is the
+/// SERVER span of the OpenTelemetry RPC conventions (`rpc.*`), named
+/// `service/method`; its status code is recorded by [`record_status`].
 fn request_span(rpc: &'static str, ctx: &CallContext) -> tracing::Span {
     let span = tracing::info_span!(
         "request",
+        otel.name = %format_args!("{ORCHESTRATOR}/{rpc}"),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        rpc.system = "grpc",
+        rpc.service = ORCHESTRATOR,
+        rpc.method = rpc,
+        rpc.grpc.status_code = tracing::field::Empty,
         rpc,
         trace_id = %ctx.trace_id,
+        span_id = tracing::field::Empty,
         team_id = %ctx.team_id,
         priority = ctx.priority.as_str(),
     );
-    if let Some(tp) = &ctx.traceparent {
-        crate::telemetry::otel::continue_trace(&span, tp);
+    match &ctx.traceparent {
+        Some(tp) => otel::continue_trace(&span, tp),
+        // Our own trace ID becomes the exported trace's.
+        None => otel::start_root(&span, &ctx.trace_id),
     }
+    otel::record_span_id(&span);
     span
+}
+
+/// Records the final gRPC code on the current request span. Per the
+/// OpenTelemetry RPC conventions a server span is an error only for codes
+/// that are the server's fault (UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED,
+/// INTERNAL, UNAVAILABLE, DATA_LOSS); a refused input is the caller's.
+pub(crate) fn record_status(code: tonic::Code) {
+    use tonic::Code;
+    let span = tracing::Span::current();
+    span.record("rpc.grpc.status_code", code as i64);
+    if matches!(
+        code,
+        Code::Unknown
+            | Code::DeadlineExceeded
+            | Code::Unimplemented
+            | Code::Internal
+            | Code::Unavailable
+            | Code::DataLoss
+    ) {
+        span.record("otel.status_code", "error");
+    }
 }
 
 /// Wraps a body in a response carrying the `x-trace-id` metadata.
 fn reply<T>(trace_id: &str, body: T) -> Response<T> {
+    access::note(|f| trace_id.clone_into(&mut f.trace_id));
+    record_status(tonic::Code::Ok);
     let mut response = Response::new(body);
     if let Ok(value) = trace_id.parse() {
         response.metadata_mut().insert(TRACE_ID_HEADER, value);

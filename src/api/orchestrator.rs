@@ -62,6 +62,10 @@ impl OrchestratorApi {
     ) -> Result<Opened, Status> {
         let ctx = request::call_context(context, budget, metadata, &self.config.server)
             .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
+        super::access::note(|f| {
+            f.trace_id.clone_from(&ctx.trace_id);
+            f.team.clone_from(&ctx.team_id);
+        });
         let trace_id = ctx.trace_id.clone();
         let fail = |f: Failure| to_status(f, &trace_id);
         auth::principal(extensions, &self.auth)
@@ -300,6 +304,9 @@ impl Orchestrator for OrchestratorApi {
         // The request span covers the whole stream (settlement included), and
         // provider attempts made while it is polled are its children.
         let stream = crate::telemetry::InSpan::new(Box::pin(stream), span);
+        // Polled by the transport, outside the handler: carries its access
+        // record along.
+        let stream = super::access::Noted::current(stream);
         Ok(reply(&trace_id, Box::pin(stream) as EventStream))
     }
 
@@ -393,7 +400,7 @@ impl Orchestrator for OrchestratorApi {
         let input = convert::generate_input(req);
         Box::pin(
             async move {
-                let result = sms_generate::generate(&call, input).await;
+                let result = sms_generate::generate(self.pipeline.tasks(), &call, input).await;
                 let (answer, meta) = close(call, result).await?;
                 Ok(reply(
                     &meta.trace_id,
@@ -460,6 +467,14 @@ impl Orchestrator for OrchestratorApi {
                                 claim: f.claim,
                                 sources: f.sources,
                                 confidence: f.confidence,
+                            })
+                            .collect(),
+                        citations: answer
+                            .citations
+                            .into_iter()
+                            .map(|c| pb::Citation {
+                                url: c.url,
+                                title: c.title.unwrap_or_default(),
                             })
                             .collect(),
                         meta: Some(convert::meta(&meta)),

@@ -23,6 +23,7 @@ impl OrchestratorApi {
         let fail = |f: Failure| to_status(f, &trace_id);
         request::check_id(&req.team_id, true)
             .map_err(|why| fail(Failure::invalid("team_id", why)))?;
+        super::access::note(|f| f.team.clone_from(&req.team_id));
         auth::principal(&extensions, &self.auth)
             .and_then(|p| auth::check_team(&p, "team_id", &req.team_id))
             .map_err(fail)?;

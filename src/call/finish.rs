@@ -28,8 +28,8 @@ pub enum CallError {
     Budget {
         /// Estimated cost, micro-USD.
         estimate_micros: i64,
-        /// Budget, micro-USD.
-        budget_micros: i64,
+        /// The request's budget, USD, as sent.
+        budget_usd: f64,
     },
     /// The ledger could not be read or written.
     Storage(String),
@@ -43,10 +43,10 @@ impl From<MeterError> for CallError {
             MeterError::Quota(refusal) => CallError::Quota(refusal),
             MeterError::Budget {
                 estimate_micros,
-                budget_micros,
+                budget_usd,
             } => CallError::Budget {
                 estimate_micros,
-                budget_micros,
+                budget_usd,
             },
             MeterError::Write(e) => CallError::Storage(e.to_string()),
         }
@@ -160,6 +160,8 @@ impl Call {
         if let (true, Some(first)) = (meta.degraded, meta.attempts.first()) {
             metrics::fallback(&self.task, &first.provider, &meta.provider);
         }
+        let listed = &self.pipeline.inner.config.telemetry.team_labels;
+        metrics::team_usage(&self.ctx.team_id, listed, log.cost_micros().map(usd));
         provider_time
     }
 

@@ -19,7 +19,7 @@ pub struct ClientTls {
 }
 
 impl ClientTls {
-    fn config(&self) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    pub(super) fn config(&self) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
         use tonic::transport::{Certificate, ClientTlsConfig, Identity};
         let read = |p: &std::path::Path| {
             std::fs::read(p).with_context(|| format!("reading {}", p.display()))
@@ -80,6 +80,16 @@ pub enum Call {
     Providers,
 }
 
+/// How `call` prints a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Output {
+    /// The proto3 JSON mapping, indented (what grpcurl prints).
+    #[default]
+    Json,
+    /// One `path: value` line per field set, for reading.
+    Text,
+}
+
 /// Makes one client call and renders the response.
 pub async fn call(
     addr: String,
@@ -87,6 +97,7 @@ pub async fn call(
     tls: ClientTls,
     team: String,
     trace_id: Option<String>,
+    output: Output,
     rpc: Call,
 ) -> anyhow::Result<String> {
     let mut endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
@@ -132,7 +143,7 @@ pub async fn call(
                     ..Default::default()
                 })
                 .await;
-            show(r)
+            show(r, "ai.orchestrator.v1.ClassifySmsResponse", output)
         }
         Call::GenerateSms {
             message,
@@ -148,7 +159,7 @@ pub async fn call(
                     ..Default::default()
                 })
                 .await;
-            show(r)
+            show(r, "ai.orchestrator.v1.GenerateSmsResponse", output)
         }
         Call::Research { query, deep } => {
             let depth = if deep {
@@ -164,7 +175,7 @@ pub async fn call(
                     ..Default::default()
                 })
                 .await;
-            show(r)
+            show(r, "ai.orchestrator.v1.ResearchResponse", output)
         }
         Call::Execute { task, input } => {
             let r = client
@@ -175,7 +186,7 @@ pub async fn call(
                     ..Default::default()
                 })
                 .await;
-            show(r)
+            show(r, "ai.orchestrator.v1.ExecuteResponse", output)
         }
         Call::Usage { group_by } => {
             let mut dims = Vec::new();
@@ -198,22 +209,26 @@ pub async fn call(
                     ..Default::default()
                 })
                 .await;
-            show(r)
+            show(r, "ai.orchestrator.v1.GetUsageResponse", output)
         }
         Call::Providers => show(
             client
                 .get_provider_health(pb::GetProviderHealthRequest {})
                 .await,
+            "ai.orchestrator.v1.GetProviderHealthResponse",
+            output,
         ),
     }
 }
 
-fn show<T: std::fmt::Debug>(
+fn show<T: prost::Message>(
     result: Result<tonic::Response<T>, tonic::Status>,
+    name: &str,
+    output: Output,
 ) -> anyhow::Result<String> {
     use tonic_types::StatusExt;
     match result {
-        Ok(response) => Ok(format!("{:#?}\n", response.into_inner())),
+        Ok(response) => render(&response.into_inner(), name, output),
         Err(status) => {
             let info = status.get_details_error_info();
             let reason = info.as_ref().map_or("", |i| i.reason.as_str());
@@ -227,5 +242,53 @@ fn show<T: std::fmt::Debug>(
                 status.message()
             )
         }
+    }
+}
+
+/// `message` in the proto3 JSON mapping (field names in lowerCamelCase,
+/// enums by name, 64-bit integers as strings, well-known types in their
+/// JSON forms), read through the served descriptors, or as `path: value`
+/// lines.
+fn render<T: prost::Message>(message: &T, name: &str, output: Output) -> anyhow::Result<String> {
+    let pool = prost_reflect::DescriptorPool::decode(pb::FILE_DESCRIPTOR_SET)
+        .context("reading the API's descriptors")?;
+    let descriptor = pool
+        .get_message_by_name(name)
+        .with_context(|| format!("no descriptor for {name}"))?;
+    let dynamic =
+        prost_reflect::DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
+            .context("re-reading the reply")?;
+    let json = serde_json::to_value(&dynamic).context("rendering the reply as JSON")?;
+    Ok(match output {
+        Output::Json => format!("{}\n", serde_json::to_string_pretty(&json)?),
+        Output::Text => {
+            let mut lines = String::new();
+            flatten("", &json, &mut lines);
+            lines
+        }
+    })
+}
+
+/// `path: value` lines for every leaf of `value` (`meta.attempts[0].provider`).
+fn flatten(path: &str, value: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match value {
+        Value::Object(fields) => {
+            for (key, v) in fields {
+                let path = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                flatten(&path, v, out);
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(&format!("{path}[{i}]"), v, out);
+            }
+        }
+        Value::String(s) => out.push_str(&format!("{path}: {s}\n")),
+        other => out.push_str(&format!("{path}: {other}\n")),
     }
 }

@@ -14,20 +14,22 @@ pub enum LimitsAction {
         #[arg(long)]
         team: String,
     },
-    /// Override a team's caps; an omitted cap is unlimited for that team.
+    /// Override some of a team's caps. A cap not given keeps the value in
+    /// force (the team's override, else the config default); `unlimited`
+    /// lifts a cap.
     Set {
         /// Team.
         #[arg(long)]
         team: String,
-        /// Tokens per month.
-        #[arg(long)]
-        max_tokens: Option<u64>,
-        /// Requests per month.
-        #[arg(long)]
-        max_requests: Option<u64>,
-        /// US dollars per month.
-        #[arg(long)]
-        max_cost_usd: Option<f64>,
+        /// Tokens per month, or `unlimited`.
+        #[arg(long, value_parser = parse_cap::<u64>)]
+        max_tokens: Option<Cap<u64>>,
+        /// Requests per month, or `unlimited`.
+        #[arg(long, value_parser = parse_cap::<u64>)]
+        max_requests: Option<Cap<u64>>,
+        /// US dollars per month, or `unlimited`.
+        #[arg(long, value_parser = parse_cap::<f64>)]
+        max_cost_usd: Option<Cap<f64>>,
     },
     /// Remove a team's override (the config defaults apply again).
     Clear {
@@ -35,6 +37,36 @@ pub enum LimitsAction {
         #[arg(long)]
         team: String,
     },
+}
+
+/// A cap given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cap<T> {
+    /// This much per month.
+    At(T),
+    /// No cap.
+    Unlimited,
+}
+
+fn parse_cap<T: std::str::FromStr>(s: &str) -> Result<Cap<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    if s.eq_ignore_ascii_case("unlimited") {
+        return Ok(Cap::Unlimited);
+    }
+    s.parse()
+        .map(Cap::At)
+        .map_err(|e| format!("expected a number or `unlimited`: {e}"))
+}
+
+/// The cap after a `set`: the new one if given, else the one in force.
+fn updated<T>(given: Option<Cap<T>>, in_force: Option<i64>, to: impl Fn(T) -> i64) -> Option<i64> {
+    match given {
+        None => in_force,
+        Some(Cap::Unlimited) => None,
+        Some(Cap::At(v)) => Some(to(v)),
+    }
 }
 
 /// Runs a `limits` sub-command against the configured database.
@@ -80,18 +112,47 @@ pub async fn limits(config: &Config, action: LimitsAction) -> anyhow::Result<Str
             max_requests,
             max_cost_usd,
         } => {
-            if let Some(c) = max_cost_usd.filter(|c| !c.is_finite() || *c < 0.0) {
+            if let Some(Cap::At(c)) = max_cost_usd.filter(|c| match c {
+                Cap::At(c) => !c.is_finite() || *c < 0.0,
+                Cap::Unlimited => false,
+            }) {
                 anyhow::bail!("--max-cost-usd must be a non-negative number, got {c}");
             }
+            // An override row holds all three caps: the ones not given keep
+            // their value in force, so setting one never lifts another.
+            let in_force = ledger::caps_of(&store, &team, defaults).await?;
             let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
             let caps = Caps {
-                tokens: max_tokens.map(to_i64),
-                requests: max_requests.map(to_i64),
-                cost_micros: max_cost_usd.map(micros_floor),
+                tokens: updated(max_tokens, in_force.tokens, to_i64),
+                requests: updated(max_requests, in_force.requests, to_i64),
+                cost_micros: updated(max_cost_usd, in_force.cost_micros, micros_floor),
             };
             ledger::set_caps(&store, &team, caps, now.timestamp_millis()).await?;
             let balance = ledger::balance_of(&store, &team, month_of(now).0).await?;
-            format!("updated\n{}", show(&team, caps, balance))
+            let kept: Vec<&str> = [
+                ("max_tokens", max_tokens.is_none() && caps.tokens.is_some()),
+                (
+                    "max_requests",
+                    max_requests.is_none() && caps.requests.is_some(),
+                ),
+                (
+                    "max_cost_usd",
+                    max_cost_usd.is_none() && caps.cost_micros.is_some(),
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(name, kept)| kept.then_some(name))
+            .collect();
+            let note = if kept.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "kept as in force: {} (now fixed for this team; `--<cap> unlimited` lifts one, \
+                     `limits clear` returns to the config defaults)\n",
+                    kept.join(", ")
+                )
+            };
+            format!("updated\n{}{note}", show(&team, caps, balance))
         }
         LimitsAction::Clear { team } => {
             let removed = ledger::clear_caps(&store, &team).await?;

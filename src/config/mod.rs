@@ -6,29 +6,36 @@
 //!    (`AIO_SERVER__LISTEN=0.0.0.0:50051`, `AIO_PROVIDERS__OPENAI__TIMEOUT=10s`);
 //! 3. `DATABASE_URL`, which overrides `database.url` (the usual deployment knob).
 //!
-//! Unknown keys are rejected and every error names the key path. Secrets are
+//! Unknown keys are rejected and every error names the key path and where
+//! the value came from (see [`load`]). Secrets are
 //! never read from the file: a provider names the environment variable that
 //! holds its key (`api_key_env`) and the key is loaded into a [`Secret`].
 
+mod load;
+mod provider;
 mod secret;
 mod validate;
+
+pub use provider::{
+    BreakerConfig, DEFAULT_MAX_RESPONSE_BYTES, MockConfig, ProviderConfig, ProviderKind,
+};
 
 pub use secret::Secret;
 
 use crate::domain::Role;
-use figment::{
-    Figment,
-    providers::{Env, Format, Toml},
-};
 use serde::Deserialize;
-use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
-/// A configuration problem, always naming the key it is about.
+/// A configuration problem, always naming the key it is about and, when
+/// loaded from a file, where the value came from: the file, or the
+/// environment variable that set it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be parsed or a value has the wrong type/shape.
-    #[error("{path}: {message}")]
+    #[error("{}", located(origin.as_deref(), path, message))]
     Parse {
+        /// The config file or environment variable the value came from.
+        origin: Option<String>,
         /// Dotted key path, e.g. `providers.openai.timeout`.
         path: String,
         /// What is wrong.
@@ -42,6 +49,8 @@ pub enum ConfigError {
 /// One semantic problem in the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invalid {
+    /// The config file or environment variable the value came from.
+    pub origin: Option<String>,
     /// Dotted key path, e.g. `tasks.sms_classify.chain[1].provider`.
     pub path: String,
     /// What is wrong.
@@ -50,7 +59,15 @@ pub struct Invalid {
 
 impl std::fmt::Display for Invalid {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)
+        f.write_str(&located(self.origin.as_deref(), &self.path, &self.message))
+    }
+}
+
+/// `origin: path: message`, or `path: message` without an origin.
+fn located(origin: Option<&str>, path: &str, message: &str) -> String {
+    match origin {
+        Some(origin) => format!("{origin}: {path}: {message}"),
+        None => format!("{path}: {message}"),
     }
 }
 
@@ -168,6 +185,10 @@ pub struct TelemetryConfig {
     /// Share of new traces sampled (0–1); a caller's sampled `traceparent`
     /// is always followed.
     pub sample_ratio: f64,
+    /// Teams whose spend gets its own `team` label on the per-team usage
+    /// metrics; every other team is counted as `other` (and, like all, by
+    /// its `team_bucket` hash), so label cardinality stays bounded.
+    pub team_labels: std::collections::BTreeSet<String>,
 }
 
 impl Default for TelemetryConfig {
@@ -176,6 +197,7 @@ impl Default for TelemetryConfig {
             otlp_endpoint: None,
             service_name: "ai-orchestrator".into(),
             sample_ratio: 1.0,
+            team_labels: Default::default(),
         }
     }
 }
@@ -439,190 +461,6 @@ impl Default for DatabaseConfig {
     }
 }
 
-/// Wire format of a provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProviderKind {
-    /// OpenAI Chat Completions.
-    Openai,
-    /// Anthropic Messages.
-    Anthropic,
-    /// Perplexity (OpenAI-style, with citations).
-    Perplexity,
-    /// Google Gemini generateContent.
-    Gemini,
-    /// Any OpenAI-compatible server (DeepSeek, vLLM, Ollama, llama.cpp).
-    OpenaiCompatible,
-    /// Deterministic local fake, for local runs, demos and benchmarks.
-    Mock,
-}
-
-impl ProviderKind {
-    /// Lower-case name, as in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderKind::Openai => "openai",
-            ProviderKind::Anthropic => "anthropic",
-            ProviderKind::Perplexity => "perplexity",
-            ProviderKind::Gemini => "gemini",
-            ProviderKind::OpenaiCompatible => "openai_compatible",
-            ProviderKind::Mock => "mock",
-        }
-    }
-
-    /// The provider's public API base URL, when it has a canonical one.
-    pub fn default_base_url(self) -> Option<&'static str> {
-        match self {
-            ProviderKind::Openai => Some("https://api.openai.com/v1"),
-            ProviderKind::Anthropic => Some("https://api.anthropic.com/v1"),
-            ProviderKind::Perplexity => Some("https://api.perplexity.ai"),
-            ProviderKind::Gemini => Some("https://generativelanguage.googleapis.com/v1beta"),
-            ProviderKind::OpenaiCompatible | ProviderKind::Mock => None,
-        }
-    }
-}
-
-/// One upstream provider.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProviderConfig {
-    /// Wire format.
-    pub kind: ProviderKind,
-    /// API base URL; defaults to the kind's public endpoint.
-    #[serde(default)]
-    pub base_url: Option<String>,
-    /// Name of the environment variable holding the API key.
-    #[serde(default)]
-    pub api_key_env: Option<String>,
-    /// Bound on one attempt, connection to last byte.
-    #[serde(default = "defaults::timeout", with = "humantime_serde")]
-    pub timeout: Duration,
-    /// Bound on establishing the connection.
-    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// Longest silence allowed between two events of a stream.
-    #[serde(default = "defaults::stream_idle_timeout", with = "humantime_serde")]
-    pub stream_idle_timeout: Duration,
-    /// Requests per minute this replica may send; none means unlimited.
-    #[serde(default)]
-    pub rpm: Option<u32>,
-    /// Requests in flight at once from this replica.
-    #[serde(default = "defaults::max_concurrency")]
-    pub max_concurrency: usize,
-    /// Speak HTTP/2 from the first byte (no HTTP/1.1 upgrade, no ALPN), for
-    /// a plaintext `http://` upstream that serves h2c, e.g. a sidecar or an
-    /// internal gateway. Over `https://` the client negotiates HTTP/2 by
-    /// ALPN anyway; this only matters where there is no TLS.
-    #[serde(default)]
-    pub http2_prior_knowledge: bool,
-    /// Calls one HTTP/2 connection to this provider carries at once; more
-    /// open another connection (up to `max_concurrency` calls in all). An
-    /// HTTP/2 server caps the streams of a connection
-    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`, often 100–256), and the client
-    /// never opens a second connection by itself: calls past the cap would
-    /// wait unseen inside it.
-    #[serde(default = "defaults::streams_per_connection")]
-    pub streams_per_connection: usize,
-    /// Most bytes one answer may hold: a whole body, one streamed line or
-    /// event, and the text a stream accumulates. Past it the attempt fails
-    /// with `RESPONSE_TOO_LARGE` and the chain moves on; it is what bounds
-    /// the memory a call in flight holds (docs/operations.md).
-    #[serde(default = "defaults::max_response_bytes")]
-    pub max_response_bytes: usize,
-    /// Circuit breaker numbers.
-    #[serde(default)]
-    pub breaker: BreakerConfig,
-    /// Settings of the `mock` kind (ignored by other kinds).
-    #[serde(default)]
-    pub mock: MockConfig,
-    /// The API key, loaded from `api_key_env`; never from the file.
-    #[serde(skip)]
-    pub api_key: Option<Secret>,
-}
-
-/// Default of a provider's `max_response_bytes`: a few MiB, far above any
-/// chat answer (a 16k-token reply is ~64 KB of text, and a stream carries it
-/// line by line), small enough that a hostile upstream cannot exhaust memory.
-pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
-
-mod defaults {
-    use std::time::Duration;
-    // Seed numbers of SPEC §4; Perplexity's 45 s is set in its config entry.
-    pub fn timeout() -> Duration {
-        Duration::from_secs(30)
-    }
-    pub fn connect_timeout() -> Duration {
-        Duration::from_secs(5)
-    }
-    pub fn stream_idle_timeout() -> Duration {
-        Duration::from_secs(20)
-    }
-    pub fn max_concurrency() -> usize {
-        64
-    }
-    pub fn max_response_bytes() -> usize {
-        super::DEFAULT_MAX_RESPONSE_BYTES
-    }
-    /// RFC 9113 §6.5.2 recommends servers allow at least 100 streams.
-    pub fn streams_per_connection() -> usize {
-        100
-    }
-}
-
-/// Circuit breaker numbers (SPEC §4 seed values by default).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct BreakerConfig {
-    /// Consecutive failures that open the breaker.
-    pub failure_threshold: u32,
-    /// How long the breaker stays open before probing.
-    #[serde(with = "humantime_serde")]
-    pub open_for: Duration,
-    /// Successful probes that close it again.
-    pub success_threshold: u32,
-    /// Probe calls admitted at once while half-open.
-    pub half_open_max_probes: u32,
-}
-
-impl Default for BreakerConfig {
-    fn default() -> Self {
-        Self {
-            failure_threshold: 5,
-            open_for: Duration::from_secs(30),
-            success_threshold: 2,
-            half_open_max_probes: 1,
-        }
-    }
-}
-
-/// Behaviour of a `mock` provider.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MockConfig {
-    /// Fixed latency of every call.
-    #[serde(with = "humantime_serde")]
-    pub latency: Duration,
-    /// Share of calls that fail with a 503-like error, in [0, 1].
-    pub failure_rate: f64,
-    /// Fixed reply text. When absent, a request that asks for JSON gets a
-    /// deterministic object matching its schema, and any other request gets
-    /// a short echo of its size.
-    pub reply: Option<String>,
-    /// Seed of the failure draw, so runs are reproducible.
-    pub seed: u64,
-}
-
-impl Default for MockConfig {
-    fn default() -> Self {
-        Self {
-            latency: Duration::from_millis(0),
-            failure_rate: 0.0,
-            reply: None,
-            seed: 42,
-        }
-    }
-}
-
 /// One task: its chain of targets and generation settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -638,6 +476,12 @@ pub struct TaskConfig {
     /// Confidence below which a classification needs human review.
     #[serde(default = "default_review_threshold")]
     pub review_threshold: f64,
+    /// `sms_generate`: replace typographic characters (curly quotes, dashes,
+    /// the ellipsis, non-breaking spaces) with GSM-7 equivalents when that
+    /// keeps the reply GSM-7, before its segments are counted ("smart
+    /// encoding"; on by default).
+    #[serde(default = "default_smart_encoding")]
+    pub smart_encoding: bool,
     /// JSON schema the answer of a generic (`Execute`) task must match; the
     /// model is asked for JSON of this shape and a non-matching answer counts
     /// as a malformed response (the chain moves on).
@@ -653,6 +497,10 @@ fn default_review_threshold() -> f64 {
     0.70
 }
 
+fn default_smart_encoding() -> bool {
+    true
+}
+
 /// One `(provider, model)` step of a chain.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -664,124 +512,11 @@ pub struct TargetConfig {
 }
 
 impl Config {
-    /// Loads `path`, applies environment overrides, reads secrets, validates.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        Self::load_with_env(path, |name| std::env::var(name).ok())
-    }
-
-    /// Like [`Config::load`], for commands that never call a provider
-    /// (`migrate`, `limits`, `prompts`, `keys`): provider keys need not be
-    /// set (a migration job should not hold them).
-    pub fn load_without_provider_keys(path: &Path) -> Result<Self, ConfigError> {
-        Self::load_inner(path, |name| std::env::var(name).ok(), false)
-    }
-
-    /// Like [`Config::load`], with the environment lookup injected (tests).
-    pub fn load_with_env(
-        path: &Path,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        Self::load_inner(path, env, true)
-    }
-
-    fn load_inner(
-        path: &Path,
-        env: impl Fn(&str) -> Option<String>,
-        require_keys: bool,
-    ) -> Result<Self, ConfigError> {
-        let mut figment = Figment::new()
-            .merge(Toml::file_exact(path))
-            // Only `__` paths are config keys: the CLI's own variables
-            // (`AIO_CONFIG`, `AIO_LOG_FORMAT`, `AIO_ADDR`) share the prefix
-            // and must not be rejected as unknown fields.
-            .merge(
-                Env::prefixed("AIO_")
-                    .filter(|key| key.as_str().contains("__"))
-                    .split("__"),
-            );
-        if let Some(url) = env("DATABASE_URL") {
-            figment = figment.merge(("database.url", url));
-        }
-        Self::from_figment(figment, env, require_keys)
-    }
-
-    /// Parses a TOML string with no environment overrides (tests, tooling).
-    pub fn from_toml_str(
-        toml: &str,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        Self::from_figment(Figment::from(Toml::string(toml)), env, true)
-    }
-
-    fn from_figment(
-        figment: Figment,
-        env: impl Fn(&str) -> Option<String>,
-        require_keys: bool,
-    ) -> Result<Self, ConfigError> {
-        let mut config: Config = figment.extract().map_err(parse_error)?;
-        let mut problems = Vec::new();
-        for (name, provider) in &mut config.providers {
-            if let Some(var) = &provider.api_key_env {
-                match env(var) {
-                    Some(key) if !key.is_empty() => provider.api_key = Some(Secret::new(key)),
-                    _ if !require_keys => {}
-                    _ => problems.push(Invalid {
-                        path: format!("providers.{name}.api_key_env"),
-                        message: format!("environment variable {var} is not set"),
-                    }),
-                }
-            }
-        }
-        problems.extend(validate::check(&config));
-        if problems.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigError::Invalid(problems))
-        }
-    }
-
     /// The base URL a provider is called at (configured, else the kind's default).
     pub fn base_url(&self, provider: &str) -> Option<String> {
         let p = self.providers.get(provider)?;
         p.base_url
             .clone()
             .or_else(|| p.kind.default_base_url().map(str::to_owned))
-    }
-}
-
-fn parse_error(err: figment::Error) -> ConfigError {
-    // figment chains errors; the first names the first bad key.
-    // Array indexes as `keys[0]`, the spelling `validate` uses too.
-    let mut path = String::new();
-    for segment in &err.path {
-        if segment.parse::<usize>().is_ok() && !path.is_empty() {
-            path.push_str(&format!("[{segment}]"));
-        } else {
-            if !path.is_empty() {
-                path.push('.');
-            }
-            path.push_str(segment);
-        }
-    }
-    if let figment::error::Kind::UnknownField(field, _) = &err.kind
-        && !path.ends_with(field.as_str())
-    {
-        path = if path.is_empty() {
-            field.clone()
-        } else {
-            format!("{path}.{field}")
-        };
-    }
-    if path.is_empty() {
-        path = "<root>".into();
-    }
-    let source = err
-        .metadata
-        .as_ref()
-        .and_then(|m| m.source.as_ref().map(|s| format!(" (in {s})")))
-        .unwrap_or_default();
-    ConfigError::Parse {
-        path,
-        message: format!("{}{source}", err.kind),
     }
 }

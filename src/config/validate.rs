@@ -42,11 +42,15 @@ fn database_url(url: &str) -> Result<(), &'static str> {
     Err("must start with sqlite:, postgres:// or postgresql://")
 }
 
+/// Most teams `telemetry.team_labels` may list.
+const MAX_TEAM_LABELS: usize = 200;
+
 /// Every problem found, in a stable order (providers, tasks, server, database).
 pub(super) fn check(config: &Config) -> Vec<Invalid> {
     let mut out = Vec::new();
     let mut bad = |path: String, message: &str| {
         out.push(Invalid {
+            origin: None,
             path,
             message: message.to_owned(),
         })
@@ -212,6 +216,20 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     }
     if !(0.0..=1.0).contains(&config.telemetry.sample_ratio) {
         bad("telemetry.sample_ratio".into(), "must be between 0 and 1");
+    }
+    // Each listed team is a label value of its own: a bounded list keeps
+    // the series a scrape carries bounded.
+    if config.telemetry.team_labels.len() > MAX_TEAM_LABELS {
+        bad(
+            "telemetry.team_labels".into(),
+            &format!("at most {MAX_TEAM_LABELS} teams get their own label"),
+        );
+    }
+    if config.telemetry.team_labels.iter().any(|t| t == "other") {
+        bad(
+            "telemetry.team_labels".into(),
+            "`other` is the label of every unlisted team",
+        );
     }
     if let Some(endpoint) = &config.telemetry.otlp_endpoint
         && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))

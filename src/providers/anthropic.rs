@@ -176,6 +176,8 @@ fn body(req: &CompletionRequest, stream: bool) -> MessagesRequest<'_> {
 struct MessagesResponse {
     content: Vec<ContentBlock>,
     #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
     stop_reason: Option<String>,
     #[serde(default)]
     usage: Option<WireUsage>,
@@ -184,6 +186,8 @@ struct MessagesResponse {
 /// The `message` of `message_start`: an empty answer with the prompt usage.
 #[derive(Debug, Deserialize)]
 struct MessagesResponseHead {
+    #[serde(default)]
+    model: Option<String>,
     #[serde(default)]
     usage: Option<WireUsage>,
 }
@@ -253,6 +257,7 @@ impl MessagesResponse {
             },
             finish_reason: finish_reason(self.stop_reason.as_deref()),
             citations: Vec::new(),
+            model: self.model,
         }
     }
 }

@@ -211,6 +211,9 @@ struct GenerateResponse {
     usage_metadata: Option<UsageMetadata>,
     #[serde(default)]
     prompt_feedback: Option<PromptFeedback>,
+    /// The answering model (`gemini-2.0-flash-001`).
+    #[serde(default)]
+    model_version: Option<String>,
     /// An error sent in place of a chunk once the stream had started.
     #[serde(default)]
     error: Option<WireError>,
@@ -289,6 +292,7 @@ struct StreamState {
     text: String,
     usage: TokenUsage,
     finish: Option<FinishReason>,
+    model: Option<String>,
     /// Most bytes of text it may accumulate.
     limit: usize,
 }
@@ -305,6 +309,7 @@ impl StreamState {
             text: String::new(),
             usage: TokenUsage::default(),
             finish: None,
+            model: None,
             limit,
         }
     }
@@ -318,6 +323,9 @@ impl StreamState {
                 retry_after: None,
                 summary: label(error.status.as_deref().unwrap_or("unknown")),
             });
+        }
+        if chunk.model_version.is_some() {
+            self.model = chunk.model_version;
         }
         // Counts are cumulative: the latest chunk's replace earlier ones.
         if let Some(u) = chunk.usage_metadata {
@@ -359,6 +367,7 @@ impl StreamState {
             usage: self.usage,
             finish_reason: self.finish.unwrap_or(FinishReason::Other),
             citations: Vec::new(),
+            model: self.model,
         }
     }
 }

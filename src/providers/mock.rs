@@ -1,6 +1,11 @@
 //! The `mock` provider: deterministic answers with configurable latency and
 //! failure rate, for local runs, demos and benchmarks. Only ever used where
 //! the config names a provider of kind `mock`.
+//!
+//! Its answers must never pass for a model's: a structured answer picks
+//! enum values by plain keyword rules on the inbound text ([`RULES`]), is
+//! never more than half sure, and says in its text fields that it is the
+//! mock and which rule matched.
 
 use super::{
     Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError,
@@ -53,7 +58,10 @@ impl MockProvider {
     fn answer(&self, req: &CompletionRequest) -> Completion {
         let text = match (&self.config.reply, &req.response_format) {
             (Some(reply), _) => reply.clone(),
-            (None, Some(format)) => example_of(&format.schema).to_string(),
+            (None, Some(format)) => {
+                let rule = matched_rule(req);
+                answer_of(&format.schema, "", rule).to_string()
+            }
             (None, None) => format!("mock reply to {} message(s)", req.messages.len()),
         };
         let input_chars: usize = req.system.as_deref().map_or(0, str::len)
@@ -66,6 +74,7 @@ impl MockProvider {
             text,
             finish_reason: FinishReason::Stop,
             citations: Vec::new(),
+            model: Some(req.model.clone()),
         }
     }
 }
@@ -100,6 +109,112 @@ fn splitmix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^ (x >> 31)
+}
+
+/// Keyword rules of the mock's structured answers: the first whose keyword
+/// occurs in the inbound text (lower-cased) names the enum value to pick,
+/// when the schema's enum has it. Ordered so the narrower phrase wins
+/// ("not interested" before "interested").
+const RULES: &[(&str, &str)] = &[
+    ("wrong number", "WRONG_NUMBER"),
+    ("who is this", "WRONG_NUMBER"),
+    ("unsubscribe", "OPT_OUT"),
+    ("stop", "OPT_OUT"),
+    ("not interested", "NOT_INTERESTED"),
+    ("no thanks", "NOT_INTERESTED"),
+    ("call me", "CALLBACK_LATER"),
+    ("call back", "CALLBACK_LATER"),
+    ("later", "CALLBACK_LATER"),
+    ("next week", "CALLBACK_LATER"),
+    ("appointment", "APPOINTMENT_REQUEST"),
+    ("schedule", "APPOINTMENT_REQUEST"),
+    ("meeting", "APPOINTMENT_REQUEST"),
+    ("book", "APPOINTMENT_REQUEST"),
+    ("interested", "INTERESTED"),
+    ("sounds good", "INTERESTED"),
+    ("yes", "INTERESTED"),
+    ("?", "QUESTION"),
+];
+
+/// The mock's confidence in anything: below any sensible review threshold.
+const MOCK_CONFIDENCE: f64 = 0.5;
+
+/// The inbound text of a request: inside the last `<message>` tag of the
+/// last user message when the prompt marks it (the SMS prompts do), else
+/// the whole last user message.
+fn inbound_text(req: &CompletionRequest) -> String {
+    let last = req.messages.last().map_or("", |m| m.content.as_str());
+    let inner = last
+        .rsplit_once("<message>")
+        .and_then(|(_, rest)| rest.split_once("</message>"))
+        .map_or(last, |(inner, _)| inner);
+    inner.to_lowercase()
+}
+
+/// The first rule whose keyword is in the request's inbound text.
+fn matched_rule(req: &CompletionRequest) -> Option<(&'static str, &'static str)> {
+    let text = inbound_text(req);
+    RULES
+        .iter()
+        .copied()
+        .find(|(keyword, _)| text.contains(keyword))
+}
+
+/// The mock's structured answer to `schema` (property `name`), given the
+/// keyword rule that matched: enums by the rule (else `OTHER`, else their
+/// first value), numbers capped at [`MOCK_CONFIDENCE`] where they are
+/// scores, strings saying they come from the mock.
+fn answer_of(schema: &Value, name: &str, rule: Option<(&str, &str)>) -> Value {
+    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+        let has = |v: &str| options.iter().any(|o| o.as_str() == Some(v));
+        let pick = match rule {
+            Some((_, value)) if has(value) => Some(value),
+            _ if has("OTHER") => Some("OTHER"),
+            _ => None,
+        };
+        return pick.map_or_else(|| example_of(schema), |v| Value::String(v.to_owned()));
+    }
+    match schema.get("type").and_then(Value::as_str) {
+        Some("object") => {
+            let mut out = Map::new();
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (k, v) in props {
+                    out.insert(k.clone(), answer_of(v, k, rule));
+                }
+            }
+            Value::Object(out)
+        }
+        Some("array") => Value::Array(
+            schema
+                .get("items")
+                .map(|items| vec![answer_of(items, name, rule)])
+                .unwrap_or_default(),
+        ),
+        Some("string") if name.contains("reason") => Value::String(match rule {
+            Some((keyword, value)) => format!("mock provider: keyword `{keyword}` means {value}"),
+            None => "mock provider: no keyword rule matched".to_owned(),
+        }),
+        // A URL stays one (research sources): the example's, being the shape asked for.
+        Some("string")
+            if schema
+                .get("examples")
+                .and_then(|e| e.get(0))
+                .and_then(Value::as_str)
+                .is_some_and(|e| e.starts_with("https://")) =>
+        {
+            example_of(schema)
+        }
+        Some("string") if !name.is_empty() => Value::String(format!("mock {name}")),
+        Some("number")
+            if schema
+                .get("maximum")
+                .and_then(Value::as_f64)
+                .is_some_and(|max| max <= 1.0) =>
+        {
+            Value::from(MOCK_CONFIDENCE)
+        }
+        _ => example_of(schema),
+    }
 }
 
 /// A deterministic value matching a JSON schema: `examples[0]`, else `default`,
@@ -163,25 +278,38 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn json_requests_get_a_schema_shaped_answer() {
+    async fn json_requests_get_a_schema_shaped_answer_that_says_it_is_the_mock() {
         let mock = MockProvider::new(MockConfig::default());
         let schema = json!({"type":"object","properties":{
-            "intent":{"type":"string","enum":["INTERESTED","OTHER"]},
+            "intent":{"type":"string","enum":["INTERESTED","CALLBACK_LATER","OTHER"]},
             "confidence":{"type":"number","minimum":0,"maximum":1,"examples":[0.92]},
-            "tags":{"type":"array","items":{"type":"string"}}}});
-        let out = mock
-            .complete(request(Some(JsonSchemaFormat {
-                name: "x".into(),
-                schema,
-            })))
-            .await
-            .unwrap();
+            "reason":{"type":"string","examples":["Lead says they are interested."]},
+            "tags":{"type":"array","items":{"type":"string"}},
+            "count":{"type":"integer","minimum":3}}});
+        let format = Some(JsonSchemaFormat {
+            name: "x".into(),
+            schema,
+        });
+        let out = mock.complete(request(format.clone())).await.unwrap();
         let v: Value = serde_json::from_str(&out.text).unwrap();
         assert_eq!(
             v,
-            json!({"intent":"INTERESTED","confidence":0.92,"tags":["mock"]})
+            json!({"intent":"OTHER","confidence":0.5,
+                   "reason":"mock provider: no keyword rule matched",
+                   "tags":["mock tags"],"count":3})
         );
         assert!(out.usage.input_tokens > 0 && out.usage.output_tokens > 0);
+
+        // The inbound message inside its tag decides, not the prompt around it.
+        let mut req = request(format);
+        req.messages[0].content =
+            "Say if they are interested.\n<message>\nCan you call me at 5?\n</message>".into();
+        let v: Value = serde_json::from_str(&mock.complete(req).await.unwrap().text).unwrap();
+        assert_eq!(v["intent"], "CALLBACK_LATER");
+        assert_eq!(
+            v["reason"],
+            "mock provider: keyword `call me` means CALLBACK_LATER"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -167,6 +167,10 @@ pub struct Completion {
     pub finish_reason: FinishReason,
     /// Sources, when the provider gives them.
     pub citations: Vec<Citation>,
+    /// The model that answered as the provider names it (often a dated
+    /// version of the one asked for: `gpt-4o-mini-2024-07-18`), when it
+    /// says.
+    pub model: Option<String>,
 }
 
 /// One event of a streamed answer.

@@ -224,6 +224,8 @@ fn wire(flavor: Flavor, req: &CompletionRequest, stream: bool) -> WireRequest<'_
 struct WireResponse {
     choices: Vec<WireChoice>,
     #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
     usage: Option<WireUsage>,
     #[serde(default)]
     citations: Option<Value>,
@@ -268,6 +270,8 @@ impl From<WireUsage> for TokenUsage {
 struct WireChunk {
     #[serde(default)]
     choices: Vec<WireChoice>,
+    #[serde(default)]
+    model: Option<String>,
     #[serde(default)]
     usage: Option<WireUsage>,
     #[serde(default)]
@@ -314,6 +318,7 @@ fn completion(flavor: Flavor, wire: WireResponse) -> Result<Completion, Provider
             wire.citations.as_ref(),
             wire.search_results.as_ref(),
         ),
+        model: wire.model,
     })
 }
 
@@ -336,6 +341,8 @@ struct StreamState {
     finish_reason: Option<FinishReason>,
     citations: Option<Value>,
     search_results: Option<Value>,
+    /// The answering model, as the chunks name it.
+    model: Option<String>,
     /// Most bytes of text it may accumulate.
     limit: usize,
 }
@@ -350,6 +357,7 @@ impl StreamState {
             finish_reason: None,
             citations: None,
             search_results: None,
+            model: None,
         }
     }
 
@@ -377,6 +385,9 @@ impl StreamState {
         // and llama.cpp send running totals. The last report wins either way.
         if let Some(usage) = chunk.usage {
             self.usage = usage.into();
+        }
+        if chunk.model.is_some() {
+            self.model = chunk.model;
         }
         // Perplexity repeats the full (growing) lists in every chunk.
         if chunk.citations.is_some() {
@@ -417,6 +428,7 @@ impl StreamState {
             text: self.text,
             usage: self.usage,
             finish_reason: self.finish_reason.unwrap_or(FinishReason::Other),
+            model: self.model,
         })
     }
 }

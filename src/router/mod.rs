@@ -5,6 +5,7 @@
 //! every attempt, and never starts an attempt after the request deadline.
 
 mod attempt;
+mod span;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -156,6 +157,11 @@ impl Router {
     /// The per-provider guards (breakers, limits, health), for ops and metrics.
     pub fn resilience(&self) -> &Resilience {
         &self.resilience
+    }
+
+    /// The kind of a configured provider.
+    fn kind(&self, provider: &str) -> Option<crate::config::ProviderKind> {
+        self.config.providers.get(provider).map(|p| p.kind)
     }
 
     /// The chain of a task.
@@ -342,17 +348,7 @@ impl Router {
             deadline: attempt_deadline,
             ..request.clone()
         };
-        // trace_id again: JSON log lines show only the innermost span.
-        let span = tracing::info_span!(
-            "provider_attempt",
-            trace_id = %req.trace_id,
-            provider = %target.provider,
-            model = %target.model,
-            retry,
-            outcome = tracing::field::Empty,
-            input_tokens = tracing::field::Empty,
-            output_tokens = tracing::field::Empty,
-        );
+        let span = span::attempt(target, self.kind(&target.provider), &req.trace_id, retry);
         let mut req = Some(req);
         let called = loop {
             // A resend is the same call again: built anew only then.
@@ -374,14 +370,8 @@ impl Router {
             }
         };
         match &called {
-            Ok(c) => {
-                span.record("outcome", "ok");
-                span.record("input_tokens", c.usage.input_tokens);
-                span.record("output_tokens", c.usage.output_tokens);
-            }
-            Err(e) => {
-                span.record("outcome", e.code().as_str());
-            }
+            Ok(c) => span::answered(&span, c),
+            Err(e) => span::failed(&span, e),
         }
         let err = match called {
             Ok(completion) => {
@@ -403,7 +393,7 @@ impl Router {
                         return Tried::Served(value, completion);
                     }
                     Err((err, charged)) => {
-                        span.record("outcome", "MALFORMED_RESPONSE");
+                        span::record_failure(&span, "MALFORMED_RESPONSE");
                         let elapsed = call.end(Some(&err));
                         // An unusable answer still consumed tokens.
                         attempts.push(

@@ -7,6 +7,7 @@
 use super::{
     AttemptOutcome, AttemptRecord, RouteError, RouteOptions, Router,
     attempt::{InFlight, attribute, implausible},
+    span,
 };
 use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent, TokenUsage};
 use crate::{config::TargetConfig, domain::Priority, resilience::Outcome};
@@ -14,28 +15,12 @@ use futures::{Stream, StreamExt};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-/// The span of one streamed attempt, with the fields of the unary
-/// `provider_attempt` span (a stream is never retried in place: `retry` is
-/// 0). It is a child of the span the stream is polled in (the request's);
-/// it ends when the attempt does, or when the stream is dropped.
-fn attempt_span(target: &TargetConfig, trace_id: &str) -> tracing::Span {
-    // trace_id again: JSON log lines show only the innermost span.
-    tracing::info_span!(
-        "provider_attempt",
-        trace_id = %trace_id,
-        provider = %target.provider,
-        model = %target.model,
-        retry = 0_u32,
-        outcome = tracing::field::Empty,
-        input_tokens = tracing::field::Empty,
-        output_tokens = tracing::field::Empty,
-    )
-}
-
-/// Records a failed attempt on its span and in the log (code only).
+/// Records a failed attempt on its span (a stream's is a child of the span
+/// the stream is polled in, the request's, and is never retried in place:
+/// `retry` 0) and in the log (code only).
 fn failed(span: &tracing::Span, target: &TargetConfig, err: &ProviderError) {
     let code = err.code();
-    span.record("outcome", code.as_str());
+    span::failed(span, err);
     tracing::warn!(provider = %target.provider, model = %target.model, retry = 0_u32, code = %code, summary = err.summary(), "provider attempt failed");
 }
 
@@ -128,7 +113,7 @@ impl Router {
                 let mut call = InFlight::start(guards, target);
                 let attempt_deadline = router.attempt_deadline(&target.provider, call.started(), deadline);
                 let req = CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() };
-                let span = attempt_span(target, &req.trace_id);
+                let span = span::attempt(target, router.kind(&target.provider), &req.trace_id, 0);
                 yield RouteEvent::Started { provider: target.provider.clone(), model: target.model.clone() };
 
                 // Opened inside the attempt span: the upstream `traceparent` names it.
@@ -188,9 +173,7 @@ impl Router {
                             yield RouteEvent::Delta(text);
                         }
                         Ok(StreamEvent::Done(completion)) => {
-                            span.record("outcome", "ok");
-                            span.record("input_tokens", completion.usage.input_tokens);
-                            span.record("output_tokens", completion.usage.output_tokens);
+                            span::answered(&span, &completion);
                             drop(span);
                             let elapsed = call.end(None);
                             permit.record(Outcome::Success);

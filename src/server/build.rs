@@ -79,6 +79,7 @@ impl App {
         };
 
         let pipeline = Pipeline::new(config.clone(), router, prompts.clone(), meter);
+        let on_scrape = scrape_hook(pipeline.clone());
         let api = OrchestratorApi::new(config.clone(), pipeline, store.clone(), auth.clone());
         let prompt_admin = PromptAdminApi::new(prompts, auth.clone());
         let reporter = tonic_health::server::HealthReporter::new();
@@ -102,12 +103,27 @@ impl App {
             health_service,
             listener,
             metrics_listener,
+            on_scrape,
             ready,
             stop_writer,
             writer_done,
             key_store,
         })
     }
+}
+
+/// What a scrape refreshes: every breaker's state as GetProviderHealth
+/// reports it (an open breaker turns half-open with time, not traffic), and
+/// the process's CPU, memory and file descriptors.
+fn scrape_hook(pipeline: Pipeline) -> metrics::OnScrape {
+    let process = metrics_process::Collector::default();
+    process.describe();
+    Arc::new(move || {
+        for (name, guards) in pipeline.router().resilience().iter() {
+            metrics::breaker_state(name, guards.breaker.state().metric_value());
+        }
+        process.collect();
+    })
 }
 
 /// Sweeps the reservations an earlier crash left, then starts the ledger

@@ -8,6 +8,8 @@ mod background;
 mod build;
 mod run;
 
+pub use run::reflected_descriptor_sets;
+
 use crate::{
     api::{OrchestratorApi, admin::PromptAdminApi},
     auth::Authenticator,
@@ -46,6 +48,8 @@ pub struct App {
         tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
+    /// Refreshes state-derived gauges before each scrape.
+    on_scrape: crate::telemetry::metrics::OnScrape,
     ready: watch::Receiver<bool>,
     /// Stops the ledger writers (after the drain), and their end.
     stop_writer: watch::Sender<bool>,

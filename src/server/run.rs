@@ -34,6 +34,7 @@ impl App {
             health_service,
             listener,
             metrics_listener,
+            on_scrape,
             ready,
             stop_writer,
             writer_done,
@@ -62,22 +63,26 @@ impl App {
             ))
         });
         let metrics_task = metrics_listener.map(|listener| {
-            tracing::info!(addr = ?listener.local_addr().ok(), "metrics endpoint");
-            tokio::spawn(metrics::serve_http(listener, ready, background_stopped))
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "metrics endpoint");
+            }
+            tokio::spawn(metrics::serve_http(
+                listener,
+                ready,
+                background_stopped,
+                on_scrape,
+            ))
         });
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        let reflection_v1 = reflection()
             .build_v1()
             .context("building the reflection service")?;
-        let reflection_alpha = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        let reflection_alpha = reflection()
             .build_v1alpha()
             .context("building the reflection service")?;
 
-        let addr = listener.local_addr().ok();
-        tracing::info!(?addr, backend = store.backend(), "serving");
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, backend = store.backend(), "serving");
+        }
 
         // Nagle off on accepted sockets: with it on, small gRPC frames on
         // kept-alive connections wait ~40 ms for delayed ACKs.
@@ -108,7 +113,7 @@ impl App {
             .max_concurrent_streams(config.server.max_concurrent_streams)
             .layer(GrpcMetricsLayer)
             .add_service(health_service)
-            .add_service(reflection)
+            .add_service(reflection_v1)
             .add_service(reflection_alpha)
             // Health and reflection stay open: probes and tooling carry no key.
             .add_service(InterceptedService::new(
@@ -148,4 +153,23 @@ impl App {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// Every descriptor server reflection serves: our services, gRPC health,
+/// and the richer-error-model types our statuses carry in their details
+/// (`google.rpc.ErrorInfo`, `BadRequest`, `QuotaFailure`, `RetryInfo`,
+/// `google.rpc.Status`), so grpcurl decodes them with no `-proto`.
+pub fn reflected_descriptor_sets() -> [&'static [u8]; 3] {
+    [
+        pb::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+        tonic_types::pb::FILE_DESCRIPTOR_SET,
+    ]
+}
+
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    reflected_descriptor_sets().into_iter().fold(
+        tonic_reflection::server::Builder::configure(),
+        |builder, set| builder.register_encoded_file_descriptor_set(set),
+    )
 }

@@ -2,8 +2,10 @@
 //!
 //! Sources come from the provider's citations where it gives them
 //! (Perplexity): numeric references in the model's answer (`1`, `[2]`) are
-//! resolved against the citation list, and a finding with no sources gets
-//! every citation. Otherwise the URLs in the model's structured answer are used.
+//! resolved against the citation list, and URLs the model wrote are kept. A
+//! finding's sources are only those it cites: one that cites none has none
+//! (giving it every citation would overstate how well it is sourced). The
+//! answer lists every citation separately.
 
 use super::{Session, TaskError, parse_json_object};
 use crate::{
@@ -51,6 +53,8 @@ pub struct Answer {
     pub summary: String,
     /// Findings.
     pub findings: Vec<Finding>,
+    /// Every source the provider cited, in its order.
+    pub citations: Vec<Citation>,
 }
 
 /// The JSON schema the model must answer with.
@@ -144,7 +148,11 @@ pub fn parse(text: &str, citations: &[Citation]) -> Result<Answer, String> {
             confidence,
         });
     }
-    Ok(Answer { summary, findings })
+    Ok(Answer {
+        summary,
+        findings,
+        citations: citations.to_vec(),
+    })
 }
 
 fn resolve_sources(given: &[&str], citations: &[Citation]) -> Vec<String> {
@@ -161,9 +169,6 @@ fn resolve_sources(given: &[&str], citations: &[Citation]) -> Vec<String> {
         if let Some(url) = url.filter(|u| !out.contains(u)) {
             out.push(url);
         }
-    }
-    if out.is_empty() {
-        out = citations.iter().map(|c| c.url.clone()).collect();
     }
     out
 }
@@ -193,12 +198,12 @@ mod tests {
             a.findings[0].sources,
             vec!["https://b.example/2", "https://a.example/1"]
         );
-        assert_eq!(
-            a.findings[1].sources.len(),
-            2,
-            "no sources → every citation"
+        assert!(
+            a.findings[1].sources.is_empty(),
+            "a finding citing nothing has no sources"
         );
         assert_eq!(a.findings[2].sources, vec!["https://own.example"]);
+        assert_eq!(a.citations, cites(), "every citation, listed apart");
     }
 
     #[test]

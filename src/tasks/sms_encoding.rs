@@ -81,6 +81,47 @@ fn pack(widths: &[u32], capacity: u32) -> u32 {
     parts
 }
 
+/// The usual typographic characters a model writes, with their GSM-7
+/// equivalents: curly quotes and apostrophes, dashes, the ellipsis, and
+/// the non-breaking and other fixed-width spaces (the zero-width ones
+/// vanish).
+fn plain(c: char) -> Option<&'static str> {
+    Some(match c {
+        '\u{2018}' | '\u{2019}' | '\u{201A}' | '\u{201B}' | '\u{2032}' | '\u{00B4}' => "'",
+        '\u{201C}' | '\u{201D}' | '\u{201E}' | '\u{201F}' | '\u{2033}' | '\u{00AB}'
+        | '\u{00BB}' => "\"",
+        '\u{2010}' | '\u{2011}' | '\u{2012}' | '\u{2013}' | '\u{2014}' | '\u{2015}'
+        | '\u{2212}' => "-",
+        '\u{2026}' => "...",
+        '\u{00A0}' | '\u{2000}'..='\u{200A}' | '\u{202F}' | '\u{205F}' | '\u{3000}' => " ",
+        '\u{200B}' | '\u{2060}' | '\u{FEFF}' => "",
+        '\u{2022}' => "-",
+        _ => return None,
+    })
+}
+
+/// "Smart encoding": `text` with its typographic characters replaced by
+/// GSM-7 equivalents ([`plain`]) when that makes the whole text GSM-7 (a
+/// curly apostrophe alone would otherwise force UCS-2 and halve the
+/// capacity); `text` unchanged when it is GSM-7 already or would stay
+/// UCS-2 anyway.
+pub fn normalize(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    if text.chars().all(|c| gsm7_width(c).is_some()) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match plain(c) {
+            Some(replacement) => out.push_str(replacement),
+            None if gsm7_width(c).is_some() => out.push(c),
+            // Another character keeps it UCS-2: nothing to gain.
+            None => return Cow::Borrowed(text),
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// Characters that surely fit in `segments` parts of GSM-7 (used to tell the
 /// model its length budget).
 pub fn gsm7_char_budget(segments: u32) -> u32 {
@@ -106,6 +147,41 @@ mod tests {
             },
             "{text:?}"
         );
+    }
+
+    #[test]
+    fn typographic_characters_become_gsm7_when_that_makes_the_text_gsm7() {
+        let curly = "We\u{2019}re open \u{2013} come by\u{2026} \u{201C}today\u{201D}!";
+        assert_eq!(normalize(curly), "We're open - come by... \"today\"!");
+        assert_eq!(measure(curly).encoding, SmsEncoding::Ucs2);
+        assert_eq!(measure(&normalize(curly)).encoding, SmsEncoding::Gsm7);
+        assert_eq!(normalize("a\u{00A0}b\u{200B}c"), "a bc");
+        // Already GSM-7: untouched, borrowed.
+        assert!(matches!(
+            normalize("Plain text, €5 [ok]"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        // Another non-GSM character keeps UCS-2: the model's text stays.
+        let emoji = "It\u{2019}s great 😀";
+        assert_eq!(normalize(emoji), emoji);
+
+        // The boundaries again: 160 GSM-7 septets with a curly apostrophe
+        // are one segment once normalised, three UCS-2 segments before.
+        let at_limit = format!("{}\u{2019}", "a".repeat(159));
+        assert_eq!(measure(&at_limit).segments, 3);
+        let fixed = normalize(&at_limit);
+        assert_eq!(
+            measure(&fixed),
+            SmsSize {
+                encoding: SmsEncoding::Gsm7,
+                segments: 1,
+                units: 160
+            }
+        );
+        // An ellipsis adds two septets: 158 + "..." is 161, two segments.
+        let grows = format!("{}\u{2026}", "a".repeat(158));
+        assert_eq!(measure(&normalize(&grows)).segments, 2);
+        assert_eq!(measure(&normalize(&grows)).units, 161);
     }
 
     #[test]

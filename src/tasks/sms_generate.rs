@@ -2,7 +2,7 @@
 //! escalation to a human. Never writes a reply to an opt-out.
 
 use super::{
-    Session, SmsTurn, TaskError, history_text, opt_out, parse_json_object,
+    Session, SmsTurn, TaskError, Tasks, history_text, opt_out, parse_json_object,
     sms_encoding::{self, SmsEncoding, SmsSize},
 };
 use crate::{prompts, providers::JsonSchemaFormat, usage::MeterError};
@@ -69,7 +69,11 @@ pub fn schema() -> Value {
 
 /// Writes a reply, retrying once with a stricter length instruction when the
 /// first draft does not fit, and escalating when the second does not either.
-pub async fn generate(session: &impl Session, input: GenerateInput) -> Result<Reply, TaskError> {
+pub async fn generate(
+    tasks: &Tasks,
+    session: &impl Session,
+    input: GenerateInput,
+) -> Result<Reply, TaskError> {
     if input.inbound_message.trim().is_empty() {
         return Err(TaskError::invalid("inbound_message", "must not be empty"));
     }
@@ -124,7 +128,12 @@ pub async fn generate(session: &impl Session, input: GenerateInput) -> Result<Re
         ),
     ]);
 
-    let first = draft(session, &vars).await?;
+    let smart = tasks
+        .config
+        .tasks
+        .get(TASK)
+        .is_none_or(|t| t.smart_encoding);
+    let first = draft(session, &vars, smart).await?;
     let size = sms_encoding::measure(&first.reply);
     if size.segments <= max_segments {
         return Ok(accept(first, size));
@@ -138,7 +147,7 @@ pub async fn generate(session: &impl Session, input: GenerateInput) -> Result<Re
     ));
     // The first draft's attempts stay on the call (it was made and is
     // paid for), whatever comes of the second.
-    let second = match draft(session, &vars).await {
+    let second = match draft(session, &vars, smart).await {
         Ok(found) => found,
         Err(TaskError::Meter(refused @ (MeterError::Quota(_) | MeterError::Budget { .. }))) => {
             // The retry cannot be afforded. The first draft was made and is
@@ -166,18 +175,24 @@ pub async fn generate(session: &impl Session, input: GenerateInput) -> Result<Re
     )))
 }
 
+/// One draft; with `smart` encoding its typographic characters become
+/// GSM-7 where that keeps it GSM-7 (see [`sms_encoding::normalize`]).
 async fn draft(
     session: &impl Session,
     vars: &BTreeMap<String, String>,
+    smart: bool,
 ) -> Result<Draft, TaskError> {
     let rendered = session.render(TASK, vars).await?;
     let format = JsonSchemaFormat {
         name: "sms_reply".into(),
         schema: schema(),
     };
-    let (draft, _) = session
+    let (mut draft, _) = session
         .complete(TASK, &rendered, Some(format), |c| parse(&c.text))
         .await?;
+    if smart && let std::borrow::Cow::Owned(plain) = sms_encoding::normalize(&draft.reply) {
+        draft.reply = plain;
+    }
     Ok(draft)
 }
 

@@ -12,6 +12,10 @@
 //!   builds a map of `serde_json::Value`s per span and re-parses the whole
 //!   object on every `record`.
 
+mod event;
+
+pub use event::{CorrelationIds, JsonEvent};
+
 use std::fmt::{self, Write};
 use tracing::{
     Metadata, Subscriber,
@@ -136,7 +140,7 @@ pub struct SpanFields;
 impl<'w> FormatFields<'w> for SpanFields {
     fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
         writer.write_char('{')?;
-        let mut visitor = JsonObject::new(&mut writer, false);
+        let mut visitor = JsonObject::new(&mut writer, false).for_spans();
         fields.record(&mut visitor);
         visitor.result?;
         writer.write_char('}')
@@ -151,7 +155,7 @@ impl<'w> FormatFields<'w> for SpanFields {
         let object = &mut current.fields;
         object.pop();
         let has_fields = object.len() > 1;
-        let mut visitor = JsonObject::new(&mut *object, has_fields);
+        let mut visitor = JsonObject::new(&mut *object, has_fields).for_spans();
         fields.record(&mut visitor);
         let result = visitor.result;
         object.push('}');
@@ -166,7 +170,14 @@ struct JsonObject<W> {
     comma: bool,
     /// The first write error, if any (`Visit` methods cannot return one).
     result: fmt::Result,
+    /// Leave out the attributes that are only for trace export.
+    spans: bool,
 }
+
+/// Span fields named in OpenTelemetry's namespaces (`otel.kind`,
+/// `rpc.method`, `gen_ai.usage.input_tokens`, ...) are for the exported
+/// span; log lines carry our own names for the same facts.
+const EXPORT_ONLY: [&str; 4] = ["otel.", "rpc.", "gen_ai.", "error."];
 
 impl<W: fmt::Write> JsonObject<W> {
     fn new(out: W, comma: bool) -> Self {
@@ -174,7 +185,18 @@ impl<W: fmt::Write> JsonObject<W> {
             out,
             comma,
             result: Ok(()),
+            spans: false,
         }
+    }
+
+    /// The writer of span fields: export-only ones left out.
+    fn for_spans(mut self) -> Self {
+        self.spans = true;
+        self
+    }
+
+    fn skip(&self, field: &Field) -> bool {
+        self.spans && EXPORT_ONLY.iter().any(|p| field.name().starts_with(p))
     }
 
     fn write(&mut self, value: fmt::Arguments<'_>) {
@@ -202,26 +224,41 @@ impl<W: fmt::Write> JsonObject<W> {
 
 impl<W: fmt::Write> Visit for JsonObject<W> {
     fn record_str(&mut self, field: &Field, value: &str) {
+        if self.skip(field) {
+            return;
+        }
         self.key(field);
         self.string(format_args!(""), value);
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
+        if self.skip(field) {
+            return;
+        }
         self.key(field);
         self.write(format_args!("{value}"));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
+        if self.skip(field) {
+            return;
+        }
         self.key(field);
         self.write(format_args!("{value}"));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
+        if self.skip(field) {
+            return;
+        }
         self.key(field);
         self.write(format_args!("{value}"));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
+        if self.skip(field) {
+            return;
+        }
         self.key(field);
         if value.is_finite() {
             self.write(format_args!("{value}"));
@@ -232,6 +269,9 @@ impl<W: fmt::Write> Visit for JsonObject<W> {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if self.skip(field) {
+            return;
+        }
         // `%value` fields arrive here too, formatted with `Display`.
         self.key(field);
         self.string(format_args!(""), format_args!("{value:?}"));

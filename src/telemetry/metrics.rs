@@ -5,7 +5,9 @@
 //! names come from the config, statuses are stable codes, and teams appear
 //! only as one of [`TEAM_BUCKETS`] hash buckets. Never a message, never a key.
 
-use metrics::{counter, gauge, histogram};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::{
     hash::{Hash, Hasher},
@@ -90,8 +92,113 @@ pub fn handle() -> &'static PrometheusHandle {
                 "a metrics recorder was already installed; /metrics shows only this recorder"
             );
         }
+        describe();
         handle
     })
+}
+
+/// Families exported as gauges (the recorder's counters are integers) that
+/// only ever increase: USD amounts. Their `TYPE` is rewritten to `counter`
+/// at render, which is what their `_total` names promise and what
+/// `rate()` and `increase()` expect.
+const FLOAT_COUNTERS: &[&str] = &["llm_cost_usd_total", "usage_team_cost_usd_total"];
+
+/// The Prometheus text of every metric, as `/metrics` serves it.
+pub fn render() -> String {
+    let mut text = handle().render();
+    for name in FLOAT_COUNTERS {
+        text = text.replace(
+            &format!("# TYPE {name} gauge\n"),
+            &format!("# TYPE {name} counter\n"),
+        );
+    }
+    text
+}
+
+/// HELP text of every family (a scrape shows it beside the `TYPE`).
+fn describe() {
+    describe_counter!(
+        "llm_requests_total",
+        "Provider calls made, by provider, model and status (ok or the attempt's error code)."
+    );
+    describe_histogram!(
+        "llm_response_time_seconds",
+        Unit::Seconds,
+        "Provider latency per call."
+    );
+    describe_counter!(
+        "llm_resends_total",
+        "Calls resent within their attempt because they never reached the provider, by transport cause."
+    );
+    describe_counter!(
+        "llm_tokens_total",
+        "Tokens billed by providers, by type (input/output)."
+    );
+    describe_gauge!(
+        "llm_cost_usd_total",
+        "USD spent on providers, from the pricing table (a counter)."
+    );
+    describe_gauge!(
+        "circuit_breaker_state",
+        "Breaker state per provider: 0 closed, 1 half-open, 2 open."
+    );
+    describe_counter!(
+        "orchestrator_fallbacks_total",
+        "Calls served by a target other than the chain's primary."
+    );
+    describe_histogram!(
+        "orchestrator_overhead_seconds",
+        Unit::Seconds,
+        "Request time outside provider calls and their waits: our own work."
+    );
+    describe_histogram!(
+        "usage_ledger_wait_seconds",
+        Unit::Seconds,
+        "How long a call waited on the ledger writer per operation, queue included."
+    );
+    describe_histogram!(
+        "usage_ledger_commit_seconds",
+        Unit::Seconds,
+        "One group commit's transaction, without the WAL sync."
+    );
+    describe_histogram!(
+        "usage_ledger_sync_seconds",
+        Unit::Seconds,
+        "One fdatasync of the SQLite WAL that settlements wait for."
+    );
+    describe_histogram!(
+        "usage_ledger_batch_operations",
+        "Ledger operations per group commit."
+    );
+    describe_counter!(
+        "usage_quota_rejections_total",
+        "Calls refused by a monthly cap, by team hash bucket."
+    );
+    describe_gauge!(
+        "usage_team_cost_usd_total",
+        "USD spent per team (listed teams by name, the rest as other), from the pricing table (a counter)."
+    );
+    describe_counter!(
+        "usage_team_calls_total",
+        "Metered calls per team (listed teams by name, the rest as other)."
+    );
+    describe_counter!(
+        "orchestrator_errors_total",
+        "Errors returned to callers, by stable ErrorInfo reason."
+    );
+    describe_counter!(
+        "grpc_server_started_total",
+        "gRPC calls started, by type, service and method."
+    );
+    describe_counter!(
+        "grpc_server_handled_total",
+        "gRPC calls completed, by type, service, method and final status code."
+    );
+    describe_histogram!(
+        "grpc_server_handling_seconds",
+        Unit::Seconds,
+        "Time to handle a gRPC call: until the reply, or the stream's end."
+    );
 }
 
 /// One provider call that ended, by its status: `ok` or the attempt's
@@ -120,8 +227,8 @@ pub fn usage(provider: &str, model: &str, input: u64, output: u64, cost_usd: Opt
             .increment(output);
     }
     if let Some(cost) = cost_usd.filter(|c| *c > 0.0) {
-        // `metrics` counters are integers; a monotonically increased gauge
-        // keeps cents exact (exported with TYPE gauge).
+        // `metrics` counters are integers; a gauge that only increases keeps
+        // fractions of a cent, and is exported as a counter (`render`).
         gauge!("llm_cost_usd_total", "provider" => provider.to_owned(), "model" => model.to_owned()).increment(cost);
     }
 }
@@ -171,6 +278,28 @@ pub fn team_bucket(team: &str) -> String {
     format!("b{:02}", h.finish() % TEAM_BUCKETS)
 }
 
+/// The `team` label of a team's usage: its ID when `listed`
+/// (`telemetry.team_labels`), else `other`.
+fn team_label(team: &str, listed: &std::collections::BTreeSet<String>) -> String {
+    if listed.contains(team) {
+        team.to_owned()
+    } else {
+        "other".to_owned()
+    }
+}
+
+/// One metered call of `team`, and what it cost (when every model it used
+/// has a price).
+pub fn team_usage(team: &str, listed: &std::collections::BTreeSet<String>, cost_usd: Option<f64>) {
+    let (label, bucket) = (team_label(team, listed), team_bucket(team));
+    counter!("usage_team_calls_total", "team" => label.clone(), "team_bucket" => bucket.clone())
+        .increment(1);
+    if let Some(cost) = cost_usd.filter(|c| *c > 0.0) {
+        gauge!("usage_team_cost_usd_total", "team" => label, "team_bucket" => bucket)
+            .increment(cost);
+    }
+}
+
 /// A call refused by a monthly cap.
 pub fn quota_rejection(team: &str) {
     counter!("usage_quota_rejections_total", "team_bucket" => team_bucket(team)).increment(1);
@@ -184,20 +313,41 @@ pub fn error_reason(reason: &'static str) {
     counter!("orchestrator_errors_total", "reason" => reason).increment(1);
 }
 
-/// One gRPC call handled, by method and final status code (both from fixed
-/// sets, see [`crate::api::metrics_layer`]).
-pub fn grpc(method: &'static str, code: &'static str, took: Duration) {
-    counter!("grpc_server_requests_total", "method" => method, "code" => code).increment(1);
-    histogram!("grpc_server_handling_seconds", "method" => method, "code" => code)
+/// `service/method` as the grpc-ecosystem labels: `(grpc_service,
+/// grpc_method)`; `other` for both when unknown.
+fn service_and_method(method: &'static str) -> (&'static str, &'static str) {
+    method.split_once('/').unwrap_or((method, method))
+}
+
+/// One gRPC call started (`kind`: `unary`, `server_stream`, ...; `method`:
+/// `service/method`, from a fixed set, see [`crate::api::metrics_layer`]).
+pub fn grpc_started(kind: &'static str, method: &'static str) {
+    let (service, method) = service_and_method(method);
+    counter!("grpc_server_started_total", "grpc_type" => kind, "grpc_service" => service, "grpc_method" => method)
+        .increment(1);
+}
+
+/// One gRPC call handled, with its final status code.
+pub fn grpc_handled(kind: &'static str, method: &'static str, code: &'static str, took: Duration) {
+    let (service, method) = service_and_method(method);
+    counter!("grpc_server_handled_total", "grpc_type" => kind, "grpc_service" => service, "grpc_method" => method, "grpc_code" => code)
+        .increment(1);
+    histogram!("grpc_server_handling_seconds", "grpc_type" => kind, "grpc_service" => service, "grpc_method" => method)
         .record(took.as_secs_f64());
 }
 
+/// What a scrape refreshes before rendering: gauges computed from state
+/// (breaker states that turn half-open with time, process figures).
+pub type OnScrape = std::sync::Arc<dyn Fn() + Send + Sync>;
+
 /// Serves `/metrics`, `/healthz` (the process is up) and `/readyz` (health
-/// is SERVING) on `listener` until `shutdown` turns true.
+/// is SERVING) on `listener` until `shutdown` turns true; `on_scrape` runs
+/// before each `/metrics` render.
 pub async fn serve_http(
     listener: TcpListener,
     ready: watch::Receiver<bool>,
     mut shutdown: watch::Receiver<bool>,
+    on_scrape: OnScrape,
 ) {
     use axum::{Router, http::StatusCode, routing::get};
     let upkeep = tokio::spawn(async {
@@ -209,11 +359,9 @@ pub async fn serve_http(
     let app = Router::new()
         .route(
             "/metrics",
-            get(|| async {
-                (
-                    [("content-type", "text/plain; version=0.0.4")],
-                    handle().render(),
-                )
+            get(move || {
+                on_scrape();
+                async { ([("content-type", "text/plain; version=0.0.4")], render()) }
             }),
         )
         .route("/healthz", get(|| async { "ok" }))

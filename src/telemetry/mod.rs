@@ -55,20 +55,30 @@ pub enum LogFormat {
 }
 
 /// The JSON log layer used in production: one object per line, with the
-/// fields of the current span (so `trace_id` on every line of a request).
-/// Span fields are kept by [`logs::SpanFields`].
+/// request's `trace_id` (and, when traces are exported, the `span_id`) at
+/// the top level and the current span's fields under `span` (see
+/// [`logs::JsonEvent`]). Span fields are kept by [`logs::SpanFields`].
 pub fn json_layer<S, W>(writer: W) -> impl tracing_subscriber::Layer<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
-    fmt::layer()
-        .json()
-        .flatten_event(true)
-        .with_current_span(true)
-        .with_span_list(false)
-        .fmt_fields(logs::SpanFields)
-        .with_writer(writer)
+    logs::CorrelationIds.and_then(
+        fmt::layer()
+            .event_format(logs::JsonEvent)
+            .fmt_fields(logs::SpanFields)
+            .with_writer(writer),
+    )
+}
+
+/// The human-readable layer: colours only on a terminal (a file or a pipe
+/// gets plain text).
+fn text_layer<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use std::io::IsTerminal;
+    fmt::layer().with_ansi(std::io::stdout().is_terminal())
 }
 
 /// Installs the global subscriber. `RUST_LOG` filters log lines (default
@@ -89,8 +99,8 @@ pub fn init_logging(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::
             .with(json_layer(std::io::stdout))
             .with(otel_layer(t))
             .try_init(),
-        (LogFormat::Text, None) => registry.with(fmt::layer()).try_init(),
-        (LogFormat::Text, Some(t)) => registry.with(fmt::layer()).with(otel_layer(t)).try_init(),
+        (LogFormat::Text, None) => registry.with(text_layer()).try_init(),
+        (LogFormat::Text, Some(t)) => registry.with(text_layer()).with(otel_layer(t)).try_init(),
     };
 }
 

@@ -10,13 +10,15 @@ use crate::config::TelemetryConfig;
 use opentelemetry::{
     Context,
     propagation::{Extractor, TextMapPropagator},
-    trace::{TraceContextExt, TracerProvider as _},
+    trace::{SpanId, TraceContextExt, TraceId, TracerProvider as _},
 };
 use opentelemetry_sdk::{
     Resource,
     error::OTelSdkResult,
     propagation::TraceContextPropagator,
-    trace::{Sampler, SdkTracerProvider, SpanData, SpanExporter, Tracer},
+    trace::{
+        IdGenerator, RandomIdGenerator, Sampler, SdkTracerProvider, SpanData, SpanExporter, Tracer,
+    },
 };
 use std::{sync::Arc, time::Duration};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -86,6 +88,7 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Option<Otel>> {
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_sampler(sampler(config.sample_ratio))
+        .with_id_generator(RequestIds::default())
         .with_resource(Resource::builder().with_service_name(service).build())
         .build();
     Ok(Some(Otel {
@@ -97,6 +100,56 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Option<Otel>> {
 /// Follows the caller's sampling decision; samples `ratio` of new traces.
 pub fn sampler(ratio: f64) -> Sampler {
     Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio)))
+}
+
+tokio::task_local! {
+    /// The trace ID the root span being started must take (see
+    /// [`start_root`]).
+    static ROOT_TRACE_ID: TraceId;
+}
+
+/// Span and trace IDs: random, except the trace ID of a request's root
+/// span, which is the request's own (generated) trace ID, so a log line, a
+/// span and a usage record share one ID. Install it on the tracer provider.
+#[derive(Debug, Default)]
+pub struct RequestIds(RandomIdGenerator);
+
+impl IdGenerator for RequestIds {
+    fn new_trace_id(&self) -> TraceId {
+        ROOT_TRACE_ID
+            .try_with(|id| *id)
+            .unwrap_or_else(|_| self.0.new_trace_id())
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        self.0.new_span_id()
+    }
+}
+
+/// Starts `span`, a root, with `trace_id` as its OpenTelemetry trace ID
+/// when that is a valid W3C trace-id (ours are: 32 hex digits). A no-op
+/// while export is off.
+pub fn start_root(span: &tracing::Span, trace_id: &str) {
+    let Ok(id) = TraceId::from_hex(trace_id) else {
+        return;
+    };
+    if trace_id.len() != 32 || id == TraceId::INVALID {
+        return;
+    }
+    // Building the span's context starts it, and asks the provider's ID
+    // generator for its trace ID right here.
+    ROOT_TRACE_ID.sync_scope(id, || drop(span.context()));
+}
+
+/// Records `span`'s OpenTelemetry span ID in its `span_id` field (log lines
+/// carry it, see `logs::JsonEvent`). A no-op while export is off.
+pub fn record_span_id(span: &tracing::Span) {
+    let cx = span.context();
+    let span_ref = cx.span();
+    let sc = span_ref.span_context();
+    if sc.is_valid() {
+        span.record("span_id", sc.span_id().to_string());
+    }
 }
 
 /// Runs each export of `inner` on the exporter's own runtime.

@@ -24,7 +24,7 @@ pub enum TraceSource {
 
 /// A caller-supplied trace ID that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: must be 1-{MAX_TRACE_ID_LEN} characters of [A-Za-z0-9._:-]")]
+#[error("must be 1-{MAX_TRACE_ID_LEN} characters of [A-Za-z0-9._:-]")]
 pub struct BadTraceId {
     /// The field it came from (`context.trace_id` or `x-trace-id`).
     pub field: &'static str,

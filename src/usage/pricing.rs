@@ -78,6 +78,20 @@ pub fn usd(micros: i64) -> f64 {
     micros as f64 / 1e6
 }
 
+/// Micro-USD as exact decimal USD for people to read: `126000` →
+/// `0.126`, `5` → `0.000005`, `-1500000` → `-1.5`.
+pub fn usd_text(micros: i64) -> String {
+    let sign = if micros < 0 { "-" } else { "" };
+    let abs = micros.unsigned_abs();
+    let fraction = format!("{:06}", abs % 1_000_000);
+    let fraction = fraction.trim_end_matches('0');
+    if fraction.is_empty() {
+        format!("{sign}{}", abs / 1_000_000)
+    } else {
+        format!("{sign}{}.{fraction}", abs / 1_000_000)
+    }
+}
+
 /// USD → micro-USD, rounded down (caps: never admit more than configured).
 pub fn micros_floor(usd: f64) -> i64 {
     (usd * 1e6).floor() as i64
@@ -86,6 +100,16 @@ pub fn micros_floor(usd: f64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usd_text_is_exact_and_short() {
+        assert_eq!(usd_text(126_000), "0.126");
+        assert_eq!(usd_text(5), "0.000005");
+        assert_eq!(usd_text(0), "0");
+        assert_eq!(usd_text(2_000_000), "2");
+        assert_eq!(usd_text(-1_500_000), "-1.5");
+        assert_eq!(usd_text(i64::MIN), "-9223372036854.775808");
+    }
 
     fn table() -> Pricing {
         let mut cfg = BTreeMap::new();

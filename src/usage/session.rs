@@ -35,8 +35,8 @@ pub enum MeterError {
     Budget {
         /// Estimated cost, micro-USD.
         estimate_micros: i64,
-        /// Budget, micro-USD.
-        budget_micros: i64,
+        /// The request's budget, USD, as the caller sent it.
+        budget_usd: f64,
     },
     /// The ledger could not be written.
     #[error(transparent)]
@@ -92,7 +92,9 @@ impl Meter {
             who,
             started_at_ms,
             month_start_ms: month_of(at).0,
-            budget_micros: budget_usd.filter(|b| *b > 0.0).map(micros_floor),
+            budget: budget_usd
+                .filter(|b| *b > 0.0)
+                .map(|b| (b, micros_floor(b))),
             state: Mutex::new(State::default()),
         }
     }
@@ -148,7 +150,8 @@ pub struct MeterSession {
     who: Who,
     started_at_ms: i64,
     month_start_ms: i64,
-    budget_micros: Option<i64>,
+    /// The request's budget: as sent (USD), and in micro-USD rounded down.
+    budget: Option<(f64, i64)>,
     state: Mutex<State>,
 }
 
@@ -199,12 +202,12 @@ impl MeterSession {
             .map(|h| h.reservation.amount)
             .sum();
         let total = held.cost_micros.saturating_add(cost);
-        if let Some(budget) = self.budget_micros
+        if let Some((budget_usd, budget)) = self.budget
             && total > budget
         {
             return Err(MeterError::Budget {
                 estimate_micros: total,
-                budget_micros: budget,
+                budget_usd,
             });
         }
         let requests = {

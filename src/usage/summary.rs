@@ -1,12 +1,13 @@
 //! Sums over usage records for `GetUsage`: totals and groups by task,
 //! provider, model and UTC day, over a half-open period `[start, end)`.
 
-use crate::{
-    on_store,
-    store::{Store, StoreError},
-};
+use crate::store::{Store, StoreError};
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use std::collections::BTreeMap;
+
+mod read;
+
+use read::{latency_histogram, records, rollups};
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -25,7 +26,7 @@ pub enum Dimension {
 
 impl Dimension {
     /// SQL expression; fixed strings only, never caller input.
-    fn column(self) -> &'static str {
+    pub(super) fn column(self) -> &'static str {
         match self {
             Dimension::Task => "task",
             Dimension::Provider => "provider",
@@ -119,9 +120,32 @@ pub fn month_of_ms(ms: i64) -> Option<(i64, i64)> {
     DateTime::from_timestamp_millis(ms).map(month_of)
 }
 
-type SumRow = (i64, i64, i64, i64, i64, i64, i64);
+/// One record's figures: latency, input, output, cost, error, degraded,
+/// unpriced (the last three 0 or 1).
+pub(super) type SumRow = (i64, i64, i64, i64, i64, i64, i64);
+
+/// A rollup row's sums: requests, input, output, cost, errors, degraded,
+/// unpriced.
+pub(super) type RollupRow = (i64, i64, i64, i64, i64, i64, i64);
+
+/// The floor of the latency histogram bucket `ms` falls in: `ms` itself
+/// below 32 ms, then 32 buckets per doubling (within 1/32, about 3 %). The
+/// `usage_records_rollup` trigger of migration 0007 computes the same.
+pub fn latency_floor(ms: i64) -> i64 {
+    if ms < 32 {
+        return ms.max(0);
+    }
+    let doubling = 63 - i64::from(ms.leading_zeros());
+    let width = 1_i64 << (doubling - 5);
+    ms / width * width
+}
 
 /// Sums the team's records in `[start_ms, end_ms)`, grouped by `dims`.
+///
+/// Whole UTC days come from the per-day rollups the database keeps (a few
+/// rows per day and group, however many records); only the partial days at
+/// the period's edges read records. Latency percentiles come from the
+/// rollups' histograms: exact below 32 ms, within about 3 % above.
 pub async fn summarize(
     store: &Store,
     team: &str,
@@ -132,56 +156,42 @@ pub async fn summarize(
     let mut dims = dims.to_vec();
     dims.sort();
     dims.dedup();
-    // Latencies come back sorted per group so percentiles are one pass; a
-    // month of one team's records is small enough to read.
-    let select_dims: String = dims
-        .iter()
-        .map(|d| format!("CAST({} AS TEXT), ", d.column()))
-        .collect();
-    let sql = format!(
-        "SELECT {select_dims}latency_ms, input_tokens, output_tokens, CAST(COALESCE(cost_micros, 0) AS BIGINT), \
-         CAST(CASE WHEN outcome = 'ok' THEN 0 ELSE 1 END AS BIGINT), degraded, \
-         CAST(CASE WHEN cost_micros IS NULL THEN 1 ELSE 0 END AS BIGINT) \
-         FROM usage_records WHERE team_id = $1 AND created_at_ms >= $2 AND created_at_ms < $3 \
-         ORDER BY latency_ms"
-    );
-    let rows: Vec<(Vec<String>, SumRow)> = on_store!(store, |pool| {
-        use sqlx::Row;
-        // Audited: the only dynamic parts are `Dimension::column` constants.
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(team)
-            .bind(start_ms)
-            .bind(end_ms)
-            .fetch_all(pool)
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            let mut key = Vec::with_capacity(dims.len());
-            for i in 0..dims.len() {
-                key.push(row.try_get::<String, _>(i)?);
-            }
-            let n = dims.len();
-            let cost: i64 = row.try_get(n + 3)?;
-            let sums: SumRow = (
-                row.try_get(n)?,
-                row.try_get(n + 1)?,
-                row.try_get(n + 2)?,
-                cost,
-                row.try_get::<i64, _>(n + 4)?,
-                row.try_get(n + 5)?,
-                row.try_get::<i64, _>(n + 6)?,
-            );
-            out.push((key, sums));
-        }
-        Ok::<_, StoreError>(out)
-    })?;
-
     let mut all = Acc::default();
     let mut groups: BTreeMap<BucketKey, Acc> = BTreeMap::new();
-    for (key, row) in &rows {
-        all.add(row);
-        if !dims.is_empty() {
-            groups.entry(bucket_key(&dims, key)).or_default().add(row);
+    let grouped = !dims.is_empty();
+
+    // Whole days: [first_day, end_day) in UTC days.
+    let first_day = start_ms.div_euclid(DAY_MS) + i64::from(start_ms.rem_euclid(DAY_MS) != 0);
+    let end_day = end_ms.div_euclid(DAY_MS);
+    let mut edges = vec![(start_ms, end_ms)];
+    if first_day < end_day {
+        edges = vec![(start_ms, first_day * DAY_MS), (end_day * DAY_MS, end_ms)];
+        for (key, sums) in rollups(store, team, first_day, end_day, &dims).await? {
+            all.add_rollup(&sums);
+            if grouped {
+                groups
+                    .entry(bucket_key(&dims, &key))
+                    .or_default()
+                    .add_rollup(&sums);
+            }
+        }
+        for (key, floor, count) in latency_histogram(store, team, first_day, end_day, &dims).await?
+        {
+            all.add_latencies(floor, count);
+            if grouped {
+                groups
+                    .entry(bucket_key(&dims, &key))
+                    .or_default()
+                    .add_latencies(floor, count);
+            }
+        }
+    }
+    for (from, to) in edges.into_iter().filter(|(from, to)| from < to) {
+        for (key, row) in records(store, team, from, to, &dims).await? {
+            all.add(&row);
+            if grouped {
+                groups.entry(bucket_key(&dims, &key)).or_default().add(&row);
+            }
         }
     }
     Ok(Summary {
@@ -215,38 +225,68 @@ fn bucket_key(dims: &[Dimension], values: &[String]) -> BucketKey {
 #[derive(Default)]
 struct Acc {
     totals: Totals,
-    latencies: Vec<i64>,
+    /// Records per latency bucket floor (see [`latency_floor`]).
+    latencies: BTreeMap<i64, u64>,
 }
 
 impl Acc {
     fn add(&mut self, &(latency, input, output, cost, error, degraded, unpriced): &SumRow) {
+        self.add_rollup(&(
+            1,
+            input,
+            output,
+            cost,
+            error,
+            i64::from(degraded != 0),
+            unpriced,
+        ));
+        self.add_latencies(latency_floor(latency), 1);
+    }
+
+    fn add_rollup(
+        &mut self,
+        &(requests, input, output, cost, errors, degraded, unpriced): &RollupRow,
+    ) {
         let t = &mut self.totals;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        t.requests = t.requests.saturating_add(1);
+        t.requests = t.requests.saturating_add(n(requests));
         t.input_tokens = t.input_tokens.saturating_add(n(input));
         t.output_tokens = t.output_tokens.saturating_add(n(output));
         t.cost_micros = t.cost_micros.saturating_add(cost.max(0));
-        t.errors = t.errors.saturating_add(n(error));
-        t.degraded = t.degraded.saturating_add(u64::from(degraded != 0));
+        t.errors = t.errors.saturating_add(n(errors));
+        t.degraded = t.degraded.saturating_add(n(degraded));
         t.unpriced = t.unpriced.saturating_add(n(unpriced));
-        self.latencies.push(latency);
     }
 
-    fn finish(mut self) -> Totals {
-        // Rows arrive sorted by latency, so each group's list is sorted too.
-        self.totals.latency_p50_ms = percentile(&self.latencies, 50);
-        self.totals.latency_p95_ms = percentile(&self.latencies, 95);
-        self.totals
+    fn add_latencies(&mut self, floor: i64, count: u64) {
+        let slot = self.latencies.entry(floor).or_default();
+        *slot = slot.saturating_add(count);
+    }
+
+    fn finish(self) -> Totals {
+        let mut totals = self.totals;
+        totals.latency_p50_ms = percentile(&self.latencies, 50);
+        totals.latency_p95_ms = percentile(&self.latencies, 95);
+        totals
     }
 }
 
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[i64], p: usize) -> u32 {
-    if sorted.is_empty() {
+/// Nearest-rank percentile of a histogram (`floor → count`): the floor of
+/// the bucket holding that rank.
+fn percentile(histogram: &BTreeMap<i64, u64>, p: u64) -> u32 {
+    let total: u64 = histogram.values().fold(0, |a, c| a.saturating_add(*c));
+    if total == 0 {
         return 0;
     }
-    let rank = (p * sorted.len()).div_ceil(100).max(1);
-    u32::try_from(sorted[rank - 1].max(0)).unwrap_or(u32::MAX)
+    let rank = p.saturating_mul(total).div_ceil(100).max(1);
+    let mut seen = 0_u64;
+    for (floor, count) in histogram {
+        seen = seen.saturating_add(*count);
+        if seen >= rank {
+            return u32::try_from((*floor).max(0)).unwrap_or(u32::MAX);
+        }
+    }
+    0
 }
 
 #[cfg(test)]
@@ -292,12 +332,47 @@ mod tests {
         assert_eq!(month_of_ms(earliest).map(|m| m.0), Some(earliest));
     }
 
+    fn histogram(latencies: &[i64]) -> BTreeMap<i64, u64> {
+        let mut acc = Acc::default();
+        for &l in latencies {
+            acc.add_latencies(latency_floor(l), 1);
+        }
+        acc.latencies
+    }
+
     #[test]
     fn nearest_rank_percentiles() {
-        let v: Vec<i64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 50), 50);
-        assert_eq!(percentile(&v, 95), 95);
-        assert_eq!(percentile(&[7], 95), 7);
-        assert_eq!(percentile(&[], 50), 0);
+        let v: Vec<i64> = (1..=31).collect();
+        assert_eq!(percentile(&histogram(&v), 50), 16);
+        assert_eq!(percentile(&histogram(&v), 95), 30);
+        assert_eq!(percentile(&histogram(&[7]), 95), 7);
+        assert_eq!(percentile(&BTreeMap::new(), 50), 0);
+        // Above 32 ms: the bucket's floor, within 1/32 of the value.
+        let slow: Vec<i64> = (1..=100).map(|i| i * 100).collect();
+        let p50 = percentile(&histogram(&slow), 50);
+        assert!(
+            p50 <= 5000 && f64::from(p50) >= 5000.0 * (1.0 - 1.0 / 32.0),
+            "{p50}"
+        );
+    }
+
+    #[test]
+    fn latency_buckets_are_exact_below_32_ms_and_within_a_32nd_above() {
+        for ms in 0..32 {
+            assert_eq!(latency_floor(ms), ms);
+        }
+        assert_eq!(latency_floor(-5), 0);
+        assert_eq!(latency_floor(32), 32);
+        assert_eq!(latency_floor(63), 63);
+        assert_eq!(latency_floor(64), 64);
+        assert_eq!(latency_floor(65), 64);
+        assert_eq!(latency_floor(1000), 992);
+        for ms in [33_i64, 100, 999, 12_345, 600_000, i64::MAX] {
+            let floor = latency_floor(ms);
+            assert!(
+                floor <= ms && (ms - floor) as f64 <= ms as f64 / 32.0,
+                "{ms} → {floor}"
+            );
+        }
     }
 }

@@ -9,6 +9,11 @@ use std::path::Path;
 
 /// Runs the binary with `args`; returns (success, stdout, stderr).
 async fn run(args: &[&str]) -> (bool, String, String) {
+    run_env(args, &[]).await
+}
+
+/// Like [`run`], with `vars` set in the binary's environment.
+async fn run_env(args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
         .args(args)
         // Only the arguments given here count, not the developer's shell.
@@ -16,6 +21,7 @@ async fn run(args: &[&str]) -> (bool, String, String) {
         .env_remove("AIO_ADDR")
         .env_remove("AIO_API_KEY")
         .env_remove("DATABASE_URL")
+        .envs(vars.iter().copied())
         .output()
         .await
         .expect("run the binary");
@@ -204,9 +210,11 @@ async fn call_prints_the_answer_with_flags_before_or_after_the_rpc() {
     ] {
         let (ok, out, err) = run(&args).await;
         assert!(ok, "{args:?}: {err}");
-        assert!(out.contains("intent: OptOut"), "{args:?}: {out}");
-        assert!(out.contains("confidence: 1.0"), "{out}");
-        assert!(out.contains("prompt_key: \"opt_out_keyword\""), "{out}");
+        // The proto3 JSON mapping, as grpcurl prints it.
+        let reply: serde_json::Value = serde_json::from_str(&out).expect(&out);
+        assert_eq!(reply["intent"], "SMS_INTENT_OPT_OUT", "{out}");
+        assert_eq!(reply["confidence"], 1.0, "{out}");
+        assert_eq!(reply["meta"]["promptKey"], "opt_out_keyword", "{out}");
     }
     let (_, out, _) = run(&[
         "call",
@@ -218,7 +226,28 @@ async fn call_prints_the_answer_with_flags_before_or_after_the_rpc() {
         &addr,
     ])
     .await;
-    assert!(out.contains("trace_id: \"cli-trace-1\""), "{out}");
+    let reply: serde_json::Value = serde_json::from_str(&out).expect(&out);
+    assert_eq!(reply["meta"]["traceId"], "cli-trace-1", "{out}");
+    // A line per field for reading.
+    let (ok, out, err) = run(&[
+        "call",
+        "classify-sms",
+        "STOP",
+        "--output",
+        "text",
+        "--addr",
+        &addr,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.lines().any(|l| l == "intent: SMS_INTENT_OPT_OUT"),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l == "meta.promptKey: opt_out_keyword"),
+        "{out}"
+    );
     // Errors exit non-zero with the reason.
     let (ok, _, err) = run(&["call", "classify-sms", "", "--team", "t1", "--addr", &addr]).await;
     assert!(!ok && err.contains("INVALID_INPUT"), "{err}");
@@ -252,4 +281,66 @@ async fn check_config_exit_codes_name_the_bad_key() {
         assert!(!ok, "{key}: must fail");
         assert!(err.contains(key) && err.contains("bad.toml"), "{err}");
     }
+}
+
+/// A value set by the environment is blamed on its variable, not on the
+/// config file; a misspelled `AIO_` variable is refused, naming it.
+#[tokio::test]
+async fn config_errors_name_the_environment_variable_that_set_the_value() {
+    let config = ["--config", "config/local.toml", "check-config"];
+    for (var, value, expected) in [
+        (
+            "DATABASE_URL",
+            "mysql://db/aio",
+            "environment variable DATABASE_URL: database.url:",
+        ),
+        (
+            "AIO_SERVER__BOGUS",
+            "1",
+            "environment variable AIO_SERVER__BOGUS: server.bogus:",
+        ),
+        (
+            "AIO_SERVER__SHUTDOWN_GRACE",
+            "soon",
+            "environment variable AIO_SERVER__SHUTDOWN_GRACE: server.shutdown_grace:",
+        ),
+        (
+            "AIO_SERVER_LISTEN",
+            "0.0.0.0:50051",
+            "environment variable AIO_SERVER_LISTEN: server: maps to no config key",
+        ),
+    ] {
+        let (ok, _, err) = run_env(&config, &[(var, value)]).await;
+        assert!(!ok, "{var} must fail");
+        assert!(err.contains(expected), "{var}: {err}");
+        assert!(!err.contains("config/local.toml"), "{var}: {err}");
+    }
+    // A wrong value in the file still names the file.
+    let dir = tempfile::tempdir().unwrap();
+    let local = std::fs::read_to_string("config/local.toml").unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        local.replacen("shutdown_grace = ", "shutdown_grace = 7 #", 1),
+    )
+    .unwrap();
+    let (ok, _, err) = run(&["--config", path_str(&bad), "check-config"]).await;
+    assert!(!ok);
+    assert!(err.contains("bad.toml: server.shutdown_grace:"), "{err}");
+}
+
+/// `healthcheck` is a gRPC health client: exit 0 and `SERVING` from a
+/// running server, non-zero when nothing answers.
+#[tokio::test]
+async fn healthcheck_asks_the_grpc_health_service() {
+    let app = TestApp::spawn().await;
+    let addr = format!("http://{}", app.addr);
+    let (ok, out, err) = run(&["healthcheck", "--addr", &addr]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "SERVING");
+    let closed = format!("http://127.0.0.1:{}", app.addr.port());
+    app.stop().await;
+    let (ok, _, err) = run(&["healthcheck", "--addr", &closed]).await;
+    assert!(!ok);
+    assert!(err.contains(&closed), "{err}");
 }

@@ -103,6 +103,79 @@ async fn reflection_lists_the_services() {
     app.stop().await;
 }
 
+/// grpcurl decodes error details through reflection: every type a status
+/// carries in its details is served, with every file it depends on, so a
+/// client that resolves `google.rpc.ErrorInfo` (and its imports) by
+/// reflection alone finds them all.
+#[tokio::test]
+async fn reflection_serves_the_error_detail_types_and_their_imports() {
+    use prost::Message;
+    use std::collections::{BTreeSet, VecDeque};
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let app = TestApp::spawn().await;
+    let client = ServerReflectionClient::new(app.channel.clone());
+    let ask = |request: MessageRequest| {
+        let mut client = client.clone();
+        async move {
+            let response = client
+                .server_reflection_info(tokio_stream::iter(vec![ServerReflectionRequest {
+                    host: String::new(),
+                    message_request: Some(request),
+                }]))
+                .await
+                .expect("reflection answers")
+                .into_inner()
+                .message()
+                .await
+                .expect("stream ok")
+                .expect("one response");
+            match response.message_response {
+                Some(MessageResponse::FileDescriptorResponse(files)) => files
+                    .file_descriptor_proto
+                    .iter()
+                    .map(|bytes| {
+                        prost_types::FileDescriptorProto::decode(bytes.as_slice()).unwrap()
+                    })
+                    .collect::<Vec<_>>(),
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    for symbol in [
+        "google.rpc.ErrorInfo",
+        "google.rpc.BadRequest",
+        "google.rpc.QuotaFailure",
+        "google.rpc.RetryInfo",
+        "google.rpc.Status",
+    ] {
+        // Follow every import, as a client building its descriptor pool does.
+        let mut pending: VecDeque<prost_types::FileDescriptorProto> =
+            ask(MessageRequest::FileContainingSymbol(symbol.into()))
+                .await
+                .into();
+        let mut seen = BTreeSet::new();
+        let mut declared = false;
+        let name = symbol.rsplit('.').next().unwrap();
+        while let Some(file) = pending.pop_front() {
+            if !seen.insert(file.name().to_owned()) {
+                continue;
+            }
+            declared |= file.package() == "google.rpc"
+                && file.message_type.iter().any(|m| m.name() == name);
+            for dependency in &file.dependency {
+                if !seen.contains(dependency) {
+                    pending.extend(ask(MessageRequest::FileByFilename(dependency.clone())).await);
+                }
+            }
+        }
+        assert!(declared, "{symbol} not declared in {seen:?}");
+    }
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn graceful_shutdown_lets_an_in_flight_call_finish() {
     // Every provider call takes 800 ms; shut down while one is in flight.

@@ -716,7 +716,8 @@ async fn budget_below_the_estimate_is_refused_before_any_call() {
             context: ctx(),
             budget: Some(pb::Budget {
                 max_latency_ms: 0,
-                max_cost_usd: 0.000_001,
+                // Below a micro-dollar: printed as sent, not as 0.000000.
+                max_cost_usd: 0.000_000_5,
             }),
             message: "What's the price?".into(),
             ..Default::default()
@@ -726,6 +727,14 @@ async fn budget_below_the_estimate_is_refused_before_any_call() {
     assert_eq!(status.code(), Code::FailedPrecondition);
     let info = status.get_details_error_info().unwrap();
     assert_eq!(info.reason, "BUDGET_EXCEEDED");
+    assert_eq!(info.metadata["budget_usd"], "0.0000005");
+    let estimate = &info.metadata["estimated_cost_usd"];
+    assert!(estimate.parse::<f64>().unwrap() > 0.0, "{estimate}");
+    let violation = &status.get_details_bad_request().unwrap().field_violations[0];
+    assert_eq!(
+        violation.description,
+        format!("estimated cost {estimate} USD exceeds the budget 0.0000005 USD")
+    );
     // Refused before any provider work: no upstream call, no record, no
     // reservation left.
     assert_eq!(

@@ -131,30 +131,38 @@ async fn metrics_are_scraped_and_parse() {
             "{names:?}"
         );
     }
+    // The grpc-ecosystem convention (docs/operations.md).
+    const CLASSIFY: [(&str, &str); 3] = [
+        ("grpc_type", "unary"),
+        ("grpc_service", "ai.orchestrator.v1.Orchestrator"),
+        ("grpc_method", "ClassifySms"),
+    ];
+    assert!(
+        has_histogram("grpc_server_handling_seconds", &CLASSIFY),
+        "{}",
+        body.lines()
+            .filter(|l| l.starts_with("grpc_server_handling"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(has("grpc_server_started_total", &CLASSIFY));
     for code in ["OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"] {
-        assert!(
-            has_histogram(
-                "grpc_server_handling_seconds",
-                &[
-                    ("method", "ai.orchestrator.v1.Orchestrator/ClassifySms"),
-                    ("code", code)
-                ]
-            ),
-            "{code}: {}",
-            body.lines()
-                .filter(|l| l.starts_with("grpc_server_handling"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
+        let mut labels = CLASSIFY.to_vec();
+        labels.push(("grpc_code", code));
+        assert!(has("grpc_server_handled_total", &labels), "{code}");
     }
     // Unknown methods share one label; nothing a caller sent becomes a label.
     assert!(has(
-        "grpc_server_requests_total",
-        &[("method", "other"), ("code", "UNIMPLEMENTED")]
+        "grpc_server_handled_total",
+        &[
+            ("grpc_service", "other"),
+            ("grpc_method", "other"),
+            ("grpc_code", "UNIMPLEMENTED")
+        ]
     ));
     assert!(has_histogram(
         "grpc_server_handling_seconds",
-        &[("method", "other"), ("code", "UNIMPLEMENTED")]
+        &[("grpc_service", "other"), ("grpc_method", "other")]
     ));
     assert!(!body.contains("Xq8Zr1") && !body.contains("Random77"));
     assert!(has(
@@ -216,22 +224,8 @@ async fn metrics_are_scraped_and_parse() {
         &[("reason", "INVALID_INPUT")]
     ));
     assert!(has(
-        "grpc_server_requests_total",
-        &[
-            ("method", "ai.orchestrator.v1.Orchestrator/ClassifySms"),
-            ("code", "OK")
-        ]
-    ));
-    assert!(has(
-        "grpc_server_requests_total",
-        &[
-            ("method", "ai.orchestrator.v1.Orchestrator/ClassifySms"),
-            ("code", "INVALID_ARGUMENT")
-        ]
-    ));
-    assert!(has(
-        "grpc_server_requests_total",
-        &[("code", "RESOURCE_EXHAUSTED")]
+        "grpc_server_handled_total",
+        &[("grpc_code", "RESOURCE_EXHAUSTED")]
     ));
     assert!(
         !body.contains("Any discount"),
@@ -284,7 +278,19 @@ fn histogram_count(
         .sum()
 }
 
-const EXECUTE_STREAM: &str = "ai.orchestrator.v1.Orchestrator/ExecuteStream";
+/// The labels of ExecuteStream's gRPC metrics.
+const EXECUTE_STREAM: [(&str, &str); 3] = [
+    ("grpc_type", "server_stream"),
+    ("grpc_service", "ai.orchestrator.v1.Orchestrator"),
+    ("grpc_method", "ExecuteStream"),
+];
+
+/// ExecuteStream's labels with a final code.
+fn stream_ended(code: &'static str) -> Vec<(&'static str, &'static str)> {
+    let mut labels = EXECUTE_STREAM.to_vec();
+    labels.push(("grpc_code", code));
+    labels
+}
 
 /// ExecuteStream refused by a team's cap counts in
 /// `usage_quota_rejections_total` (it is refused before `finish`), and in
@@ -326,7 +332,7 @@ async fn execute_stream_quota_refusals_are_counted() {
 
     let bucket = team_bucket(TEAM);
     let rejections = [("team_bucket", bucket.as_str())];
-    let refused_stream = [("method", EXECUTE_STREAM), ("code", "RESOURCE_EXHAUSTED")];
+    let refused_stream = stream_ended("RESOURCE_EXHAUSTED");
     let before = scrape(port).await;
     let status = app
         .client
@@ -341,8 +347,8 @@ async fn execute_stream_quota_refusals_are_counted() {
             >= counter(&before, "usage_quota_rejections_total", &rejections) + 1.0
     );
     assert!(
-        counter(&after, "grpc_server_requests_total", &refused_stream)
-            >= counter(&before, "grpc_server_requests_total", &refused_stream) + 1.0
+        counter(&after, "grpc_server_handled_total", &refused_stream)
+            >= counter(&before, "grpc_server_handled_total", &refused_stream) + 1.0
     );
     app.stop().await;
 }
@@ -392,7 +398,7 @@ output_per_mtok = 0.6
         upstream.uri()
     );
     let app = TestApp::spawn_toml_env(&toml, |n| (n == "K").then(|| "sk-test".to_owned())).await;
-    let failed = [("method", EXECUTE_STREAM), ("code", "UNAVAILABLE")];
+    let failed = stream_ended("UNAVAILABLE");
     let before = scrape(port).await;
     let mut stream = app
         .client
@@ -422,12 +428,12 @@ output_per_mtok = 0.6
     // Recorded when the final status was decided, before the trailers left.
     let after = scrape(port).await;
     assert!(
-        counter(&after, "grpc_server_requests_total", &failed)
-            >= counter(&before, "grpc_server_requests_total", &failed) + 1.0
+        counter(&after, "grpc_server_handled_total", &failed)
+            >= counter(&before, "grpc_server_handled_total", &failed) + 1.0
     );
     assert!(
-        histogram_count(&after, "grpc_server_handling_seconds", &failed)
-            >= histogram_count(&before, "grpc_server_handling_seconds", &failed) + 1.0
+        histogram_count(&after, "grpc_server_handling_seconds", &EXECUTE_STREAM)
+            >= histogram_count(&before, "grpc_server_handling_seconds", &EXECUTE_STREAM) + 1.0
     );
     app.stop().await;
 }
@@ -540,11 +546,45 @@ max_backoff = "5ms"
     assert_eq!(failures.len(), 2, "one line per failed attempt:\n{logs}");
     for line in &failures {
         assert_eq!(line["span"]["trace_id"], "trace-canary-1", "{line}");
+        // At the top level too, for log pipelines that do not nest.
+        assert_eq!(line["trace_id"], "trace-canary-1", "{line}");
+        // The exported-only attributes stay out of log lines.
+        assert!(line["span"].get("otel.kind").is_none(), "{line}");
+        assert!(
+            line["span"].get("gen_ai.operation.name").is_none(),
+            "{line}"
+        );
     }
     // Every line logged inside the request names it.
     for line in lines.iter().filter(|v| v.get("span").is_some()) {
         assert_eq!(line["span"]["trace_id"], "trace-canary-1", "{line}");
     }
+    // One access line for the RPC, with its outcome and nothing of its content.
+    let access: Vec<_> = lines
+        .iter()
+        .filter(|v| v["target"] == "ai_orchestrator::access")
+        .collect();
+    assert_eq!(access.len(), 1, "one access line per RPC:\n{logs}");
+    let line = access[0];
+    assert_eq!(line["level"], "INFO");
+    assert_eq!(line["rpc"], "ai.orchestrator.v1.Orchestrator/ClassifySms");
+    assert_eq!(line["code"], "UNAVAILABLE");
+    assert_eq!(line["reason"], "ALL_PROVIDERS_FAILED");
+    assert_eq!(line["attempts"], 2);
+    assert_eq!(line["trace_id"], "trace-canary-1");
+    assert_eq!(line["team_id"], "t1");
+    assert!(
+        line["latency_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{line}"
+    );
+    // The start-up lines name addresses plainly, not as Rust `Option`s.
+    let serving = lines
+        .iter()
+        .find(|v| v["message"] == "serving")
+        .expect("a serving line");
+    assert_eq!(serving["addr"], addr.to_string(), "{serving}");
+    // Piped, not a terminal: no colour codes anywhere.
+    assert!(!logs.contains('\u{1b}'), "ANSI escapes in piped logs");
 }
 
 /// A fake OTLP/gRPC collector that keeps what it receives.
@@ -662,8 +702,14 @@ async fn the_binary_exports_spans_over_otlp() {
             .filter(|(svc, n)| n == name && svc == "aio-under-test")
             .count()
     };
-    assert_eq!(count("request"), 3, "{spans:?}");
-    assert_eq!(count("provider_attempt"), 3, "{spans:?}");
+    // Named by the OpenTelemetry conventions: RPC server spans, GenAI
+    // client spans.
+    assert_eq!(
+        count("ai.orchestrator.v1.Orchestrator/ClassifySms"),
+        3,
+        "{spans:?}"
+    );
+    assert_eq!(count("chat gpt-4o-mini"), 3, "{spans:?}");
 }
 
 /// A fresh process (as a new pod) already exposes every breaker's state,
@@ -710,4 +756,43 @@ async fn a_fresh_process_exposes_every_breaker_state() {
             "{provider} missing:\n{body}"
         );
     }
+}
+
+/// Text logs written to a pipe or a file carry no colour codes (a
+/// terminal still gets colours).
+#[tokio::test]
+async fn text_logs_to_a_pipe_have_no_colour_codes() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    let url = format!("sqlite://{}", dir.path().join("t.db").display());
+    std::fs::write(&config, crate::common::config_toml(&url, "", "")).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "--log-format",
+            "text",
+            "serve",
+        ])
+        .env("RUST_LOG", "info")
+        .env_remove("AIO_SERVER__LISTEN")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let serving = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("serving") {
+                return line;
+            }
+        }
+        panic!("the server exited before serving");
+    })
+    .await
+    .expect("a serving line");
+    assert!(!serving.contains('\u{1b}'), "ANSI escapes: {serving:?}");
+    assert!(serving.contains("addr=127.0.0.1:"), "{serving}");
+    child.kill().await.unwrap();
 }

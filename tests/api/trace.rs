@@ -101,6 +101,32 @@ async fn trace_id_is_in_error_details_and_unusable_ids_are_refused() {
     assert_eq!(status.code(), Code::InvalidArgument);
     let bad = status.get_details_bad_request().unwrap();
     assert_eq!(bad.field_violations[0].field, "context.trace_id");
+    // The field is named once: in the violation's field, and once in the
+    // message.
+    assert_eq!(
+        bad.field_violations[0].description,
+        "must be 1-128 characters of [A-Za-z0-9._:-]"
+    );
+    assert_eq!(
+        status.message().matches("context.trace_id").count(),
+        1,
+        "{}",
+        status.message()
+    );
+
+    let mut request = Request::new(classify(""));
+    request
+        .metadata_mut()
+        .insert("x-trace-id", "no spaces please".parse().unwrap());
+    let status = app.client.clone().classify_sms(request).await.unwrap_err();
+    let bad = status.get_details_bad_request().unwrap();
+    assert_eq!(bad.field_violations[0].field, "x-trace-id");
+    assert_eq!(
+        status.message().matches("x-trace-id").count(),
+        1,
+        "{}",
+        status.message()
+    );
     app.stop().await;
 }
 

@@ -40,6 +40,7 @@ pub fn markdown(r: &Results) -> String {
     scenarios::in_flight(&mut out, r);
     scenarios::breaker(&mut out, r);
     scenarios::cold_start(&mut out, r);
+    scenarios::usage(&mut out, r);
     scenarios::processes(&mut out, r);
     scenarios::quiet_waits(&mut out, r);
     if !r.notes.is_empty() {

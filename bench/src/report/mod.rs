@@ -59,6 +59,9 @@ pub struct Results {
     pub in_flight: Option<InFlight>,
     /// Start-up times.
     pub cold_start: ColdStart,
+    /// GetUsage over a team with many records this month.
+    #[serde(default)]
+    pub usage: Vec<UsageRead>,
     /// `--wait-quiet`: the probes before each server's fixed-rate steps.
     pub quiet_waits: Vec<QuietWait>,
     /// Targets of issue #6.
@@ -197,6 +200,27 @@ pub struct ColdStart {
     pub fresh_db_ms: Vec<f64>,
     /// Restart on an existing SQLite file.
     pub existing_db_ms: Vec<f64>,
+}
+
+/// GetUsage timed on one backend and query shape.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct UsageRead {
+    /// Metering mode (the backend).
+    pub metering: String,
+    /// The team's records this month.
+    pub records: u64,
+    /// Seconds to write them (the rollup trigger runs for each).
+    pub seed_s: f64,
+    /// `group_by` of the calls (`totals` for none).
+    pub group_by: String,
+    /// Calls timed, one at a time.
+    pub calls: u64,
+    /// Their latency, client side, ms.
+    pub p50_ms: f64,
+    /// 95th percentile, ms.
+    pub p95_ms: f64,
+    /// Slowest, ms.
+    pub max_ms: f64,
 }
 
 /// One wait for a quiet host (`--wait-quiet`).

@@ -30,6 +30,8 @@ pub(super) struct State {
     text: String,
     usage: WireUsage,
     stop_reason: Option<String>,
+    /// The answering model, from `message_start`.
+    model: Option<String>,
     /// Most bytes of text it may accumulate.
     limit: usize,
 }
@@ -97,6 +99,7 @@ impl State {
             text: String::new(),
             usage: WireUsage::default(),
             stop_reason: None,
+            model: None,
             limit,
         }
     }
@@ -116,6 +119,7 @@ impl State {
         })?;
         Ok(match event {
             Event::MessageStart { message } => {
+                self.model = message.model;
                 self.merge_usage(message.usage);
                 Step::Skip
             }
@@ -163,6 +167,7 @@ impl State {
             },
             finish_reason: finish_reason(self.stop_reason.as_deref()),
             citations: Vec::new(),
+            model: self.model.take(),
         }
     }
 }

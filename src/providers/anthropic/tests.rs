@@ -139,7 +139,7 @@ fn stream_events_fold_into_deltas_and_a_final_answer() {
     let steps = fold(
         &mut state,
         &[
-            r#"{"type":"message_start","message":{"id":"msg_01","content":[],"usage":{"input_tokens":25,"output_tokens":1}}}"#,
+            r#"{"type":"message_start","message":{"id":"msg_01","model":"claude-3-5-haiku-20241022","content":[],"usage":{"input_tokens":25,"output_tokens":1}}}"#,
             r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
             r#"{"type": "ping"}"#,
             r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#,
@@ -166,6 +166,7 @@ fn stream_events_fold_into_deltas_and_a_final_answer() {
                 },
                 finish_reason: FinishReason::ContentFilter,
                 citations: Vec::new(),
+                model: Some("claude-3-5-haiku-20241022".into()),
             }),
         ]
     );

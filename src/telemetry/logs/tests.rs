@@ -168,3 +168,40 @@ fn escaping_covers_every_control_character() {
     let back: String = serde_json::from_str(&out).unwrap();
     assert_eq!(back, all);
 }
+
+#[test]
+fn trace_and_span_ids_are_top_level_fields_of_every_line_in_a_request() {
+    let lines = logged("info", || {
+        let request = tracing::info_span!(
+            "request",
+            trace_id = %"4bf92f3577b34da6a3ce929d0e0e4736",
+            span_id = tracing::field::Empty,
+        );
+        request.record("span_id", "00f067aa0ba902b7");
+        let _r = request.enter();
+        tracing::info!(code = "OK", "in the request");
+        let attempt = tracing::info_span!(
+            "provider_attempt",
+            trace_id = %"4bf92f3577b34da6a3ce929d0e0e4736",
+            provider = "openai",
+        );
+        attempt.in_scope(|| tracing::warn!("in an attempt"));
+        drop(_r);
+        tracing::info!("outside");
+    });
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[0]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(lines[0]["span_id"], "00f067aa0ba902b7");
+    assert_eq!(lines[0]["code"], "OK");
+    assert_eq!(lines[0]["span"]["name"], "request");
+    // The attempt has no span_id of its own here: the nearest one counts.
+    assert_eq!(lines[1]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(lines[1]["span_id"], "00f067aa0ba902b7");
+    assert_eq!(lines[1]["span"]["provider"], "openai");
+    assert!(lines[2].get("trace_id").is_none(), "{:?}", lines[2]);
+    assert!(lines[2].get("span").is_none());
+    for line in &lines {
+        assert!(line["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')));
+        assert_eq!(line["target"], "ai_orchestrator::telemetry::logs::tests");
+    }
+}

@@ -300,3 +300,45 @@ async fn limits_cli_sets_shows_clears_and_the_server_enforces() {
     app.stop().await;
     db.cleanup().await;
 }
+
+/// `limits set` with one cap never lifts the others: a cap not given keeps
+/// its value in force (here the config's default cost cap), and the output
+/// says so; `unlimited` lifts a cap on purpose.
+#[tokio::test]
+async fn setting_one_cap_keeps_the_others_in_force() {
+    let db = Db::new(false).await;
+    let Db::Sqlite(dir) = &db else { unreachable!() };
+    let toml = config_toml_with(
+        &db.url(),
+        FAST,
+        FAST,
+        "[metering.default_limits]\nmax_cost_usd = 5.0\nmax_tokens = 900000\n",
+    );
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, &toml).unwrap();
+
+    let set = limits_cli(&config, &["set", "--team", "t2", "--max-requests", "1"]).await;
+    assert!(set.contains("max_requests 1 "), "{set}");
+    assert!(set.contains("max_cost_usd 5.000000"), "{set}");
+    assert!(set.contains("max_tokens   900000"), "{set}");
+    assert!(
+        set.contains("kept as in force: max_tokens, max_cost_usd"),
+        "{set}"
+    );
+
+    let set = limits_cli(
+        &config,
+        &["set", "--team", "t2", "--max-cost-usd", "unlimited"],
+    )
+    .await;
+    assert!(set.contains("max_cost_usd unlimited"), "{set}");
+    assert!(set.contains("max_requests 1 "), "the override stays: {set}");
+    assert!(
+        set.contains("kept as in force: max_tokens, max_requests"),
+        "{set}"
+    );
+    let show = limits_cli(&config, &["show", "--team", "t2"]).await;
+    assert!(show.contains("max_cost_usd unlimited"), "{show}");
+    assert!(show.contains("max_tokens   900000"), "{show}");
+    db.cleanup().await;
+}

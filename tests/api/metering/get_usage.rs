@@ -345,3 +345,174 @@ async fn get_usage_limits_follow_the_period_month_sqlite() {
 async fn get_usage_limits_follow_the_period_month_postgres() {
     get_usage_across_months(true).await;
 }
+
+/// A record of the rollup test: (at, task, input, output, cost, latency,
+/// outcome).
+type Row = (i64, &'static str, i64, i64, Option<i64>, i64, &'static str);
+
+/// GetUsage reads whole days from the database's per-day rollups and the
+/// partial days at a period's edges from the records: any period, aligned
+/// to days or not, gives what the records themselves sum to, groups
+/// included, and percentiles to the histogram's bucket.
+async fn rollups_and_partial_days_agree_with_the_records(postgres: bool) {
+    let db = Db::new(postgres).await;
+    let app = TestApp::spawn_toml(&config_toml_with(&db.url(), FAST, FAST, "")).await;
+    let store = db.store().await;
+    const H: i64 = 3_600_000;
+    const DAY: i64 = 24 * H;
+    // 2026-10-05T00:00:00Z, a day in a past month.
+    let d0 = 1_791_158_400_000_i64;
+    assert_eq!(d0 % DAY, 0);
+    let records: Vec<Row> = vec![
+        (d0 + H, "sms_classify", 10, 1, Some(5), 10, "ok"),
+        (d0 + 13 * H, "meeting_brief", 20, 2, Some(7), 40, "ok"),
+        (
+            d0 + DAY + 2 * H,
+            "sms_classify",
+            30,
+            3,
+            None,
+            150,
+            "ALL_PROVIDERS_FAILED",
+        ),
+        (
+            d0 + DAY + 20 * H,
+            "meeting_brief",
+            40,
+            4,
+            Some(11),
+            999,
+            "ok",
+        ),
+        (
+            d0 + 2 * DAY + 5 * H,
+            "sms_classify",
+            50,
+            5,
+            Some(13),
+            2500,
+            "ok",
+        ),
+        (
+            d0 + 2 * DAY + 23 * H,
+            "meeting_brief",
+            60,
+            6,
+            Some(17),
+            31,
+            "ok",
+        ),
+    ];
+    let ops: Vec<Op> = records
+        .iter()
+        .enumerate()
+        .map(|(i, (at, task, input, output, cost, latency, outcome))| {
+            Op::Settle(Settle {
+                reservations: Vec::new(),
+                charge: false,
+                record: UsageRecord {
+                    created_at_ms: *at,
+                    team_id: "t1".into(),
+                    task: (*task).into(),
+                    provider: "primary".into(),
+                    model: "gpt-4o-mini".into(),
+                    trace_id: format!("rollup-{i}"),
+                    input_tokens: *input,
+                    output_tokens: *output,
+                    cost_micros: *cost,
+                    latency_ms: *latency,
+                    outcome: (*outcome).into(),
+                    attempts: "[]".into(),
+                    ..UsageRecord::default()
+                },
+                month_start_ms: summary::month_of_ms(*at).unwrap().0,
+                prompt_owner: None,
+            })
+        })
+        .collect();
+    ledger::apply(&store, &ops).await.unwrap();
+
+    let mut c = app.client.clone();
+    for (from, to) in [
+        (d0 + 12 * H, d0 + 2 * DAY + 6 * H), // partial, whole, partial
+        (d0, d0 + 3 * DAY),                  // whole days only
+        (d0 + DAY + H, d0 + DAY + 21 * H),   // inside one day
+        (d0 - DAY, d0 + DAY + 3 * H),        // an empty whole day, then partial
+    ] {
+        let inside: Vec<_> = records.iter().filter(|r| r.0 >= from && r.0 < to).collect();
+        let mut request = usage_request(Some((from, to)));
+        request.group_by = vec![
+            pb::UsageDimension::Task as i32,
+            pb::UsageDimension::Day as i32,
+        ];
+        let got = c.get_usage(request).await.unwrap().into_inner();
+        let t = got.totals.unwrap();
+        let n = inside.len() as u64;
+        assert_eq!(t.requests, n, "{from}..{to}");
+        assert_eq!(
+            t.input_tokens,
+            inside.iter().map(|r| r.2 as u64).sum::<u64>()
+        );
+        assert_eq!(
+            t.output_tokens,
+            inside.iter().map(|r| r.3 as u64).sum::<u64>()
+        );
+        let cost: i64 = inside.iter().filter_map(|r| r.4).sum();
+        assert!(
+            (t.cost_usd - cost as f64 / 1e6).abs() < 1e-12,
+            "{from}..{to}"
+        );
+        assert_eq!(
+            t.errors,
+            inside.iter().filter(|r| r.6 != "ok").count() as u64
+        );
+        let mut floors: Vec<i64> = inside.iter().map(|r| summary::latency_floor(r.5)).collect();
+        floors.sort();
+        let rank = |p: usize| {
+            floors
+                .get((p * floors.len()).div_ceil(100).max(1) - 1)
+                .map_or(0, |v| *v as u32)
+        };
+        assert_eq!(
+            (t.latency_p50_ms, t.latency_p95_ms),
+            (rank(50), rank(95)),
+            "{from}..{to}"
+        );
+        // Every (task, day) group sums its own records.
+        let groups = got.buckets.len();
+        let mut keys: Vec<(String, i64)> = inside
+            .iter()
+            .map(|r| (r.1.to_owned(), r.0.div_euclid(DAY)))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(groups, keys.len(), "{from}..{to}: {:?}", got.buckets);
+        for b in &got.buckets {
+            let totals = b.totals.as_ref().unwrap();
+            let day = chrono::NaiveDate::parse_from_str(&b.day, "%Y-%m-%d").unwrap();
+            let day_ms = day
+                .and_hms_opt(0, 0, 0)
+                .unwrap()
+                .and_utc()
+                .timestamp_millis();
+            let mine = inside
+                .iter()
+                .filter(|r| r.1 == b.task && r.0.div_euclid(DAY) * DAY == day_ms)
+                .count() as u64;
+            assert_eq!(totals.requests, mine, "{b:?}");
+        }
+    }
+    store.close().await;
+    app.stop().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn rollups_and_partial_days_agree_with_the_records_sqlite() {
+    rollups_and_partial_days_agree_with_the_records(false).await;
+}
+
+#[tokio::test]
+async fn rollups_and_partial_days_agree_with_the_records_postgres() {
+    rollups_and_partial_days_agree_with_the_records(true).await;
+}

@@ -29,6 +29,40 @@ fn server_error() -> ResponseTemplate {
     }))
 }
 
+/// A server whose `sms_generate` chain is one OpenAI target at `upstream`
+/// (no retries); `task_lines` go under `[tasks.sms_generate]`.
+async fn spawn(upstream: &MockServer, task_lines: &str) -> (TestApp, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("generate.db").display());
+    let toml = format!(
+        r#"
+[server]
+default_timeout = "10s"
+[retry]
+max_attempts = 1
+[database]
+url = "{url}"
+[providers.openai]
+kind = "openai"
+base_url = "{}/v1"
+api_key_env = "TEST_OPENAI_KEY"
+timeout = "2s"
+[tasks.sms_generate]
+chain = [{{ provider = "openai", model = "gpt-4o-mini" }}]
+{task_lines}
+[pricing."gpt-4o-mini"]
+input_per_mtok = 0.15
+output_per_mtok = 0.60
+"#,
+        upstream.uri()
+    );
+    let app = TestApp::spawn_toml_env(&toml, |name| {
+        (name == "TEST_OPENAI_KEY").then(|| "sk-test".to_owned())
+    })
+    .await;
+    (app, url, dir)
+}
+
 /// The first draft is served (and too long for one segment); every later
 /// call fails: the call ends ALL_PROVIDERS_FAILED, and its usage record
 /// names no serving provider and no fallback, while still charging both
@@ -47,33 +81,7 @@ async fn a_failed_redraft_is_a_failed_call_not_the_first_drafts_provider() {
         .respond_with(server_error())
         .mount(&upstream)
         .await;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("generate.db").display());
-    let toml = format!(
-        r#"
-[server]
-default_timeout = "10s"
-[retry]
-max_attempts = 1
-[database]
-url = "{url}"
-[providers.openai]
-kind = "openai"
-base_url = "{}/v1"
-api_key_env = "TEST_OPENAI_KEY"
-timeout = "2s"
-[tasks.sms_generate]
-chain = [{{ provider = "openai", model = "gpt-4o-mini" }}]
-[pricing."gpt-4o-mini"]
-input_per_mtok = 0.15
-output_per_mtok = 0.60
-"#,
-        upstream.uri()
-    );
-    let app = TestApp::spawn_toml_env(&toml, |name| {
-        (name == "TEST_OPENAI_KEY").then(|| "sk-test".to_owned())
-    })
-    .await;
+    let (app, url, _dir) = spawn(&upstream, "").await;
     let mut request = tonic::Request::new(pb::GenerateSmsRequest {
         context: crate::common::ctx(),
         inbound_message: "Tell me about the offer".into(),
@@ -107,4 +115,45 @@ output_per_mtok = 0.60
     );
     store.close().await;
     app.stop().await;
+}
+
+/// Smart encoding: a model's curly apostrophe and dash would force UCS-2
+/// (three segments for 160 characters); replaced by their GSM-7
+/// equivalents the reply fits one. Turned off, the model's characters stay.
+#[tokio::test]
+async fn typographic_characters_do_not_cost_segments() {
+    // 160 characters with a curly apostrophe and an en dash.
+    let reply = format!("We\u{2019}re open \u{2013} {}", "a".repeat(147));
+    assert_eq!(reply.chars().count(), 160);
+    let body = json!({"reply": reply, "escalate": false, "escalate_reason": ""});
+    for (smart, lines) in [(true, ""), (false, "smart_encoding = false")] {
+        let upstream = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(completion(&body.to_string()))
+            .mount(&upstream)
+            .await;
+        let (app, _url, _dir) = spawn(&upstream, lines).await;
+        let r = app
+            .client
+            .clone()
+            .generate_sms(pb::GenerateSmsRequest {
+                context: crate::common::ctx(),
+                inbound_message: "When are you open?".into(),
+                max_segments: 3,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if smart {
+            assert_eq!(r.response, format!("We're open - {}", "a".repeat(147)));
+            assert_eq!(r.encoding, pb::SmsEncoding::Gsm7 as i32);
+            assert_eq!(r.segments, 1);
+        } else {
+            assert_eq!(r.response, reply);
+            assert_eq!(r.encoding, pb::SmsEncoding::Ucs2 as i32);
+            assert_eq!(r.segments, 3);
+        }
+        app.stop().await;
+    }
 }

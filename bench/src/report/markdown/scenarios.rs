@@ -145,6 +145,36 @@ pub fn cold_start(out: &mut String, r: &Results) {
     );
 }
 
+pub fn usage(out: &mut String, r: &Results) {
+    if r.usage.is_empty() {
+        return;
+    }
+    let rows = r
+        .usage
+        .iter()
+        .map(|u| {
+            vec![
+                u.metering.clone(),
+                u.records.to_string(),
+                format!("{:.1}", u.seed_s),
+                u.group_by.clone(),
+                u.calls.to_string(),
+                format!("{:.1}", u.p50_ms),
+                format!("{:.1}", u.p95_ms),
+                format!("{:.1}", u.max_ms),
+            ]
+        })
+        .collect();
+    section(
+        out,
+        "GetUsage",
+        "A team's records this month written straight into the database (the rollup trigger runs for each), \
+         then GetUsage of the month called one at a time, client-side latency.",
+        "backend | records | write s | group by | calls | p50 ms | p95 ms | max ms",
+        rows,
+    );
+}
+
 pub fn processes(out: &mut String, r: &Results) {
     if r.groups.is_empty() {
         return;

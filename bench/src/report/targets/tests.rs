@@ -179,3 +179,14 @@ fn peak_rss_is_judged_in_megabytes() {
         over.reached
     );
 }
+
+#[test]
+fn a_smoke_run_judges_no_target() {
+    let mut r = with_saturation(6000.0, 5500.0);
+    assert_eq!(saturation(&r).met, Some(true));
+    r.smoke = true;
+    for t in evaluate(&r) {
+        assert_eq!(t.met, None, "{}", t.name);
+        assert!(t.reached.starts_with("smoke run"), "{}", t.reached);
+    }
+}

@@ -1,0 +1,313 @@
+//! Loading: the TOML file, then `AIO_` variables, then `DATABASE_URL`, then
+//! provider keys and validation.
+//!
+//! Every problem names its key path and where the value came from: the
+//! file, or the environment variable that set it (an operator looking at
+//! `config/local.toml` for a value the deployment injected would look in
+//! vain). An `AIO_` variable that starts like a config section but uses a
+//! single `_` (`AIO_SERVER_LISTEN`) is refused: it would otherwise be
+//! ignored without a word.
+
+use super::{Config, ConfigError, Invalid, Secret, validate};
+use figment::{
+    Figment, Metadata,
+    providers::{Env, Format, Toml},
+};
+use std::path::Path;
+
+/// The prefix of configuration variables.
+const PREFIX: &str = "AIO_";
+
+/// Path segments of a configuration variable are separated by this.
+const SPLIT: &str = "__";
+
+/// The top-level sections of [`Config`] (a unit test keeps it in step).
+const SECTIONS: &[&str] = &[
+    "server",
+    "database",
+    "providers",
+    "tasks",
+    "pricing",
+    "metering",
+    "retry",
+    "auth",
+    "telemetry",
+];
+
+/// Where values came from, to say so in errors.
+struct Origins<'a> {
+    file: Option<&'a Path>,
+    database_url_from_env: bool,
+}
+
+impl Origins<'_> {
+    /// The origin of the value at `path`, as a reader should look for it.
+    fn of(&self, figment: &Figment, path: &str) -> Option<String> {
+        // `chain[1].provider` lives in the `chain` value.
+        let key = path.split('[').next().unwrap_or(path);
+        if self.database_url_from_env && key == "database.url" {
+            return Some("environment variable DATABASE_URL".to_owned());
+        }
+        match figment.find_metadata(key) {
+            Some(md) if from_prefixed_env(md) => Some(env_origin(key)),
+            _ => self.file.map(|f| f.display().to_string()),
+        }
+    }
+}
+
+/// Whether `md` is the `AIO_` environment provider's.
+fn from_prefixed_env(md: &Metadata) -> bool {
+    md.name.starts_with(&format!("`{PREFIX}`"))
+}
+
+/// `environment variable AIO_SERVER__LISTEN` for `server.listen`.
+fn env_origin(key: &str) -> String {
+    let var: Vec<String> = key.split('.').map(|k| k.to_ascii_uppercase()).collect();
+    format!("environment variable {PREFIX}{}", var.join(SPLIT))
+}
+
+impl Config {
+    /// Loads `path`, applies environment overrides, reads secrets, validates.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with_env(path, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`Config::load`], for commands that never call a provider
+    /// (`migrate`, `limits`, `prompts`, `keys`): provider keys need not be
+    /// set (a migration job should not hold them).
+    pub fn load_without_provider_keys(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_inner(path, |name| std::env::var(name).ok(), false)
+    }
+
+    /// Like [`Config::load`], with the environment lookup injected (tests).
+    /// `AIO_` overrides are read from the process environment.
+    pub fn load_with_env(
+        path: &Path,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        Self::load_inner(path, env, true)
+    }
+
+    fn load_inner(
+        path: &Path,
+        env: impl Fn(&str) -> Option<String>,
+        require_keys: bool,
+    ) -> Result<Self, ConfigError> {
+        let mut figment = Figment::new()
+            .merge(Toml::file_exact(path))
+            // Only `__` paths are config keys: the CLI's own variables
+            // (`AIO_CONFIG`, `AIO_LOG_FORMAT`, `AIO_ADDR`) share the prefix
+            // and must not be rejected as unknown fields.
+            .merge(
+                Env::prefixed(PREFIX)
+                    .filter(|key| key.as_str().contains(SPLIT))
+                    .split(SPLIT),
+            );
+        let database_url = env("DATABASE_URL");
+        if let Some(url) = &database_url {
+            figment = figment.merge(("database.url", url.clone()));
+        }
+        let origins = Origins {
+            file: Some(path),
+            database_url_from_env: database_url.is_some(),
+        };
+        let config = Self::from_figment(&figment, &env, require_keys, &origins)?;
+        let typos = misspelled_variables(std::env::vars().map(|(name, _)| name), &config);
+        if typos.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(typos))
+        }
+    }
+
+    /// Parses a TOML string with no environment overrides (tests, tooling).
+    pub fn from_toml_str(
+        toml: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let origins = Origins {
+            file: None,
+            database_url_from_env: false,
+        };
+        Self::from_figment(&Figment::from(Toml::string(toml)), &env, true, &origins)
+    }
+
+    fn from_figment(
+        figment: &Figment,
+        env: &impl Fn(&str) -> Option<String>,
+        require_keys: bool,
+        origins: &Origins<'_>,
+    ) -> Result<Self, ConfigError> {
+        let mut config: Config = figment
+            .extract()
+            .map_err(|e| parse_error(e, figment, origins))?;
+        let mut problems = Vec::new();
+        for (name, provider) in &mut config.providers {
+            if let Some(var) = &provider.api_key_env {
+                match env(var) {
+                    Some(key) if !key.is_empty() => provider.api_key = Some(Secret::new(key)),
+                    _ if !require_keys => {}
+                    _ => problems.push(Invalid {
+                        origin: None,
+                        path: format!("providers.{name}.api_key_env"),
+                        message: format!("environment variable {var} is not set"),
+                    }),
+                }
+            }
+        }
+        problems.extend(validate::check(&config));
+        if problems.is_empty() {
+            return Ok(config);
+        }
+        for problem in &mut problems {
+            problem.origin = origins.of(figment, &problem.path);
+        }
+        Err(ConfigError::Invalid(problems))
+    }
+}
+
+/// `AIO_` variables among `names` that look meant for the config but map to
+/// no key: a section name followed by a single `_` (`AIO_SERVER_LISTEN`).
+/// Variables the config itself names (a provider's `api_key_env`) are
+/// someone's secret, not a typo.
+fn misspelled_variables(names: impl Iterator<Item = String>, config: &Config) -> Vec<Invalid> {
+    let named: Vec<&str> = config
+        .providers
+        .values()
+        .filter_map(|p| p.api_key_env.as_deref())
+        .collect();
+    let mut out = Vec::new();
+    for name in names {
+        let upper = name.to_ascii_uppercase();
+        let Some(rest) = upper.strip_prefix(PREFIX) else {
+            continue;
+        };
+        if rest.contains(SPLIT) || named.contains(&name.as_str()) {
+            continue;
+        }
+        let lower = rest.to_ascii_lowercase();
+        let Some(section) = SECTIONS
+            .iter()
+            .find(|s| lower.strip_prefix(**s).is_some_and(|r| r.starts_with('_')))
+        else {
+            continue;
+        };
+        let key = &rest[section.len() + 1..];
+        out.push(Invalid {
+            origin: Some(format!("environment variable {name}")),
+            path: (*section).to_owned(),
+            message: format!(
+                "maps to no config key: path segments are separated by `{SPLIT}` \
+                 (did you mean {PREFIX}{}{SPLIT}{key}?)",
+                section.to_ascii_uppercase()
+            ),
+        });
+    }
+    out.sort_by(|a, b| a.origin.cmp(&b.origin));
+    out
+}
+
+fn parse_error(err: figment::Error, figment: &Figment, origins: &Origins<'_>) -> ConfigError {
+    // figment chains errors; the first names the first bad key.
+    // Array indexes as `keys[0]`, the spelling `validate` uses too.
+    let mut path = String::new();
+    for segment in &err.path {
+        if segment.parse::<usize>().is_ok() && !path.is_empty() {
+            path.push_str(&format!("[{segment}]"));
+        } else {
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(segment);
+        }
+    }
+    if let figment::error::Kind::UnknownField(field, _) = &err.kind
+        && !path.ends_with(field.as_str())
+    {
+        path = if path.is_empty() {
+            field.clone()
+        } else {
+            format!("{path}.{field}")
+        };
+    }
+    let origin = match &err.metadata {
+        _ if origins.database_url_from_env && path == "database.url" => {
+            Some("environment variable DATABASE_URL".to_owned())
+        }
+        // An unknown key exists only in its source: the variable's name.
+        Some(md) if from_prefixed_env(md) => Some(env_origin(&path)),
+        Some(md) => md
+            .source
+            .as_ref()
+            .map(ToString::to_string)
+            .or_else(|| origins.of(figment, &path)),
+        None => origins.of(figment, &path),
+    };
+    if path.is_empty() {
+        path = "<root>".into();
+    }
+    ConfigError::Parse {
+        origin,
+        path,
+        message: err.kind.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn sections_are_the_configs_top_level_keys() {
+        let probe = SECTIONS
+            .iter()
+            .map(|s| format!("[{s}]\n"))
+            .collect::<String>();
+        // Every listed section parses (an unknown one would be refused)...
+        Config::from_toml_str(&probe, |_| None).unwrap();
+        // ...and a key that is not one is refused, so the list is the set.
+        let err = Config::from_toml_str("[nonsense]\n", |_| None).unwrap_err();
+        assert_eq!(err.paths(), ["nonsense"]);
+    }
+
+    #[test]
+    fn a_single_underscore_after_a_section_is_a_typo_but_other_variables_are_not() {
+        let config = Config::from_toml_str(
+            "[providers.openai]\nkind = \"openai\"\napi_key_env = \"AIO_OPENAI_KEY\"\n",
+            |_| Some("sk-test".into()),
+        )
+        .unwrap();
+        let names = [
+            "AIO_SERVER_LISTEN",
+            "AIO_SERVER__LISTEN",
+            "AIO_CONFIG",
+            "AIO_LOG_FORMAT",
+            "AIO_TEST_POSTGRES_URL",
+            "AIO_OPENAI_KEY",
+            "AIO_PROVIDERS_OPENAI__TIMEOUT",
+            "aio_metering_enabled",
+            "PATH",
+        ]
+        .map(String::from);
+        let typos = misspelled_variables(names.into_iter(), &config);
+        let shown: Vec<String> = typos.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "environment variable AIO_SERVER_LISTEN: server: maps to no config key: path \
+                 segments are separated by `__` (did you mean AIO_SERVER__LISTEN?)",
+                "environment variable aio_metering_enabled: metering: maps to no config key: \
+                 path segments are separated by `__` (did you mean AIO_METERING__ENABLED?)",
+            ]
+        );
+    }
+
+    #[test]
+    fn env_origins_name_the_variable() {
+        assert_eq!(
+            env_origin("providers.openai.timeout"),
+            "environment variable AIO_PROVIDERS__OPENAI__TIMEOUT"
+        );
+    }
+}

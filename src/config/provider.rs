@@ -1,0 +1,190 @@
+//! `[providers.<name>]`: each provider's wire format, endpoint, key,
+//! timeouts, limits and breaker, and the mock's behaviour.
+
+use super::Secret;
+use serde::Deserialize;
+use std::time::Duration;
+
+/// Wire format of a provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// OpenAI Chat Completions.
+    Openai,
+    /// Anthropic Messages.
+    Anthropic,
+    /// Perplexity (OpenAI-style, with citations).
+    Perplexity,
+    /// Google Gemini generateContent.
+    Gemini,
+    /// Any OpenAI-compatible server (DeepSeek, vLLM, Ollama, llama.cpp).
+    OpenaiCompatible,
+    /// Deterministic local fake, for local runs, demos and benchmarks.
+    Mock,
+}
+
+impl ProviderKind {
+    /// Lower-case name, as in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "openai",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Perplexity => "perplexity",
+            ProviderKind::Gemini => "gemini",
+            ProviderKind::OpenaiCompatible => "openai_compatible",
+            ProviderKind::Mock => "mock",
+        }
+    }
+
+    /// The provider's public API base URL, when it has a canonical one.
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            ProviderKind::Openai => Some("https://api.openai.com/v1"),
+            ProviderKind::Anthropic => Some("https://api.anthropic.com/v1"),
+            ProviderKind::Perplexity => Some("https://api.perplexity.ai"),
+            ProviderKind::Gemini => Some("https://generativelanguage.googleapis.com/v1beta"),
+            ProviderKind::OpenaiCompatible | ProviderKind::Mock => None,
+        }
+    }
+}
+
+/// One upstream provider.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Wire format.
+    pub kind: ProviderKind,
+    /// API base URL; defaults to the kind's public endpoint.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// Name of the environment variable holding the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Bound on one attempt, connection to last byte.
+    #[serde(default = "defaults::timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Bound on establishing the connection.
+    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Longest silence allowed between two events of a stream.
+    #[serde(default = "defaults::stream_idle_timeout", with = "humantime_serde")]
+    pub stream_idle_timeout: Duration,
+    /// Requests per minute this replica may send; none means unlimited.
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    /// Requests in flight at once from this replica.
+    #[serde(default = "defaults::max_concurrency")]
+    pub max_concurrency: usize,
+    /// Speak HTTP/2 from the first byte (no HTTP/1.1 upgrade, no ALPN), for
+    /// a plaintext `http://` upstream that serves h2c, e.g. a sidecar or an
+    /// internal gateway. Over `https://` the client negotiates HTTP/2 by
+    /// ALPN anyway; this only matters where there is no TLS.
+    #[serde(default)]
+    pub http2_prior_knowledge: bool,
+    /// Calls one HTTP/2 connection to this provider carries at once; more
+    /// open another connection (up to `max_concurrency` calls in all). An
+    /// HTTP/2 server caps the streams of a connection
+    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`, often 100–256), and the client
+    /// never opens a second connection by itself: calls past the cap would
+    /// wait unseen inside it.
+    #[serde(default = "defaults::streams_per_connection")]
+    pub streams_per_connection: usize,
+    /// Most bytes one answer may hold: a whole body, one streamed line or
+    /// event, and the text a stream accumulates. Past it the attempt fails
+    /// with `RESPONSE_TOO_LARGE` and the chain moves on; it is what bounds
+    /// the memory a call in flight holds (docs/operations.md).
+    #[serde(default = "defaults::max_response_bytes")]
+    pub max_response_bytes: usize,
+    /// Circuit breaker numbers.
+    #[serde(default)]
+    pub breaker: BreakerConfig,
+    /// Settings of the `mock` kind (ignored by other kinds).
+    #[serde(default)]
+    pub mock: MockConfig,
+    /// The API key, loaded from `api_key_env`; never from the file.
+    #[serde(skip)]
+    pub api_key: Option<Secret>,
+}
+
+/// Default of a provider's `max_response_bytes`: a few MiB, far above any
+/// chat answer (a 16k-token reply is ~64 KB of text, and a stream carries it
+/// line by line), small enough that a hostile upstream cannot exhaust memory.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+mod defaults {
+    use std::time::Duration;
+    // Seed numbers of SPEC §4; Perplexity's 45 s is set in its config entry.
+    pub fn timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn connect_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn stream_idle_timeout() -> Duration {
+        Duration::from_secs(20)
+    }
+    pub fn max_concurrency() -> usize {
+        64
+    }
+    pub fn max_response_bytes() -> usize {
+        super::DEFAULT_MAX_RESPONSE_BYTES
+    }
+    /// RFC 9113 §6.5.2 recommends servers allow at least 100 streams.
+    pub fn streams_per_connection() -> usize {
+        100
+    }
+}
+
+/// Circuit breaker numbers (SPEC §4 seed values by default).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker.
+    pub failure_threshold: u32,
+    /// How long the breaker stays open before probing.
+    #[serde(with = "humantime_serde")]
+    pub open_for: Duration,
+    /// Successful probes that close it again.
+    pub success_threshold: u32,
+    /// Probe calls admitted at once while half-open.
+    pub half_open_max_probes: u32,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            open_for: Duration::from_secs(30),
+            success_threshold: 2,
+            half_open_max_probes: 1,
+        }
+    }
+}
+
+/// Behaviour of a `mock` provider.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MockConfig {
+    /// Fixed latency of every call.
+    #[serde(with = "humantime_serde")]
+    pub latency: Duration,
+    /// Share of calls that fail with a 503-like error, in [0, 1].
+    pub failure_rate: f64,
+    /// Fixed reply text. When absent, a request that asks for JSON gets a
+    /// deterministic object matching its schema, and any other request gets
+    /// a short echo of its size.
+    pub reply: Option<String>,
+    /// Seed of the failure draw, so runs are reproducible.
+    pub seed: u64,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        Self {
+            latency: Duration::from_millis(0),
+            failure_rate: 0.0,
+            reply: None,
+            seed: 42,
+        }
+    }
+}

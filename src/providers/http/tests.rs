@@ -1,0 +1,165 @@
+use super::*;
+use reqwest::header::HeaderValue;
+
+fn clients(max_concurrency: usize, streams_per_connection: usize) -> Clients {
+    let toml = format!(
+        "[providers.p]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+         max_concurrency = {max_concurrency}\nstreams_per_connection = {streams_per_connection}\n"
+    );
+    let config = crate::config::Config::from_toml_str(&toml, |_| None).unwrap();
+    Clients::new(&config.providers["p"]).unwrap()
+}
+
+fn loads(c: &Clients) -> Vec<usize> {
+    c.slots
+        .iter()
+        .map(|s| s.in_flight.load(Ordering::SeqCst))
+        .collect()
+}
+
+#[test]
+fn leases_fill_one_client_before_the_next() {
+    let c = clients(5, 2);
+    assert_eq!((loads(&c), c.built()), (vec![0, 0, 0], 1));
+    let mut held: Vec<Lease> = (0..5).map(|_| c.lease()).collect();
+    assert_eq!((loads(&c), c.built()), (vec![2, 2, 1], 3));
+    // All full (as far as max_concurrency goes): the least loaded.
+    held.push(c.lease());
+    assert_eq!(loads(&c), vec![2, 2, 2]);
+    held.push(c.lease());
+    assert_eq!(loads(&c), vec![3, 2, 2]);
+    // A freed place on the first client is taken before the others.
+    held.swap_remove(0);
+    held.swap_remove(0);
+    assert_eq!(loads(&c), vec![1, 2, 2]);
+    held.push(c.lease());
+    assert_eq!(loads(&c), vec![2, 2, 2]);
+    drop(held);
+    assert_eq!((loads(&c), c.built()), (vec![0, 0, 0], 3));
+}
+
+#[test]
+fn one_client_under_ordinary_load() {
+    let c = clients(64, 100);
+    let held: Vec<Lease> = (0..64).map(|_| c.lease()).collect();
+    assert_eq!((loads(&c), c.built()), (vec![64], 1));
+    drop(held);
+}
+
+fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.insert(*k, HeaderValue::from_static(v));
+    }
+    h
+}
+
+#[test]
+fn retry_after_forms() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480); // Wed, 21 Oct 2015 07:28:00 GMT
+    assert_eq!(
+        retry_after(&headers(&[("retry-after", "7")]), now),
+        Some(Duration::from_secs(7))
+    );
+    assert_eq!(
+        retry_after(&headers(&[("retry-after-ms", "1500")]), now),
+        Some(Duration::from_millis(1500))
+    );
+    assert_eq!(
+        retry_after(
+            &headers(&[("retry-after-ms", "250"), ("retry-after", "9")]),
+            now
+        ),
+        Some(Duration::from_millis(250)),
+        "the precise header wins"
+    );
+    assert_eq!(
+        retry_after(
+            &headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:30 GMT")]),
+            now
+        ),
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(
+        retry_after(
+            &headers(&[("retry-after", "Wed, 21 Oct 2015 07:27:00 GMT")]),
+            now
+        ),
+        Some(Duration::ZERO),
+        "a date in the past means now"
+    );
+    assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
+    assert_eq!(retry_after(&headers(&[("retry-after", "-3")]), now), None);
+    assert_eq!(retry_after(&HeaderMap::new(), now), None);
+}
+
+#[test]
+fn absurd_retry_after_values_are_capped_or_ignored_never_a_panic() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+    let one =
+        |name: &'static str, value: &'static str| retry_after(&headers(&[(name, value)]), now);
+    // Too large for a `Duration` (from_secs_f64 panics on these): capped.
+    for huge in ["1e20", "1e300", "18446744073709551616", "1.8e19"] {
+        assert_eq!(one("retry-after", huge), Some(MAX_RETRY_AFTER), "{huge}");
+        assert_eq!(
+            one("retry-after-ms", huge),
+            Some(MAX_RETRY_AFTER),
+            "{huge} ms"
+        );
+    }
+    // Large but representable: capped too.
+    assert_eq!(one("retry-after", "86400"), Some(MAX_RETRY_AFTER));
+    assert_eq!(one("retry-after-ms", "3600000"), Some(MAX_RETRY_AFTER));
+    assert_eq!(
+        one("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT"),
+        Some(MAX_RETRY_AFTER),
+        "a date far ahead"
+    );
+    // Just under the cap is kept as sent.
+    assert_eq!(
+        one("retry-after", "299.5"),
+        Some(Duration::from_millis(299_500))
+    );
+    // Negative, NaN, infinite, garbage: ignored.
+    for bad in [
+        "-1", "-1e20", "-0.001", "NaN", "nan", "inf", "-inf", "infinity", "1e", "", "0x10", "5s",
+    ] {
+        assert_eq!(one("retry-after-ms", bad), None, "ms {bad:?}");
+        assert_eq!(one("retry-after", bad), None, "{bad:?}");
+    }
+    // Zero (and negative zero) means now.
+    assert_eq!(one("retry-after", "0"), Some(Duration::ZERO));
+    assert_eq!(one("retry-after", "-0"), Some(Duration::ZERO));
+    assert_eq!(one("retry-after-ms", "-0.0"), Some(Duration::ZERO));
+    // An unusable precise header falls back to the seconds one.
+    assert_eq!(
+        retry_after(
+            &headers(&[("retry-after-ms", "NaN"), ("retry-after", "2")]),
+            now
+        ),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(
+        retry_after(
+            &headers(&[("retry-after-ms", "1e30"), ("retry-after", "2")]),
+            now
+        ),
+        Some(MAX_RETRY_AFTER),
+        "a huge precise header is still the precise one, capped"
+    );
+}
+
+#[test]
+fn error_type_never_keeps_the_message() {
+    let body = br#"{"error":{"message":"Incorrect API key provided: sk-canary","type":"invalid_request_error","code":"invalid_api_key"}}"#;
+    assert_eq!(error_type(body), "invalid_request_error");
+    let anthropic =
+        br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+    assert_eq!(error_type(anthropic), "overloaded_error");
+    let gemini = br#"{"error":{"code":429,"message":"Quota","status":"RESOURCE_EXHAUSTED"}}"#;
+    assert_eq!(error_type(gemini), "RESOURCE_EXHAUSTED");
+    assert_eq!(
+        error_type(b"<html>502 Bad Gateway</html>"),
+        "non-JSON error body"
+    );
+}
