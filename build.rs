@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/ai/orchestrator/v1/orchestrator.proto",
         "proto/ai/orchestrator/v1/prompt_admin.proto",
+        "proto/ai/orchestrator/v1/tools.proto",
+        "proto/ai/orchestrator/v1/audit.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

@@ -6,8 +6,11 @@
 //! route, settle, record). The task (`tasks`) builds its prompt and makes its
 //! model calls through the call; `router` walks each call's fallback chain,
 //! guarded per provider by `resilience`, and `providers` speak each wire
-//! format. `usage` (the ledger), `prompts` and `auth` are services the
-//! pipeline and the edge call; `store` is the database under them.
+//! format. `usage` (the ledger), `prompts`, `auth` and `tools` (the
+//! registry, policy gate and executors of tool calls) are services the
+//! pipeline and the edge call; `audit` is the tamper-evident log they write
+//! to (through the ledger's group commit); `store` is the database under
+//! them.
 //!
 //! # Layers: who may import whom
 //!
@@ -18,7 +21,9 @@
 //! routing    router                  providers, resilience
 //!            resilience              providers (error classification)
 //!            providers               the ground floor
-//! services   usage, prompts, auth    store, the ground floor
+//! services   usage, prompts, auth    audit, store, the ground floor
+//!            tools                   audit, store, the ground floor
+//!            audit                   store, the ground floor
 //!            store                   the ground floor
 //! ground     telemetry, config, domain
 //! ```
@@ -29,6 +34,7 @@
 //! `tests/layers.rs` fails on an import that breaks this.
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod call;
 pub mod cli;
@@ -42,6 +48,7 @@ pub mod server;
 pub mod store;
 pub mod tasks;
 pub mod telemetry;
+pub mod tools;
 pub mod usage;
 
 pub use server::serve;

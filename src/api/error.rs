@@ -9,6 +9,7 @@ use crate::{
     call::CallError,
     router::{AttemptRecord, RouteError},
     telemetry::trace_id::TRACE_ID_HEADER,
+    tools::Denial,
     usage::{
         policy::{CapKind, Refusal},
         pricing::{usd, usd_text},
@@ -51,6 +52,18 @@ pub mod reason {
     pub const STORAGE_UNAVAILABLE: &str = "STORAGE_UNAVAILABLE";
     /// A bug on our side.
     pub const INTERNAL: &str = "INTERNAL";
+    /// The tool (or the version asked for) does not exist.
+    pub const TOOL_NOT_FOUND: &str = "TOOL_NOT_FOUND";
+    /// The tool is disabled.
+    pub const TOOL_DISABLED: &str = "TOOL_DISABLED";
+    /// The key's role lacks the tool's capability.
+    pub const CAPABILITY_MISSING: &str = "CAPABILITY_MISSING";
+    /// A viewer may not run a tool with side effects.
+    pub const SIDE_EFFECTS_FORBIDDEN: &str = "SIDE_EFFECTS_FORBIDDEN";
+    /// A tenant-scoped tool needs a team the key acts for.
+    pub const TENANT_REQUIRED: &str = "TENANT_REQUIRED";
+    /// The tool's input breaks its schema.
+    pub const TOOL_INPUT_INVALID: &str = "TOOL_INPUT_INVALID";
 }
 
 /// What went wrong, in API terms.
@@ -88,9 +101,77 @@ pub(crate) enum Failure {
         /// The request's budget, USD, as sent.
         budget_usd: f64,
     },
+    /// The tools' entry point refused an invocation.
+    ToolDenied(Denial),
+    /// A tool invocation's estimate exceeds the request budget.
+    ToolBudget {
+        /// Estimated cost, micro-USD.
+        estimate_micros: i64,
+        /// The request's budget, USD, as sent.
+        budget_usd: f64,
+    },
 }
 
 impl Failure {
+    /// A tool invocation's denial (SPEC §9.3): its code, reason and
+    /// details.
+    fn tool_denial(
+        denial: Denial,
+        details: &mut ErrorDetails,
+        info: &mut HashMap<String, String>,
+    ) -> (Code, &'static str, String) {
+        let reason = denial.reason();
+        match denial {
+            Denial::NotFound => (Code::NotFound, reason, "no such tool or version".into()),
+            Denial::InputInvalid(violations) => {
+                let message = violations
+                    .iter()
+                    .map(|(at, what)| format!("{at}: {what}"))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                for (at, what) in violations {
+                    details.add_bad_request_violation(at, what);
+                }
+                (Code::InvalidArgument, reason, message)
+            }
+            Denial::Quota { limit, max } => {
+                details.add_quota_failure_violation(
+                    limit,
+                    format!("the tool's {limit} of {max} for this team is reached"),
+                );
+                info.insert("limit".into(), limit.into());
+                (
+                    Code::ResourceExhausted,
+                    reason,
+                    format!("the tool's {limit} ({max}) is reached"),
+                )
+            }
+            Denial::CapabilityMissing(capability) => {
+                info.insert("capability".into(), capability.clone());
+                (
+                    Code::PermissionDenied,
+                    reason,
+                    format!("the key's role lacks the capability {capability}"),
+                )
+            }
+            Denial::Disabled => (
+                Code::PermissionDenied,
+                reason,
+                "the tool is disabled".into(),
+            ),
+            Denial::SideEffectsForbidden => (
+                Code::PermissionDenied,
+                reason,
+                "a viewer may not run a tool with side effects".into(),
+            ),
+            Denial::TenantRequired => (
+                Code::PermissionDenied,
+                reason,
+                "the tool acts on a team's data: the key must act for the request's team".into(),
+            ),
+        }
+    }
+
     /// One invalid field.
     pub(crate) fn invalid(field: &str, description: &str) -> Self {
         Failure::Invalid(vec![(field.to_owned(), description.to_owned())])
@@ -113,6 +194,14 @@ impl From<CallError> for Failure {
             },
             CallError::Storage(e) => Failure::Storage(e),
             CallError::Overloaded => Failure::Overloaded,
+            CallError::ToolDenied(d) => Failure::ToolDenied(d),
+            CallError::ToolBudget {
+                estimate_micros,
+                budget_usd,
+            } => Failure::ToolBudget {
+                estimate_micros,
+                budget_usd,
+            },
         }
     }
 }
@@ -264,6 +353,27 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
                 Code::FailedPrecondition,
                 reason::BUDGET_EXCEEDED,
                 "the estimated cost exceeds budget.max_cost_usd".to_owned(),
+            )
+        }
+        Failure::ToolDenied(denial) => Failure::tool_denial(denial, &mut details, &mut info),
+        Failure::ToolBudget {
+            estimate_micros,
+            budget_usd,
+        } => {
+            // SPEC §9.3: a tool's budget refusal is a quota failure.
+            details.add_quota_failure_violation(
+                "budget.max_cost_usd",
+                format!(
+                    "estimated cost {} USD exceeds the budget {budget_usd} USD",
+                    usd_text(estimate_micros)
+                ),
+            );
+            info.insert("estimated_cost_usd".into(), usd_text(estimate_micros));
+            info.insert("budget_usd".into(), budget_usd.to_string());
+            (
+                Code::ResourceExhausted,
+                reason::BUDGET_EXCEEDED,
+                "the tool's estimated cost exceeds budget.max_cost_usd".to_owned(),
             )
         }
     };

@@ -49,6 +49,11 @@ const METHODS: &[(&str, &str)] = &[
         "ai.orchestrator.v1.PromptAdmin/ActivatePromptVersion",
         UNARY,
     ),
+    ("ai.orchestrator.v1.ToolService/ListTools", UNARY),
+    ("ai.orchestrator.v1.ToolService/InvokeTool", UNARY),
+    ("ai.orchestrator.v1.ToolService/GetToolInvocation", UNARY),
+    ("ai.orchestrator.v1.AuditService/ListAuditEvents", UNARY),
+    ("ai.orchestrator.v1.AuditService/VerifyAuditChain", UNARY),
     ("grpc.health.v1.Health/Check", UNARY),
     ("grpc.health.v1.Health/Watch", SERVER_STREAM),
     (

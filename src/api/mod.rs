@@ -3,13 +3,16 @@
 
 pub mod access;
 pub mod admin;
+pub mod audit;
 pub mod auth;
 pub mod convert;
 pub mod error;
+pub mod mcp;
 pub mod metrics_layer;
 mod orchestrator;
 pub mod pb;
 pub(crate) mod request;
+pub mod tools;
 mod usage;
 
 pub use orchestrator::OrchestratorApi;

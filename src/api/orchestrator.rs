@@ -10,8 +10,9 @@ use crate::{
     auth::Authenticator,
     call::{Call, CallError, CallEvent, CallMeta, Pipeline},
     config::Config,
+    domain::sms::SmsEncoding,
     store::Store,
-    tasks::{TaskError, execute, research, sms_classify, sms_encoding::SmsEncoding, sms_generate},
+    tasks::{execute, research, sms_classify, sms_generate},
 };
 use futures::{Stream, StreamExt};
 use pb::orchestrator_server::Orchestrator;
@@ -30,9 +31,42 @@ pub struct OrchestratorApi {
 }
 
 /// A call opened for an RPC, with the request's span.
-struct Opened {
-    call: Call,
-    span: tracing::Span,
+pub(super) struct Opened {
+    pub(super) call: Call,
+    pub(super) span: tracing::Span,
+}
+
+/// The opening every AI and tool RPC shares: the envelope validated (trace
+/// ID, team, deadline), the caller authorised for the team, and the call of
+/// `task` opened (its slot under `server.max_concurrent_requests` taken, or
+/// shed at once). Returns the caller's principal too.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn open_call(
+    config: &Config,
+    pipeline: &Pipeline,
+    auth: &Authenticator,
+    rpc: &'static str,
+    task: &str,
+    context: Option<&pb::RequestContext>,
+    budget: Option<&pb::Budget>,
+    metadata: &MetadataMap,
+    extensions: &tonic::Extensions,
+) -> Result<(Opened, crate::auth::Principal), Status> {
+    let mut ctx = request::call_context(context, budget, metadata, &config.server)
+        .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
+    super::access::note(|f| {
+        f.trace_id.clone_from(&ctx.trace_id);
+        f.team.clone_from(&ctx.team_id);
+    });
+    let trace_id = ctx.trace_id.clone();
+    let fail = |f: Failure| to_status(f, &trace_id);
+    let principal = auth::principal(extensions, auth)
+        .and_then(|p| auth::check_team(&p, "context.team_id", &ctx.team_id).map(|()| p))
+        .map_err(fail)?;
+    ctx.principal.clone_from(&principal.name);
+    let span = request_span(rpc, &ctx);
+    let call = pipeline.open(ctx, task).map_err(|e| fail(e.into()))?;
+    Ok((Opened { call, span }, principal))
 }
 
 impl OrchestratorApi {
@@ -60,20 +94,18 @@ impl OrchestratorApi {
         metadata: &MetadataMap,
         extensions: &tonic::Extensions,
     ) -> Result<Opened, Status> {
-        let ctx = request::call_context(context, budget, metadata, &self.config.server)
-            .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
-        super::access::note(|f| {
-            f.trace_id.clone_from(&ctx.trace_id);
-            f.team.clone_from(&ctx.team_id);
-        });
-        let trace_id = ctx.trace_id.clone();
-        let fail = |f: Failure| to_status(f, &trace_id);
-        auth::principal(extensions, &self.auth)
-            .and_then(|p| auth::check_team(&p, "context.team_id", &ctx.team_id))
-            .map_err(fail)?;
-        let span = request_span(rpc, &ctx);
-        let call = self.pipeline.open(ctx, task).map_err(|e| fail(e.into()))?;
-        Ok(Opened { call, span })
+        open_call(
+            &self.config,
+            &self.pipeline,
+            &self.auth,
+            rpc,
+            task,
+            context,
+            budget,
+            metadata,
+            extensions,
+        )
+        .map(|(opened, _)| opened)
     }
 
     /// The request's size limits: its fields together (`total`, the
@@ -92,9 +124,12 @@ impl OrchestratorApi {
 }
 
 /// Finishes `call` with its task's `result` (see [`Call::finish`]).
-async fn close<T>(call: Call, result: Result<T, TaskError>) -> Result<(T, CallMeta), Status> {
+pub(super) async fn close<T>(
+    call: Call,
+    result: Result<T, impl Into<CallError>>,
+) -> Result<(T, CallMeta), Status> {
     let trace_id = call.context().trace_id.clone();
-    call.finish(result)
+    call.finish(result.map_err(Into::into))
         .await
         .map_err(|e| to_status(e.into(), &trace_id))
 }

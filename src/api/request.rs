@@ -97,6 +97,8 @@ pub(crate) fn call_context(
             .and_then(|v| v.to_str().ok())
             .filter(|tp| trace_id::traceparent_trace_id(tp).is_some())
             .map(str::to_owned),
+        // Set once the caller is authenticated.
+        principal: String::new(),
     })
 }
 

@@ -56,6 +56,14 @@ impl TeamScope {
         }
     }
 
+    /// The one team of a scope of exactly one.
+    pub fn single(&self) -> Option<String> {
+        match self {
+            TeamScope::Only(set) if set.len() == 1 => set.iter().next().cloned(),
+            _ => None,
+        }
+    }
+
     /// Comma-separated, `*` for all (database and CLI form).
     pub fn to_list_string(&self) -> String {
         match self {

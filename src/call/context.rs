@@ -29,4 +29,7 @@ pub struct CallContext {
     /// The caller's valid W3C `traceparent`, continued by our spans and
     /// forwarded upstream when trace export is off.
     pub traceparent: Option<String>,
+    /// Who is asking: the API key's name (audit events name it; never the
+    /// key), `anonymous` while authentication is off.
+    pub principal: String,
 }

@@ -6,6 +6,7 @@ use crate::{
     router::{AttemptRecord, RouteError},
     tasks::TaskError,
     telemetry::metrics,
+    tools::Denial,
     usage::{MeterError, UsageRecord, policy::Refusal, pricing::usd},
 };
 use futures::future::{self, Either};
@@ -35,6 +36,43 @@ pub enum CallError {
     Storage(String),
     /// Too many calls in flight on this replica.
     Overloaded,
+    /// The tools' entry point refused an invocation.
+    ToolDenied(Denial),
+    /// A tool invocation's estimated cost exceeds the request budget (a
+    /// quota refusal for tools, SPEC §9.3).
+    ToolBudget {
+        /// Estimated cost, micro-USD.
+        estimate_micros: i64,
+        /// The request's budget, USD, as sent.
+        budget_usd: f64,
+    },
+}
+
+impl CallError {
+    /// A tool invocation's refused reservation.
+    pub fn tool(err: MeterError) -> Self {
+        match err {
+            MeterError::Budget {
+                estimate_micros,
+                budget_usd,
+            } => CallError::ToolBudget {
+                estimate_micros,
+                budget_usd,
+            },
+            other => other.into(),
+        }
+    }
+
+    /// The stable reason of a refusal the audit log records (caps, budget,
+    /// tool denials); `None` for other failures.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            CallError::Quota(_) => Some("QUOTA_EXCEEDED"),
+            CallError::Budget { .. } | CallError::ToolBudget { .. } => Some("BUDGET_EXCEEDED"),
+            CallError::ToolDenied(d) => Some(d.reason()),
+            _ => None,
+        }
+    }
 }
 
 impl From<MeterError> for CallError {
@@ -81,11 +119,14 @@ impl Call {
     /// docs/benchmarks.md, *Sizing*).
     pub fn finish<T>(
         self,
-        result: Result<T, TaskError>,
+        result: Result<T, CallError>,
     ) -> impl Future<Output = Result<(T, CallMeta), CallError>> {
         let answer = match result {
             Ok(value) => Ok(value),
-            Err(TaskError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => Err(err),
+            Err(CallError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => Err(err),
+            Err(CallError::Route(RouteError::UnknownTask(t))) => {
+                return Either::Left(future::ready(Err(CallError::UnknownTask(t))));
+            }
             Err(other) => return Either::Left(future::ready(Err(self.refused(other)))),
         };
         let outcome = answer.as_ref().map_or_else(RouteError::reason, |_| "ok");

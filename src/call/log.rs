@@ -24,6 +24,8 @@ pub(super) struct CallLog {
     /// The stored prompt version used: `(owner team, key, version)`;
     /// version 0 is a built-in.
     pub prompt: Option<(String, String, u32)>,
+    /// Tools invoked: `(kind, name@version, cost in micro-USD)`.
+    pub tools: Vec<(&'static str, String, i64)>,
 }
 
 impl CallLog {
@@ -41,6 +43,11 @@ impl CallLog {
         }
     }
 
+    /// Adds a tool invocation and what it cost.
+    pub fn add_tool(&mut self, kind: &'static str, id: String, cost_micros: i64) {
+        self.tools.push((kind, id, cost_micros));
+    }
+
     /// Remembers the prompt a model call used.
     pub fn prompt(&mut self, prompt: &Prompt) {
         self.prompt = Some((prompt.owner.clone(), prompt.key.clone(), prompt.version));
@@ -54,9 +61,15 @@ impl CallLog {
     /// Cost of every attempt, micro-USD; `None` when one that consumed
     /// tokens has no price (the cost is then unknown, not understated).
     pub fn cost_micros(&self) -> Option<i64> {
-        self.costs
+        let models = self
+            .costs
             .iter()
-            .try_fold(0_i64, |sum, cost| cost.map(|c| sum.saturating_add(c)))
+            .try_fold(0_i64, |sum, cost| cost.map(|c| sum.saturating_add(c)))?;
+        Some(
+            self.tools
+                .iter()
+                .fold(models, |sum, (_, _, c)| sum.saturating_add(*c)),
+        )
     }
 
     /// Each attempt with its cost, for metrics.
@@ -93,7 +106,13 @@ pub struct CallMeta {
 impl CallMeta {
     /// The meta of a call whose log is `log`.
     pub(super) fn of(log: &CallLog, trace_id: &str, latency: Duration) -> Self {
-        let (provider, model, degraded) = log.served.clone().unwrap_or_default();
+        // A call that ran a tool and no model is served by the tool.
+        let tool = || {
+            log.tools
+                .last()
+                .map(|(kind, id, _)| (format!("tool:{kind}"), id.clone(), false))
+        };
+        let (provider, model, degraded) = log.served.clone().or_else(tool).unwrap_or_default();
         let (prompt_key, prompt_version) = log
             .prompt
             .as_ref()

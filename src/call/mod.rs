@@ -22,6 +22,8 @@ mod finish;
 mod log;
 mod model;
 mod stream;
+pub mod tool;
+pub mod worker;
 
 pub use context::CallContext;
 pub use finish::CallError;
@@ -32,8 +34,10 @@ use crate::{
     config::Config,
     prompts::store::PromptStore,
     router::Router,
+    store::Store,
     tasks::Tasks,
-    usage::{Meter, MeterSession, session::Who},
+    tools::{Toolbox, builtin::Health},
+    usage::{Meter, MeterSession, ledger::LedgerWriter, session::Who},
 };
 use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -50,14 +54,45 @@ struct Inner {
     router: Router,
     prompts: PromptStore,
     meter: Meter,
+    /// The ledger's writer: the audit log goes through its group commit.
+    ledger: LedgerWriter,
+    /// The database (tool invocations).
+    store: Store,
+    /// Tools.
+    toolbox: Toolbox,
     /// Calls in flight on this replica (`server.max_concurrent_requests`).
     inflight: Arc<Semaphore>,
 }
 
+/// What a pipeline is built from, besides its config.
+pub struct Services {
+    /// The router.
+    pub router: Router,
+    /// The prompt store.
+    pub prompts: PromptStore,
+    /// The meter.
+    pub meter: Meter,
+    /// The ledger's writer (running with metering off too, for the audit
+    /// log).
+    pub ledger: LedgerWriter,
+    /// The database.
+    pub store: Store,
+    /// Tools.
+    pub toolbox: Toolbox,
+}
+
 impl Pipeline {
-    /// A pipeline over the configured tasks, router, prompt store and meter.
-    pub fn new(config: Arc<Config>, router: Router, prompts: PromptStore, meter: Meter) -> Self {
+    /// A pipeline over the configured tasks and `services`.
+    pub fn new(config: Arc<Config>, services: Services) -> Self {
         let inflight = Arc::new(Semaphore::new(config.server.max_concurrent_requests));
+        let Services {
+            router,
+            prompts,
+            meter,
+            ledger,
+            store,
+            toolbox,
+        } = services;
         Self {
             inner: Arc::new(Inner {
                 tasks: Tasks::new(config.clone()),
@@ -65,8 +100,52 @@ impl Pipeline {
                 router,
                 prompts,
                 meter,
+                ledger,
+                store,
+                toolbox,
                 inflight,
             }),
+        }
+    }
+
+    /// The config.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Tools.
+    pub fn toolbox(&self) -> &Toolbox {
+        &self.inner.toolbox
+    }
+
+    /// The ledger's writer.
+    pub fn ledger(&self) -> &LedgerWriter {
+        &self.inner.ledger
+    }
+
+    /// The database.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// What `system.health` reports: serving (a call is running) and each
+    /// provider's breaker.
+    pub fn health(&self) -> Health {
+        let providers = self
+            .inner
+            .router
+            .resilience()
+            .iter()
+            .map(|(name, guards)| {
+                (
+                    name.to_string(),
+                    guards.breaker.state().as_str().to_ascii_uppercase(),
+                )
+            })
+            .collect();
+        Health {
+            status: "SERVING".into(),
+            providers,
         }
     }
 

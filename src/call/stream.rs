@@ -88,7 +88,7 @@ impl Call {
                     RouteEvent::Failed(err) => {
                         self.log().add(err.attempts(), self.pipeline.meter().pricing());
                         // A failed route always finishes with an error.
-                        if let Err(err) = self.finish::<()>(Err(TaskError::Route(err))).await {
+                        if let Err(err) = self.finish::<()>(Err(CallError::Route(err))).await {
                             yield CallEvent::Failed(err);
                         }
                         return;

@@ -45,7 +45,7 @@ pub async fn keys(config: &Config, action: KeysAction) -> anyhow::Result<String>
     let out = match action {
         KeysAction::Create { name, teams, role } => {
             let role = Role::parse(&role)
-                .ok_or_else(|| anyhow::anyhow!("--role must be caller or admin"))?;
+                .ok_or_else(|| anyhow::anyhow!("--role must be viewer, caller or admin"))?;
             crate::api::request::check_id(&name, true)
                 .map_err(|why| anyhow::anyhow!("--name {why}"))?;
             let scope = TeamScope::from_list(teams.split(','));
@@ -64,6 +64,9 @@ pub async fn keys(config: &Config, action: KeysAction) -> anyhow::Result<String>
                 })
                 .await
                 .with_context(|| format!("creating key `{name}` (does the name exist?)"))?;
+            let change =
+                serde_json::json!({"role": role.as_str(), "teams": scope.to_list_string()});
+            super::audit_admin(&store, "", "key.created", &name, &change).await?;
             format!(
                 "created key `{name}` (role {}, teams {})\n{key}\n\nStore it now: it is not shown again.\n",
                 role.as_str(),
@@ -95,6 +98,8 @@ pub async fn keys(config: &Config, action: KeysAction) -> anyhow::Result<String>
         }
         KeysAction::Revoke { name } => {
             if key_store.revoke(&name, now).await? {
+                super::audit_admin(&store, "", "key.revoked", &name, &serde_json::json!({}))
+                    .await?;
                 format!("revoked `{name}`\n")
             } else {
                 anyhow::bail!("no valid key named `{name}`")

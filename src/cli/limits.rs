@@ -128,6 +128,11 @@ pub async fn limits(config: &Config, action: LimitsAction) -> anyhow::Result<Str
                 cost_micros: updated(max_cost_usd, in_force.cost_micros, micros_floor),
             };
             ledger::set_caps(&store, &team, caps, now.timestamp_millis()).await?;
+            let change = serde_json::json!({
+                "max_tokens": caps.tokens, "max_requests": caps.requests,
+                "max_cost_micros": caps.cost_micros,
+            });
+            super::audit_admin(&store, &team, "limits.changed", &team, &change).await?;
             let balance = ledger::balance_of(&store, &team, month_of(now).0).await?;
             let kept: Vec<&str> = [
                 ("max_tokens", max_tokens.is_none() && caps.tokens.is_some()),
@@ -156,6 +161,10 @@ pub async fn limits(config: &Config, action: LimitsAction) -> anyhow::Result<Str
         }
         LimitsAction::Clear { team } => {
             let removed = ledger::clear_caps(&store, &team).await?;
+            if removed {
+                let change = serde_json::json!({"cleared": true});
+                super::audit_admin(&store, &team, "limits.changed", &team, &change).await?;
+            }
             if removed {
                 format!("team {team}: override removed, config defaults apply\n")
             } else {

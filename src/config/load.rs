@@ -32,6 +32,9 @@ const SECTIONS: &[&str] = &[
     "retry",
     "auth",
     "telemetry",
+    "tools",
+    "mcp_servers",
+    "mcp_endpoint",
 ];
 
 /// Where values came from, to say so in errors.
@@ -155,6 +158,19 @@ impl Config {
                 }
             }
         }
+        for (key, tool) in &mut config.tools {
+            if let Some(var) = &tool.auth_env {
+                match env(var) {
+                    Some(value) if !value.is_empty() => tool.auth_value = Some(Secret::new(value)),
+                    _ if !require_keys => {}
+                    _ => problems.push(Invalid {
+                        origin: None,
+                        path: format!("tools.\"{key}\".auth_env"),
+                        message: format!("environment variable {var} is not set"),
+                    }),
+                }
+            }
+        }
         problems.extend(validate::check(&config));
         if problems.is_empty() {
             return Ok(config);
@@ -262,7 +278,11 @@ mod tests {
     fn sections_are_the_configs_top_level_keys() {
         let probe = SECTIONS
             .iter()
-            .map(|s| format!("[{s}]\n"))
+            .map(|s| match *s {
+                // The one section with a required key.
+                "mcp_endpoint" => "[mcp_endpoint]\nlisten = \"127.0.0.1:0\"\n".to_owned(),
+                s => format!("[{s}]\n"),
+            })
             .collect::<String>();
         // Every listed section parses (an unknown one would be refused)...
         Config::from_toml_str(&probe, |_| None).unwrap();

@@ -14,11 +14,13 @@
 mod load;
 mod provider;
 mod secret;
+pub mod tools;
 mod validate;
 
 pub use provider::{
     BreakerConfig, DEFAULT_MAX_RESPONSE_BYTES, MockConfig, ProviderConfig, ProviderKind,
 };
+pub use tools::{McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind};
 
 pub use secret::Secret;
 
@@ -113,6 +115,16 @@ pub struct Config {
     /// OpenTelemetry trace export.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// Tools by name (`"crm.add_note"`, or `"crm.add_note@2.0.0"` for a
+    /// second version).
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
+    /// MCP servers whose tools join the registry.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
+    /// The registry served as an MCP server; off when absent.
+    #[serde(default)]
+    pub mcp_endpoint: Option<McpEndpointConfig>,
 }
 
 /// `[auth]`: API keys mapped to teams and roles.
@@ -128,6 +140,9 @@ pub struct AuthConfig {
     /// revocation take effect within this period).
     #[serde(with = "humantime_serde")]
     pub refresh_interval: Duration,
+    /// Capabilities of each role (`viewer`, `caller`, `admin`); a role not
+    /// listed keeps its default ([`tools::default_roles`]).
+    pub roles: BTreeMap<String, RoleConfig>,
 }
 
 impl Default for AuthConfig {
@@ -136,6 +151,20 @@ impl Default for AuthConfig {
             enabled: false,
             keys: Vec::new(),
             refresh_interval: Duration::from_secs(10),
+            roles: BTreeMap::new(),
+        }
+    }
+}
+
+impl AuthConfig {
+    /// The capabilities of `role`: configured, else its default.
+    pub fn capabilities(&self, role: &str) -> Vec<String> {
+        match self.roles.get(role) {
+            Some(r) => r.capabilities.clone(),
+            None => tools::default_roles()
+                .remove(role)
+                .map(|r| r.capabilities)
+                .unwrap_or_default(),
         }
     }
 }

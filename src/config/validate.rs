@@ -42,6 +42,8 @@ fn database_url(url: &str) -> Result<(), &'static str> {
     Err("must start with sqlite:, postgres:// or postgresql://")
 }
 
+pub mod tools;
+
 /// Most teams `telemetry.team_labels` may list.
 const MAX_TEAM_LABELS: usize = 200;
 
@@ -333,6 +335,7 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     if config.database.max_connections == 0 {
         bad("database.max_connections".into(), "must be at least 1");
     }
+    tools::check(config, &mut bad);
     out
 }
 

@@ -256,6 +256,7 @@ impl PromptStore {
                 why: format!("{t} is outside [0, 2]"),
             });
         }
+        let postgres = matches!(self.store, Store::Postgres(_));
         let version = on_store!(&self.store, |pool| {
             let mut tx = match &self.store {
                 Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
@@ -315,6 +316,8 @@ impl PromptStore {
                     &new.key,
                     version
                 )?;
+                let event = activated(&new.team_id, &new.key, version, actor, now_ms);
+                crate::append_audit_events!(tx, postgres, vec![event])?;
             }
             tx.commit().await?;
             Ok::<_, PromptError>(version)
@@ -335,6 +338,7 @@ impl PromptStore {
         actor: &str,
         now_ms: i64,
     ) -> Result<(), PromptError> {
+        let postgres = matches!(self.store, Store::Postgres(_));
         on_store!(&self.store, |pool| {
             let mut tx = match &self.store {
                 Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
@@ -377,6 +381,8 @@ impl PromptStore {
                 key,
                 i64::from(version)
             )?;
+            let event = activated(team, key, i64::from(version), actor, now_ms);
+            crate::append_audit_events!(tx, postgres, vec![event])?;
             tx.commit().await?;
             Ok::<(), PromptError>(())
         })?;
@@ -425,6 +431,28 @@ impl PromptStore {
         });
         Ok(rows)
     }
+}
+
+/// The audit log's `prompt.activated` event of (team, key) `version`
+/// (global prompts are team `''`'s chain).
+fn activated(
+    team: &str,
+    key: &str,
+    version: i64,
+    actor: &str,
+    now_ms: i64,
+) -> crate::audit::AuditEvent {
+    let mut e = crate::audit::AuditEvent::new(
+        team,
+        actor,
+        "",
+        crate::audit::Category::Prompt,
+        "prompt.activated",
+        &format!("{key}/{version}"),
+    )
+    .decided("ok", "");
+    e.at_ms = now_ms;
+    e
 }
 
 /// Appends to the audit trail with `$exec` (a transaction of either

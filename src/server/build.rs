@@ -3,15 +3,16 @@
 
 use super::{App, Health, background};
 use crate::{
-    api::{OrchestratorApi, admin::PromptAdminApi},
+    api::{OrchestratorApi, admin::PromptAdminApi, audit::AuditApi, tools::ToolServiceApi},
     auth::{Authenticator, keys::KeyStore},
-    call::Pipeline,
+    call::{Pipeline, Services},
     config::Config,
     prompts::store::PromptStore,
     providers::Providers,
     router::Router,
     store::Store,
     telemetry::metrics,
+    tools::Toolbox,
     usage::{
         Meter,
         ledger::{LedgerWriter, sqlite},
@@ -56,10 +57,11 @@ impl App {
         let (stop_writer, writer_stopped) = watch::channel(false);
         let (writer, writer_done) = ledger_writer(&store, &config, writer_stopped).await?;
         let meter = Meter::new(
-            writer,
+            config.metering.enabled.then(|| writer.clone()),
             Pricing::from_config(&config.pricing),
             &config.metering,
         );
+        let writer_done = Some(writer_done);
 
         if config.server.metrics_listen.is_some() {
             // Install the recorder first: gauges set before it would be
@@ -78,8 +80,30 @@ impl App {
             None => None,
         };
 
-        let pipeline = Pipeline::new(config.clone(), router, prompts.clone(), meter);
+        let toolbox = Toolbox::new(&config).map_err(anyhow::Error::msg)?;
+        let pipeline = Pipeline::new(
+            config.clone(),
+            Services {
+                router,
+                prompts: prompts.clone(),
+                meter,
+                ledger: writer,
+                store: store.clone(),
+                toolbox,
+            },
+        );
         let on_scrape = scrape_hook(pipeline.clone());
+        let tools = ToolServiceApi::new(config.clone(), pipeline.clone(), auth.clone());
+        let mcp_listener = match &config.mcp_endpoint {
+            Some(e) => Some(
+                TcpListener::bind(e.listen)
+                    .await
+                    .with_context(|| format!("binding the MCP endpoint {}", e.listen))?,
+            ),
+            None => None,
+        };
+        let background_pipeline = pipeline.clone();
+        let audit = AuditApi::new(store.clone(), auth.clone());
         let api = OrchestratorApi::new(config.clone(), pipeline, store.clone(), auth.clone());
         let prompt_admin = PromptAdminApi::new(prompts, auth.clone());
         let reporter = tonic_health::server::HealthReporter::new();
@@ -99,6 +123,10 @@ impl App {
             auth,
             api,
             prompt_admin,
+            tools,
+            audit,
+            pipeline: background_pipeline,
+            mcp_listener,
             health,
             health_service,
             listener,
@@ -126,26 +154,27 @@ fn scrape_hook(pipeline: Pipeline) -> metrics::OnScrape {
     })
 }
 
-/// Sweeps the reservations an earlier crash left, then starts the ledger
-/// writers; none when metering is off.
+/// Sweeps the reservations an earlier crash left (when metering is on),
+/// then starts the ledger writers. They run with metering off too: the
+/// audit log is written in their group commit.
 async fn ledger_writer(
     store: &Store,
     config: &Config,
     stopped: watch::Receiver<bool>,
-) -> anyhow::Result<(Option<LedgerWriter>, Option<tokio::task::JoinHandle<()>>)> {
+) -> anyhow::Result<(LedgerWriter, tokio::task::JoinHandle<()>)> {
     let metering = &config.metering;
-    if !metering.enabled {
+    if metering.enabled {
+        let swept = background::sweep_orphans(store, config, true)
+            .await
+            .context("sweeping orphaned reservations")?;
+        if swept > 0 {
+            tracing::warn!(
+                swept,
+                "charged reservations orphaned by an earlier crash at their estimate"
+            );
+        }
+    } else {
         tracing::warn!("usage metering is OFF: no caps, no usage records");
-        return Ok((None, None));
-    }
-    let swept = background::sweep_orphans(store, config, true)
-        .await
-        .context("sweeping orphaned reservations")?;
-    if swept > 0 {
-        tracing::warn!(
-            swept,
-            "charged reservations orphaned by an earlier crash at their estimate"
-        );
     }
     let (writer, done) = LedgerWriter::spawn(
         store.clone(),
@@ -160,7 +189,7 @@ async fn ledger_writer(
         stopped,
     )
     .context("opening the ledger writer")?;
-    Ok((Some(writer), Some(done)))
+    Ok((writer, done))
 }
 
 /// Reads the PEM files of `[server.tls]`; errors name the file.

@@ -43,6 +43,13 @@ pub struct App {
     auth: Authenticator,
     api: OrchestratorApi,
     prompt_admin: PromptAdminApi,
+    tools: crate::api::tools::ToolServiceApi,
+    audit: crate::api::audit::AuditApi,
+    /// The pipeline, for the background work on it (the ASYNC tool worker,
+    /// the MCP clients, the MCP endpoint).
+    pipeline: crate::call::Pipeline,
+    /// Where the MCP endpoint is served, if configured.
+    mcp_listener: Option<TcpListener>,
     health: Health,
     health_service:
         tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
@@ -61,6 +68,11 @@ impl App {
     /// Where gRPC is served.
     pub fn grpc_addr(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
+    }
+
+    /// Where the MCP endpoint is served, if configured.
+    pub fn mcp_addr(&self) -> Option<SocketAddr> {
+        self.mcp_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.

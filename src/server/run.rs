@@ -7,7 +7,7 @@ use crate::{
     telemetry::metrics,
 };
 use anyhow::Context;
-use std::future::Future;
+use std::{future::Future, sync::Arc};
 use tokio::sync::watch;
 use tonic::{
     service::interceptor::InterceptedService,
@@ -30,6 +30,10 @@ impl App {
             auth,
             api,
             prompt_admin,
+            tools,
+            audit,
+            pipeline,
+            mcp_listener,
             health,
             health_service,
             listener,
@@ -62,6 +66,42 @@ impl App {
                 background_stopped.clone(),
             ))
         });
+        // Tools: the ASYNC worker, each MCP server's client, the endpoint.
+        let worker = tokio::spawn(crate::call::worker::run_worker(
+            pipeline.clone(),
+            background_stopped.clone(),
+        ));
+        let env: crate::tools::mcp::Env = Arc::new(|name| std::env::var(name).ok());
+        let mcp_clients: Vec<_> = config
+            .mcp_servers
+            .iter()
+            .map(|(name, server)| {
+                let toolbox = pipeline.toolbox();
+                tokio::spawn(crate::tools::mcp::maintain(
+                    name.clone(),
+                    server.clone(),
+                    env.clone(),
+                    toolbox.registry.clone(),
+                    toolbox.servers.clone(),
+                    background_stopped.clone(),
+                ))
+            })
+            .collect();
+        let mcp_endpoint = match (mcp_listener, &config.mcp_endpoint) {
+            (Some(listener), Some(endpoint)) => {
+                if let Ok(addr) = listener.local_addr() {
+                    tracing::info!(%addr, path = %endpoint.path, "MCP endpoint");
+                }
+                Some(tokio::spawn(crate::api::mcp::serve(
+                    listener,
+                    endpoint.clone(),
+                    pipeline.clone(),
+                    auth.clone(),
+                    background_stopped.clone(),
+                )))
+            }
+            _ => None,
+        };
         let metrics_task = metrics_listener.map(|listener| {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "metrics endpoint");
@@ -124,6 +164,16 @@ impl App {
             .add_service(InterceptedService::new(
                 pb::prompt_admin_server::PromptAdminServer::new(prompt_admin)
                     .max_decoding_message_size(config.server.max_message_bytes),
+                AuthInterceptor::new(auth.clone()),
+            ))
+            .add_service(InterceptedService::new(
+                pb::tool_service_server::ToolServiceServer::new(tools)
+                    .max_decoding_message_size(config.server.max_message_bytes),
+                AuthInterceptor::new(auth.clone()),
+            ))
+            .add_service(InterceptedService::new(
+                pb::audit_service_server::AuditServiceServer::new(audit)
+                    .max_decoding_message_size(config.server.max_message_bytes),
                 AuthInterceptor::new(auth),
             ))
             .serve_with_incoming_shutdown(incoming, signal);
@@ -139,7 +189,16 @@ impl App {
         }
 
         let _ = stop_background.send(true);
-        for task in [sweeper, key_refresher, metrics_task].into_iter().flatten() {
+        // An ASYNC invocation still running is taken again, under the same
+        // idempotency key, once its lease expires (by this process's next
+        // start, or another replica).
+        worker.abort();
+        let _ = worker.await;
+        for task in [sweeper, key_refresher, metrics_task, mcp_endpoint]
+            .into_iter()
+            .flatten()
+            .chain(mcp_clients)
+        {
             let _ = task.await;
         }
         // Calls still running past the grace period can no longer be

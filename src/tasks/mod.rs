@@ -7,7 +7,6 @@ pub mod execute;
 pub mod opt_out;
 pub mod research;
 pub mod sms_classify;
-pub mod sms_encoding;
 pub mod sms_generate;
 
 use crate::{

@@ -1,11 +1,13 @@
 //! `sms_generate`: a suggested reply that fits the segment budget, or an
 //! escalation to a human. Never writes a reply to an opt-out.
 
-use super::{
-    Session, SmsTurn, TaskError, Tasks, history_text, opt_out, parse_json_object,
-    sms_encoding::{self, SmsEncoding, SmsSize},
+use super::{Session, SmsTurn, TaskError, Tasks, history_text, opt_out, parse_json_object};
+use crate::{
+    domain::sms::{self as sms_encoding, SmsEncoding, SmsSize},
+    prompts,
+    providers::JsonSchemaFormat,
+    usage::MeterError,
 };
-use crate::{prompts, providers::JsonSchemaFormat, usage::MeterError};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 

@@ -62,6 +62,12 @@ pub fn handle() -> &'static PrometheusHandle {
                 )
             })
             .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("tool_duration_seconds".into()),
+                    GRPC_BUCKETS,
+                )
+            })
+            .and_then(|b| {
                 [
                     "usage_ledger_wait_seconds",
                     "usage_ledger_commit_seconds",
@@ -181,6 +187,23 @@ fn describe() {
     describe_counter!(
         "usage_team_calls_total",
         "Metered calls per team (listed teams by name, the rest as other)."
+    );
+    describe_counter!(
+        "tool_invocations_total",
+        "Tool invocations, by tool and status (PENDING when an ASYNC one is accepted)."
+    );
+    describe_histogram!(
+        "tool_duration_seconds",
+        Unit::Seconds,
+        "How long a tool invocation ran."
+    );
+    describe_counter!(
+        "tool_denials_total",
+        "Tool invocations refused by the entry point, by stable reason."
+    );
+    describe_counter!(
+        "workflow_retries_total",
+        "Workflow webhook POSTs retried, by tool."
     );
     describe_counter!(
         "orchestrator_errors_total",
@@ -311,6 +334,26 @@ pub fn quota_rejection(team: &str) {
 /// gRPC code alone cannot.
 pub fn error_reason(reason: &'static str) {
     counter!("orchestrator_errors_total", "reason" => reason).increment(1);
+}
+
+/// One tool invocation ended (or, ASYNC, was accepted: `PENDING`), by its
+/// status.
+pub fn tool_invocation(tool: &str, status: &'static str, took: Duration) {
+    counter!("tool_invocations_total", "tool" => tool.to_owned(), "status" => status).increment(1);
+    if status != "PENDING" {
+        histogram!("tool_duration_seconds", "tool" => tool.to_owned()).record(took.as_secs_f64());
+    }
+}
+
+/// A tool invocation refused by the entry point, by its stable reason (the
+/// tool is not a label: a caller names it, and a refused name may be any).
+pub fn tool_denial(reason: &'static str) {
+    counter!("tool_denials_total", "reason" => reason).increment(1);
+}
+
+/// A workflow webhook's POST retried.
+pub fn workflow_retry(tool: &str) {
+    counter!("workflow_retries_total", "tool" => tool.to_owned()).increment(1);
 }
 
 /// `service/method` as the grpc-ecosystem labels: `(grpc_service,

@@ -243,7 +243,7 @@ impl MeterSession {
                 Ok(())
             }
             Done::Refused(refusal) => Err(MeterError::Quota(refusal)),
-            Done::Settled => Ok(()),
+            Done::Settled | Done::Audited => Ok(()),
         }
     }
 
@@ -286,7 +286,7 @@ impl MeterSession {
         else {
             return Either::Left(future::ready(Ok(())));
         };
-        Either::Right(writer.enqueue(settle).err_into())
+        Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
     }
 
     /// The settlement of this session with `record`; `None` when metering

@@ -20,6 +20,7 @@ pub use writer::{LedgerWriter, WriteError};
 
 use super::{amount::Amount, record::UsageRecord};
 use crate::{
+    audit::{AuditEvent, chain::Head, chain::Linked},
     on_store,
     store::{Store, StoreError},
 };
@@ -167,15 +168,25 @@ pub enum Op {
     Reserve(Reserve),
     /// Finish a call.
     Settle(Settle),
+    /// Append audit events, all of one team, to its chain (see
+    /// [`crate::audit`]): in the group commit, durable like a settlement.
+    Audit(Vec<AuditEvent>),
 }
 
 impl Op {
-    /// The team whose ledger row it touches.
+    /// The team whose rows it touches (its writer, on PostgreSQL).
     pub fn team(&self) -> &str {
         match self {
             Op::Reserve(r) => &r.team_id,
             Op::Settle(s) => &s.record.team_id,
+            Op::Audit(events) => events.first().map_or("", |e| e.team_id.as_str()),
         }
+    }
+
+    /// Whether its caller waits for it to be on disk (a settlement, audit
+    /// events); a reservation admitted in memory does not.
+    pub fn durable(&self) -> bool {
+        matches!(self, Op::Settle(_) | Op::Audit(_))
     }
 }
 
@@ -188,6 +199,15 @@ pub enum Done {
     Refused(Refusal),
     /// Settled and recorded.
     Settled,
+    /// Audit events appended.
+    Audited,
+}
+
+impl Done {
+    /// Whether its caller waits for the disk before hearing of it.
+    pub fn durable(&self) -> bool {
+        matches!(self, Done::Settled | Done::Audited)
+    }
 }
 
 /// What one ledger row changes by in a batch.
@@ -229,6 +249,13 @@ pub(super) trait Backend {
     async fn team_caps(&mut self, team: &str) -> Result<Option<Caps>, StoreError>;
     /// A ledger row (zeros when missing).
     async fn balance(&mut self, key: (&str, i64)) -> Result<Balance, StoreError>;
+    /// Where `team`'s audit chain ends, creating its head row on the first
+    /// event and locking it for this transaction.
+    async fn audit_head(&mut self, team: &str) -> Result<Head, StoreError>;
+    /// Writes linked audit events.
+    async fn insert_audit(&mut self, rows: &[Linked]) -> Result<(), StoreError>;
+    /// Moves `team`'s chain head.
+    async fn set_audit_head(&mut self, team: &str, head: &Head) -> Result<(), StoreError>;
     /// Folds a settlement into its stored prompt version's stats.
     async fn fold_prompt_stats(
         &mut self,

@@ -14,7 +14,9 @@
 //! 4. the usage records are written, then the prompt versions' stats
 //!    folded in (after the ledger rows: every writer, of any replica, locks
 //!    rows in the same order, so PostgreSQL never has a cycle to break);
-//! 5. the admitted reservations (of step 1 and step 3) are written.
+//! 5. the admitted reservations (of step 1 and step 3) are written;
+//! 6. the audit events are appended to their teams' chains, teams in
+//!    order (their head rows are locked last, after everything else).
 //!
 //! The result is one [`Done`] per operation, and (for a SQLite file's
 //! in-memory admission) the rows as the transaction left them.
@@ -39,7 +41,7 @@ pub(super) async fn apply<B: Backend>(
         .iter()
         .filter_map(|op| match op {
             Op::Settle(s) => Some(s),
-            Op::Reserve(_) => None,
+            Op::Reserve(_) | Op::Audit(_) => None,
         })
         .collect();
     let settling: HashSet<&str> = settles
@@ -151,13 +153,28 @@ pub(super) async fn apply<B: Backend>(
         b.insert_reservations(&to_write).await?;
     }
 
+    let mut audited = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        if let Op::Audit(events) = op {
+            done[i] = Done::Audited;
+            audited.extend(events.iter().cloned());
+        }
+    }
+    for (team, events) in crate::audit::store::by_team(audited) {
+        let head = b.audit_head(&team).await?;
+        let (linked, head) = crate::audit::chain::link(&head, events);
+        b.insert_audit(&linked).await?;
+        b.set_audit_head(&team, &head).await?;
+    }
+
     let mut rows = Vec::new();
     if read_rows {
         let touched: BTreeSet<(&str, i64)> = ops
             .iter()
-            .map(|op| match op {
-                Op::Reserve(r) => r.key(),
-                Op::Settle(s) => s.key(),
+            .filter_map(|op| match op {
+                Op::Reserve(r) => Some(r.key()),
+                Op::Settle(s) => Some(s.key()),
+                Op::Audit(_) => None,
             })
             .collect();
         for key in touched {

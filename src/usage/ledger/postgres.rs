@@ -11,6 +11,7 @@ use super::{
     net_release, plan,
 };
 use crate::{
+    audit::chain::{Head, Linked},
     store::{Store, StoreError},
     usage::{
         amount::Amount,
@@ -260,6 +261,44 @@ impl Backend for Pg<'_, '_> {
             }
         }
         Ok(false)
+    }
+
+    async fn audit_head(&mut self, team: &str) -> Result<Head, StoreError> {
+        use crate::audit::{chain, store};
+        sqlx::query(store::ENSURE_HEAD)
+            .bind(team)
+            .bind(chain::GENESIS)
+            .execute(&mut **self.tx)
+            .await?;
+        // Locked until commit: replicas append to one chain.
+        let (seq, hash): (i64, String) = sqlx::query_as(store::select_head(true))
+            .bind(team)
+            .fetch_one(&mut **self.tx)
+            .await?;
+        Ok(Head { seq, hash })
+    }
+
+    async fn insert_audit(&mut self, rows: &[Linked]) -> Result<(), StoreError> {
+        for chunk in rows.chunks(32) {
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(crate::audit::store::insert_sql(
+                chunk.len(),
+            )));
+            for l in chunk {
+                q = crate::bind_audit_event!(q, l);
+            }
+            q.execute(&mut **self.tx).await?;
+        }
+        Ok(())
+    }
+
+    async fn set_audit_head(&mut self, team: &str, head: &Head) -> Result<(), StoreError> {
+        sqlx::query(crate::audit::store::UPDATE_HEAD)
+            .bind(team)
+            .bind(head.seq)
+            .bind(&head.hash)
+            .execute(&mut **self.tx)
+            .await?;
+        Ok(())
     }
 
     async fn team_caps(&mut self, team: &str) -> Result<Option<Caps>, StoreError> {

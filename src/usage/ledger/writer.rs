@@ -6,7 +6,7 @@
 //! queued, nobody waiting for its commit ([`super::sqlite::Admission`]).
 
 use super::{
-    Done, Op, Reserve, Settle,
+    Done, Op, Reserve,
     group_commit::{Pool, Reply, run},
     sqlite::{self, Admission, writer::SqliteWriter},
 };
@@ -192,15 +192,16 @@ impl LedgerWriter {
 }
 
 impl LedgerWriter {
-    /// Queues a settlement without waiting for its commit, only for room in
-    /// the queue: for calls refused before any provider was called, whose
-    /// records the durability promise does not cover (docs/metering.md).
-    /// It is committed in order with everything queued after it.
-    pub fn enqueue(&self, s: Settle) -> impl Future<Output = Result<(), WriteError>> + Send + '_ {
-        if let Some(admission) = self.admission.as_deref() {
-            admission.settling(&s);
+    /// Queues `op` without waiting for its commit, only for room in the
+    /// queue: a settlement of a call refused before any provider was
+    /// called, whose record the durability promise does not cover
+    /// (docs/metering.md), or audit events a later durable operation of
+    /// the same team will wait for. It is committed in order with
+    /// everything queued after it for its team.
+    pub fn enqueue(&self, op: Op) -> impl Future<Output = Result<(), WriteError>> + Send + '_ {
+        if let (Some(admission), Op::Settle(s)) = (self.admission.as_deref(), &op) {
+            admission.settling(s);
         }
-        let op = Op::Settle(s);
         let shard = self.shard(&op);
         async move {
             let slot = shard
@@ -227,6 +228,7 @@ fn queue(
     let kind = match op {
         Op::Reserve(_) => "reserve",
         Op::Settle(_) => "settle",
+        Op::Audit(_) => "audit",
     };
     async move {
         let (reply, done) = oneshot::channel();
@@ -327,7 +329,7 @@ impl Drop for Unqueued<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::amount::Amount;
+    use crate::usage::{amount::Amount, ledger::Settle};
 
     fn reserve(team: &str) -> Op {
         Op::Reserve(Reserve {

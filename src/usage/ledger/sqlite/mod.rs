@@ -21,6 +21,7 @@ use super::{
     RECORD_STATS, Reserve, Rows, Settle, TEAM_CAPS, UPDATE_ROW, balance, net_release, plan,
 };
 use crate::{
+    audit::chain::{Head, Linked},
     config::DatabaseConfig,
     store::StoreError,
     usage::{
@@ -36,9 +37,9 @@ use std::{collections::HashSet, ffi::CStr, path::PathBuf, str::FromStr, sync::On
 /// Parameter names `$1`..`$18`, for binding by name: the shared SQL numbers
 /// its parameters, and SQLite indexes them in order of first appearance,
 /// which is not their number in `GUARDED_RESERVE` or `UPDATE_ROW`.
-const NAMES: [&CStr; 18] = [
+const NAMES: [&CStr; 21] = [
     c"$1", c"$2", c"$3", c"$4", c"$5", c"$6", c"$7", c"$8", c"$9", c"$10", c"$11", c"$12", c"$13",
-    c"$14", c"$15", c"$16", c"$17", c"$18",
+    c"$14", c"$15", c"$16", c"$17", c"$18", c"$19", c"$20", c"$21",
 ];
 
 /// The database file behind a `sqlite:` URL, or `None` when the database
@@ -272,6 +273,62 @@ impl Backend for Sqlite<'_, '_> {
                 })
             })
             .optional()?)
+    }
+
+    async fn audit_head(&mut self, team: &str) -> Result<Head, StoreError> {
+        use crate::audit::{chain, store};
+        // The transaction holds SQLite's write lock (IMMEDIATE): nobody
+        // else appends meanwhile.
+        self.execute(store::ENSURE_HEAD, &[&team, &chain::GENESIS])?;
+        let (seq, hash) = self
+            .tx
+            .prepare_cached(store::select_head(false))?
+            .query_row(rusqlite::params![team], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?;
+        Ok(Head { seq, hash })
+    }
+
+    async fn insert_audit(&mut self, rows: &[Linked]) -> Result<(), StoreError> {
+        let sql = crate::audit::store::insert_sql(1);
+        for l in rows {
+            let e = &l.event;
+            self.execute(
+                &sql,
+                &[
+                    &e.id,
+                    &e.team_id,
+                    &l.seq,
+                    &e.at_ms,
+                    &e.trace_id,
+                    &e.principal,
+                    &e.category.as_str(),
+                    &e.action,
+                    &e.subject,
+                    &e.decision,
+                    &e.reason,
+                    &e.input_sha256,
+                    &e.output_sha256,
+                    &e.input_bytes,
+                    &e.output_bytes,
+                    &e.duration_ms,
+                    &e.estimated_cost_micros,
+                    &e.actual_cost_micros,
+                    &e.idempotency_key,
+                    &l.prev_hash,
+                    &l.hash,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    async fn set_audit_head(&mut self, team: &str, head: &Head) -> Result<(), StoreError> {
+        self.execute(
+            crate::audit::store::UPDATE_HEAD,
+            &[&team, &head.seq, &head.hash],
+        )?;
+        Ok(())
     }
 
     async fn balance(&mut self, (team, month): (&str, i64)) -> Result<Balance, StoreError> {

@@ -101,7 +101,7 @@ impl SqliteWriter {
         let outcomes = outcomes(units);
         metrics::ledger_commit(ops.len(), started.elapsed());
         let committed = outcomes.iter().any(Result::is_ok);
-        let settled = |o: &Outcome| matches!(o, Ok(Done::Settled));
+        let settled = |o: &Outcome| o.as_ref().is_ok_and(Done::durable);
         let Some(wal) = self.wal.as_mut().filter(|_| outcomes.iter().any(settled)) else {
             // Nobody waits for this commit's sync (or nothing committed).
             if committed {
@@ -162,7 +162,7 @@ impl Applier for SqliteWriter {
 }
 
 fn settles(ops: &[Op]) -> bool {
-    ops.iter().any(|op| matches!(op, Op::Settle(_)))
+    ops.iter().any(Op::durable)
 }
 
 /// Holds a batch of reservations alone for up to [`LINGER`], until a

@@ -2,6 +2,8 @@
 //! import from any other module of the crate (this is the ground floor,
 //! beside `config`).
 
+pub mod sms;
+
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -48,13 +50,17 @@ impl Priority {
     }
 }
 
-/// What a key may do beyond calling tasks for its teams.
+/// What a key may do beyond calling tasks for its teams. Each role's tool
+/// capabilities are configured (`[auth.roles.<role>]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
-    /// Calls the AI RPCs and reads usage for its teams.
+    /// Like a caller, but never runs a tool with side effects.
+    Viewer,
+    /// Calls the AI RPCs and tools and reads usage for its teams.
     Caller,
-    /// Also manages prompts (`PromptAdmin`) for its teams.
+    /// Also manages prompts (`PromptAdmin`) and reads the audit log
+    /// (`AuditService`) for its teams.
     Admin,
 }
 
@@ -62,6 +68,7 @@ impl Role {
     /// The config/database spelling.
     pub fn as_str(self) -> &'static str {
         match self {
+            Role::Viewer => "viewer",
             Role::Caller => "caller",
             Role::Admin => "admin",
         }
@@ -70,6 +77,7 @@ impl Role {
     /// Parses the config/database spelling.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
+            "viewer" => Some(Role::Viewer),
             "caller" => Some(Role::Caller),
             "admin" => Some(Role::Admin),
             _ => None,

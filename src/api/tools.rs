@@ -1,0 +1,215 @@
+//! `ToolService` (SPEC §9.6): thin translations around the pipeline's one
+//! entry point (`call::tool`).
+
+use super::{
+    auth, convert,
+    error::{Failure, to_status},
+    orchestrator::{close, open_call},
+    pb::{self, tool_service_server::ToolService},
+    reply, request,
+};
+use crate::{
+    auth::Authenticator,
+    call::{
+        Pipeline,
+        tool::{ToolRequest, ToolResult},
+    },
+    config::Config,
+    tools::{
+        Kind, Status as InvocationStatus,
+        invocations::{self, Mode},
+        policy::{self, Caller},
+    },
+};
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+/// The `ToolService`.
+#[derive(Clone)]
+pub struct ToolServiceApi {
+    config: Arc<Config>,
+    pipeline: Pipeline,
+    auth: Authenticator,
+}
+
+impl ToolServiceApi {
+    /// A service over the call pipeline.
+    pub fn new(config: Arc<Config>, pipeline: Pipeline, auth: Authenticator) -> Self {
+        Self {
+            config,
+            pipeline,
+            auth,
+        }
+    }
+}
+
+fn kind(k: &Kind) -> pb::ToolKind {
+    match k {
+        Kind::Builtin => pb::ToolKind::Builtin,
+        Kind::Http(_) => pb::ToolKind::Http,
+        Kind::Mcp { .. } => pb::ToolKind::Mcp,
+    }
+}
+
+fn status(s: InvocationStatus) -> pb::InvocationStatus {
+    match s {
+        InvocationStatus::Pending => pb::InvocationStatus::Pending,
+        InvocationStatus::Running => pb::InvocationStatus::Running,
+        InvocationStatus::Succeeded => pb::InvocationStatus::Succeeded,
+        InvocationStatus::Failed => pb::InvocationStatus::Failed,
+        InvocationStatus::TimedOut => pb::InvocationStatus::TimedOut,
+    }
+}
+
+/// An invocation in proto terms.
+pub fn invocation(r: &ToolResult) -> pb::ToolInvocation {
+    pb::ToolInvocation {
+        invocation_id: r.invocation_id.clone(),
+        tool: r.tool.clone(),
+        version: r.version.clone(),
+        status: status(r.status) as i32,
+        output: r
+            .output
+            .as_ref()
+            .and_then(|o| o.as_object().cloned())
+            .map(convert::json_to_struct),
+        error: r.error.as_ref().map(|e| pb::ToolError {
+            code: e.code.clone(),
+            message: e.message.clone(),
+        }),
+        cost_usd: crate::usage::pricing::usd(r.cost_micros),
+        duration_ms: u64::try_from(r.duration_ms).unwrap_or(0),
+        deduplicated: r.deduplicated,
+    }
+}
+
+#[tonic::async_trait]
+impl ToolService for ToolServiceApi {
+    async fn list_tools(
+        &self,
+        request: Request<pb::ListToolsRequest>,
+    ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        let (metadata, extensions, req) = request.into_parts();
+        let ctx = request::call_context(req.context.as_ref(), None, &metadata, &self.config.server)
+            .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
+        super::access::note(|f| f.team.clone_from(&ctx.team_id));
+        let fail = |f: Failure| to_status(f, &ctx.trace_id);
+        let principal = auth::principal(&extensions, &self.auth).map_err(fail)?;
+        let capabilities = self.config.auth.capabilities(principal.role.as_str());
+        let caller = Caller {
+            role: principal.role,
+            capabilities: &capabilities,
+            team: &ctx.team_id,
+            may_act_for_team: principal.may_act_for(&ctx.team_id),
+        };
+        let tools = self
+            .pipeline
+            .toolbox()
+            .registry
+            .all()
+            .into_iter()
+            .filter(|t| policy::visible(&caller, t))
+            .map(|t| pb::Tool {
+                name: t.name.clone(),
+                version: t.version.to_string(),
+                description: t.description.clone(),
+                kind: kind(&t.kind) as i32,
+                side_effects: t.side_effects,
+                input_schema: t.input_schema.to_string(),
+            })
+            .collect();
+        Ok(reply(
+            &ctx.trace_id,
+            pb::ListToolsResponse {
+                tools,
+                meta: Some(pb::ResponseMeta {
+                    trace_id: ctx.trace_id.clone(),
+                    ..Default::default()
+                }),
+            },
+        ))
+    }
+
+    async fn invoke_tool(
+        &self,
+        request: Request<pb::InvokeToolRequest>,
+    ) -> Result<Response<pb::InvokeToolResponse>, Status> {
+        let (metadata, extensions, req) = request.into_parts();
+        let task = format!("tool:{}", req.tool.split('@').next().unwrap_or_default());
+        let (opened, principal) = open_call(
+            &self.config,
+            &self.pipeline,
+            &self.auth,
+            "InvokeTool",
+            &task,
+            req.context.as_ref(),
+            req.budget.as_ref(),
+            &metadata,
+            &extensions,
+        )?;
+        let call = opened.call;
+        let trace_id = call.context().trace_id.clone();
+        let fail = |f: Failure| to_status(f, &trace_id);
+        if req.tool.is_empty() {
+            return Err(fail(Failure::invalid("tool", "is required")));
+        }
+        let input = req.input.map(convert::struct_to_json).unwrap_or_default();
+        request::check_depth(
+            "input",
+            1 + input.values().map(request::json_depth).max().unwrap_or(0),
+            &self.config.server,
+        )
+        .map_err(fail)?;
+        let mode = match pb::InvocationMode::try_from(req.mode) {
+            Ok(pb::InvocationMode::Async) => Mode::Async,
+            _ => Mode::Sync,
+        };
+        let tool_request = ToolRequest {
+            tool: req.tool,
+            input: serde_json::Value::Object(input),
+            mode,
+            idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
+        };
+        async move {
+            let result = call.invoke_tool(&principal, tool_request).await;
+            let (result, meta) = close(call, result).await?;
+            Ok(reply(
+                &meta.trace_id,
+                pb::InvokeToolResponse {
+                    invocation: Some(invocation(&result)),
+                    meta: Some(convert::meta(&meta)),
+                },
+            ))
+        }
+        .instrument(opened.span)
+        .await
+    }
+
+    async fn get_tool_invocation(
+        &self,
+        request: Request<pb::GetToolInvocationRequest>,
+    ) -> Result<Response<pb::ToolInvocation>, Status> {
+        let (metadata, extensions, req) = request.into_parts();
+        let ctx = request::call_context(req.context.as_ref(), None, &metadata, &self.config.server)
+            .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
+        super::access::note(|f| f.team.clone_from(&ctx.team_id));
+        let fail = |f: Failure| to_status(f, &ctx.trace_id);
+        auth::principal(&extensions, &self.auth)
+            .and_then(|p| auth::check_team(&p, "context.team_id", &ctx.team_id))
+            .map_err(fail)?;
+        let found = invocations::get(self.pipeline.store(), &ctx.team_id, &req.invocation_id)
+            .await
+            .map_err(|e| fail(Failure::Storage(e.to_string())))?;
+        match found {
+            Some(inv) => Ok(reply(
+                &ctx.trace_id,
+                invocation(&ToolResult::from_stored(&inv, false)),
+            )),
+            None => Err(fail(Failure::NotFound(format!(
+                "tool invocation `{}`",
+                req.invocation_id
+            )))),
+        }
+    }
+}

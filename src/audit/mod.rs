@@ -1,0 +1,162 @@
+//! The audit log (SPEC §10): one event per decision and change (a tool
+//! call and its result, a denial, an agent turn, a prompt activation, a
+//! limits change, a key created or revoked), with who, what, the decision
+//! and its reason, digests and sizes of the payloads ([`digest`]), times
+//! and costs. Never content.
+//!
+//! Each team's events form a hash chain ([`chain`]): an event's hash covers
+//! the previous one's, so changing or deleting any stored event breaks the
+//! chain at that event, which [`store::verify`] finds. Events are appended
+//! in the ledger's group commit (durable before the reply that depends on
+//! them, like usage records), or directly by the CLI's admin commands.
+
+pub mod chain;
+pub mod digest;
+pub mod store;
+
+use serde::Serialize;
+
+/// What an audit event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Category {
+    /// A tool invocation (any kind).
+    Tool,
+    /// A workflow (HTTP webhook) tool's run.
+    Workflow,
+    /// An agent turn.
+    Agent,
+    /// The prompt store.
+    Prompt,
+    /// Limits and keys.
+    Admin,
+}
+
+impl Category {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Tool => "tool",
+            Category::Workflow => "workflow",
+            Category::Agent => "agent",
+            Category::Prompt => "prompt",
+            Category::Admin => "admin",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "tool" => Category::Tool,
+            "workflow" => Category::Workflow,
+            "agent" => Category::Agent,
+            "prompt" => Category::Prompt,
+            "admin" => Category::Admin,
+            _ => return None,
+        })
+    }
+}
+
+/// One audit event, before it joins its team's chain. Field names are the
+/// stored columns and the canonical JSON the chain hashes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditEvent {
+    /// UUIDv7.
+    pub id: String,
+    /// When, unix ms.
+    pub at_ms: i64,
+    /// The request's trace ID.
+    pub trace_id: String,
+    /// The team whose chain it joins.
+    pub team_id: String,
+    /// Who acted: the API key's name (never the key), `anonymous` with
+    /// authentication off, `cli:<user>` for the command line.
+    pub principal: String,
+    /// What it is about.
+    pub category: Category,
+    /// `tool.call`, `tool.result`, `tool.denied`, `workflow.invoke`,
+    /// `workflow.result`, `agent.turn.start`, `agent.turn.complete`,
+    /// `prompt.activated`, `limits.changed`, `key.created`, `key.revoked`.
+    pub action: String,
+    /// What was acted on: `tool@version`, `prompt key/version`, a team, a
+    /// key's name.
+    pub subject: String,
+    /// `allow`, `deny`, `ok` or `error`.
+    pub decision: String,
+    /// The stable reason of a denial or failure (`CAPABILITY_MISSING`,
+    /// `TIMED_OUT`, ...), empty otherwise.
+    pub reason: String,
+    /// Digest of the redacted input ([`digest::digest`]).
+    pub input_sha256: Option<String>,
+    /// Digest of the redacted output.
+    pub output_sha256: Option<String>,
+    /// Canonical size of the redacted input, bytes.
+    pub input_bytes: Option<i64>,
+    /// Canonical size of the redacted output, bytes.
+    pub output_bytes: Option<i64>,
+    /// How long the audited work took, ms.
+    pub duration_ms: Option<i64>,
+    /// Estimated cost, micro-USD.
+    pub estimated_cost_micros: Option<i64>,
+    /// Actual cost, micro-USD.
+    pub actual_cost_micros: Option<i64>,
+    /// The idempotency key of a workflow invocation.
+    pub idempotency_key: Option<String>,
+}
+
+impl AuditEvent {
+    /// An event of `category`/`action` on `subject`, now, with a new ID;
+    /// the other fields empty.
+    pub fn new(
+        team_id: &str,
+        principal: &str,
+        trace_id: &str,
+        category: Category,
+        action: &str,
+        subject: &str,
+    ) -> Self {
+        Self {
+            id: uuid::Uuid::now_v7().to_string(),
+            at_ms: chrono::Utc::now().timestamp_millis(),
+            trace_id: trace_id.to_owned(),
+            team_id: team_id.to_owned(),
+            principal: principal.to_owned(),
+            category,
+            action: action.to_owned(),
+            subject: subject.to_owned(),
+            decision: String::new(),
+            reason: String::new(),
+            input_sha256: None,
+            output_sha256: None,
+            input_bytes: None,
+            output_bytes: None,
+            duration_ms: None,
+            estimated_cost_micros: None,
+            actual_cost_micros: None,
+            idempotency_key: None,
+        }
+    }
+
+    /// With its decision and reason.
+    pub fn decided(mut self, decision: &str, reason: &str) -> Self {
+        decision.clone_into(&mut self.decision);
+        reason.clone_into(&mut self.reason);
+        self
+    }
+
+    /// With the digest and size of its input.
+    pub fn with_input(mut self, input: &serde_json::Value) -> Self {
+        let (sha, bytes) = digest::digest(input);
+        self.input_sha256 = Some(sha);
+        self.input_bytes = Some(bytes);
+        self
+    }
+
+    /// With the digest and size of its output.
+    pub fn with_output(mut self, output: &serde_json::Value) -> Self {
+        let (sha, bytes) = digest::digest(output);
+        self.output_sha256 = Some(sha);
+        self.output_bytes = Some(bytes);
+        self
+    }
+}

@@ -1,0 +1,508 @@
+//! The one entry point of every tool invocation (SPEC §9.2): gRPC's
+//! `InvokeTool`, the MCP endpoint's `tools/call` and (next) the agent loop
+//! all come here, and nothing runs a tool otherwise. In this order:
+//!
+//! ```text
+//! look up → policy gate → input schema → cost estimate reserved against
+//! the team's caps and the budget → quota → audit the call → execute
+//! within the timeout → output schema → settle the actual cost (at the
+//! call's finish) → audit the result
+//! ```
+//!
+//! Every decision is audited: a denial before the reply (durably), the
+//! call's `tool.call` in the same group commit as its result. A workflow
+//! (http) tool first claims its idempotency key; the second holder of a key
+//! gets the first invocation back, `deduplicated`.
+
+use super::{Call, CallError};
+use crate::{
+    audit::{AuditEvent, Category},
+    auth::Principal,
+    telemetry::metrics,
+    tools::{
+        Denial, Failure, Kind, Status, Tool, builtin, cost,
+        idempotency::{self, Keyed},
+        invocations::{self, Claimed, Invocation, Mode, Outcome},
+        policy::{self, Caller},
+        schema,
+    },
+    usage::{Estimate, ledger::Op},
+};
+use serde_json::Value;
+use std::{sync::Arc, time::Duration};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// One invocation as asked for.
+#[derive(Debug, Clone)]
+pub struct ToolRequest {
+    /// `name` or `name@version`.
+    pub tool: String,
+    /// The input object.
+    pub input: Value,
+    /// SYNC or ASYNC.
+    pub mode: Mode,
+    /// A caller's idempotency key, replacing the derived one.
+    pub idempotency_key: Option<String>,
+}
+
+/// How an invocation stands, as `ToolInvocation` reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResult {
+    /// Its ID.
+    pub invocation_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Tool version.
+    pub version: String,
+    /// Where it stands.
+    pub status: Status,
+    /// The output, once it succeeded.
+    pub output: Option<Value>,
+    /// Why it failed.
+    pub error: Option<Failure>,
+    /// What it cost (the estimate while it runs), micro-USD.
+    pub cost_micros: i64,
+    /// How long it ran, ms.
+    pub duration_ms: i64,
+    /// Another invocation with the same idempotency key answered.
+    pub deduplicated: bool,
+}
+
+impl ToolResult {
+    /// The result a stored invocation reads as.
+    pub fn from_stored(inv: &Invocation, deduplicated: bool) -> Self {
+        Self {
+            invocation_id: inv.id.clone(),
+            tool: inv.tool.clone(),
+            version: inv.version.clone(),
+            status: inv.status,
+            output: inv.output.clone(),
+            error: inv.error.clone(),
+            cost_micros: inv.cost_micros.unwrap_or(inv.estimated_cost_micros),
+            duration_ms: inv.duration_ms.unwrap_or(0),
+            deduplicated,
+        }
+    }
+}
+
+/// The audit category and actions of a tool's kind: a workflow (http) is
+/// `workflow.invoke` / `workflow.result`, any other `tool.call` /
+/// `tool.result`.
+fn actions(tool: &Tool) -> (Category, &'static str, &'static str) {
+    match tool.kind {
+        Kind::Http(_) => (Category::Workflow, "workflow.invoke", "workflow.result"),
+        _ => (Category::Tool, "tool.call", "tool.result"),
+    }
+}
+
+impl Call {
+    /// Runs `req` for `principal` through every step of the entry point.
+    /// A denial is an error (audited); an execution failure is a result
+    /// with status FAILED or TIMED_OUT.
+    pub async fn invoke_tool(
+        &self,
+        principal: &Principal,
+        req: ToolRequest,
+    ) -> Result<ToolResult, CallError> {
+        let span = tracing::info_span!(
+            "tool_invocation",
+            otel.name = %format_args!("execute_tool {}", req.tool),
+            otel.kind = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = tracing::field::Empty,
+            trace_id = %self.ctx.trace_id,
+            tool = tracing::field::Empty,
+            status = tracing::field::Empty,
+        );
+        self.invoke_tool_in(principal, req, &span)
+            .instrument(span.clone())
+            .await
+    }
+
+    async fn invoke_tool_in(
+        &self,
+        principal: &Principal,
+        req: ToolRequest,
+        span: &tracing::Span,
+    ) -> Result<ToolResult, CallError> {
+        let tools = self.pipeline.toolbox();
+        // 1. Look up.
+        let tool = match tools.registry.lookup(&req.tool) {
+            Ok(t) => t,
+            Err(d) => return Err(self.deny(&req.tool, &req.input, d).await),
+        };
+        let id = tool.id();
+        span.record("tool", id.as_str());
+        span.record("gen_ai.tool.name", tool.name.as_str());
+        span.record(
+            "otel.kind",
+            if matches!(tool.kind, Kind::Builtin) {
+                "internal"
+            } else {
+                "client"
+            },
+        );
+        // 2. The policy gate: the team is the principal's, never the input's.
+        let capabilities = self
+            .pipeline
+            .config()
+            .auth
+            .capabilities(principal.role.as_str());
+        let caller = Caller {
+            role: principal.role,
+            capabilities: &capabilities,
+            team: &self.ctx.team_id,
+            may_act_for_team: principal.may_act_for(&self.ctx.team_id),
+        };
+        if let Err(d) = policy::gate(&caller, &tool) {
+            return Err(self.deny(&id, &req.input, d).await);
+        }
+        // 3. The input schema.
+        let violations = schema::violations(&tool.input, &req.input);
+        if !violations.is_empty() {
+            return Err(self
+                .deny(&id, &req.input, Denial::InputInvalid(violations))
+                .await);
+        }
+        // 4. The cost estimate, reserved against the caps and the budget.
+        let estimate = cost::estimate(&tool.cost, &req.input, tool.timeout);
+        let task = format!("tool:{}", tool.name);
+        if let Err(e) = self
+            .meter
+            .reserve(
+                &task,
+                Estimate {
+                    cost_micros: estimate,
+                    ..Estimate::default()
+                },
+            )
+            .await
+        {
+            let err = CallError::tool(e);
+            if let Some(reason) = err.reason() {
+                self.audit_denial(&id, &req.input, reason).await;
+            }
+            return Err(err);
+        }
+        // 5. The quota.
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let slot = match tools
+            .quotas
+            .acquire(&self.ctx.team_id, &id, &tool.quota, now_ms)
+        {
+            Ok(slot) => slot,
+            Err(d) => return Err(self.deny(&id, &req.input, d).await),
+        };
+        let (category, call_action, result_action) = actions(&tool);
+        let called = AuditEvent::new(
+            &self.ctx.team_id,
+            &principal.name,
+            &self.ctx.trace_id,
+            category,
+            call_action,
+            &id,
+        )
+        .decided("allow", "")
+        .with_input(&req.input);
+        let called = AuditEvent {
+            estimated_cost_micros: Some(estimate),
+            ..called
+        };
+
+        // A workflow claims its idempotency key first: the unique key, not
+        // a check, decides who runs it.
+        let needs_row = matches!(tool.kind, Kind::Http(_)) || req.mode == Mode::Async;
+        let mut stored = None;
+        if needs_row {
+            let (key, window_start) = self.idempotency(&tool, &req, &principal.name, now_ms);
+            let inv = Invocation::new(
+                &self.ctx.team_id,
+                &tool.name,
+                &tool.version.to_string(),
+                req.mode,
+                &key,
+                window_start,
+                &self.ctx.trace_id,
+                &principal.name,
+                req.input.clone(),
+                estimate,
+            );
+            let lease = (req.mode == Mode::Sync).then(|| {
+                now_ms + i64::try_from(tool.timeout.as_millis()).unwrap_or(i64::MAX) + 60_000
+            });
+            let claimed = invocations::claim(self.pipeline.store(), &inv, lease)
+                .await
+                .map_err(|e| CallError::Storage(e.to_string()))?;
+            if let Claimed::Existing(first) = claimed {
+                // Deduplicated: nothing runs, nothing more is charged.
+                let mut dedup = called.clone();
+                dedup.decision = "deduplicated".into();
+                dedup.idempotency_key = Some(key);
+                self.audit(vec![dedup]).await?;
+                self.log().add_tool(tool.kind.as_str(), id, 0);
+                span.record("status", first.status.as_str());
+                return Ok(ToolResult::from_stored(&first, true));
+            }
+            stored = Some(inv);
+        }
+        let called = AuditEvent {
+            idempotency_key: stored.as_ref().map(|s| s.idempotency_key.clone()),
+            ..called
+        };
+        if req.mode == Mode::Async {
+            // Accepted: durable before the reply, charged its estimate; a
+            // worker runs it (`tools::worker`).
+            self.audit(vec![called]).await?;
+            self.log()
+                .add_tool(tool.kind.as_str(), id.clone(), estimate);
+            drop(slot);
+            let Some(inv) = stored else {
+                return Err(CallError::Storage(
+                    "an ASYNC invocation was not stored".into(),
+                ));
+            };
+            span.record("status", Status::Pending.as_str());
+            metrics::tool_invocation(&tool.name, Status::Pending.as_str(), Duration::ZERO);
+            return Ok(ToolResult::from_stored(&inv, false));
+        }
+        // The call's event joins the group commit its result waits for.
+        self.audit_later(vec![called]).await?;
+        let started = Instant::now();
+        let deadline = (started + tool.timeout).min(self.ctx.deadline);
+        let (result, attempts, execution_id) = run(
+            &self.pipeline,
+            &tool,
+            &req.input,
+            stored.as_ref().map(|s| s.idempotency_key.as_str()),
+            &self.ctx.trace_id,
+            deadline,
+        )
+        .await;
+        drop(slot);
+        let took = started.elapsed();
+        let (status, output, error) = judge(&tool, result);
+        let actual = cost::micros(&tool.cost, &req.input, took);
+        let duration_ms = i64::try_from(took.as_millis()).unwrap_or(i64::MAX);
+        self.log().add_tool(tool.kind.as_str(), id.clone(), actual);
+        if let Some(inv) = &stored {
+            let outcome = Outcome {
+                status,
+                output: output.clone(),
+                error: error.clone(),
+                cost_micros: actual,
+                duration_ms,
+                execution_id,
+                attempts: i64::from(attempts),
+            };
+            invocations::finish(self.pipeline.store(), &inv.id, &outcome)
+                .await
+                .map_err(|e| CallError::Storage(e.to_string()))?;
+        }
+        let mut result_event = AuditEvent::new(
+            &self.ctx.team_id,
+            &principal.name,
+            &self.ctx.trace_id,
+            category,
+            result_action,
+            &id,
+        )
+        .decided(
+            if status == Status::Succeeded {
+                "ok"
+            } else {
+                "error"
+            },
+            error.as_ref().map_or("", |e| e.code.as_str()),
+        )
+        .with_input(&req.input);
+        if let Some(out) = &output {
+            result_event = result_event.with_output(out);
+        }
+        result_event.duration_ms = Some(duration_ms);
+        result_event.estimated_cost_micros = Some(estimate);
+        result_event.actual_cost_micros = Some(actual);
+        result_event.idempotency_key = stored.as_ref().map(|s| s.idempotency_key.clone());
+        self.audit_before_finish(vec![result_event]).await?;
+        span.record("status", status.as_str());
+        if status != Status::Succeeded {
+            span.record("otel.status_code", "error");
+        }
+        metrics::tool_invocation(&tool.name, status.as_str(), took);
+        Ok(ToolResult {
+            invocation_id: stored.map_or_else(|| uuid::Uuid::now_v7().to_string(), |s| s.id),
+            tool: tool.name.clone(),
+            version: tool.version.to_string(),
+            status,
+            output,
+            error,
+            cost_micros: actual,
+            duration_ms,
+            deduplicated: false,
+        })
+    }
+
+    /// The invocation's idempotency key (the caller's, else derived) and
+    /// its window's start.
+    fn idempotency(
+        &self,
+        tool: &Tool,
+        req: &ToolRequest,
+        principal: &str,
+        now_ms: i64,
+    ) -> (String, i64) {
+        let window = match &tool.kind {
+            Kind::Http(h) => h.idempotency_window,
+            // Not a workflow: the row only queues the ASYNC work.
+            _ => Duration::from_secs(300),
+        };
+        let window_start = idempotency::window_start(now_ms, window);
+        let key = match (&req.idempotency_key, &tool.kind) {
+            (Some(k), _) if !k.is_empty() => k.clone(),
+            (_, Kind::Http(_)) => idempotency::key(&Keyed {
+                tool: &tool.name,
+                version: &tool.version.to_string(),
+                team: &self.ctx.team_id,
+                input: &req.input,
+                triggered_by: principal,
+                at_ms: now_ms,
+                window,
+            }),
+            // Each ASYNC invocation of another kind is its own.
+            _ => uuid::Uuid::now_v7().simple().to_string(),
+        };
+        (key, window_start)
+    }
+
+    /// Audits a denial (durably, before the error goes back) and counts it.
+    async fn deny(&self, subject: &str, input: &Value, denial: Denial) -> CallError {
+        self.audit_denial(subject, input, denial.reason()).await;
+        CallError::ToolDenied(denial)
+    }
+
+    async fn audit_denial(&self, subject: &str, input: &Value, reason: &'static str) {
+        metrics::tool_denial(reason);
+        let event = AuditEvent::new(
+            &self.ctx.team_id,
+            &self.ctx.principal,
+            &self.ctx.trace_id,
+            Category::Tool,
+            "tool.denied",
+            subject,
+        )
+        .decided("deny", reason)
+        .with_input(input);
+        if let Err(e) = self.audit(vec![event]).await {
+            tracing::error!(trace_id = %self.ctx.trace_id, error = ?e, "auditing a tool denial failed");
+        }
+    }
+
+    /// Appends `events` to the audit log and waits until they are durable.
+    pub(crate) async fn audit(&self, events: Vec<AuditEvent>) -> Result<(), CallError> {
+        self.pipeline
+            .ledger()
+            .submit(Op::Audit(events))
+            .await
+            .map(drop)
+            .map_err(|e| CallError::Storage(e.to_string()))
+    }
+
+    /// Queues `events` for the group commit a later durable operation of
+    /// this team waits for (this call's settlement or a later audit): in
+    /// order, before anything the call queues after.
+    pub(crate) async fn audit_later(&self, events: Vec<AuditEvent>) -> Result<(), CallError> {
+        self.pipeline
+            .ledger()
+            .enqueue(Op::Audit(events))
+            .await
+            .map_err(|e| CallError::Storage(e.to_string()))
+    }
+
+    /// Audit events the call's reply depends on: queued for the
+    /// settlement's group commit when the call is metered (its durable
+    /// settlement covers them), else appended durably now.
+    pub(crate) async fn audit_before_finish(
+        &self,
+        events: Vec<AuditEvent>,
+    ) -> Result<(), CallError> {
+        if self.pipeline.meter().enabled() {
+            self.audit_later(events).await
+        } else {
+            self.audit(events).await
+        }
+    }
+}
+
+/// Runs `tool` until `deadline`: its output or why not, the POSTs made,
+/// and a workflow's execution ID. The entry point's last step before the
+/// result; the ASYNC worker's too.
+pub(crate) async fn run(
+    pipeline: &super::Pipeline,
+    tool: &Arc<Tool>,
+    input: &Value,
+    idempotency_key: Option<&str>,
+    trace_id: &str,
+    deadline: Instant,
+) -> (Result<Value, Failure>, u32, Option<String>) {
+    let timed_out = || Failure::new("TIMED_OUT", "the tool did not finish within its timeout");
+    let tools = pipeline.toolbox();
+    match &tool.kind {
+        Kind::Builtin => {
+            let health = || pipeline.health();
+            (builtin::run(&tool.name, input, health), 1, None)
+        }
+        Kind::Mcp {
+            server,
+            tool: remote,
+        } => {
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            (
+                tools.servers.call(server, remote, input, timeout).await,
+                1,
+                None,
+            )
+        }
+        Kind::Http(http) => {
+            let key = idempotency_key.unwrap_or_default();
+            let name = tool.name.clone();
+            let called =
+                crate::tools::http::call(&tools.http, http, input, key, trace_id, deadline, || {
+                    metrics::workflow_retry(&name)
+                })
+                .await;
+            match called {
+                Ok(a) => (Ok(a.output), a.attempts, a.execution_id),
+                // Out of time, whatever the last POST said.
+                Err((_, attempts)) if Instant::now() >= deadline => {
+                    (Err(timed_out()), attempts, None)
+                }
+                Err((f, attempts)) => (Err(f), attempts, None),
+            }
+        }
+    }
+}
+
+/// What a run comes to: SUCCEEDED with its output when the output fits
+/// the tool's output schema, FAILED (`OUTPUT_INVALID`) when it does not,
+/// TIMED_OUT or FAILED with the run's failure.
+pub(crate) fn judge(
+    tool: &Tool,
+    result: Result<Value, Failure>,
+) -> (Status, Option<Value>, Option<Failure>) {
+    match result {
+        Ok(output) => match tool.output.as_ref().map(|v| schema::violations(v, &output)) {
+            Some(v) if !v.is_empty() => (
+                Status::Failed,
+                None,
+                Some(Failure::new(
+                    "OUTPUT_INVALID",
+                    format!("the output breaks the tool's output_schema at {}", v[0].0),
+                )),
+            ),
+            _ => (Status::Succeeded, Some(output), None),
+        },
+        Err(f) if f.code == "TIMED_OUT" => (Status::TimedOut, None, Some(f)),
+        Err(f) => (Status::Failed, None, Some(f)),
+    }
+}

@@ -1,0 +1,297 @@
+//! `[tools."<name>"]`, `[mcp_servers.<name>]`, `[mcp_endpoint]` and
+//! `[auth.roles.<role>]`: the tools of SPEC §9 as configured.
+
+use serde::{Deserialize, Deserializer};
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+
+/// `name` and version of a `[tools."<key>"]` key, the version from the
+/// entry or else from the key (`name@1.2.0`).
+pub fn name_and_version(key: &str, version: Option<&str>) -> (String, Option<String>) {
+    match key.split_once('@') {
+        Some((name, v)) => (name.to_owned(), Some(version.unwrap_or(v).to_owned())),
+        None => (key.to_owned(), version.map(str::to_owned)),
+    }
+}
+
+/// Longest timeout a tool may have (SPEC §9.1).
+pub const MAX_TOOL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How a configured tool runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolKind {
+    /// Built into the service (`system.echo`, ...); configuring one
+    /// changes its settings (quota, cost, enabled), not its code.
+    Builtin,
+    /// A workflow webhook: the input POSTed as JSON to `url`.
+    Http,
+}
+
+/// One tool of the config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    /// Semantic version; the key may carry it instead (`"crm.lookup@1.2.0"`).
+    #[serde(default)]
+    pub version: Option<String>,
+    /// How it runs.
+    pub kind: ToolKind,
+    /// What it does, for callers and models.
+    #[serde(default)]
+    pub description: String,
+    /// Whether it may be called.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Writes or sends something (a `viewer` may never call it).
+    #[serde(default)]
+    pub side_effects: bool,
+    /// Capability a caller's role needs; default `tool:<name>`.
+    #[serde(default)]
+    pub capability: Option<String>,
+    /// Acts on the caller's team's data: refused without a team.
+    #[serde(default = "yes")]
+    pub tenant_scoped: bool,
+    /// How long one invocation may take (at most 60 s).
+    #[serde(with = "humantime_serde", default = "default_timeout")]
+    pub timeout: Duration,
+    /// JSON Schema (draft 2020-12) of the input: a TOML table or a JSON
+    /// string.
+    #[serde(default = "any_object", deserialize_with = "schema")]
+    pub input_schema: serde_json::Value,
+    /// JSON Schema of the output, when checked.
+    #[serde(default, deserialize_with = "optional_schema")]
+    pub output_schema: Option<serde_json::Value>,
+    /// What an invocation costs.
+    #[serde(default)]
+    pub cost: CostConfig,
+    /// Per-team limits.
+    #[serde(default)]
+    pub quota: QuotaConfig,
+    /// `http`: the webhook URL.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// `http`: the header carrying the webhook's secret.
+    #[serde(default)]
+    pub auth_header: Option<String>,
+    /// `http`: the environment variable holding that secret.
+    #[serde(default)]
+    pub auth_env: Option<String>,
+    /// The secret itself, read from `auth_env` at load; never in the file.
+    #[serde(skip)]
+    pub auth_value: Option<super::Secret>,
+    /// `http`: retries of a failed POST.
+    #[serde(default)]
+    pub retry: ToolRetryConfig,
+    /// `http`: invocations with the same idempotency key within this
+    /// window reach the webhook once.
+    #[serde(with = "humantime_serde", default = "default_idempotency_window")]
+    pub idempotency_window: Duration,
+    /// `http`: the response header naming the workflow's execution, kept
+    /// with the invocation.
+    #[serde(default = "default_execution_header")]
+    pub execution_id_header: String,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_idempotency_window() -> Duration {
+    Duration::from_secs(300)
+}
+
+fn default_execution_header() -> String {
+    "x-n8n-execution-id".into()
+}
+
+fn any_object() -> serde_json::Value {
+    serde_json::json!({"type": "object"})
+}
+
+/// A schema given as a TOML table, or as a JSON string.
+fn schema<'de, D: Deserializer<'de>>(d: D) -> Result<serde_json::Value, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    match value {
+        serde_json::Value::String(text) => {
+            serde_json::from_str(&text).map_err(serde::de::Error::custom)
+        }
+        other => Ok(other),
+    }
+}
+
+fn optional_schema<'de, D: Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    schema(d).map(Some)
+}
+
+/// How sure a cost model is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostConfidence {
+    /// The model is the price.
+    Exact,
+    /// The model approximates the price.
+    #[default]
+    Estimate,
+    /// Nobody knows; the model is a guess.
+    Unknown,
+}
+
+/// What a per-unit cost counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostUnit {
+    /// Tokens of a text field (about four characters each).
+    Token,
+    /// Characters of a text field.
+    Character,
+    /// Entries of an array field.
+    Record,
+    /// Seconds the invocation took.
+    Second,
+}
+
+/// A per-unit part of a tool's cost.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerUnitCost {
+    /// What is counted.
+    pub unit: CostUnit,
+    /// USD per unit.
+    pub usd: f64,
+    /// The input field counted (not for `second`).
+    #[serde(default)]
+    pub input_field: Option<String>,
+}
+
+/// `cost = { fixed_usd, per_unit, confidence }`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostConfig {
+    /// USD per invocation.
+    #[serde(default)]
+    pub fixed_usd: f64,
+    /// USD per counted unit.
+    #[serde(default)]
+    pub per_unit: Option<PerUnitCost>,
+    /// How sure the model is.
+    #[serde(default)]
+    pub confidence: CostConfidence,
+}
+
+/// `quota = { max_per_hour, max_concurrent }`, per team.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// Invocations per team per clock hour.
+    #[serde(default)]
+    pub max_per_hour: Option<u32>,
+    /// Invocations of a team running at once.
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+}
+
+/// `retry = { max_attempts, initial_backoff, max_backoff }` of a webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolRetryConfig {
+    /// POSTs, the first included (1: no retry).
+    pub max_attempts: u32,
+    /// Backoff cap after the first failure; doubles per retry (full jitter).
+    #[serde(with = "humantime_serde")]
+    pub initial_backoff: Duration,
+    /// Largest backoff cap.
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+}
+
+impl Default for ToolRetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[mcp_servers.<name>]`: an MCP server whose tools join the registry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// Streamable HTTP endpoint.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Or a local command speaking MCP over stdio: program and arguments.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Environment variable holding a bearer token for `url`.
+    #[serde(default)]
+    pub auth_env: Option<String>,
+    /// Tools are listed again this often (and on `tools/list_changed`).
+    #[serde(with = "humantime_serde", default = "default_refresh")]
+    pub refresh_interval: Duration,
+    /// Timeout of its tools' calls (each tool's own, at most 60 s).
+    #[serde(with = "humantime_serde", default = "default_timeout")]
+    pub timeout: Duration,
+    /// Its tools write or send (a `viewer` may never call them).
+    #[serde(default = "yes")]
+    pub side_effects: bool,
+    /// Its tools act on a team's data.
+    #[serde(default)]
+    pub tenant_scoped: bool,
+    /// Cost of each of its tools' invocations.
+    #[serde(default)]
+    pub cost: CostConfig,
+    /// Per-team limits of each of its tools.
+    #[serde(default)]
+    pub quota: QuotaConfig,
+}
+
+fn default_refresh() -> Duration {
+    Duration::from_secs(300)
+}
+
+/// `[mcp_endpoint]`: the registry served as an MCP server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpEndpointConfig {
+    /// Where to listen (Streamable HTTP).
+    pub listen: SocketAddr,
+    /// The endpoint's path.
+    #[serde(default = "default_mcp_path")]
+    pub path: String,
+    /// `Host` header values accepted (DNS-rebinding protection); default
+    /// the loopback names.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+}
+
+fn default_mcp_path() -> String {
+    "/mcp".into()
+}
+
+/// `[auth.roles.<role>]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleConfig {
+    /// Capabilities (`tool:crm.*`, `tool:*`): `*` matches any rest.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+}
+
+/// The capabilities of roles not configured: `viewer` the read-only
+/// built-ins, `caller` and `admin` every tool.
+pub fn default_roles() -> BTreeMap<String, RoleConfig> {
+    let role = |caps: &[&str]| RoleConfig {
+        capabilities: caps.iter().map(|c| (*c).to_owned()).collect(),
+    };
+    BTreeMap::from([
+        ("viewer".to_owned(), role(&["tool:system.*", "tool:sms.*"])),
+        ("caller".to_owned(), role(&["tool:*"])),
+        ("admin".to_owned(), role(&["tool:*"])),
+    ])
+}

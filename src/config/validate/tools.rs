@@ -1,0 +1,267 @@
+//! Validation of `[tools]`, `[mcp_servers]`, `[mcp_endpoint]` and
+//! `[auth.roles]`: a tool whose schema does not compile, a webhook without
+//! a URL or an unknown role stops the server at start-up, naming the key.
+
+use crate::config::{
+    Config, McpServerConfig, ToolKind,
+    tools::{CostConfig, CostUnit, MAX_TOOL_TIMEOUT, name_and_version},
+};
+use std::time::Duration;
+
+/// The built-in tools (a `builtin` tool of the config must be one).
+pub const BUILTINS: [&str; 3] = ["system.echo", "system.health", "sms.segments"];
+
+/// The roles a key may hold.
+pub const ROLES: [&str; 3] = ["viewer", "caller", "admin"];
+
+/// A tool or server name: letters, digits, `_`, `-` and `.`, from 1 to 64.
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        && !name.starts_with('.')
+        && !name.ends_with('.')
+}
+
+/// A JSON Schema's first problem, naming where in the schema it is.
+fn schema_problem(schema: &serde_json::Value) -> Option<String> {
+    if !schema.is_object() {
+        return Some("must be a JSON Schema object".into());
+    }
+    match jsonschema::draft202012::options().build(schema) {
+        Ok(_) => None,
+        Err(e) => {
+            let at = e.instance_path().to_string();
+            let at = if at.is_empty() { "/".to_owned() } else { at };
+            Some(format!(
+                "not a valid JSON Schema (draft 2020-12) at {at}: {}",
+                e.kind().keyword()
+            ))
+        }
+    }
+}
+
+fn cost_problems(
+    cost: &CostConfig,
+    at: &dyn Fn(&str) -> String,
+    bad: &mut dyn FnMut(String, &str),
+) {
+    if !cost.fixed_usd.is_finite() || !(0.0..=1000.0).contains(&cost.fixed_usd) {
+        bad(at("cost.fixed_usd"), "must be between 0 and 1000 USD");
+    }
+    if let Some(per) = &cost.per_unit {
+        if !per.usd.is_finite() || !(0.0..=1000.0).contains(&per.usd) {
+            bad(at("cost.per_unit.usd"), "must be between 0 and 1000 USD");
+        }
+        match (per.unit, &per.input_field) {
+            (CostUnit::Second, Some(_)) => bad(
+                at("cost.per_unit.input_field"),
+                "not used with unit \"second\"",
+            ),
+            (CostUnit::Second, None) | (_, Some(_)) => {}
+            (_, None) => bad(
+                at("cost.per_unit.input_field"),
+                "required: the input field the unit counts",
+            ),
+        }
+    }
+}
+
+fn timeout_problem(timeout: Duration) -> Option<&'static str> {
+    if timeout.is_zero() {
+        Some("must be greater than zero")
+    } else if timeout > MAX_TOOL_TIMEOUT {
+        Some("must be at most 60s")
+    } else {
+        None
+    }
+}
+
+fn url_ok(url: &str) -> bool {
+    url.starts_with("http://") || url.starts_with("https://")
+}
+
+/// Every problem of the tool sections.
+pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
+    for (key, t) in &config.tools {
+        let at = |k: &str| format!("tools.\"{key}\".{k}");
+        let (name, version) = name_and_version(key, t.version.as_deref());
+        if !valid_name(&name) {
+            bad(
+                format!("tools.\"{key}\""),
+                "a tool name is 1-64 letters, digits, `_`, `-` or `.`",
+            );
+        }
+        if let Some(v) = &version
+            && semver::Version::parse(v).is_err()
+        {
+            bad(at("version"), "must be a semantic version (1.2.0)");
+        }
+        if let Some(problem) = timeout_problem(t.timeout) {
+            bad(at("timeout"), problem);
+        }
+        if let Some(problem) = schema_problem(&t.input_schema) {
+            bad(at("input_schema"), &problem);
+        }
+        if let Some(schema) = &t.output_schema
+            && let Some(problem) = schema_problem(schema)
+        {
+            bad(at("output_schema"), &problem);
+        }
+        cost_problems(&t.cost, &at, bad);
+        for (k, v) in [
+            ("quota.max_per_hour", t.quota.max_per_hour),
+            ("quota.max_concurrent", t.quota.max_concurrent),
+        ] {
+            if v == Some(0) {
+                bad(at(k), "must be at least 1 (leave it out for no limit)");
+            }
+        }
+        match t.kind {
+            ToolKind::Builtin => {
+                if !BUILTINS.contains(&name.as_str()) {
+                    bad(
+                        format!("tools.\"{key}\".kind"),
+                        &format!(
+                            "no built-in tool `{name}` (built-ins: {})",
+                            BUILTINS.join(", ")
+                        ),
+                    );
+                }
+            }
+            ToolKind::Http => {
+                match &t.url {
+                    None => bad(at("url"), "required for kind http"),
+                    Some(url) if !url_ok(url) => {
+                        bad(at("url"), "must start with http:// or https://")
+                    }
+                    Some(_) => {}
+                }
+                if t.auth_header.is_some() != t.auth_env.is_some() {
+                    bad(at("auth_env"), "auth_header and auth_env go together");
+                }
+                if t.retry.max_attempts == 0 {
+                    bad(at("retry.max_attempts"), "must be at least 1");
+                }
+                if t.retry.initial_backoff > t.retry.max_backoff {
+                    bad(
+                        at("retry.initial_backoff"),
+                        "must not exceed retry.max_backoff",
+                    );
+                }
+                if t.idempotency_window.is_zero() {
+                    bad(at("idempotency_window"), "must be greater than zero");
+                }
+            }
+        }
+    }
+    for (name, s) in &config.mcp_servers {
+        server(name, s, bad);
+    }
+    if let Some(e) = &config.mcp_endpoint
+        && !e.path.starts_with('/')
+    {
+        bad("mcp_endpoint.path".into(), "must start with /");
+    }
+    for role in config.auth.roles.keys() {
+        if !ROLES.contains(&role.as_str()) {
+            bad(
+                format!("auth.roles.{role}"),
+                "unknown role (roles: viewer, caller, admin)",
+            );
+        }
+    }
+}
+
+fn server(name: &str, s: &McpServerConfig, bad: &mut dyn FnMut(String, &str)) {
+    let at = |k: &str| format!("mcp_servers.{name}.{k}");
+    if !valid_name(name) || name.contains('.') {
+        bad(
+            format!("mcp_servers.{name}"),
+            "a server name is 1-64 letters, digits, `_` or `-`",
+        );
+    }
+    match (&s.url, &s.command) {
+        (Some(_), Some(_)) | (None, None) => bad(
+            format!("mcp_servers.{name}"),
+            "needs exactly one of url (Streamable HTTP) or command (stdio)",
+        ),
+        (Some(url), None) if !url_ok(url) => bad(at("url"), "must start with http:// or https://"),
+        (None, Some(cmd)) if cmd.is_empty() => bad(at("command"), "needs the program to run"),
+        _ => {}
+    }
+    if let Some(problem) = timeout_problem(s.timeout) {
+        bad(at("timeout"), problem);
+    }
+    if s.refresh_interval.is_zero() {
+        bad(at("refresh_interval"), "must be greater than zero");
+    }
+    cost_problems(&s.cost, &at, bad);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn paths(toml: &str) -> Vec<String> {
+        Config::from_toml_str(toml, |_| Some("x".into()))
+            .err()
+            .map(|e| e.paths())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_tool_whose_schema_does_not_compile_is_refused_with_its_key() {
+        let ok = r#"
+[tools."crm.add_note"]
+kind = "http"
+version = "1.0.0"
+url = "https://n8n.example.com/webhook/crm-add-note"
+auth_header = "X-N8N-API-KEY"
+auth_env = "N8N_API_KEY"
+side_effects = true
+input_schema = { type = "object", required = ["lead_id"], properties = { lead_id = { type = "string" } } }
+cost = { fixed_usd = 0.001 }
+quota = { max_per_hour = 1000, max_concurrent = 10 }
+"#;
+        assert!(paths(ok).is_empty(), "{:?}", paths(ok));
+        let broken = ok.replace(r#"{ type = "string" }"#, r#"{ type = "strng" }"#);
+        assert_eq!(paths(&broken), [r#"tools."crm.add_note".input_schema"#]);
+        // As a JSON string too.
+        let as_json = r#"
+[tools."system.echo"]
+kind = "builtin"
+input_schema = '{"type": "object", "properties": {"text": {"minLength": -1}}}'
+"#;
+        assert_eq!(paths(as_json), [r#"tools."system.echo".input_schema"#]);
+    }
+
+    #[test]
+    fn tool_and_server_settings_are_checked() {
+        let toml = r#"
+[tools."a b"]
+kind = "http"
+timeout = "90s"
+cost = { per_unit = { unit = "token", usd = 0.1 } }
+[tools."x@nope"]
+kind = "builtin"
+[mcp_servers.s]
+[auth.roles.superuser]
+capabilities = ["*"]
+"#;
+        assert_eq!(
+            paths(toml),
+            [
+                r#"tools."a b""#,
+                r#"tools."a b".timeout"#,
+                r#"tools."a b".cost.per_unit.input_field"#,
+                r#"tools."a b".url"#,
+                r#"tools."x@nope".version"#,
+                r#"tools."x@nope".kind"#,
+                "mcp_servers.s",
+                "auth.roles.superuser",
+            ]
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! Workflow webhooks (SPEC §9.4): the validated input POSTed as JSON to the
+//! tool's URL with its auth header, `x-trace-id` and `Idempotency-Key`,
+//! retried with backoff and full jitter on a timeout, a connection error, a
+//! 5xx or a 429 (honouring `Retry-After`), never past the deadline.
+
+use super::{Failure, HttpTool};
+use rand::RngExt;
+use reqwest::{StatusCode, header::HeaderMap};
+use serde_json::Value;
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+
+/// Most bytes of a webhook's answer kept.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+/// A webhook's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Its JSON body (`{}` for an empty one).
+    pub output: Value,
+    /// The workflow's execution ID, from the configured header.
+    pub execution_id: Option<String>,
+    /// POSTs made.
+    pub attempts: u32,
+}
+
+/// One POST's outcome.
+enum Tried {
+    Done(Answer),
+    /// Worth another POST, after at least this long (a `Retry-After`).
+    Retry(Failure, Option<Duration>),
+    Fatal(Failure),
+}
+
+/// `Retry-After` as a delay: seconds, or an HTTP date.
+fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(at.timestamp()).ok()?);
+    Some(at.duration_since(now).unwrap_or_default())
+}
+
+/// Reads a body up to [`MAX_RESPONSE_BYTES`].
+async fn body(mut response: reqwest::Response) -> Result<Vec<u8>, Failure> {
+    let mut out = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                if out.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                    return Err(Failure::new(
+                        "RESPONSE_TOO_LARGE",
+                        format!("the webhook answered more than {MAX_RESPONSE_BYTES} bytes"),
+                    ));
+                }
+                out.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(out),
+            Err(_) => {
+                return Err(Failure::new(
+                    "CONNECTION_ERROR",
+                    "the webhook's answer was cut off",
+                ));
+            }
+        }
+    }
+}
+
+/// POSTs once, until `deadline`.
+async fn post(
+    client: &reqwest::Client,
+    tool: &HttpTool,
+    body_bytes: &[u8],
+    key: &str,
+    trace_id: &str,
+    deadline: Instant,
+    attempt: u32,
+) -> Tried {
+    let mut request = client
+        .post(&tool.url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header("idempotency-key", key)
+        .header("x-trace-id", trace_id)
+        .body(body_bytes.to_vec());
+    if let Some((header, secret)) = &tool.auth {
+        request = request.header(header.as_str(), secret.expose());
+    }
+    let sent = tokio::time::timeout_at(deadline, request.send()).await;
+    let response = match sent {
+        Err(_) => {
+            return Tried::Retry(
+                Failure::new("TIMED_OUT", "the webhook did not answer in time"),
+                None,
+            );
+        }
+        Ok(Err(e)) if e.is_timeout() => {
+            return Tried::Retry(
+                Failure::new("TIMED_OUT", "the webhook did not answer in time"),
+                None,
+            );
+        }
+        Ok(Err(_)) => {
+            return Tried::Retry(
+                Failure::new("CONNECTION_ERROR", "the webhook could not be reached"),
+                None,
+            );
+        }
+        Ok(Ok(r)) => r,
+    };
+    let status = response.status();
+    let wait = retry_after(response.headers(), SystemTime::now());
+    let execution_id = response
+        .headers()
+        .get(tool.execution_id_header.as_str())
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let read = tokio::time::timeout_at(deadline, body(response)).await;
+    let bytes = match read {
+        Err(_) => {
+            return Tried::Retry(
+                Failure::new("TIMED_OUT", "the webhook did not answer in time"),
+                None,
+            );
+        }
+        Ok(Err(f)) => return Tried::Fatal(f),
+        Ok(Ok(b)) => b,
+    };
+    let code = format!("HTTP_{}", status.as_u16());
+    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+        return Tried::Retry(
+            Failure::new(&code, format!("the webhook answered {status}")),
+            wait,
+        );
+    }
+    if status == StatusCode::REQUEST_TIMEOUT {
+        return Tried::Retry(Failure::new(&code, "the webhook timed out"), wait);
+    }
+    if !status.is_success() {
+        return Tried::Fatal(Failure::new(
+            &code,
+            format!("the webhook answered {status}"),
+        ));
+    }
+    let output = if bytes.iter().all(u8::is_ascii_whitespace) {
+        Value::Object(Default::default())
+    } else {
+        match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(_) => {
+                return Tried::Fatal(Failure::new(
+                    "OUTPUT_INVALID",
+                    "the webhook's answer is not JSON",
+                ));
+            }
+        }
+    };
+    Tried::Done(Answer {
+        output,
+        execution_id,
+        attempts: attempt,
+    })
+}
+
+/// POSTs `input` to `tool`'s webhook with retries, until `deadline`.
+/// `retrying` is told before each retry (a metric). On failure, the last
+/// error and the POSTs made.
+pub async fn call(
+    client: &reqwest::Client,
+    tool: &HttpTool,
+    input: &Value,
+    idempotency_key: &str,
+    trace_id: &str,
+    deadline: Instant,
+    retrying: impl Fn(),
+) -> Result<Answer, (Failure, u32)> {
+    let bytes = input.to_string().into_bytes();
+    let mut cap = tool.retry.initial_backoff;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let (failure, wait) = match post(
+            client,
+            tool,
+            &bytes,
+            idempotency_key,
+            trace_id,
+            deadline,
+            attempt,
+        )
+        .await
+        {
+            Tried::Done(answer) => return Ok(answer),
+            Tried::Fatal(f) => return Err((f, attempt)),
+            Tried::Retry(f, wait) => (f, wait),
+        };
+        if attempt >= tool.retry.max_attempts {
+            return Err((failure, attempt));
+        }
+        // Full jitter under the doubling cap; a Retry-After is a floor.
+        let jitter = cap.mul_f64(rand::rng().random::<f64>());
+        let pause = wait.map_or(jitter, |w| w.max(jitter));
+        cap = (cap * 2).min(tool.retry.max_backoff);
+        if Instant::now() + pause >= deadline {
+            return Err((failure, attempt));
+        }
+        retrying();
+        tokio::time::sleep(pause).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_in_seconds_or_as_a_date() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "retry-after",
+            "3".parse().unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(
+            retry_after(&h, SystemTime::now()),
+            Some(Duration::from_secs(3))
+        );
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        h.insert(
+            "retry-after",
+            "Wed, 21 Oct 2015 07:28:30 GMT"
+                .parse()
+                .unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(30)));
+        h.insert(
+            "retry-after",
+            "soon".parse().unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(retry_after(&h, now), None);
+    }
+}

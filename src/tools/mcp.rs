@@ -1,0 +1,259 @@
+//! The MCP client (SPEC §9.5), on the official SDK (`rmcp`): one
+//! connection per configured server, over Streamable HTTP or a local
+//! command's stdio, kept up by a task of its own. Its tools are listed at
+//! connection, on `notifications/tools/list_changed` and every
+//! `refresh_interval`, and registered as `<server>.<tool>@<server
+//! version>`; `tools/call` runs under the tool's timeout, and an `isError`
+//! result is a failure.
+
+use super::{Failure, Registry, registry};
+use crate::config::McpServerConfig;
+use rmcp::{
+    ClientHandler, RoleClient, ServiceExt,
+    model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation},
+    service::{NotificationContext, RunningService},
+    transport::{
+        ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess,
+        streamable_http_client::StreamableHttpClientTransportConfig,
+    },
+};
+use semver::Version;
+use serde_json::Value;
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+use tokio::sync::{mpsc, watch};
+
+/// Reads an environment variable (injected in tests).
+pub type Env = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// A tool as an MCP server lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpTool {
+    /// Its name on the server.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// Its input schema.
+    pub input_schema: Value,
+    /// Its output schema, when it declares one.
+    pub output_schema: Option<Value>,
+}
+
+/// Tells the server's task that its tool list changed.
+#[derive(Clone)]
+struct Handler {
+    changed: mpsc::UnboundedSender<()>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _ctx: NotificationContext<RoleClient>) {
+        let _ = self.changed.send(());
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("ai-orchestrator", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+type Client = RunningService<RoleClient, Handler>;
+
+/// The live connections, by server name, for calls.
+#[derive(Clone, Default)]
+pub struct Servers {
+    connected: Arc<RwLock<BTreeMap<String, Arc<Client>>>>,
+}
+
+impl std::fmt::Debug for Servers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self
+            .connected
+            .read()
+            .map(|c| c.keys().cloned().collect())
+            .unwrap_or_default();
+        f.debug_struct("Servers")
+            .field("connected", &names)
+            .finish()
+    }
+}
+
+impl Servers {
+    fn client(&self, server: &str) -> Option<Arc<Client>> {
+        self.connected
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(server)
+            .cloned()
+    }
+
+    fn set(&self, server: &str, client: Option<Arc<Client>>) {
+        let mut map = self.connected.write().unwrap_or_else(|e| e.into_inner());
+        match client {
+            Some(c) => map.insert(server.to_owned(), c),
+            None => map.remove(server),
+        };
+    }
+
+    /// Calls `tool` of `server` with `input` (an object), within `timeout`:
+    /// its structured content, else its content blocks as
+    /// `{"content": [...]}`.
+    pub async fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        input: &Value,
+        timeout: Duration,
+    ) -> Result<Value, Failure> {
+        let client = self.client(server).ok_or_else(|| {
+            Failure::new(
+                "CONNECTION_ERROR",
+                format!("MCP server `{server}` is not connected"),
+            )
+        })?;
+        let args = input.as_object().cloned().unwrap_or_default();
+        let request = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
+        // Dropping the call at the timeout sends `notifications/cancelled`.
+        let result = tokio::time::timeout(timeout, client.call_tool(request))
+            .await
+            .map_err(|_| Failure::new("TIMED_OUT", "the MCP tool did not answer in time"))?
+            .map_err(|e| Failure::new("TOOL_ERROR", format!("the MCP call failed: {e}")))?;
+        if result.is_error == Some(true) {
+            let text: String = result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let text: String = text.chars().take(500).collect();
+            return Err(Failure::new(
+                "TOOL_ERROR",
+                format!("the MCP tool reported an error: {text}"),
+            ));
+        }
+        if let Some(structured) = result.structured_content {
+            return Ok(structured);
+        }
+        let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
+        Ok(serde_json::json!({ "content": content }))
+    }
+}
+
+/// Connects to `server`.
+async fn connect(
+    name: &str,
+    config: &McpServerConfig,
+    env: &(dyn Fn(&str) -> Option<String> + Send + Sync),
+    changed: mpsc::UnboundedSender<()>,
+) -> Result<Client, String> {
+    let handler = Handler { changed };
+    if let Some(url) = &config.url {
+        let mut transport = StreamableHttpClientTransportConfig::with_uri(url.clone());
+        if let Some(token) = config.auth_env.as_deref().and_then(env) {
+            transport = transport.auth_header(token);
+        }
+        let transport = StreamableHttpClientTransport::from_config(transport);
+        return handler
+            .serve(transport)
+            .await
+            .map_err(|e| format!("MCP server `{name}` at {url}: {e}"));
+    }
+    let command = config.command.clone().unwrap_or_default();
+    let Some((program, args)) = command.split_first() else {
+        return Err(format!("MCP server `{name}`: no command"));
+    };
+    let transport = TokioChildProcess::new(tokio::process::Command::new(program).configure(|c| {
+        c.args(args);
+    }))
+    .map_err(|e| format!("MCP server `{name}`: starting `{program}`: {e}"))?;
+    handler
+        .serve(transport)
+        .await
+        .map_err(|e| format!("MCP server `{name}` (`{program}`): {e}"))
+}
+
+/// The server's version as semver (`0.0.0` when it gives none that parses).
+fn version_of(client: &Client) -> Version {
+    client
+        .peer_info()
+        .and_then(|info| info.server_info.as_ref().map(|s| s.version.clone()))
+        .and_then(|v| Version::parse(&v).ok())
+        .unwrap_or_else(|| Version::new(0, 0, 0))
+}
+
+/// Every tool `client` lists (following `nextCursor`).
+async fn list(client: &Client) -> Result<Vec<McpTool>, String> {
+    let tools = client.list_all_tools().await.map_err(|e| e.to_string())?;
+    Ok(tools
+        .into_iter()
+        .map(|t| McpTool {
+            name: t.name.to_string(),
+            description: t.description.map(|d| d.to_string()).unwrap_or_default(),
+            input_schema: Value::Object((*t.input_schema).clone()),
+            output_schema: t.output_schema.map(|s| Value::Object((*s).clone())),
+        })
+        .collect())
+}
+
+/// Keeps `name` connected and its tools in `registry` until `stop`:
+/// reconnects with backoff after a failure, lists again on a change
+/// notification or every `refresh_interval`.
+pub async fn maintain(
+    name: String,
+    config: McpServerConfig,
+    env: Env,
+    registry: Arc<Registry>,
+    servers: Servers,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_secs(1);
+    while !*stop.borrow() {
+        let (changed_tx, mut changed) = mpsc::unbounded_channel();
+        let client = match connect(&name, &config, env.as_ref(), changed_tx).await {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                tracing::warn!(server = %name, error = %e, "MCP server not connected; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+                continue;
+            }
+        };
+        backoff = Duration::from_secs(1);
+        let version = version_of(&client);
+        servers.set(&name, Some(client.clone()));
+        loop {
+            match list(&client).await {
+                Ok(tools) => {
+                    let n = tools.len();
+                    let tools = tools
+                        .into_iter()
+                        .filter_map(|t| registry::mcp_tool(&name, &version, &config, t))
+                        .collect();
+                    registry.set_mcp_tools(&name, tools);
+                    tracing::info!(server = %name, tools = n, %version, "MCP tools listed");
+                }
+                Err(e) => {
+                    tracing::warn!(server = %name, error = %e, "listing MCP tools failed; reconnecting");
+                    break;
+                }
+            }
+            tokio::select! {
+                got = changed.recv() => if got.is_none() { break },
+                () = tokio::time::sleep(config.refresh_interval) => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            if client.is_closed() {
+                break;
+            }
+        }
+        servers.set(&name, None);
+        registry.set_mcp_tools(&name, Vec::new());
+    }
+}

@@ -1,0 +1,187 @@
+//! Tools (SPEC §9): the registry of everything an invocation may run, the
+//! pure checks of the one entry point (policy gate, input schema, cost
+//! estimate, quota), and the executors: built-ins, workflow webhooks
+//! (`http`) and MCP servers (`mcp`).
+//!
+//! The entry point itself, which runs these checks in order, audits every
+//! decision and meters the cost, is the call pipeline's
+//! (`call::tool`): tools, models and agents are metered and audited alike.
+
+pub mod builtin;
+pub mod cost;
+pub mod http;
+pub mod idempotency;
+pub mod invocations;
+pub mod mcp;
+pub mod policy;
+pub mod quota;
+pub mod registry;
+pub mod schema;
+
+pub use registry::{HttpTool, Registry, Tool};
+
+use std::sync::Arc;
+
+/// What the entry point runs tools with, shared by every call.
+#[derive(Debug, Clone)]
+pub struct Toolbox {
+    /// Every tool.
+    pub registry: Arc<Registry>,
+    /// The MCP servers' connections.
+    pub servers: mcp::Servers,
+    /// Per-team quotas.
+    pub quotas: quota::Quotas,
+    /// The webhooks' HTTP client.
+    pub http: reqwest::Client,
+}
+
+impl Toolbox {
+    /// The tools of `config` (MCP servers' join as they are listed).
+    pub fn new(config: &crate::config::Config) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| format!("building the webhooks' HTTP client: {e}"))?;
+        Ok(Self {
+            registry: Arc::new(Registry::from_config(config)?),
+            servers: mcp::Servers::default(),
+            quotas: quota::Quotas::default(),
+            http,
+        })
+    }
+}
+
+/// How a tool runs.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    /// Built into the service.
+    Builtin,
+    /// A workflow webhook.
+    Http(HttpTool),
+    /// A tool of an MCP server: the server's name and the tool's own name
+    /// there.
+    Mcp {
+        /// `[mcp_servers.<server>]`.
+        server: String,
+        /// The tool's name on that server.
+        tool: String,
+    },
+}
+
+impl Kind {
+    /// `builtin`, `http` or `mcp`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Kind::Builtin => "builtin",
+            Kind::Http(_) => "http",
+            Kind::Mcp { .. } => "mcp",
+        }
+    }
+}
+
+/// Why the entry point refuses an invocation before running it (SPEC §9.3).
+/// Each has a stable reason and a gRPC code (mapped in `api::error`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Denial {
+    /// No such tool or version.
+    NotFound,
+    /// The tool is disabled.
+    Disabled,
+    /// The caller's role lacks the tool's capability.
+    CapabilityMissing(String),
+    /// A `viewer` may not run a tool with side effects.
+    SideEffectsForbidden,
+    /// A tenant-scoped tool without a team the caller may act for.
+    TenantRequired,
+    /// The input breaks the tool's schema: `(JSON pointer, what)` each.
+    InputInvalid(Vec<(String, String)>),
+    /// A per-team quota is full: which one, and its limit.
+    Quota {
+        /// `max_per_hour` or `max_concurrent`.
+        limit: &'static str,
+        /// Its value.
+        max: u32,
+    },
+}
+
+impl Denial {
+    /// The stable reason (`ErrorInfo.reason`, the audit event's reason).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Denial::NotFound => "TOOL_NOT_FOUND",
+            Denial::Disabled => "TOOL_DISABLED",
+            Denial::CapabilityMissing(_) => "CAPABILITY_MISSING",
+            Denial::SideEffectsForbidden => "SIDE_EFFECTS_FORBIDDEN",
+            Denial::TenantRequired => "TENANT_REQUIRED",
+            Denial::InputInvalid(_) => "TOOL_INPUT_INVALID",
+            Denial::Quota { .. } => "QUOTA_EXCEEDED",
+        }
+    }
+}
+
+/// How an invocation ended, as `ToolInvocation.status` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Accepted, not started (ASYNC).
+    Pending,
+    /// Running.
+    Running,
+    /// Done, with an output.
+    Succeeded,
+    /// Failed (including an output that breaks `output_schema`).
+    Failed,
+    /// Took longer than its timeout.
+    TimedOut,
+}
+
+impl Status {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "PENDING",
+            Status::Running => "RUNNING",
+            Status::Succeeded => "SUCCEEDED",
+            Status::Failed => "FAILED",
+            Status::TimedOut => "TIMED_OUT",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "PENDING" => Status::Pending,
+            "RUNNING" => Status::Running,
+            "SUCCEEDED" => Status::Succeeded,
+            "FAILED" => Status::Failed,
+            "TIMED_OUT" => Status::TimedOut,
+            _ => return None,
+        })
+    }
+
+    /// Whether the invocation is over.
+    pub fn finished(self) -> bool {
+        matches!(self, Status::Succeeded | Status::Failed | Status::TimedOut)
+    }
+}
+
+/// Why a started invocation failed: a stable code and a message safe to
+/// show the caller (never the tool's raw answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// `TIMED_OUT`, `HTTP_502`, `CONNECTION_ERROR`, `OUTPUT_INVALID`,
+    /// `TOOL_ERROR` (an MCP `isError` result), `INTERRUPTED`, ...
+    pub code: String,
+    /// What happened, in a sentence.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with `code` and `message`.
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        Self {
+            code: code.to_owned(),
+            message: message.into(),
+        }
+    }
+}

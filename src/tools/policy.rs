@@ -1,0 +1,170 @@
+//! The policy gate (SPEC §9.3): a pure function of who asks, for which
+//! team, and the tool. No I/O: every input is given, so every reason is a
+//! unit test.
+
+use super::{Denial, Tool};
+use crate::domain::Role;
+
+/// Who asks: the authenticated principal's role, its role's capabilities,
+/// and whether it may act for the team the invocation is for.
+#[derive(Debug, Clone)]
+pub struct Caller<'a> {
+    /// The key's role.
+    pub role: Role,
+    /// Its role's capabilities (`tool:crm.*`).
+    pub capabilities: &'a [String],
+    /// The team the invocation is metered against: the authenticated
+    /// principal's, never one taken from the tool's input.
+    pub team: &'a str,
+    /// Whether the principal may act for `team`.
+    pub may_act_for_team: bool,
+}
+
+/// Whether `pattern` grants `capability`: equal, or a prefix ending in `*`
+/// (`tool:*`, `tool:crm.*`), or `*` alone.
+pub fn grants(pattern: &str, capability: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => capability.starts_with(prefix),
+        None => pattern == capability,
+    }
+}
+
+/// Allows or denies `caller` running `tool`, in the documented order:
+/// disabled, capability, side effects for a viewer, tenant.
+pub fn gate(caller: &Caller<'_>, tool: &Tool) -> Result<(), Denial> {
+    if !tool.enabled {
+        return Err(Denial::Disabled);
+    }
+    if !caller
+        .capabilities
+        .iter()
+        .any(|p| grants(p, &tool.capability))
+    {
+        return Err(Denial::CapabilityMissing(tool.capability.clone()));
+    }
+    if caller.role == Role::Viewer && tool.side_effects {
+        return Err(Denial::SideEffectsForbidden);
+    }
+    if tool.tenant_scoped && (caller.team.is_empty() || !caller.may_act_for_team) {
+        return Err(Denial::TenantRequired);
+    }
+    Ok(())
+}
+
+/// Whether `caller` may see `tool` in a listing: the gate allows it (a
+/// listing shows only what the key may use).
+pub fn visible(caller: &Caller<'_>, tool: &Tool) -> bool {
+    gate(caller, tool).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config::Config, tools::Registry};
+    use std::sync::Arc;
+
+    fn tool(side_effects: bool, tenant_scoped: bool, enabled: bool) -> Arc<Tool> {
+        let toml = format!(
+            r#"
+[tools."crm.add_note"]
+kind = "http"
+url = "https://n8n.example.com/webhook/x"
+side_effects = {side_effects}
+tenant_scoped = {tenant_scoped}
+enabled = {enabled}
+"#
+        );
+        let config = Config::from_toml_str(&toml, |_| None).unwrap();
+        Registry::from_config(&config)
+            .unwrap()
+            .lookup("crm.add_note")
+            .unwrap()
+    }
+
+    fn caller<'a>(role: Role, caps: &'a [String], team: &'a str, may: bool) -> Caller<'a> {
+        Caller {
+            role,
+            capabilities: caps,
+            team,
+            may_act_for_team: may,
+        }
+    }
+
+    #[test]
+    fn wildcards_grant_by_prefix() {
+        assert!(grants("tool:*", "tool:crm.add_note"));
+        assert!(grants("tool:crm.*", "tool:crm.add_note"));
+        assert!(grants("*", "tool:x"));
+        assert!(grants("tool:crm.add_note", "tool:crm.add_note"));
+        assert!(!grants("tool:crm.add_note", "tool:crm.add_notes"));
+        assert!(!grants("tool:sms.*", "tool:crm.add_note"));
+        assert!(!grants("tool:crm", "tool:crm.add_note"));
+    }
+
+    #[test]
+    fn every_reason_of_the_gate() {
+        let all = vec!["tool:*".to_owned()];
+        let none: Vec<String> = Vec::new();
+        let ok = tool(true, true, true);
+        assert_eq!(gate(&caller(Role::Caller, &all, "t1", true), &ok), Ok(()));
+        assert_eq!(
+            gate(
+                &caller(Role::Caller, &all, "t1", true),
+                &tool(true, true, false)
+            ),
+            Err(Denial::Disabled)
+        );
+        assert_eq!(
+            gate(&caller(Role::Caller, &none, "t1", true), &ok),
+            Err(Denial::CapabilityMissing("tool:crm.add_note".into()))
+        );
+        // A viewer never runs a side-effect tool, whatever its capabilities.
+        assert_eq!(
+            gate(&caller(Role::Viewer, &all, "t1", true), &ok),
+            Err(Denial::SideEffectsForbidden)
+        );
+        assert_eq!(
+            gate(
+                &caller(Role::Viewer, &all, "t1", true),
+                &tool(false, true, true)
+            ),
+            Ok(())
+        );
+        // The tenant comes from the principal: none, or one it may not act for.
+        assert_eq!(
+            gate(&caller(Role::Admin, &all, "", true), &ok),
+            Err(Denial::TenantRequired)
+        );
+        assert_eq!(
+            gate(&caller(Role::Admin, &all, "t2", false), &ok),
+            Err(Denial::TenantRequired)
+        );
+        assert_eq!(
+            gate(
+                &caller(Role::Admin, &all, "", false),
+                &tool(true, false, true)
+            ),
+            Ok(())
+        );
+        for (denial, reason) in [
+            (Denial::NotFound, "TOOL_NOT_FOUND"),
+            (Denial::Disabled, "TOOL_DISABLED"),
+            (
+                Denial::CapabilityMissing(String::new()),
+                "CAPABILITY_MISSING",
+            ),
+            (Denial::SideEffectsForbidden, "SIDE_EFFECTS_FORBIDDEN"),
+            (Denial::TenantRequired, "TENANT_REQUIRED"),
+            (Denial::InputInvalid(Vec::new()), "TOOL_INPUT_INVALID"),
+            (
+                Denial::Quota {
+                    limit: "max_per_hour",
+                    max: 1,
+                },
+                "QUOTA_EXCEEDED",
+            ),
+        ] {
+            assert_eq!(denial.reason(), reason);
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! The registry (SPEC §9.1): every tool by `name@version`, from the config,
+//! the built-ins and the MCP servers, with its schemas compiled once.
+
+use super::{Denial, Kind, mcp::McpTool};
+use crate::config::{
+    Config, ToolConfig, ToolKind,
+    tools::{CostConfig, QuotaConfig, ToolRetryConfig},
+};
+use semver::Version;
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+/// One tool.
+#[derive(Debug)]
+pub struct Tool {
+    /// `crm.add_note`, `search.web` (an MCP server's tools are
+    /// `<server>.<tool>`).
+    pub name: String,
+    /// Its version.
+    pub version: Version,
+    /// What it does.
+    pub description: String,
+    /// How it runs.
+    pub kind: Kind,
+    /// Whether it may be called.
+    pub enabled: bool,
+    /// Writes or sends something.
+    pub side_effects: bool,
+    /// The capability a caller needs.
+    pub capability: String,
+    /// Acts on a team's data (refused without one).
+    pub tenant_scoped: bool,
+    /// Longest an invocation may take.
+    pub timeout: Duration,
+    /// Its input's JSON Schema, as given.
+    pub input_schema: serde_json::Value,
+    /// Compiled.
+    pub input: Arc<jsonschema::Validator>,
+    /// Its output's JSON Schema, compiled, when checked.
+    pub output: Option<Arc<jsonschema::Validator>>,
+    /// What an invocation costs.
+    pub cost: CostConfig,
+    /// Per-team limits.
+    pub quota: QuotaConfig,
+}
+
+impl Tool {
+    /// `name@version`.
+    pub fn id(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+}
+
+/// Settings of a webhook tool.
+#[derive(Debug, Clone)]
+pub struct HttpTool {
+    /// Where the input is POSTed.
+    pub url: String,
+    /// The auth header and its value (read from the environment at load).
+    pub auth: Option<(String, crate::config::Secret)>,
+    /// Retries.
+    pub retry: ToolRetryConfig,
+    /// The idempotency window.
+    pub idempotency_window: Duration,
+    /// The response header naming the workflow's execution.
+    pub execution_id_header: String,
+}
+
+/// A schema that compiled, or why not (the config was validated at load, so
+/// MCP servers' schemas are the only ones that can fail here).
+fn compile(schema: &serde_json::Value) -> Result<Arc<jsonschema::Validator>, String> {
+    jsonschema::draft202012::options()
+        .build(schema)
+        .map(Arc::new)
+        .map_err(|e| format!("{}: {}", e.instance_path(), e.kind().keyword()))
+}
+
+/// The built-in tools' fixed parts: name, description, input and output
+/// schemas, side effects.
+fn builtins() -> Vec<(
+    &'static str,
+    &'static str,
+    serde_json::Value,
+    serde_json::Value,
+)> {
+    use serde_json::json;
+    vec![
+        (
+            "system.echo",
+            "Returns its input text unchanged.",
+            json!({"type": "object", "required": ["text"], "additionalProperties": false,
+                   "properties": {"text": {"type": "string", "maxLength": 65536}}}),
+            json!({"type": "object", "required": ["text"],
+                   "properties": {"text": {"type": "string"}}}),
+        ),
+        (
+            "system.health",
+            "The service's status and each provider's breaker state.",
+            json!({"type": "object", "additionalProperties": false}),
+            json!({"type": "object", "required": ["status", "providers"],
+                   "properties": {"status": {"type": "string"},
+                                  "providers": {"type": "array"}}}),
+        ),
+        (
+            "sms.segments",
+            "Counts the SMS segments a text takes (GSM-7 or UCS-2).",
+            json!({"type": "object", "required": ["text"], "additionalProperties": false,
+                   "properties": {"text": {"type": "string", "maxLength": 65536}}}),
+            json!({"type": "object", "required": ["segments", "encoding", "characters"],
+                   "properties": {"segments": {"type": "integer"},
+                                  "encoding": {"type": "string", "enum": ["GSM7", "UCS2"]},
+                                  "characters": {"type": "integer"}}}),
+        ),
+    ]
+}
+
+/// Every tool, by name, newest version first.
+#[derive(Debug, Default)]
+struct Tools(BTreeMap<String, Vec<Arc<Tool>>>);
+
+impl Tools {
+    fn insert(&mut self, tool: Tool) {
+        let versions = self.0.entry(tool.name.clone()).or_default();
+        versions.retain(|t| t.version != tool.version);
+        versions.push(Arc::new(tool));
+        versions.sort_by(|a, b| b.version.cmp(&a.version));
+    }
+}
+
+/// The registry: the config's tools and the built-ins, fixed at start, and
+/// each MCP server's tools, replaced whenever it is listed again.
+#[derive(Debug)]
+pub struct Registry {
+    fixed: Tools,
+    /// MCP tools by server.
+    mcp: RwLock<BTreeMap<String, Vec<Arc<Tool>>>>,
+}
+
+impl Registry {
+    /// The built-ins and the tools of `config` (validated: their schemas
+    /// compile). A built-in named in `[tools]` takes the settings given
+    /// there (enabled, quota, cost, timeout, capability).
+    pub fn from_config(config: &Config) -> Result<Self, String> {
+        let mut fixed = Tools::default();
+        let configured = |name: &str| {
+            config.tools.iter().find(|(key, t)| {
+                t.kind == ToolKind::Builtin
+                    && crate::config::tools::name_and_version(key, t.version.as_deref()).0 == name
+            })
+        };
+        for (name, description, input, output) in builtins() {
+            let settings = configured(name).map(|(_, t)| t);
+            let mut tool = Tool {
+                name: name.to_owned(),
+                version: Version::new(1, 0, 0),
+                description: description.to_owned(),
+                kind: Kind::Builtin,
+                enabled: true,
+                side_effects: false,
+                capability: format!("tool:{name}"),
+                tenant_scoped: false,
+                timeout: Duration::from_secs(30),
+                input: compile(&input)?,
+                input_schema: input,
+                output: Some(compile(&output)?),
+                cost: CostConfig::default(),
+                quota: QuotaConfig::default(),
+            };
+            if let Some(t) = settings {
+                tool.enabled = t.enabled;
+                tool.timeout = t.timeout;
+                tool.cost = t.cost.clone();
+                tool.quota = t.quota;
+                if let Some(cap) = &t.capability {
+                    tool.capability.clone_from(cap);
+                }
+                if !t.description.is_empty() {
+                    tool.description.clone_from(&t.description);
+                }
+            }
+            fixed.insert(tool);
+        }
+        for (key, t) in &config.tools {
+            if t.kind == ToolKind::Builtin {
+                continue;
+            }
+            fixed.insert(configured_tool(key, t)?);
+        }
+        Ok(Self {
+            fixed,
+            mcp: RwLock::default(),
+        })
+    }
+
+    /// Replaces the tools of MCP server `server` (after a listing).
+    pub fn set_mcp_tools(&self, server: &str, tools: Vec<Tool>) {
+        let mut by_server = self.mcp.write().unwrap_or_else(|e| e.into_inner());
+        by_server.insert(server.to_owned(), tools.into_iter().map(Arc::new).collect());
+    }
+
+    /// The tool `wanted` names: `name@version`, or `name` for its highest
+    /// enabled version (else its highest, which is disabled).
+    pub fn lookup(&self, wanted: &str) -> Result<Arc<Tool>, Denial> {
+        let (name, version) = match wanted.split_once('@') {
+            Some((name, v)) => (name, Some(Version::parse(v).map_err(|_| Denial::NotFound)?)),
+            None => (wanted, None),
+        };
+        let candidates = self.versions(name);
+        let found = match version {
+            Some(v) => candidates.into_iter().find(|t| t.version == v),
+            None => {
+                let enabled = candidates.iter().find(|t| t.enabled).cloned();
+                enabled.or_else(|| candidates.into_iter().next())
+            }
+        };
+        found.ok_or(Denial::NotFound)
+    }
+
+    /// Every version of `name`, newest first.
+    fn versions(&self, name: &str) -> Vec<Arc<Tool>> {
+        if let Some(v) = self.fixed.0.get(name) {
+            return v.clone();
+        }
+        let by_server = self.mcp.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<Arc<Tool>> = by_server
+            .values()
+            .flatten()
+            .filter(|t| t.name == name)
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| b.version.cmp(&a.version));
+        out
+    }
+
+    /// Every tool, by name then newest version.
+    pub fn all(&self) -> Vec<Arc<Tool>> {
+        let mut out: Vec<Arc<Tool>> = self.fixed.0.values().flatten().cloned().collect();
+        let by_server = self.mcp.read().unwrap_or_else(|e| e.into_inner());
+        out.extend(by_server.values().flatten().cloned());
+        out.sort_by(|a, b| a.name.cmp(&b.name).then(b.version.cmp(&a.version)));
+        out
+    }
+}
+
+/// A `kind = "http"` tool of the config.
+fn configured_tool(key: &str, t: &ToolConfig) -> Result<Tool, String> {
+    let (name, version) = crate::config::tools::name_and_version(key, t.version.as_deref());
+    let version = version
+        .as_deref()
+        .map_or(Ok(Version::new(1, 0, 0)), Version::parse)
+        .map_err(|e| format!("tools.\"{key}\".version: {e}"))?;
+    let http = HttpTool {
+        url: t.url.clone().unwrap_or_default(),
+        auth: t.auth_header.clone().zip(t.auth_value.clone()),
+        retry: t.retry,
+        idempotency_window: t.idempotency_window,
+        execution_id_header: t.execution_id_header.clone(),
+    };
+    Ok(Tool {
+        capability: t
+            .capability
+            .clone()
+            .unwrap_or_else(|| format!("tool:{name}")),
+        name,
+        version,
+        description: t.description.clone(),
+        kind: Kind::Http(http),
+        enabled: t.enabled,
+        side_effects: t.side_effects,
+        tenant_scoped: t.tenant_scoped,
+        timeout: t.timeout,
+        input: compile(&t.input_schema)
+            .map_err(|e| format!("tools.\"{key}\".input_schema: {e}"))?,
+        input_schema: t.input_schema.clone(),
+        output: t
+            .output_schema
+            .as_ref()
+            .map(compile)
+            .transpose()
+            .map_err(|e| format!("tools.\"{key}\".output_schema: {e}"))?,
+        cost: t.cost.clone(),
+        quota: t.quota,
+    })
+}
+
+/// A tool an MCP server listed, as the registry holds it; `None` (with a
+/// warning) when its input schema does not compile.
+pub fn mcp_tool(
+    server: &str,
+    server_version: &Version,
+    settings: &crate::config::McpServerConfig,
+    remote: McpTool,
+) -> Option<Tool> {
+    let name = format!("{server}.{}", remote.name);
+    let input = match compile(&remote.input_schema) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(server, tool = %remote.name, error = %e, "MCP tool skipped: its input schema does not compile");
+            return None;
+        }
+    };
+    let output = remote.output_schema.as_ref().and_then(|s| compile(s).ok());
+    Some(Tool {
+        capability: format!("tool:{name}"),
+        version: server_version.clone(),
+        description: remote.description.clone(),
+        kind: Kind::Mcp {
+            server: server.to_owned(),
+            tool: remote.name.clone(),
+        },
+        enabled: true,
+        side_effects: settings.side_effects,
+        tenant_scoped: settings.tenant_scoped,
+        timeout: settings.timeout,
+        input,
+        input_schema: remote.input_schema,
+        output,
+        cost: settings.cost.clone(),
+        quota: settings.quota,
+        name,
+    })
+}

@@ -1,0 +1,81 @@
+//! Schema violations as a caller reads them: the JSON pointer of each
+//! offending value and what the schema wanted, built from the schema's side
+//! only (a validator's own message quotes the value, which may be a secret
+//! or personal data, and reaches logs and error details).
+
+use jsonschema::{Validator, error::ValidationErrorKind};
+use serde_json::Value;
+
+/// Most violations reported for one input.
+const MAX_VIOLATIONS: usize = 20;
+
+/// What the schema wanted, without the value.
+fn wanted(kind: &ValidationErrorKind) -> String {
+    use ValidationErrorKind as K;
+    match kind {
+        K::Required { property } => format!(
+            "missing required property {}",
+            property
+                .as_str()
+                .map_or_else(|| property.to_string(), str::to_owned)
+        ),
+        K::Type { kind } => match kind {
+            jsonschema::error::TypeKind::Single(t) => format!("must be of type {t}"),
+            jsonschema::error::TypeKind::Multiple(ts) => format!("must be one of the types {ts:?}"),
+        },
+        K::AdditionalProperties { unexpected } => {
+            format!("{} property(ies) not allowed here", unexpected.len())
+        }
+        K::MaxLength { limit } => format!("longer than {limit} characters"),
+        K::MinLength { limit } => format!("shorter than {limit} characters"),
+        K::MaxItems { limit } => format!("more than {limit} items"),
+        K::MinItems { limit } => format!("fewer than {limit} items"),
+        K::Minimum { limit } => format!("below the minimum {limit}"),
+        K::Maximum { limit } => format!("above the maximum {limit}"),
+        K::Enum { options } => format!("must be one of {options}"),
+        K::Pattern { pattern } => format!("does not match the pattern {pattern}"),
+        K::Format { format } => format!("not a valid {format}"),
+        other => format!("fails the schema's `{}` rule", other.keyword()),
+    }
+}
+
+/// Every violation of `value` against `validator`: `(JSON pointer,
+/// description)`, the pointer `/` for the whole input.
+pub fn violations(validator: &Validator, value: &Value) -> Vec<(String, String)> {
+    validator
+        .iter_errors(value)
+        .take(MAX_VIOLATIONS)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            let at = if at.is_empty() { "/".to_owned() } else { at };
+            (at, wanted(e.kind()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn violations_name_pointers_and_rules_never_values() {
+        let schema = json!({"type": "object", "required": ["lead_id", "note"],
+            "properties": {"lead_id": {"type": "string"},
+                           "note": {"type": "string", "maxLength": 5},
+                           "tags": {"type": "array", "items": {"type": "string"}}}});
+        let v = jsonschema::draft202012::new(&schema).unwrap();
+        let found = violations(
+            &v,
+            &json!({"note": "CANARY-SECRET-VALUE", "tags": ["ok", 7]}),
+        );
+        let pointers: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+        assert!(pointers.contains(&"/"), "{found:?}");
+        assert!(pointers.contains(&"/note"), "{found:?}");
+        assert!(pointers.contains(&"/tags/1"), "{found:?}");
+        let text = format!("{found:?}");
+        assert!(!text.contains("CANARY"), "{text}");
+        assert!(text.contains("missing required property lead_id"), "{text}");
+        assert!(text.contains("longer than 5 characters"), "{text}");
+    }
+}
