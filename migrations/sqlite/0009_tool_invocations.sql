@@ -29,6 +29,7 @@ CREATE TABLE tool_invocations (
     execution_id          TEXT,
     attempts              INTEGER NOT NULL DEFAULT 0,
     created_at_ms         INTEGER NOT NULL,
+    timeout_ms            INTEGER NOT NULL DEFAULT 0,      -- the tool's timeout: a runner's lease is this and the slack
     updated_at_ms         INTEGER NOT NULL,
     lease_until_ms        INTEGER,                      -- a RUNNING row's owner holds it until then
     UNIQUE (team_id, idempotency_key, window_start_ms)

@@ -81,6 +81,8 @@ pub fn invocation(r: &ToolResult) -> pb::ToolInvocation {
         cost_usd: crate::usage::pricing::usd(r.cost_micros),
         duration_ms: u64::try_from(r.duration_ms).unwrap_or(0),
         deduplicated: r.deduplicated,
+        execution_id: r.execution_id.clone().unwrap_or_default(),
+        attempts: u32::try_from(r.attempts).unwrap_or(0),
     }
 }
 

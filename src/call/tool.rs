@@ -67,6 +67,10 @@ pub struct ToolResult {
     pub duration_ms: i64,
     /// Another invocation with the same idempotency key answered.
     pub deduplicated: bool,
+    /// A workflow's execution ID.
+    pub execution_id: Option<String>,
+    /// POSTs made to a workflow's webhook.
+    pub attempts: i64,
 }
 
 impl ToolResult {
@@ -82,6 +86,8 @@ impl ToolResult {
             cost_micros: inv.cost_micros.unwrap_or(inv.estimated_cost_micros),
             duration_ms: inv.duration_ms.unwrap_or(0),
             deduplicated,
+            execution_id: inv.execution_id.clone(),
+            attempts: inv.attempts,
         }
     }
 }
@@ -228,9 +234,11 @@ impl Call {
                 &principal.name,
                 req.input.clone(),
                 estimate,
+                tool.timeout,
             );
+            let slack = self.pipeline.config().tool_worker.lease_slack;
             let lease = (req.mode == Mode::Sync).then(|| {
-                now_ms + i64::try_from(tool.timeout.as_millis()).unwrap_or(i64::MAX) + 60_000
+                now_ms + i64::try_from((tool.timeout + slack).as_millis()).unwrap_or(i64::MAX)
             });
             let claimed = invocations::claim(self.pipeline.store(), &inv, lease)
                 .await
@@ -293,7 +301,7 @@ impl Call {
                 error: error.clone(),
                 cost_micros: actual,
                 duration_ms,
-                execution_id,
+                execution_id: execution_id.clone(),
                 attempts: i64::from(attempts),
             };
             invocations::finish(self.pipeline.store(), &inv.id, &outcome)
@@ -340,6 +348,8 @@ impl Call {
             cost_micros: actual,
             duration_ms,
             deduplicated: false,
+            execution_id,
+            attempts: i64::from(attempts),
         })
     }
 

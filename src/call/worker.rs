@@ -22,18 +22,15 @@ use crate::{
 use std::time::Duration;
 use tokio::{sync::watch, time::Instant};
 
-/// How often the worker looks for work when there was none.
-const POLL: Duration = Duration::from_millis(500);
 /// Invocations taken at once.
 const BATCH: i64 = 16;
-/// A lease's slack beyond the tool's timeout.
-const LEASE_SLACK: Duration = Duration::from_secs(60);
 
 /// Runs until `stop`.
 pub async fn run_worker(pipeline: Pipeline, mut stop: watch::Receiver<bool>) {
+    let settings = pipeline.config().tool_worker.clone();
     loop {
         let now = chrono::Utc::now().timestamp_millis();
-        let lease = now + duration_ms(crate::config::tools::MAX_TOOL_TIMEOUT + LEASE_SLACK);
+        let slack = duration_ms(settings.lease_slack);
         let store = pipeline.store();
         match invocations::fail_interrupted(store, now).await {
             Ok(failed) => {
@@ -46,7 +43,7 @@ pub async fn run_worker(pipeline: Pipeline, mut stop: watch::Receiver<bool>) {
                 tracing::error!(error = %e, "looking for interrupted tool invocations failed")
             }
         }
-        let work = match invocations::take_work(store, now, lease, BATCH).await {
+        let work = match invocations::take_work(store, now, slack, BATCH).await {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!(error = %e, "taking ASYNC tool invocations failed");
@@ -58,7 +55,7 @@ pub async fn run_worker(pipeline: Pipeline, mut stop: watch::Receiver<bool>) {
         futures::future::join_all(runs).await;
         if idle {
             tokio::select! {
-                () = tokio::time::sleep(POLL) => {}
+                () = tokio::time::sleep(settings.poll_interval) => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
         } else if *stop.borrow() {

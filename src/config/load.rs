@@ -35,6 +35,7 @@ const SECTIONS: &[&str] = &[
     "tools",
     "mcp_servers",
     "mcp_endpoint",
+    "tool_worker",
 ];
 
 /// Where values came from, to say so in errors.

@@ -20,7 +20,9 @@ mod validate;
 pub use provider::{
     BreakerConfig, DEFAULT_MAX_RESPONSE_BYTES, MockConfig, ProviderConfig, ProviderKind,
 };
-pub use tools::{McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind};
+pub use tools::{
+    McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind, ToolWorkerConfig,
+};
 
 pub use secret::Secret;
 
@@ -125,6 +127,9 @@ pub struct Config {
     /// The registry served as an MCP server; off when absent.
     #[serde(default)]
     pub mcp_endpoint: Option<McpEndpointConfig>,
+    /// The runner of ASYNC tool invocations.
+    #[serde(default)]
+    pub tool_worker: ToolWorkerConfig,
 }
 
 /// `[auth]`: API keys mapped to teams and roles.

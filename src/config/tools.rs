@@ -274,6 +274,39 @@ fn default_mcp_path() -> String {
     "/mcp".into()
 }
 
+/// `[tool_worker]`: the runner of ASYNC invocations, and the leases that
+/// keep an invocation from being lost when a process dies mid-run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolWorkerConfig {
+    /// How often the worker looks for work when there was none.
+    #[serde(with = "humantime_serde", default = "default_poll")]
+    pub poll_interval: Duration,
+    /// How long past the tool's timeout an invocation is held by the
+    /// process running it. When the lease runs out the holder is taken
+    /// for dead: an ASYNC invocation is run again under the same
+    /// idempotency key, a SYNC one is marked FAILED (`INTERRUPTED`).
+    #[serde(with = "humantime_serde", default = "default_lease_slack")]
+    pub lease_slack: Duration,
+}
+
+impl Default for ToolWorkerConfig {
+    fn default() -> Self {
+        Self {
+            poll_interval: default_poll(),
+            lease_slack: default_lease_slack(),
+        }
+    }
+}
+
+fn default_poll() -> Duration {
+    Duration::from_millis(500)
+}
+
+fn default_lease_slack() -> Duration {
+    Duration::from_secs(60)
+}
+
 /// `[auth.roles.<role>]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -243,4 +243,52 @@ mod tests {
         );
         assert_eq!(retry_after(&h, now), None);
     }
+
+    /// A webhook that refuses connections, on tokio's paused clock: each
+    /// pause is full jitter under a doubling cap, the retries stop at
+    /// `max_attempts`, and never wait past the deadline.
+    #[tokio::test(start_paused = true)]
+    async fn retries_back_off_under_the_cap_and_stop_before_the_deadline() {
+        use crate::config::tools::ToolRetryConfig;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let tool = HttpTool {
+            url: format!("http://127.0.0.1:{port}/hook"),
+            auth: None,
+            retry: ToolRetryConfig {
+                max_attempts: 4,
+                initial_backoff: Duration::from_secs(1),
+                max_backoff: Duration::from_secs(3),
+            },
+            idempotency_window: Duration::from_secs(300),
+            execution_id_header: "x-n8n-execution-id".into(),
+        };
+        let client = reqwest::Client::new();
+        let input = serde_json::json!({});
+        let retries = AtomicU32::new(0);
+        let count = || {
+            retries.fetch_add(1, Ordering::Relaxed);
+        };
+        let started = Instant::now();
+        let far = started + Duration::from_secs(60);
+        let Err((failure, attempts)) = call(&client, &tool, &input, "k", "t", far, count).await
+        else {
+            panic!("nothing listens there");
+        };
+        assert_eq!(failure.code, "CONNECTION_ERROR");
+        assert_eq!((attempts, retries.load(Ordering::Relaxed)), (4, 3));
+        // Pauses of at most 1 s, 2 s, then 3 s (the cap).
+        assert!(started.elapsed() <= Duration::from_secs(6));
+
+        let started = Instant::now();
+        let near = started + Duration::from_millis(1500);
+        let Err((_, attempts)) = call(&client, &tool, &input, "k", "t", near, || {}).await else {
+            panic!("nothing listens there");
+        };
+        assert!(attempts >= 1);
+        assert!(Instant::now() < near, "no pause runs past the deadline");
+    }
 }

@@ -70,6 +70,9 @@ pub struct Invocation {
     pub attempts: i64,
     /// When it was accepted, unix ms.
     pub created_at_ms: i64,
+    /// How long one run may take (the tool's timeout), ms: a runner's
+    /// lease is this and the configured slack.
+    pub timeout_ms: i64,
 }
 
 impl Invocation {
@@ -87,6 +90,7 @@ impl Invocation {
         principal: &str,
         input: Value,
         estimated_cost_micros: i64,
+        timeout: std::time::Duration,
     ) -> Self {
         Self {
             id: uuid::Uuid::now_v7().to_string(),
@@ -111,6 +115,7 @@ impl Invocation {
             execution_id: None,
             attempts: 0,
             created_at_ms: chrono::Utc::now().timestamp_millis(),
+            timeout_ms: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
         }
     }
 }
@@ -126,7 +131,8 @@ pub enum Claimed {
 
 const COLUMNS: &str = "id, team_id, tool, version, mode, status, idempotency_key, \
      window_start_ms, trace_id, principal, input, output, error_code, error_message, \
-     estimated_cost_micros, cost_micros, duration_ms, execution_id, attempts, created_at_ms";
+     estimated_cost_micros, cost_micros, duration_ms, execution_id, attempts, created_at_ms, \
+     timeout_ms";
 
 fn decode<R: sqlx::Row>(row: &R) -> Result<Invocation, sqlx::Error>
 where
@@ -169,6 +175,7 @@ where
         execution_id: row.try_get(17)?,
         attempts: row.try_get(18)?,
         created_at_ms: row.try_get(19)?,
+        timeout_ms: row.try_get(20)?,
     })
 }
 
@@ -183,7 +190,7 @@ pub async fn claim(
     let sql = format!(
         "INSERT INTO tool_invocations ({COLUMNS}, updated_at_ms, lease_until_ms) VALUES \
          ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, NULL, NULL, NULL, $12, NULL, NULL, NULL, \
-          0, $13, $13, $14) \
+          0, $13, $15, $13, $14) \
          ON CONFLICT (team_id, idempotency_key, window_start_ms) DO NOTHING"
     );
     let input = inv.input.to_string();
@@ -203,6 +210,7 @@ pub async fn claim(
             .bind(inv.estimated_cost_micros)
             .bind(inv.created_at_ms)
             .bind(lease_until_ms)
+            .bind(inv.timeout_ms)
             .execute(pool)
             .await?
             .rows_affected()
@@ -288,11 +296,11 @@ pub async fn get(store: &Store, team: &str, id: &str) -> Result<Option<Invocatio
 /// Takes up to `limit` invocations to run: ASYNC ones PENDING, and ASYNC
 /// ones RUNNING whose lease expired (their runner died: they run again,
 /// under the same idempotency key, so a webhook that saw the first POST
-/// can tell). Each is leased until `lease_until_ms`.
+/// can tell). Each is leased for its timeout and `slack_ms`.
 pub async fn take_work(
     store: &Store,
     now_ms: i64,
-    lease_until_ms: i64,
+    slack_ms: i64,
     limit: i64,
 ) -> Result<Vec<Invocation>, StoreError> {
     let due = "(status = 'PENDING' OR (status = 'RUNNING' AND lease_until_ms < $1)) \
@@ -301,13 +309,13 @@ pub async fn take_work(
         // One statement; SKIP LOCKED lets several replicas' workers share
         // the queue without taking the same row.
         Store::Postgres(_) => format!(
-            "UPDATE tool_invocations SET status = 'RUNNING', lease_until_ms = $2, \
+            "UPDATE tool_invocations SET status = 'RUNNING', lease_until_ms = $1 + timeout_ms + $2, \
              updated_at_ms = $1 WHERE id IN (SELECT id FROM tool_invocations WHERE {due} \
              ORDER BY created_at_ms LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING {COLUMNS}"
         ),
         // One process per SQLite file: the statement alone decides.
         Store::Sqlite(_) => format!(
-            "UPDATE tool_invocations SET status = 'RUNNING', lease_until_ms = $2, \
+            "UPDATE tool_invocations SET status = 'RUNNING', lease_until_ms = $1 + timeout_ms + $2, \
              updated_at_ms = $1 WHERE id IN (SELECT id FROM tool_invocations WHERE {due} \
              ORDER BY created_at_ms LIMIT $3) RETURNING {COLUMNS}"
         ),
@@ -315,7 +323,7 @@ pub async fn take_work(
     let taken = on_store!(store, |pool| {
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
             .bind(now_ms)
-            .bind(lease_until_ms)
+            .bind(slack_ms)
             .bind(limit)
             .fetch_all(pool)
             .await?;

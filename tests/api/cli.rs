@@ -13,7 +13,7 @@ async fn run(args: &[&str]) -> (bool, String, String) {
 }
 
 /// Like [`run`], with `vars` set in the binary's environment.
-async fn run_env(args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
+pub(crate) async fn run_env(args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
         .args(args)
         // Only the arguments given here count, not the developer's shell.

@@ -16,4 +16,5 @@ mod rpcs;
 mod storage;
 mod tasks;
 mod tls;
+mod tools;
 mod trace;

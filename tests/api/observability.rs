@@ -5,7 +5,7 @@ use crate::common::{TestApp, config_toml_with, ctx};
 use ai_orchestrator::api::pb;
 use std::collections::BTreeSet;
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -235,7 +235,7 @@ async fn metrics_are_scraped_and_parse() {
 }
 
 /// The metrics endpoint of an app, parsed.
-async fn scrape(port: u16) -> prometheus_parse::Scrape {
+pub(crate) async fn scrape(port: u16) -> prometheus_parse::Scrape {
     let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
         .await
         .unwrap()
@@ -247,7 +247,11 @@ async fn scrape(port: u16) -> prometheus_parse::Scrape {
 
 /// A counter's value (0 when the series does not exist yet). The recorder
 /// is process-wide: tests compare before and after, on labels only they use.
-fn counter(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn counter(
+    scrape: &prometheus_parse::Scrape,
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> f64 {
     scrape
         .samples
         .iter()
@@ -260,7 +264,7 @@ fn counter(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &st
 }
 
 /// The number of observations in a histogram series (0 when absent).
-fn histogram_count(
+pub(crate) fn histogram_count(
     scrape: &prometheus_parse::Scrape,
     metric: &str,
     labels: &[(&str, &str)],

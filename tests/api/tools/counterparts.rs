@@ -1,0 +1,70 @@
+//! Reference MCP implementations nobody here wrote: the official
+//! `@modelcontextprotocol/server-everything` (npm) and the official Python
+//! SDK (`mcp` on PyPI), installed under `target/test-deps` from the package
+//! registries on first use (`.ci/run` installs them up front).
+
+use std::{path::PathBuf, process::Command, sync::Mutex};
+
+/// The pinned versions.
+pub const SERVER_EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
+pub const PYTHON_MCP: &str = "mcp==2.3.0";
+
+static INSTALL: Mutex<()> = Mutex::new(());
+
+fn deps() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-deps")
+}
+
+fn run(what: &str, cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `server-everything`'s entry point (installs it when missing).
+pub fn server_everything() -> PathBuf {
+    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = deps();
+    let entry = dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if !entry.exists() {
+        std::fs::create_dir_all(&dir).unwrap();
+        run(
+            "npm install server-everything",
+            Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--prefix"])
+                .arg(&dir)
+                .arg(SERVER_EVERYTHING),
+        );
+    }
+    entry
+}
+
+/// A Python with the MCP SDK (a venv, made when missing).
+pub fn python_with_mcp() -> PathBuf {
+    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let venv = deps().join("venv");
+    let python = venv.join("bin/python");
+    let ready = python.exists()
+        && Command::new(&python)
+            .args(["-c", "import mcp, httpx2"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ready {
+        std::fs::create_dir_all(deps()).unwrap();
+        run(
+            "python3 -m venv",
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+        );
+        run(
+            "pip install mcp",
+            Command::new(&python).args(["-m", "pip", "install", "-q", PYTHON_MCP]),
+        );
+    }
+    python
+}
