@@ -323,6 +323,7 @@ impl Bench {
         let sample = match rpc {
             Rpc::Execute => Kind::Execute,
             Rpc::ClassifySms => Kind::Classify,
+            Rpc::InvokeTool => anyhow::bail!("InvokeTool (system.echo) calls no upstream"),
         };
         let body = self.upstream.sample(sample).with_context(|| {
             format!("the fake upstream saw no {} request to replay", rpc.name())

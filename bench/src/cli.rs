@@ -28,8 +28,9 @@ pub struct Args {
         default_value = "load,direct,paired,saturation,breaker,inflight,coldstart,usage"
     )]
     pub scenarios: Vec<String>,
-    /// RPCs at fixed rates: execute, classify.
-    #[arg(long, value_delimiter = ',', default_value = "execute,classify")]
+    /// RPCs at fixed rates: execute, classify, tool (`InvokeTool` of
+    /// `system.echo`; also swept at saturation beside `Execute`).
+    #[arg(long, value_delimiter = ',', default_value = "execute,classify,tool")]
     pub rpcs: Vec<String>,
     /// Metering modes: sqlite (fsync per commit, the default durability),
     /// sqlite-normal (`sqlite_synchronous = "normal"`), postgres, off.

@@ -58,10 +58,16 @@ async fn drive(
     let rpcs = bench.settings.rpcs.clone();
     // The paired rounds take turns over the fixed rates' RPCs, or run
     // Execute alone.
-    let paired_rpcs = if rpcs.is_empty() {
+    // Execute alone. InvokeTool has no upstream, so no direct step to pair.
+    let with_upstream: Vec<Rpc> = rpcs
+        .iter()
+        .copied()
+        .filter(|r| *r != Rpc::InvokeTool)
+        .collect();
+    let paired_rpcs = if with_upstream.is_empty() {
         vec![Rpc::Execute]
     } else {
-        rpcs.clone()
+        with_upstream
     };
     let mut warm = rpcs.clone();
     let mut need = |rpc: Rpc, when: bool| {
@@ -75,6 +81,9 @@ async fn drive(
     // The direct baseline replays bodies the orchestrator sent.
     need(Rpc::ClassifySms, bench.settings.direct);
     need(Rpc::Execute, bench.settings.direct || saturation);
+    for &rpc in &bench.settings.sat_rpcs.clone() {
+        need(rpc, saturation);
+    }
     bench.warm_up(live, &warm).await?;
     if let Some(q) = bench.settings.quiet {
         let before = format!(

@@ -1,8 +1,10 @@
-//! Saturation: `Execute` at 0 ms upstream, the rate raised ×1.25 per step
-//! until a step fails the criteria, then bisected between the last passing
-//! and the first failing rate. Each sweep runs `--saturation-repeats`
-//! times on the same server, the server idle again before each step that
-//! follows a failed one; the targets read the median of the sweeps.
+//! Saturation: `Execute` at 0 ms upstream (and `InvokeTool` of
+//! `system.echo`, when asked), the rate raised ×1.25 per step until a step
+//! fails the criteria, then bisected between the last passing and the
+//! first failing rate. Each sweep runs `--saturation-repeats` times on the
+//! same server, the RPCs taking turns so that their ratio is read within
+//! one stretch of the host's noise, the server idle again before each step
+//! that follows a failed one; the targets read the median of the sweeps.
 
 use crate::{
     bench::{Bench, Live},
@@ -31,12 +33,15 @@ const RECOVERY_MAX: Duration = Duration::from_secs(30);
 
 /// Every sweep on `live`, an idle wait between them.
 pub async fn sweeps(bench: &mut Bench, live: &Live, latency_ms: u64) -> anyhow::Result<()> {
+    let rpcs = bench.settings.sat_rpcs.clone();
     for repeat in 0..bench.settings.sat_repeats {
-        if repeat > 0 {
-            // The previous sweep ended on overloaded steps.
-            recover(live).await;
+        for (i, &rpc) in rpcs.iter().enumerate() {
+            if repeat > 0 || i > 0 {
+                // The previous sweep ended on overloaded steps.
+                recover(live).await;
+            }
+            sweep(bench, live, latency_ms, rpc, repeat).await?;
         }
-        sweep(bench, live, latency_ms, repeat).await?;
     }
     Ok(())
 }
@@ -48,18 +53,19 @@ async fn sweep(
     bench: &mut Bench,
     live: &Live,
     latency_ms: u64,
+    rpc: Rpc,
     repeat: usize,
 ) -> anyhow::Result<()> {
     let mut sat = Saturation {
         metering: live.metering.name().into(),
         repeat: u32::try_from(repeat).unwrap_or(u32::MAX),
-        rpc: Rpc::Execute.name().into(),
+        rpc: rpc.name().into(),
         upstream_latency_ms: latency_ms,
         ..Saturation::default()
     };
     let mut rate = bench.settings.sat_start;
     for _ in 0..bench.settings.sat_max_steps {
-        if !step(bench, live, latency_ms, rate, &mut sat).await? {
+        if !step(bench, live, latency_ms, rpc, rate, &mut sat).await? {
             break;
         }
         rate = (rate * bench.settings.sat_factor).round();
@@ -76,7 +82,7 @@ async fn sweep(
         // pause cannot tell when that has drained: measure again only once
         // the server is idle.
         recover(live).await;
-        step(bench, live, latency_ms, mid, &mut sat).await?;
+        step(bench, live, latency_ms, rpc, mid, &mut sat).await?;
     }
     bench.results.saturation.push(sat);
     Ok(())
@@ -87,12 +93,13 @@ async fn step(
     bench: &mut Bench,
     live: &Live,
     latency_ms: u64,
+    rpc: Rpc,
     rate: f64,
     sat: &mut Saturation,
 ) -> anyhow::Result<bool> {
     let duration = bench.settings.sat_duration;
     let mut step = bench
-        .grpc_step(live, Rpc::Execute, latency_ms, "saturation", rate, duration)
+        .grpc_step(live, rpc, latency_ms, "saturation", rate, duration)
         .await?;
     let why = failure(&step);
     step.passed = Some(why.is_none());

@@ -26,6 +26,9 @@ pub struct Settings {
     pub direct: bool,
     /// Run the saturation sweep (Execute, lowest upstream latency).
     pub saturation: bool,
+    /// RPCs swept at saturation, taking turns: `Execute`, and `InvokeTool`
+    /// when `--rpcs` names it.
+    pub sat_rpcs: Vec<Rpc>,
     /// Speak plaintext HTTP/2 (prior knowledge) to the fake upstream, from
     /// the orchestrator and from the direct baseline.
     pub upstream_http2: bool,
@@ -112,6 +115,7 @@ impl Settings {
             .map(|r| match r.as_str() {
                 "execute" => Ok(Rpc::Execute),
                 "classify" | "classify-sms" => Ok(Rpc::ClassifySms),
+                "tool" | "invoke-tool" => Ok(Rpc::InvokeTool),
                 other => Err(anyhow::anyhow!("--rpcs: unknown rpc `{other}`")),
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -139,6 +143,9 @@ impl Settings {
             warmup: secs(pick(args.warmup, s, 0.3, 2.0)),
             latencies: pick(args.upstream_latency_ms.clone(), s, vec![0], vec![0, 50]),
             metering,
+            sat_rpcs: std::iter::once(Rpc::Execute)
+                .chain(rpcs.contains(&Rpc::InvokeTool).then_some(Rpc::InvokeTool))
+                .collect(),
             rpcs: if scenario("load") { rpcs } else { Vec::new() },
             direct: scenario("direct"),
             saturation: scenario("saturation"),

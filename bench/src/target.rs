@@ -3,7 +3,9 @@
 //! straight to the fake upstream over pooled HTTP/1.1 (the baseline).
 
 use crate::loadgen::{MakeRequest, Outcome};
-use ai_orchestrator::api::pb::{self, orchestrator_client::OrchestratorClient};
+use ai_orchestrator::api::pb::{
+    self, orchestrator_client::OrchestratorClient, tool_service_client::ToolServiceClient,
+};
 use axum::body::Bytes;
 use futures::future::BoxFuture;
 use hyper::client::conn::http2::SendRequest;
@@ -23,6 +25,10 @@ const TEAMS: [&str; 8] = [
 /// Input of the `Execute` calls (a `meeting_brief`).
 pub const BRIEF_INPUT: &str = r#"{"company":"Acme Corp","attendees":["Ann Lee (VP Sales)","Bob Diaz (CTO)"],"meeting_at":"2025-03-12T15:00:00Z","notes":"Second call. 40 reps on the current tool, renewal in Q3. Asked about SSO and volume pricing."}"#;
 
+/// Input of the `InvokeTool` calls (`system.echo`): about the size of an
+/// SMS with its context.
+const ECHO_TEXT: &str = "Yes, I'm interested - can you call me tomorrow afternoon? Ann, Acme Corp";
+
 /// The RPCs under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rpc {
@@ -30,6 +36,9 @@ pub enum Rpc {
     Execute,
     /// `ClassifySms`.
     ClassifySms,
+    /// `InvokeTool` of `system.echo`: the tools' entry point (policy,
+    /// schema, ledger, audit) without an upstream.
+    InvokeTool,
 }
 
 impl Rpc {
@@ -38,12 +47,41 @@ impl Rpc {
         match self {
             Rpc::Execute => "Execute",
             Rpc::ClassifySms => "ClassifySms",
+            Rpc::InvokeTool => "InvokeTool",
         }
     }
 }
 
-/// The gRPC client of the load: one HTTP/2 connection.
-pub type Client = OrchestratorClient<H2>;
+/// The gRPC clients of the load on one HTTP/2 connection: the
+/// `Orchestrator` (what it dereferences to) and the `ToolService`.
+#[derive(Clone)]
+pub struct Client {
+    orchestrator: OrchestratorClient<H2>,
+    /// The `ToolService` on the same connection.
+    pub tools: ToolServiceClient<H2>,
+}
+
+impl Client {
+    fn new(h2: H2) -> Self {
+        Self {
+            orchestrator: OrchestratorClient::new(h2.clone()),
+            tools: ToolServiceClient::new(h2),
+        }
+    }
+}
+
+impl std::ops::Deref for Client {
+    type Target = OrchestratorClient<H2>;
+    fn deref(&self) -> &Self::Target {
+        &self.orchestrator
+    }
+}
+
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.orchestrator
+    }
+}
 
 /// One HTTP/2 connection used by the gRPC client as it is. A tonic
 /// `Channel` puts a queue and a task of its own in front of the connection
@@ -102,7 +140,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for H2 {
 pub async fn connect(addr: SocketAddr, count: usize) -> anyhow::Result<Arc<Vec<Client>>> {
     let mut clients = Vec::with_capacity(count);
     for _ in 0..count.max(1) {
-        clients.push(OrchestratorClient::new(H2::connect(addr).await?));
+        clients.push(Client::new(H2::connect(addr).await?));
     }
     Ok(Arc::new(clients))
 }
@@ -197,6 +235,28 @@ pub fn grpc(
                             check_meta(r.get_ref().meta.as_ref(), expect)
                         }
                         Ok(_) => Err("WRONG_INTENT".into()),
+                        Err(status) => check_status(&status, expect),
+                    }
+                }
+                Rpc::InvokeTool => {
+                    let mut input = serde_json::Map::new();
+                    input.insert("text".to_owned(), ECHO_TEXT.into());
+                    let mut request = tonic::Request::new(pb::InvokeToolRequest {
+                        context: context(i),
+                        tool: "system.echo".to_owned(),
+                        input: Some(ai_orchestrator::api::convert::json_to_struct(input)),
+                        mode: pb::InvocationMode::Sync as i32,
+                        ..Default::default()
+                    });
+                    request.set_timeout(timeout);
+                    match client.tools.invoke_tool(request).await {
+                        Ok(r) => match r.get_ref().invocation.as_ref().map(|i| i.status()) {
+                            Some(pb::InvocationStatus::Succeeded) => match expect {
+                                Expect::Primary => Ok(()),
+                                _ => Err("ANSWERED".into()),
+                            },
+                            _ => Err("TOOL_NOT_SUCCEEDED".into()),
+                        },
                         Err(status) => check_status(&status, expect),
                     }
                 }

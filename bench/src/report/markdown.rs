@@ -3,7 +3,9 @@
 
 mod scenarios;
 
-use super::{Results, Step, paired_summary, saturation_rates, summary, targets::ADDED_P99_MAX_US};
+use super::{
+    Results, Step, paired_summary, saturation_rates_of, summary, targets::ADDED_P99_MAX_US,
+};
 use std::fmt::Write as _;
 
 /// The whole report.
@@ -241,16 +243,20 @@ fn paired(out: &mut String, r: &Results) {
 }
 
 fn saturation(out: &mut String, r: &Results) {
-    let mut modes: Vec<&str> = r.saturation.iter().map(|s| s.metering.as_str()).collect();
-    modes.dedup();
-    let rows = modes.into_iter().filter_map(|mode| {
-        let rates = saturation_rates(r, mode);
+    let mut series: Vec<(&str, &str)> = Vec::new();
+    for s in &r.saturation {
+        if !series.contains(&(s.metering.as_str(), s.rpc.as_str())) {
+            series.push((s.metering.as_str(), s.rpc.as_str()));
+        }
+    }
+    let rows = series.into_iter().filter_map(|(mode, rpc)| {
+        let rates = saturation_rates_of(r, mode, rpc);
         let (_, median, _) = summary(&rates)?;
         let each: Vec<String> = rates.iter().map(|v| format!("{v:.0}")).collect();
         let stops: Vec<String> = r
             .saturation
             .iter()
-            .filter(|s| s.metering == mode)
+            .filter(|s| s.metering == mode && s.rpc == rpc)
             .map(|s| match (s.first_failing_rps, &s.failed_because) {
                 (Some(rps), Some(why)) => format!("{rps:.0}: {why}"),
                 _ => "none failed".into(),
@@ -258,6 +264,7 @@ fn saturation(out: &mut String, r: &Results) {
             .collect();
         Some(vec![
             mode.to_owned(),
+            rpc.to_owned(),
             each.join(", "),
             format!("**{median:.0}**"),
             stops.join("; "),
@@ -270,10 +277,11 @@ fn saturation(out: &mut String, r: &Results) {
     section(
         out,
         "Saturation",
-        "`Execute` at 0 ms upstream, the rate raised step by step until achieved < 95 % of offered, errors \
-         > 1 % or p99 > 100 ms, then bisected; each sweep repeated on the same server once it is idle again. \
-         Targets read the median of the sweeps (a sweep where nothing passed counts as 0).",
-        "metering | highest passing rps per sweep | median | first failing rps of each sweep: why",
+        "`Execute` (and `InvokeTool` of `system.echo`, taking turns) at 0 ms upstream, the rate raised step \
+         by step until achieved < 95 % of offered, errors > 1 % or p99 > 100 ms, then bisected; each sweep \
+         repeated on the same server once it is idle again. Targets read the median of the sweeps (a sweep \
+         where nothing passed counts as 0).",
+        "metering | rpc | highest passing rps per sweep | median | first failing rps of each sweep: why",
         rows,
     );
 }

@@ -22,9 +22,14 @@ pub fn summary(v: &[f64]) -> Option<(f64, f64, f64)> {
 /// order; a sweep where no step passed counts as 0 (it saturated below its
 /// first rate).
 pub fn saturation_rates(r: &Results, metering: &str) -> Vec<f64> {
+    saturation_rates_of(r, metering, "Execute")
+}
+
+/// Like [`saturation_rates`], for the sweeps of `rpc`.
+pub fn saturation_rates_of(r: &Results, metering: &str, rpc: &str) -> Vec<f64> {
     r.saturation
         .iter()
-        .filter(|s| s.metering == metering && s.rpc == "Execute")
+        .filter(|s| s.metering == metering && s.rpc == rpc)
         .map(|s| s.highest_passing_rps.unwrap_or(0.0))
         .collect()
 }

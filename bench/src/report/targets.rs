@@ -1,7 +1,7 @@
 //! The targets of issue #6, checked against a run's results. Reported, never
 //! asserted: the benchmark measures, it does not pass or fail on timing.
 
-use super::{Results, Target, paired_summary, saturation_rates, summary};
+use super::{Results, Target, paired_summary, saturation_rates, saturation_rates_of, summary};
 
 /// Added p99 at this rate, SQLite metering.
 const ADDED_P99_RATE: f64 = 1000.0;
@@ -16,6 +16,9 @@ const COLD_START_MAX_MS: f64 = 100.0;
 const USAGE_RECORDS: u64 = 1_000_000;
 /// ... read within this, ms (p95, every backend and shape).
 const USAGE_MAX_MS: f64 = 200.0;
+/// The tools' entry point (issue #27): `InvokeTool` of `system.echo` at
+/// saturation, at least this share of `Execute`'s on the same server.
+const TOOL_SATURATION_MIN_SHARE: f64 = 0.8;
 
 /// Every target with what `r` reached. A smoke run (debug build, half a
 /// second a step, low rates) measures none of them: its figures are shown
@@ -28,6 +31,7 @@ pub fn evaluate(r: &Results) -> Vec<Target> {
         peak_rss(r),
         cold_start(r),
         usage(r),
+        tool_saturation(r),
     ];
     if r.smoke {
         for t in &mut targets {
@@ -270,3 +274,34 @@ fn usage(r: &Results) -> Target {
 
 #[cfg(test)]
 mod tests;
+
+/// `InvokeTool` of `system.echo` against `Execute` at saturation, on the
+/// same servers (the sweeps take turns): the ratio of the medians, judged
+/// with SQLite metering and its default durability.
+fn tool_saturation(r: &Results) -> Target {
+    let ratio = |m: &str| {
+        let tool = summary(&saturation_rates_of(r, m, "InvokeTool"))?.1;
+        let execute = summary(&saturation_rates_of(r, m, "Execute"))?.1;
+        (execute > 0.0).then(|| (tool, execute, tool / execute))
+    };
+    let mut reached = Vec::new();
+    for mode in ["sqlite", "sqlite-normal", "postgres", "off"] {
+        if let Some((tool, execute, share)) = ratio(mode) {
+            reached.push(format!(
+                "{mode}: {tool:.0} / {execute:.0} rps = {:.2}×",
+                share
+            ));
+        }
+    }
+    Target {
+        name: "InvokeTool (system.echo) saturation vs Execute, 0 ms upstream, SQLite metering"
+            .into(),
+        goal: format!("≥ {TOOL_SATURATION_MIN_SHARE}× Execute's"),
+        reached: if reached.is_empty() {
+            "not measured".into()
+        } else {
+            reached.join("; ")
+        },
+        met: ratio("sqlite").map(|(_, _, share)| share >= TOOL_SATURATION_MIN_SHARE),
+    }
+}

@@ -288,13 +288,15 @@ fn validation_rejects_runs_where_everything_failed() {
     r.saturation = vec![sweep(0)];
     let err = validate(&serde_json::to_string(&r).unwrap(), true).unwrap_err();
     assert!(
-        err.to_string().contains("1 saturation sweeps, not 2"),
+        err.to_string()
+            .contains("1 Execute saturation sweeps, not 2"),
         "{err}"
     );
     r.saturation.push(sweep(1));
     let back = validate(&serde_json::to_string(&r).unwrap(), true).unwrap();
     assert!(
-        markdown(&back).contains("| sqlite | 3000, 3000 | **3000** | none failed; none failed |"),
+        markdown(&back)
+            .contains("| sqlite | Execute | 3000, 3000 | **3000** | none failed; none failed |"),
         "{}",
         markdown(&back)
     );

@@ -2,7 +2,7 @@
 //! asked for, and its numbers hold together. A broken run fails here (the
 //! bench exits non-zero); a slow one never does.
 
-use super::{Results, SCHEMA_VERSION, Step, saturation_rates};
+use super::{Results, SCHEMA_VERSION, Step, saturation_rates_of};
 use anyhow::{Context, ensure};
 
 /// Validates `json`. With `strict` (smoke runs), every step must have
@@ -85,11 +85,12 @@ fn sweeps(r: &Results) -> anyhow::Result<()> {
         return Ok(());
     };
     for s in &r.saturation {
-        let sweeps = saturation_rates(r, &s.metering).len() as u64;
+        let sweeps = saturation_rates_of(r, &s.metering, &s.rpc).len() as u64;
         ensure!(
             sweeps == repeats,
-            "{} metering ran {sweeps} saturation sweeps, not {repeats}",
-            s.metering
+            "{} metering ran {sweeps} {} saturation sweeps, not {repeats}",
+            s.metering,
+            s.rpc
         );
     }
     Ok(())

@@ -190,3 +190,37 @@ fn a_smoke_run_judges_no_target() {
         assert!(t.reached.starts_with("smoke run"), "{}", t.reached);
     }
 }
+
+#[test]
+fn tool_saturation_is_the_ratio_of_the_medians_on_the_same_servers() {
+    let sweep = |metering: &str, rpc: &str, repeat: u32, rps: f64| Saturation {
+        metering: metering.into(),
+        repeat,
+        rpc: rpc.into(),
+        highest_passing_rps: Some(rps),
+        ..Default::default()
+    };
+    let mut r = Results {
+        saturation: vec![
+            sweep("sqlite", "Execute", 0, 5000.0),
+            sweep("sqlite", "InvokeTool", 0, 3000.0),
+            sweep("sqlite", "Execute", 1, 4000.0),
+            sweep("sqlite", "InvokeTool", 1, 3600.0),
+            sweep("sqlite", "Execute", 2, 6000.0),
+            sweep("sqlite", "InvokeTool", 2, 4200.0),
+        ],
+        ..Results::default()
+    };
+    // Medians 3600 / 5000: 0.72, below 0.8, whatever one sweep says.
+    let t = tool_saturation(&r);
+    assert_eq!(t.met, Some(false), "{}", t.reached);
+    assert_eq!(t.reached, "sqlite: 3600 / 5000 rps = 0.72×");
+    r.saturation[1].highest_passing_rps = Some(4500.0);
+    r.saturation[3].highest_passing_rps = Some(4100.0);
+    let t = tool_saturation(&r);
+    assert_eq!(t.met, Some(true), "{}", t.reached);
+    // Execute's own target still reads Execute's sweeps only.
+    assert!(saturation(&r).reached.starts_with("median 5000 rps"));
+    let none = tool_saturation(&with_saturation(5000.0, 4000.0));
+    assert_eq!((none.met, none.reached.as_str()), (None, "not measured"));
+}
