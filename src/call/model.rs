@@ -90,11 +90,13 @@ impl Call {
     ) -> CompletionRequest {
         let task_cfg = self.pipeline.inner.config.tasks.get(task);
         CompletionRequest {
+            tools: Vec::new(),
             model: String::new(),
             system: Some(prompt.system.clone()),
             messages: vec![ChatMessage {
                 role: Role::User,
                 content: prompt.user.clone(),
+                ..Default::default()
             }],
             temperature: prompt
                 .prompt

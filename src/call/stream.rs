@@ -34,7 +34,7 @@ pub enum CallEvent {
     /// The answer, recorded and settled. Always the last event on success.
     Completed {
         /// The assembled answer.
-        completion: Completion,
+        completion: Box<Completion>,
         /// The call's meta.
         meta: CallMeta,
     },
@@ -80,7 +80,7 @@ impl Call {
                             log.served = Some((provider, model, degraded));
                         }
                         yield match self.finish(Ok(())).await {
-                            Ok(((), meta)) => CallEvent::Completed { completion, meta },
+                            Ok(((), meta)) => CallEvent::Completed { completion: Box::new(completion), meta },
                             Err(err) => CallEvent::Failed(err),
                         };
                         return;

@@ -18,7 +18,8 @@ pub mod tools;
 mod validate;
 
 pub use provider::{
-    BreakerConfig, DEFAULT_MAX_RESPONSE_BYTES, MockConfig, ProviderConfig, ProviderKind,
+    BreakerConfig, DEFAULT_MAX_RESPONSE_BYTES, MockConfig, MockToolCall, ProviderConfig,
+    ProviderKind,
 };
 pub use tools::{
     McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind, ToolWorkerConfig,

@@ -176,6 +176,26 @@ pub struct MockConfig {
     pub reply: Option<String>,
     /// Seed of the failure draw, so runs are reproducible.
     pub seed: u64,
+    /// Scripted tool calls, for agent tests and benchmarks: when tools are
+    /// offered, the model's n-th answer of a turn (counted from the last
+    /// user message) calls the tools of entry n; past the script it answers
+    /// with text.
+    pub tool_script: Vec<Vec<MockToolCall>>,
+}
+
+/// One scripted tool call of the mock.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MockToolCall {
+    /// The tool, by our name (`system.echo`).
+    pub tool: String,
+    /// Its arguments as JSON text (malformed on purpose, if a test wants).
+    #[serde(default = "empty_object")]
+    pub arguments: String,
+}
+
+fn empty_object() -> String {
+    "{}".into()
 }
 
 impl Default for MockConfig {
@@ -185,6 +205,7 @@ impl Default for MockConfig {
             failure_rate: 0.0,
             reply: None,
             seed: 42,
+            tool_script: Vec::new(),
         }
     }
 }

@@ -16,7 +16,7 @@ mod tests;
 
 use super::{
     Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError,
-    StreamEvent, TokenUsage, http, sse, system_with_schema, turns,
+    StreamEvent, TokenUsage, http, refuse_tools, sse, system_with_schema, turns,
 };
 use crate::config::ProviderConfig;
 use futures::StreamExt;
@@ -86,6 +86,7 @@ impl AnthropicProvider {
 #[async_trait::async_trait]
 impl Provider for AnthropicProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
+        refuse_tools(&req)?;
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, false).await?;
         let message: MessagesResponse =
@@ -94,6 +95,7 @@ impl Provider for AnthropicProvider {
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
+        refuse_tools(&req)?;
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, true).await?;
         let limit = self.max_response;
@@ -155,7 +157,7 @@ fn body(req: &CompletionRequest, stream: bool) -> MessagesRequest<'_> {
         .into_iter()
         .map(|(role, content)| WireMessage {
             role: match role {
-                super::Role::User => "user",
+                super::Role::User | super::Role::Tool => "user",
                 super::Role::Assistant => "assistant",
             },
             content,
@@ -250,6 +252,7 @@ impl MessagesResponse {
             .collect();
         let usage = self.usage.unwrap_or_default();
         Completion {
+            tool_calls: Vec::new(),
             text,
             usage: TokenUsage {
                 input_tokens: usage.prompt_tokens().unwrap_or(0),

@@ -21,7 +21,7 @@ mod tests;
 
 use super::{
     Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError, Role,
-    StreamEvent, TokenUsage, http, sse, system_with_schema, turns,
+    StreamEvent, TokenUsage, http, refuse_tools, sse, system_with_schema, turns,
 };
 use crate::config::ProviderConfig;
 use futures::StreamExt;
@@ -84,6 +84,7 @@ impl GeminiProvider {
 #[async_trait::async_trait]
 impl Provider for GeminiProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
+        refuse_tools(&req)?;
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, "generateContent").await?;
         let answer: GenerateResponse =
@@ -101,6 +102,7 @@ impl Provider for GeminiProvider {
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
+        refuse_tools(&req)?;
         let lease = self.clients.lease();
         let response = self
             .send(&lease, &req, "streamGenerateContent?alt=sse")
@@ -180,7 +182,7 @@ fn body(req: &CompletionRequest) -> GenerateRequest {
         .into_iter()
         .map(|(role, text)| Content {
             role: Some(match role {
-                Role::User => "user",
+                Role::User | Role::Tool => "user",
                 Role::Assistant => "model",
             }),
             parts: vec![Part { text }],
@@ -363,6 +365,7 @@ impl StreamState {
 
     fn finish(self) -> Completion {
         Completion {
+            tool_calls: Vec::new(),
             text: self.text,
             usage: self.usage,
             finish_reason: self.finish.unwrap_or(FinishReason::Other),

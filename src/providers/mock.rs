@@ -8,8 +8,8 @@
 //! mock and which rule matched.
 
 use super::{
-    Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError,
-    StreamEvent, TokenUsage,
+    ChatMessage, Completion, CompletionRequest, CompletionStream, FinishReason, Provider,
+    ProviderError, Role, StreamEvent, TokenUsage, ToolCall, WireNames,
 };
 use crate::config::MockConfig;
 use serde_json::{Map, Value};
@@ -55,7 +55,52 @@ impl MockProvider {
         Ok(())
     }
 
+    /// The scripted tool calls of this answer, when tools are offered and
+    /// the script has an entry for this answer of the turn.
+    fn scripted_calls(&self, req: &CompletionRequest) -> Vec<ToolCall> {
+        if req.tools.is_empty() {
+            return Vec::new();
+        }
+        let turn_start = req
+            .messages
+            .iter()
+            .rposition(|m| m.role == Role::User)
+            .map_or(0, |i| i + 1);
+        let answered = req.messages[turn_start..]
+            .iter()
+            .filter(|m| m.role == Role::Assistant && !m.tool_calls.is_empty())
+            .count();
+        let Some(step) = self.config.tool_script.get(answered) else {
+            return Vec::new();
+        };
+        let names = WireNames::new(step.iter().map(|c| c.tool.as_str()));
+        step.iter()
+            .enumerate()
+            .map(|(i, c)| ToolCall {
+                id: format!("call_mock_{answered}_{i}"),
+                name: names.wire(&c.tool).unwrap_or(&c.tool).to_owned(),
+                arguments: c.arguments.clone(),
+            })
+            .collect()
+    }
+
     fn answer(&self, req: &CompletionRequest) -> Completion {
+        let tool_calls = self.scripted_calls(req);
+        if !tool_calls.is_empty() {
+            let input_bytes: usize = req.messages.iter().map(ChatMessage::bytes).sum();
+            return Completion {
+                usage: TokenUsage {
+                    input_tokens: approx_tokens(input_bytes),
+                    output_tokens: approx_tokens(
+                        tool_calls.iter().map(|c| c.arguments.len() + 8).sum(),
+                    ),
+                },
+                finish_reason: FinishReason::ToolCalls,
+                model: Some(req.model.clone()),
+                tool_calls,
+                ..Completion::default()
+            };
+        }
         let text = match (&self.config.reply, &req.response_format) {
             (Some(reply), _) => reply.clone(),
             (None, Some(format)) => {
@@ -67,6 +112,7 @@ impl MockProvider {
         let input_chars: usize = req.system.as_deref().map_or(0, str::len)
             + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
         Completion {
+            tool_calls: Vec::new(),
             usage: TokenUsage {
                 input_tokens: approx_tokens(input_chars),
                 output_tokens: approx_tokens(text.len()),
@@ -256,17 +302,19 @@ pub fn example_of(schema: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{ChatMessage, JsonSchemaFormat, Role};
+    use crate::providers::{ChatMessage, JsonSchemaFormat, Role, ToolOutcome, ToolSpec};
     use serde_json::json;
     use std::time::Duration;
 
     fn request(format: Option<JsonSchemaFormat>) -> CompletionRequest {
         CompletionRequest {
+            tools: Vec::new(),
             model: "m".into(),
             system: Some("sys".into()),
             messages: vec![ChatMessage {
                 role: Role::User,
                 content: "hello there".into(),
+                ..Default::default()
             }],
             temperature: None,
             max_tokens: 10,
@@ -356,5 +404,80 @@ mod tests {
             .collect();
         assert_eq!(deltas, "a b c");
         assert!(matches!(events.last(), Some(Ok(StreamEvent::Done(c))) if c.text == "a b c"));
+    }
+
+    #[tokio::test]
+    async fn a_tool_script_calls_its_tools_turn_by_turn_then_answers() {
+        let config: crate::config::Config = crate::config::Config::from_toml_str(
+            r#"
+[providers.m]
+kind = "mock"
+[providers.m.mock]
+reply = "All done."
+tool_script = [
+  [{ tool = "crm.lookup", arguments = '{"lead_id":"L-1"}' }, { tool = "system.echo" }],
+  [{ tool = "crm.add_note", arguments = '{"note": broken' }],
+]
+"#,
+            |_| None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mock_config = config.providers["m"].mock.clone();
+        let mock = MockProvider::new(mock_config);
+        let mut req = request(None);
+        // Without tools offered, the script does not apply.
+        let plain = mock.complete(req.clone()).await.unwrap_or_default();
+        assert_eq!(plain.text, "All done.");
+        assert!(plain.tool_calls.is_empty());
+
+        req.tools = vec![ToolSpec {
+            name: "crm__lookup".into(),
+            description: String::new(),
+            parameters: json!({"type": "object"}),
+        }];
+        let first = mock.complete(req.clone()).await.unwrap_or_default();
+        assert_eq!(first.finish_reason, FinishReason::ToolCalls);
+        let names: Vec<&str> = first.tool_calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["crm__lookup", "system__echo"]);
+        assert_eq!(first.tool_calls[0].arguments, r#"{"lead_id":"L-1"}"#);
+        assert_eq!(first.tool_calls[1].arguments, "{}");
+        // The answer and its results join the turn: the script's next step.
+        req.messages.push(ChatMessage {
+            role: Role::Assistant,
+            tool_calls: first.tool_calls.clone(),
+            ..Default::default()
+        });
+        for call in &first.tool_calls {
+            req.messages.push(ChatMessage {
+                role: Role::Tool,
+                tool_result: Some(ToolOutcome {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    content: "{}".into(),
+                    is_error: false,
+                }),
+                ..Default::default()
+            });
+        }
+        let second = mock.complete(req.clone()).await.unwrap_or_default();
+        assert_eq!(second.tool_calls.len(), 1);
+        assert!(
+            second.tool_calls[0].parsed().is_err(),
+            "malformed on purpose"
+        );
+        req.messages.push(ChatMessage {
+            role: Role::Assistant,
+            tool_calls: second.tool_calls.clone(),
+            ..Default::default()
+        });
+        let third = mock.complete(req.clone()).await.unwrap_or_default();
+        assert_eq!(
+            (third.text.as_str(), third.tool_calls.len()),
+            ("All done.", 0)
+        );
+        // A new user message starts a new turn: the script again.
+        req.messages.push(ChatMessage::text(Role::User, "again"));
+        let again = mock.complete(req).await.unwrap_or_default();
+        assert_eq!(again.tool_calls.len(), 2);
     }
 }

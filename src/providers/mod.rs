@@ -16,9 +16,11 @@ pub mod mock;
 pub mod openai;
 mod perplexity;
 pub mod sse;
+pub mod tool_calls;
 mod turns;
 
 pub use error::{ConnectFailure, ProviderError};
+pub use tool_calls::{ToolCall, ToolOutcome, ToolSpec, WireNames};
 
 use crate::config::{Config, ProviderConfig, ProviderKind};
 use futures::stream::BoxStream;
@@ -27,21 +29,55 @@ use std::{collections::BTreeMap, sync::Arc};
 use tokio::time::Instant;
 
 /// Who wrote a conversation message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Role {
     /// The end user / the input.
+    #[default]
     User,
     /// The model (earlier replies, e.g. our outbound SMS).
     Assistant,
+    /// A tool's result, answering one of the model's tool calls.
+    Tool,
 }
 
 /// One conversation message sent to a model.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatMessage {
     /// Author.
     pub role: Role,
-    /// Text.
+    /// Text (an assistant message with tool calls may have none).
     pub content: String,
+    /// The tool calls of an assistant message.
+    pub tool_calls: Vec<ToolCall>,
+    /// The result a [`Role::Tool`] message carries.
+    pub tool_result: Option<ToolOutcome>,
+}
+
+impl ChatMessage {
+    /// A plain text message.
+    pub fn text(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Bytes of everything it carries: text, tool calls, a tool result.
+    pub(crate) fn bytes(&self) -> usize {
+        self.content.len()
+            + self
+                .tool_calls
+                .iter()
+                .map(|c| c.name.len() + c.arguments.len())
+                .sum::<usize>()
+            + self.tool_result.as_ref().map_or(0, |r| r.content.len())
+    }
+
+    /// Whether it carries tool calls or a tool result.
+    fn has_tool_parts(&self) -> bool {
+        !self.tool_calls.is_empty() || self.tool_result.is_some()
+    }
 }
 
 /// Ask the model for JSON matching a schema (OpenAI `response_format`,
@@ -69,6 +105,8 @@ pub struct CompletionRequest {
     pub max_tokens: u32,
     /// Structured output request.
     pub response_format: Option<JsonSchemaFormat>,
+    /// Tools the model may call (none: a plain completion).
+    pub tools: Vec<ToolSpec>,
     /// Trace ID, sent upstream as `x-trace-id`.
     pub trace_id: String,
     /// W3C `traceparent` to send upstream, when tracing is on.
@@ -115,7 +153,12 @@ impl TokenUsage {
     /// is malformed: it would otherwise saturate the cost and the ledger.
     pub fn plausible_for(self, req: &CompletionRequest) -> Result<TokenUsage, TokenUsage> {
         let bytes = req.system.as_deref().map_or(0, str::len)
-            + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+            + req.messages.iter().map(ChatMessage::bytes).sum::<usize>()
+            + req
+                .tools
+                .iter()
+                .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+                .sum::<usize>();
         let input = u64::try_from(bytes)
             .unwrap_or(u64::MAX)
             .saturating_mul(2)
@@ -143,6 +186,8 @@ pub enum FinishReason {
     Length,
     /// Blocked by the provider's content filter.
     ContentFilter,
+    /// The model asked for tool calls.
+    ToolCalls,
     /// Anything else the provider reported.
     Other,
 }
@@ -171,6 +216,16 @@ pub struct Completion {
     /// version of the one asked for: `gpt-4o-mini-2024-07-18`), when it
     /// says.
     pub model: Option<String>,
+    /// The tool calls the model asked for, in its order.
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl CompletionRequest {
+    /// Whether the request offers tools or carries tool calls or results:
+    /// a wire format without tool calling must refuse it, never drop them.
+    pub fn uses_tools(&self) -> bool {
+        !self.tools.is_empty() || self.messages.iter().any(ChatMessage::has_tool_parts)
+    }
 }
 
 /// One event of a streamed answer.
@@ -184,6 +239,18 @@ pub enum StreamEvent {
 
 /// A stream of answer events; ends after `Done` or an error.
 pub type CompletionStream = BoxStream<'static, Result<StreamEvent, ProviderError>>;
+
+/// Refuses a request that uses tools, for a wire format whose tool calling
+/// is not mapped yet: dropping the tools or their history would send the
+/// model a different conversation than the caller's.
+pub(crate) fn refuse_tools(req: &CompletionRequest) -> Result<(), ProviderError> {
+    if req.uses_tools() {
+        return Err(ProviderError::Unsupported(
+            "tool calling is not supported by this provider yet".into(),
+        ));
+    }
+    Ok(())
+}
 
 /// One wire format.
 #[async_trait::async_trait]
@@ -271,11 +338,13 @@ mod tests {
 
     fn request(text: &str, max_tokens: u32) -> CompletionRequest {
         CompletionRequest {
+            tools: Vec::new(),
             model: String::new(),
             system: Some("sys".into()),
             messages: vec![ChatMessage {
                 role: Role::User,
                 content: text.into(),
+                ..Default::default()
             }],
             temperature: None,
             max_tokens,

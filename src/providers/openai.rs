@@ -15,8 +15,9 @@
 //! Nothing here logs or keeps message contents, error messages or the key.
 
 use super::{
-    Citation, Completion, CompletionRequest, CompletionStream, FinishReason, Provider,
-    ProviderError, Role, StreamEvent, TokenUsage, http, perplexity, sse, system_with_schema,
+    ChatMessage, Citation, Completion, CompletionRequest, CompletionStream, FinishReason, Provider,
+    ProviderError, Role, StreamEvent, TokenUsage, ToolCall, http, perplexity, sse,
+    system_with_schema,
 };
 use crate::config::{Config, ProviderConfig, ProviderKind, Secret};
 use futures::StreamExt;
@@ -24,6 +25,7 @@ use reqwest::header::HeaderValue;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::{borrow::Cow, time::Duration};
+use stream::{Step, StreamState};
 
 /// Which server speaks the Chat Completions format, and so which of its
 /// optional features we use.
@@ -93,6 +95,16 @@ impl OpenAiProvider {
         })
     }
 
+    /// Perplexity's API has no tool calling.
+    fn check_tools(&self, req: &CompletionRequest) -> Result<(), ProviderError> {
+        if self.flavor == Flavor::Perplexity && req.uses_tools() {
+            return Err(ProviderError::Unsupported(
+                "Perplexity does not support tool calling".into(),
+            ));
+        }
+        Ok(())
+    }
+
     async fn send(
         &self,
         client: &http::Lease,
@@ -118,6 +130,7 @@ impl OpenAiProvider {
 #[async_trait::async_trait]
 impl Provider for OpenAiProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
+        self.check_tools(&req)?;
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, false).await?;
         let wire: WireResponse =
@@ -126,6 +139,7 @@ impl Provider for OpenAiProvider {
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
+        self.check_tools(&req)?;
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, true).await?;
         let mut events = Box::pin(sse::events(
@@ -170,6 +184,8 @@ struct WireRequest<'a> {
     temperature: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<Value>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Value>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -179,7 +195,48 @@ struct WireRequest<'a> {
 #[derive(Serialize)]
 struct WireMessage<'a> {
     role: &'static str,
-    content: Cow<'a, str>,
+    /// `null` for an assistant message that only calls tools.
+    content: Option<Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+/// One message of ours on the wire: a tool result is role `tool` answering
+/// its call's ID; an assistant's tool calls carry their arguments as the
+/// JSON text the model wrote.
+fn wire_message(m: &ChatMessage) -> WireMessage<'_> {
+    if let (Role::Tool, Some(result)) = (m.role, &m.tool_result) {
+        return WireMessage {
+            role: "tool",
+            content: Some(Cow::Borrowed(&result.content)),
+            tool_calls: Vec::new(),
+            tool_call_id: Some(&result.call_id),
+        };
+    }
+    let tool_calls: Vec<Value> = m
+        .tool_calls
+        .iter()
+        .map(|c| {
+            json!({"id": c.id, "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect();
+    let content = if m.content.is_empty() && !tool_calls.is_empty() {
+        None
+    } else {
+        Some(Cow::Borrowed(m.content.as_str()))
+    };
+    WireMessage {
+        role: match m.role {
+            Role::User | Role::Tool => "user",
+            Role::Assistant => "assistant",
+        },
+        content,
+        tool_calls,
+        tool_call_id: None,
+    }
 }
 
 /// The request body for `req` in `flavor`.
@@ -198,22 +255,27 @@ fn wire(flavor: Flavor, req: &CompletionRequest, stream: bool) -> WireRequest<'_
     if let Some(system) = system {
         messages.push(WireMessage {
             role: "system",
-            content: Cow::Owned(system),
+            content: Some(Cow::Owned(system)),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         });
     }
-    messages.extend(req.messages.iter().map(|m| WireMessage {
-        role: match m.role {
-            Role::User => "user",
-            Role::Assistant => "assistant",
-        },
-        content: Cow::Borrowed(&m.content),
-    }));
+    messages.extend(req.messages.iter().map(wire_message));
+    let tools = req
+        .tools
+        .iter()
+        .map(|t| {
+            json!({"type": "function", "function": {
+                "name": t.name, "description": t.description, "parameters": t.parameters}})
+        })
+        .collect();
     WireRequest {
         model: &req.model,
         messages,
         max_tokens: req.max_tokens,
         temperature: req.temperature,
         response_format,
+        tools,
         stream,
         stream_options: (stream && flavor != Flavor::Compatible)
             .then(|| json!({"include_usage": true})),
@@ -247,6 +309,28 @@ struct WireChoice {
 struct WireContent {
     #[serde(default)]
     content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<WireToolCall>,
+}
+
+/// A tool call in a message, or a piece of one in a stream's delta (where
+/// only `index` is sure to be there).
+#[derive(Deserialize)]
+struct WireToolCall {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<WireFunction>,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -287,6 +371,7 @@ fn finish_reason(wire: Option<&str>) -> FinishReason {
         Some("stop") => FinishReason::Stop,
         Some("length") => FinishReason::Length,
         Some("content_filter") => FinishReason::ContentFilter,
+        Some("tool_calls" | "function_call") => FinishReason::ToolCalls,
         _ => FinishReason::Other,
     }
 }
@@ -304,11 +389,34 @@ fn completion(flavor: Flavor, wire: WireResponse) -> Result<Completion, Provider
         .into_iter()
         .next()
         .ok_or_else(|| ProviderError::Malformed("no choices".into()))?;
-    // `content: null` also covers a structured-output refusal: no usable answer.
-    let text = choice
+    let message = choice
         .message
-        .and_then(|m| m.content)
-        .ok_or_else(|| ProviderError::Malformed("no message content".into()))?;
+        .ok_or_else(|| ProviderError::Malformed("no message".into()))?;
+    let tool_calls = message
+        .tool_calls
+        .into_iter()
+        .map(|c| {
+            let function = c.function.unwrap_or(WireFunction {
+                name: None,
+                arguments: None,
+            });
+            match function.name {
+                Some(name) if !name.is_empty() => Ok(ToolCall {
+                    id: c.id.unwrap_or_default(),
+                    name,
+                    arguments: function.arguments.unwrap_or_default(),
+                }),
+                _ => Err(ProviderError::Malformed("a tool call has no name".into())),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // `content: null` without tool calls also covers a structured-output
+    // refusal: no usable answer.
+    let text = match (message.content, tool_calls.is_empty()) {
+        (Some(text), _) => text,
+        (None, false) => String::new(),
+        (None, true) => return Err(ProviderError::Malformed("no message content".into())),
+    };
     Ok(Completion {
         text,
         usage: wire.usage.map(TokenUsage::from).unwrap_or_default(),
@@ -319,134 +427,11 @@ fn completion(flavor: Flavor, wire: WireResponse) -> Result<Completion, Provider
             wire.search_results.as_ref(),
         ),
         model: wire.model,
+        tool_calls,
     })
 }
 
-/// What one SSE `data:` payload means for the caller.
-#[derive(Debug, PartialEq)]
-enum Step {
-    /// A piece of answer text to pass on.
-    Delta(String),
-    /// Nothing to pass on (role-only chunk, usage chunk, keep-alive).
-    Nothing,
-    /// `[DONE]`: the stream is over.
-    Done,
-}
-
-/// The answer assembled from stream chunks so far.
-struct StreamState {
-    flavor: Flavor,
-    text: String,
-    usage: TokenUsage,
-    finish_reason: Option<FinishReason>,
-    citations: Option<Value>,
-    search_results: Option<Value>,
-    /// The answering model, as the chunks name it.
-    model: Option<String>,
-    /// Most bytes of text it may accumulate.
-    limit: usize,
-}
-
-impl StreamState {
-    fn new(flavor: Flavor, limit: usize) -> Self {
-        Self {
-            flavor,
-            limit,
-            text: String::new(),
-            usage: TokenUsage::default(),
-            finish_reason: None,
-            citations: None,
-            search_results: None,
-            model: None,
-        }
-    }
-
-    fn on_data(&mut self, data: &str) -> Result<Step, ProviderError> {
-        let data = data.trim();
-        if data.is_empty() {
-            return Ok(Step::Nothing);
-        }
-        if data == "[DONE]" {
-            return Ok(Step::Done);
-        }
-        // serde's message can quote the offending value (upstream text), so
-        // only its category and position are kept.
-        let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
-            ProviderError::Malformed(format!(
-                "stream chunk JSON: {:?} error at column {}",
-                e.classify(),
-                e.column()
-            ))
-        })?;
-        if let Some(error) = &chunk.error {
-            return Err(stream_error(error, data));
-        }
-        // OpenAI sends usage once, in a last chunk with no choices; Perplexity
-        // and llama.cpp send running totals. The last report wins either way.
-        if let Some(usage) = chunk.usage {
-            self.usage = usage.into();
-        }
-        if chunk.model.is_some() {
-            self.model = chunk.model;
-        }
-        // Perplexity repeats the full (growing) lists in every chunk.
-        if chunk.citations.is_some() {
-            self.citations = chunk.citations;
-        }
-        if chunk.search_results.is_some() {
-            self.search_results = chunk.search_results;
-        }
-        let Some(choice) = chunk.choices.into_iter().next() else {
-            return Ok(Step::Nothing);
-        };
-        if let Some(reason) = choice.finish_reason.as_deref() {
-            self.finish_reason = Some(finish_reason(Some(reason)));
-        }
-        match choice.delta.and_then(|d| d.content) {
-            Some(piece) if !piece.is_empty() => {
-                http::append_limited(&mut self.text, &piece, self.limit)?;
-                Ok(Step::Delta(piece))
-            }
-            _ => Ok(Step::Nothing),
-        }
-    }
-
-    /// The whole answer once the stream is over, or `Malformed` when it was
-    /// cut off (no `[DONE]` and no finish reason).
-    fn finish(self, saw_done: bool) -> Result<Completion, ProviderError> {
-        if !saw_done && self.finish_reason.is_none() {
-            return Err(ProviderError::Malformed(
-                "stream ended before the answer was complete".into(),
-            ));
-        }
-        Ok(Completion {
-            citations: citations(
-                self.flavor,
-                self.citations.as_ref(),
-                self.search_results.as_ref(),
-            ),
-            text: self.text,
-            usage: self.usage,
-            finish_reason: self.finish_reason.unwrap_or(FinishReason::Other),
-            model: self.model,
-        })
-    }
-}
-
-/// An in-stream `{"error": ...}` as a status error, keeping only its type.
-fn stream_error(error: &Value, data: &str) -> ProviderError {
-    let status = ["code", "status"]
-        .iter()
-        .filter_map(|k| error.get(k).and_then(Value::as_u64))
-        .find(|c| (400..=599).contains(c))
-        .and_then(|c| u16::try_from(c).ok())
-        .unwrap_or(502);
-    ProviderError::Status {
-        status,
-        retry_after: None,
-        summary: format!("in-stream error: {}", http::error_type(data.as_bytes())),
-    }
-}
+mod stream;
 
 #[cfg(test)]
 mod tests;

@@ -45,6 +45,7 @@ mod tests {
         ChatMessage {
             role,
             content: content.into(),
+            ..Default::default()
         }
     }
 

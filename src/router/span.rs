@@ -76,6 +76,7 @@ pub(super) fn answered(span: &tracing::Span, completion: &Completion) {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
         FinishReason::ContentFilter => "content_filter",
+        FinishReason::ToolCalls => "tool_calls",
         FinishReason::Other => "other",
     };
     span.record("gen_ai.response.finish_reasons", reason);

@@ -62,11 +62,13 @@ fn router(config: Config, jitter: Jitter) -> Router {
 
 fn request() -> CompletionRequest {
     CompletionRequest {
+        tools: Vec::new(),
         model: String::new(),
         system: None,
         messages: vec![ChatMessage {
             role: Role::User,
             content: "hi".into(),
+            ..Default::default()
         }],
         temperature: None,
         max_tokens: 16,

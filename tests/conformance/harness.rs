@@ -109,11 +109,13 @@ pub fn provider(f: &Fixture, server: &MockServer, with_key: bool) -> Arc<dyn Pro
 /// A typical request to the fixture's model.
 pub fn request(f: &Fixture, trace_id: &str) -> CompletionRequest {
     CompletionRequest {
+        tools: Vec::new(),
         model: f.model.into(),
         system: Some("You are a terse assistant.".into()),
         messages: vec![ChatMessage {
             role: Role::User,
             content: "Say hello.".into(),
+            ..Default::default()
         }],
         temperature: Some(0.2),
         max_tokens: 64,

@@ -9,4 +9,5 @@ mod gemini;
 mod harness;
 mod openai;
 mod openai_compatible;
+mod openai_tools;
 mod perplexity;

@@ -160,6 +160,7 @@ impl State {
 
     fn finish(&mut self) -> Completion {
         Completion {
+            tool_calls: Vec::new(),
             text: std::mem::take(&mut self.text),
             usage: TokenUsage {
                 input_tokens: self.usage.prompt_tokens().unwrap_or(0),

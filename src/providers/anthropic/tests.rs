@@ -13,11 +13,13 @@ fn msg(role: Role, content: &str) -> ChatMessage {
     ChatMessage {
         role,
         content: content.into(),
+        ..Default::default()
     }
 }
 
 fn request(messages: Vec<ChatMessage>) -> CompletionRequest {
     CompletionRequest {
+        tools: Vec::new(),
         model: "claude-3-haiku-20240307".into(),
         system: Some("You classify SMS replies.".into()),
         messages,
@@ -159,6 +161,7 @@ fn stream_events_fold_into_deltas_and_a_final_answer() {
             &Step::Delta("Hi".into()),
             &Step::Delta(" there".into()),
             &Step::Done(Completion {
+                tool_calls: Vec::new(),
                 text: "Hi there".into(),
                 usage: TokenUsage {
                     input_tokens: 25,

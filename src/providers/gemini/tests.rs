@@ -12,11 +12,13 @@ fn msg(role: Role, content: &str) -> ChatMessage {
     ChatMessage {
         role,
         content: content.into(),
+        ..Default::default()
     }
 }
 
 fn request(messages: Vec<ChatMessage>) -> CompletionRequest {
     CompletionRequest {
+        tools: Vec::new(),
         model: "gemini-2.0-flash".into(),
         system: Some("You classify SMS replies.".into()),
         messages,

@@ -7,16 +7,19 @@ use tokio::time::Instant;
 
 fn request(format: bool) -> CompletionRequest {
     CompletionRequest {
+        tools: Vec::new(),
         model: "gpt-4o-mini".into(),
         system: Some("Be brief.".into()),
         messages: vec![
             ChatMessage {
                 role: Role::User,
                 content: "hi".into(),
+                ..Default::default()
             },
             ChatMessage {
                 role: Role::Assistant,
                 content: "hello".into(),
+                ..Default::default()
             },
         ],
         temperature: None,

@@ -1,0 +1,307 @@
+//! Tool calling in our own terms (SPEC §11.4): the tools offered to a
+//! model, the calls it makes, and their results, whatever the wire format.
+//! Each adapter maps these to its provider's shape and back; a conversation
+//! that falls back from one provider to another is carried in these types,
+//! so it translates.
+//!
+//! Tool names travel in the alphabet every provider accepts,
+//! `^[a-zA-Z0-9_-]{1,64}$` ([`WireNames`]): `system.echo` is sent as
+//! `system__echo` and mapped back, unambiguously.
+
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// A tool offered to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// Its name on the wire ([`WireNames`]).
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON Schema of its arguments (an object schema).
+    pub parameters: Value,
+}
+
+/// A call the model made.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ToolCall {
+    /// The provider's ID for the call (a result answers it by this ID).
+    pub id: String,
+    /// The tool's wire name.
+    pub name: String,
+    /// The arguments as the model wrote them: JSON text, which may be
+    /// malformed (it is then answered to the model as an error).
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The arguments as a JSON object, or why they are not one (a
+    /// description without the text itself).
+    pub fn parsed(&self) -> Result<Map<String, Value>, String> {
+        if self.arguments.trim().is_empty() {
+            return Ok(Map::new());
+        }
+        match serde_json::from_str::<Value>(&self.arguments) {
+            Ok(Value::Object(map)) => Ok(map),
+            Ok(_) => Err("the arguments are not a JSON object".into()),
+            Err(e) => Err(format!(
+                "the arguments are not valid JSON ({:?} error at column {})",
+                e.classify(),
+                e.column()
+            )),
+        }
+    }
+
+    /// The arguments as a JSON value for formats that send them as an
+    /// object (Anthropic `input`, Gemini `args`): an empty object when they
+    /// do not parse (the model is told so by the call's result).
+    pub fn arguments_object(&self) -> Value {
+        Value::Object(self.parsed().unwrap_or_default())
+    }
+}
+
+/// The result of a tool call, sent back to the model.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ToolOutcome {
+    /// The call it answers.
+    pub call_id: String,
+    /// The tool's wire name.
+    pub name: String,
+    /// The result as JSON text (the tool's output, or an error object).
+    pub content: String,
+    /// Whether the call failed or was refused.
+    pub is_error: bool,
+}
+
+/// Most bytes of one tool name on the wire.
+const MAX_WIRE_NAME: usize = 64;
+
+/// Our tool names and their wire names, both ways.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WireNames {
+    to_wire: BTreeMap<String, String>,
+    from_wire: BTreeMap<String, String>,
+}
+
+impl WireNames {
+    /// Wire names for `names`: `.` becomes `__`, any other character
+    /// outside `[a-zA-Z0-9_-]` becomes `_`, the result is cut to 64 bytes,
+    /// and a name that would collide with an earlier one gets a numeric
+    /// suffix, so the mapping is one to one.
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut out = Self::default();
+        for name in names {
+            if out.to_wire.contains_key(name) {
+                continue;
+            }
+            let base = encode(name);
+            let mut wire = base.clone();
+            let mut n = 2;
+            while out.from_wire.contains_key(&wire) {
+                let suffix = format!("_{n}");
+                let keep = MAX_WIRE_NAME.saturating_sub(suffix.len()).min(base.len());
+                wire = format!("{}{suffix}", &base[..keep]);
+                n += 1;
+            }
+            out.to_wire.insert(name.to_owned(), wire.clone());
+            out.from_wire.insert(wire, name.to_owned());
+        }
+        out
+    }
+
+    /// The wire name of `name`.
+    pub fn wire(&self, name: &str) -> Option<&str> {
+        self.to_wire.get(name).map(String::as_str)
+    }
+
+    /// Our name of `wire`: `None` for a name we did not offer (the model
+    /// made it up).
+    pub fn ours(&self, wire: &str) -> Option<&str> {
+        self.from_wire.get(wire).map(String::as_str)
+    }
+}
+
+fn encode(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for c in name.chars() {
+        match c {
+            '.' => out.push_str("__"),
+            c if c.is_ascii_alphanumeric() || c == '_' || c == '-' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    if out.is_empty() {
+        out.push('_');
+    }
+    // ASCII only by now, so any byte is a character boundary.
+    out.truncate(MAX_WIRE_NAME);
+    out
+}
+
+/// Tool calls assembled from a stream's pieces, by the index the provider
+/// gives each call. Arguments arrive as text fragments split anywhere (mid
+/// key, mid escape sequence): they are only parsed once the call is
+/// complete.
+#[derive(Debug, Default)]
+pub struct CallBuffer {
+    calls: Vec<Partial>,
+    bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Partial {
+    key: u64,
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+impl CallBuffer {
+    /// Adds a piece of call `key`: its ID and name when this piece has
+    /// them, and a fragment of its arguments. `Err` once the arguments of
+    /// all calls pass `limit` bytes.
+    pub fn add(
+        &mut self,
+        key: u64,
+        id: Option<&str>,
+        name: Option<&str>,
+        fragment: &str,
+        limit: usize,
+    ) -> Result<(), super::ProviderError> {
+        let index = match self.calls.iter().position(|c| c.key == key) {
+            Some(i) => i,
+            None => {
+                self.calls.push(Partial {
+                    key,
+                    ..Partial::default()
+                });
+                self.calls.len() - 1
+            }
+        };
+        let call = &mut self.calls[index];
+        if let Some(id) = id.filter(|s| !s.is_empty()) {
+            id.clone_into(&mut call.id);
+        }
+        if let Some(name) = name.filter(|s| !s.is_empty()) {
+            name.clone_into(&mut call.name);
+        }
+        self.bytes = self.bytes.saturating_add(fragment.len());
+        if self.bytes > limit {
+            return Err(super::ProviderError::TooLarge { limit });
+        }
+        call.arguments.push_str(fragment);
+        Ok(())
+    }
+
+    /// Whether any call has begun.
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// The calls, in the order they began. A call without a name is
+    /// malformed.
+    pub fn finish(self) -> Result<Vec<ToolCall>, super::ProviderError> {
+        self.calls
+            .into_iter()
+            .map(|c| {
+                if c.name.is_empty() {
+                    return Err(super::ProviderError::Malformed(
+                        "a streamed tool call has no name".into(),
+                    ));
+                }
+                Ok(ToolCall {
+                    id: c.id,
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_names_are_in_every_providers_alphabet_and_map_back() {
+        let long = "x".repeat(80);
+        let names = WireNames::new([
+            "system.echo",
+            "system__echo",
+            "everything.get-sum",
+            "crm.add note!",
+            long.as_str(),
+            "system.echo",
+        ]);
+        assert_eq!(names.wire("system.echo"), Some("system__echo"));
+        // Already the other's wire name: a suffix keeps both distinct.
+        assert_eq!(names.wire("system__echo"), Some("system__echo_2"));
+        assert_eq!(
+            names.wire("everything.get-sum"),
+            Some("everything__get-sum")
+        );
+        assert_eq!(names.wire("crm.add note!"), Some("crm__add_note_"));
+        assert_eq!(names.wire(&long).map(str::len), Some(64));
+        for (ours, wire) in &names.to_wire {
+            assert!(
+                wire.len() <= 64
+                    && wire
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+                "{wire}"
+            );
+            assert_eq!(names.ours(wire), Some(ours.as_str()));
+        }
+        assert_eq!(names.ours("made_up"), None);
+    }
+
+    #[test]
+    fn arguments_split_anywhere_are_whole_at_the_end() {
+        let mut buffer = CallBuffer::default();
+        let text = r#"{"note":"caf\u00e9 ☕ \"quoted\""}"#;
+        // One character at a time: mid key, mid escape sequence.
+        let pieces: Vec<String> = text.chars().map(String::from).collect();
+        buffer
+            .add(0, Some("call_1"), Some("crm__add_note"), "", 1 << 20)
+            .unwrap();
+        for p in &pieces {
+            buffer.add(0, None, None, p, 1 << 20).unwrap();
+        }
+        buffer
+            .add(1, Some("call_2"), Some("system__echo"), "{}", 1 << 20)
+            .unwrap();
+        let calls = buffer.finish().unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].arguments, text);
+        assert_eq!(calls[0].parsed().unwrap()["note"], "café ☕ \"quoted\"");
+        assert_eq!(calls[1].id, "call_2");
+    }
+
+    #[test]
+    fn malformed_arguments_say_why_without_quoting_them() {
+        let call = ToolCall {
+            id: "c".into(),
+            name: "t".into(),
+            arguments: r#"{"note": "SECRET-VALUE"#.into(),
+        };
+        let why = call.parsed().unwrap_err();
+        assert!(why.contains("not valid JSON"), "{why}");
+        assert!(!why.contains("SECRET"), "{why}");
+        assert_eq!(call.arguments_object(), Value::Object(Map::new()));
+        let array = ToolCall {
+            arguments: "[1]".into(),
+            ..call
+        };
+        assert!(array.parsed().is_err());
+    }
+
+    #[test]
+    fn a_buffer_refuses_arguments_past_its_limit() {
+        let mut buffer = CallBuffer::default();
+        buffer
+            .add(0, Some("a"), Some("t"), "0123456789", 16)
+            .unwrap();
+        assert!(buffer.add(0, None, None, "0123456789", 16).is_err());
+    }
+}
