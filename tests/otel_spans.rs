@@ -442,3 +442,104 @@ async fn a_generated_trace_id_is_the_exported_trace_id() {
         .expect("an attempt span");
     assert_eq!(client.span_context.trace_id().to_string(), trace_id);
 }
+
+/// Each tool invocation is a span `execute_tool <tool>` under the RPC's:
+/// CLIENT for a workflow webhook (it calls out), INTERNAL for a built-in,
+/// with the GenAI tool attributes, and never the input.
+#[tokio::test]
+async fn each_tool_invocation_is_a_span_under_the_rpc() {
+    use opentelemetry::trace::{SpanKind, TracerProvider as _};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing_subscriber::prelude::*;
+    use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .with_sampler(ai_orchestrator::telemetry::otel::sampler(1.0))
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    const CANARY: &str = "CANARY-TOOL-SPAN-INPUT";
+    let webhook = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({"ok": true})))
+        .mount(&webhook)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+[database]
+url = "sqlite://{}"
+[providers.m]
+kind = "mock"
+[tasks.sms_classify]
+chain = [{{ provider = "m", model = "x" }}]
+[pricing.x]
+price = "unknown"
+[tools."crm.add_note"]
+kind = "http"
+url = "{}/hook"
+side_effects = true
+"#,
+        dir.path().join("t.db").display(),
+        webhook.uri()
+    );
+    let app = TestApp::spawn_toml(&toml).await;
+    let mut tools = pb::tool_service_client::ToolServiceClient::new(app.channel.clone());
+    for tool in ["system.echo", "crm.add_note"] {
+        let mut input = serde_json::Map::new();
+        input.insert("text".into(), CANARY.into());
+        let reply = tools
+            .invoke_tool(pb::InvokeToolRequest {
+                context: ctx(),
+                tool: tool.into(),
+                input: Some(ai_orchestrator::api::convert::json_to_struct(input)),
+                mode: pb::InvocationMode::Sync as i32,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            reply.invocation.unwrap().status(),
+            pb::InvocationStatus::Succeeded,
+            "{tool}"
+        );
+    }
+    app.stop().await;
+
+    let spans = exporter.get_finished_spans().unwrap();
+    let attr = |s: &opentelemetry_sdk::trace::SpanData, key: &str| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    };
+    for (tool, kind) in [
+        ("system.echo", SpanKind::Internal),
+        ("crm.add_note", SpanKind::Client),
+    ] {
+        let span = spans
+            .iter()
+            .find(|s| s.name == format!("execute_tool {tool}"))
+            .unwrap_or_else(|| panic!("a span for {tool}: {spans:#?}"));
+        assert_eq!(span.span_kind, kind, "{tool}");
+        assert_eq!(
+            attr(span, "gen_ai.operation.name").as_deref(),
+            Some("execute_tool")
+        );
+        assert_eq!(attr(span, "gen_ai.tool.name").as_deref(), Some(tool));
+        assert_eq!(attr(span, "status").as_deref(), Some("SUCCEEDED"));
+        let rpc = spans
+            .iter()
+            .find(|s| s.span_context.span_id() == span.parent_span_id)
+            .expect("its parent is in the trace");
+        assert_eq!(rpc.name, "ai.orchestrator.v1.ToolService/InvokeTool");
+        assert_eq!(rpc.span_kind, SpanKind::Server);
+    }
+    assert!(!format!("{spans:?}").contains(CANARY));
+}

@@ -23,21 +23,18 @@ use crate::{
 };
 use tonic::Response;
 
-/// The `Orchestrator` service's full name (`rpc.service`).
-const ORCHESTRATOR: &str = "ai.orchestrator.v1.Orchestrator";
-
 /// The span of one request: every log line inside it carries the trace ID.
 /// Only identifiers go here, never message contents. Exported, it is the
 /// SERVER span of the OpenTelemetry RPC conventions (`rpc.*`), named
 /// `service/method`; its status code is recorded by [`record_status`].
-fn request_span(rpc: &'static str, ctx: &CallContext) -> tracing::Span {
+fn request_span((service, rpc): (&'static str, &'static str), ctx: &CallContext) -> tracing::Span {
     let span = tracing::info_span!(
         "request",
-        otel.name = %format_args!("{ORCHESTRATOR}/{rpc}"),
+        otel.name = %format_args!("{service}/{rpc}"),
         otel.kind = "server",
         otel.status_code = tracing::field::Empty,
         rpc.system = "grpc",
-        rpc.service = ORCHESTRATOR,
+        rpc.service = service,
         rpc.method = rpc,
         rpc.grpc.status_code = tracing::field::Empty,
         rpc,

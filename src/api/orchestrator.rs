@@ -39,13 +39,14 @@ pub(super) struct Opened {
 /// The opening every AI and tool RPC shares: the envelope validated (trace
 /// ID, team, deadline), the caller authorised for the team, and the call of
 /// `task` opened (its slot under `server.max_concurrent_requests` taken, or
-/// shed at once). Returns the caller's principal too.
+/// shed at once); `rpc` is `(service, method)`, the span's name. Returns
+/// the caller's principal too.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn open_call(
     config: &Config,
     pipeline: &Pipeline,
     auth: &Authenticator,
-    rpc: &'static str,
+    rpc: (&'static str, &'static str),
     task: &str,
     context: Option<&pb::RequestContext>,
     budget: Option<&pb::Budget>,
@@ -98,7 +99,7 @@ impl OrchestratorApi {
             &self.config,
             &self.pipeline,
             &self.auth,
-            rpc,
+            (pb::orchestrator_server::SERVICE_NAME, rpc),
             task,
             context,
             budget,

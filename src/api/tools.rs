@@ -143,7 +143,7 @@ impl ToolService for ToolServiceApi {
             &self.config,
             &self.pipeline,
             &self.auth,
-            "InvokeTool",
+            (pb::tool_service_server::SERVICE_NAME, "InvokeTool"),
             &task,
             req.context.as_ref(),
             req.budget.as_ref(),

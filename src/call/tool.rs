@@ -111,10 +111,19 @@ impl Call {
         principal: &Principal,
         req: ToolRequest,
     ) -> Result<ToolResult, CallError> {
+        // The span's kind is fixed when it opens: a tool that calls out
+        // (http, MCP) is a CLIENT span, a built-in (or an unknown tool)
+        // an INTERNAL one.
+        let calls_out = self
+            .pipeline
+            .toolbox()
+            .registry
+            .lookup(&req.tool)
+            .is_ok_and(|t| !matches!(t.kind, Kind::Builtin));
         let span = tracing::info_span!(
             "tool_invocation",
             otel.name = %format_args!("execute_tool {}", req.tool),
-            otel.kind = tracing::field::Empty,
+            otel.kind = if calls_out { "client" } else { "internal" },
             otel.status_code = tracing::field::Empty,
             gen_ai.operation.name = "execute_tool",
             gen_ai.tool.name = tracing::field::Empty,
@@ -142,14 +151,6 @@ impl Call {
         let id = tool.id();
         span.record("tool", id.as_str());
         span.record("gen_ai.tool.name", tool.name.as_str());
-        span.record(
-            "otel.kind",
-            if matches!(tool.kind, Kind::Builtin) {
-                "internal"
-            } else {
-                "client"
-            },
-        );
         // 2. The policy gate: the team is the principal's, never the input's.
         let capabilities = self
             .pipeline

@@ -386,3 +386,24 @@ fn refused_calls_are_reported_side_by_side_and_validated() {
     let err = validate(&serde_json::to_string(&r).unwrap(), true).unwrap_err();
     assert!(err.to_string().contains("no ledger figures"), "{err}");
 }
+
+#[test]
+fn a_run_of_the_usage_scenario_alone_is_valid_and_an_empty_run_is_not() {
+    let mut r = Results {
+        schema_version: SCHEMA_VERSION,
+        machine: Some(crate::sys::machine()),
+        ..Results::default()
+    };
+    let err = validate(&serde_json::to_string(&r).unwrap(), true).unwrap_err();
+    assert!(err.to_string().contains("no load steps"), "{err}");
+    r.usage.push(UsageRead {
+        metering: "sqlite".into(),
+        records: 1_000_000,
+        group_by: "totals".into(),
+        calls: 20,
+        p95_ms: 4.4,
+        ..UsageRead::default()
+    });
+    let back = validate(&serde_json::to_string(&r).unwrap(), true).unwrap();
+    assert!(markdown(&back).contains("GetUsage"), "{}", markdown(&back));
+}

@@ -3,12 +3,16 @@
 //! exit); admin changes made from the CLI are audited; a canary in a tool
 //! input never reaches logs, audit rows or metrics.
 
-use super::{ADMIN, CALLER, events, invoke, spawn_on, tools, verify, webhook::Webhook, with_key};
+use super::{
+    ADMIN, CALLER, events, invoke, spawn_on, tools, verify,
+    webhook::{Answer, Webhook},
+    with_key,
+};
 use crate::{
     cli::run_env,
     common::{TestApp, connect},
     metering::Db,
-    observability::{counter, free_port, scrape},
+    observability::{counter, free_port, histogram_count, scrape},
 };
 use ai_orchestrator::{api::pb, store::Store};
 use serde_json::json;
@@ -325,21 +329,40 @@ async fn a_canary_in_a_tool_input_never_reaches_logs_audit_rows_or_metrics() {
     // The canary did go through (so its absence below means something).
     assert_eq!(hook.received()[0].body["note"], CANARY);
 
+    // A webhook that fails once: one retry.
+    hook.script([Answer::status(503)]);
+    let retried = client
+        .invoke_tool(with_key(
+            CALLER,
+            "canary-retried",
+            invoke("crm.add_note", json!({"lead_id": "L-2", "note": CANARY})),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(retried.invocation.unwrap().attempts, 2);
+
+    // This process's own registry: exact counts.
     let metrics = scrape(metrics_port).await;
-    assert!(
-        counter(
-            &metrics,
-            "tool_invocations_total",
-            &[("tool", "system.echo")]
-        ) >= 1.0
+    let count = |name: &str, labels: &[(&str, &str)]| counter(&metrics, name, labels);
+    let echo_ok = [("tool", "system.echo"), ("status", "SUCCEEDED")];
+    let note_ok = [("tool", "crm.add_note"), ("status", "SUCCEEDED")];
+    assert_eq!(count("tool_invocations_total", &echo_ok), 1.0);
+    assert_eq!(count("tool_invocations_total", &note_ok), 2.0);
+    assert_eq!(
+        count("tool_denials_total", &[("reason", "TOOL_INPUT_INVALID")]),
+        1.0
     );
-    assert!(
-        counter(
-            &metrics,
-            "tool_denials_total",
-            &[("reason", "TOOL_INPUT_INVALID")]
-        ) >= 1.0
+    assert_eq!(
+        count("workflow_retries_total", &[("tool", "crm.add_note")]),
+        1.0
     );
+    let durations = histogram_count(
+        &metrics,
+        "tool_duration_seconds",
+        &[("tool", "crm.add_note")],
+    );
+    assert_eq!(durations, 2.0);
     let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
         .await
         .unwrap()
