@@ -9,6 +9,25 @@ mod common;
 
 use ai_orchestrator::api::pb;
 use common::{TestApp, ctx};
+use opentelemetry_sdk::trace::InMemorySpanExporter;
+
+/// This thread's spans exported into memory, new traces sampled at
+/// `ratio`. Thread-local (the guard): each test's current-thread runtime
+/// runs the whole server.
+fn capture_spans(ratio: f64) -> (InMemorySpanExporter, tracing::subscriber::DefaultGuard) {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_subscriber::prelude::*;
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .with_sampler(ai_orchestrator::telemetry::otel::sampler(ratio))
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    (exporter, tracing::subscriber::set_default(subscriber))
+}
 
 /// Spans reach an OpenTelemetry exporter: the `request` span continues the
 /// caller's `traceparent` (same trace ID, the caller's span as parent), each
@@ -16,21 +35,9 @@ use common::{TestApp, ctx};
 /// and the upstream receives a `traceparent` naming the attempt's span.
 #[tokio::test]
 async fn spans_continue_the_callers_trace_and_nest_attempts() {
-    use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-    use tracing_subscriber::prelude::*;
     use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
 
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .with_sampler(ai_orchestrator::telemetry::otel::sampler(0.0))
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_subscriber::EnvFilter::new("info"))
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    // Thread-local: this test's current-thread runtime runs the whole server.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (exporter, _guard) = capture_spans(0.0);
 
     const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
     const CALLER_SPAN: &str = "00f067aa0ba902b7";
@@ -203,20 +210,9 @@ max_backoff = "5ms"
 /// `traceparent` naming its attempt span. No contents in spans.
 #[tokio::test]
 async fn streamed_calls_trace_each_attempt_under_the_request() {
-    use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-    use tracing_subscriber::prelude::*;
     use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
 
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .with_sampler(ai_orchestrator::telemetry::otel::sampler(0.0))
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_subscriber::EnvFilter::new("info"))
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (exporter, _guard) = capture_spans(0.0);
 
     const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
     const CALLER_SPAN: &str = "b7ad6b7169203331";
@@ -448,20 +444,10 @@ async fn a_generated_trace_id_is_the_exported_trace_id() {
 /// with the GenAI tool attributes, and never the input.
 #[tokio::test]
 async fn each_tool_invocation_is_a_span_under_the_rpc() {
-    use opentelemetry::trace::{SpanKind, TracerProvider as _};
-    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-    use tracing_subscriber::prelude::*;
+    use opentelemetry::trace::SpanKind;
     use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
 
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .with_sampler(ai_orchestrator::telemetry::otel::sampler(1.0))
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_subscriber::EnvFilter::new("info"))
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (exporter, _guard) = capture_spans(1.0);
 
     const CANARY: &str = "CANARY-TOOL-SPAN-INPUT";
     let webhook = MockServer::start().await;

@@ -13,11 +13,7 @@ use crate::{
     call::{CallContext, CallError, Pipeline, tool::ToolRequest},
     config::McpEndpointConfig,
     domain::{Channel, Priority, instant_after},
-    tools::{
-        Denial, Status,
-        invocations::Mode,
-        policy::{self, Caller},
-    },
+    tools::{Denial, Status, invocations::Mode},
 };
 use axum::{extract::Request, http::StatusCode, middleware::Next, response::Response};
 use rmcp::{
@@ -93,26 +89,13 @@ impl ServerHandler for Endpoint {
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let who = Self::caller(&ctx)?;
-        let capabilities = self
-            .pipeline
-            .config()
-            .auth
-            .capabilities(who.principal.role.as_str());
-        let caller = Caller {
-            role: who.principal.role,
-            capabilities: &capabilities,
-            team: &who.team,
-            may_act_for_team: who.principal.may_act_for(&who.team),
-        };
         let mut seen = std::collections::BTreeSet::new();
         let tools = self
             .pipeline
-            .toolbox()
-            .registry
-            .all()
+            .tools_for(&who.principal, &who.team)
             .into_iter()
             // Newest version first: MCP names carry no version.
-            .filter(|t| policy::visible(&caller, t) && seen.insert(t.name.clone()))
+            .filter(|t| seen.insert(t.name.clone()))
             .map(|t| {
                 let schema: JsonObject = t.input_schema.as_object().cloned().unwrap_or_default();
                 McpTool::new(t.name.clone(), t.description.clone(), Arc::new(schema))

@@ -18,7 +18,6 @@ use crate::{
     tools::{
         Kind, Status as InvocationStatus,
         invocations::{self, Mode},
-        policy::{self, Caller},
     },
 };
 use std::sync::Arc;
@@ -98,20 +97,10 @@ impl ToolService for ToolServiceApi {
         super::access::note(|f| f.team.clone_from(&ctx.team_id));
         let fail = |f: Failure| to_status(f, &ctx.trace_id);
         let principal = auth::principal(&extensions, &self.auth).map_err(fail)?;
-        let capabilities = self.config.auth.capabilities(principal.role.as_str());
-        let caller = Caller {
-            role: principal.role,
-            capabilities: &capabilities,
-            team: &ctx.team_id,
-            may_act_for_team: principal.may_act_for(&ctx.team_id),
-        };
         let tools = self
             .pipeline
-            .toolbox()
-            .registry
-            .all()
+            .tools_for(&principal, &ctx.team_id)
             .into_iter()
-            .filter(|t| policy::visible(&caller, t))
             .map(|t| pb::Tool {
                 name: t.name.clone(),
                 version: t.version.to_string(),

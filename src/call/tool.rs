@@ -102,6 +102,37 @@ fn actions(tool: &Tool) -> (Category, &'static str, &'static str) {
     }
 }
 
+/// `principal` acting for `team`, as the policy gate sees it.
+fn caller<'a>(principal: &Principal, capabilities: &'a [String], team: &'a str) -> Caller<'a> {
+    Caller {
+        role: principal.role,
+        capabilities,
+        team,
+        may_act_for_team: principal.may_act_for(team),
+    }
+}
+
+impl super::Pipeline {
+    /// The capabilities of `principal`'s role.
+    fn capabilities(&self, principal: &Principal) -> Vec<String> {
+        self.config().auth.capabilities(principal.role.as_str())
+    }
+
+    /// The tools `principal` may use for `team` (what ListTools and the MCP
+    /// endpoint's `tools/list` show): the policy gate's answer for each, by
+    /// name then newest version.
+    pub fn tools_for(&self, principal: &Principal, team: &str) -> Vec<Arc<Tool>> {
+        let capabilities = self.capabilities(principal);
+        let caller = caller(principal, &capabilities, team);
+        self.toolbox()
+            .registry
+            .all()
+            .into_iter()
+            .filter(|t| policy::visible(&caller, t))
+            .collect()
+    }
+}
+
 impl Call {
     /// Runs `req` for `principal` through every step of the entry point.
     /// A denial is an error (audited); an execution failure is a result
@@ -152,17 +183,8 @@ impl Call {
         span.record("tool", id.as_str());
         span.record("gen_ai.tool.name", tool.name.as_str());
         // 2. The policy gate: the team is the principal's, never the input's.
-        let capabilities = self
-            .pipeline
-            .config()
-            .auth
-            .capabilities(principal.role.as_str());
-        let caller = Caller {
-            role: principal.role,
-            capabilities: &capabilities,
-            team: &self.ctx.team_id,
-            may_act_for_team: principal.may_act_for(&self.ctx.team_id),
-        };
+        let capabilities = self.pipeline.capabilities(principal);
+        let caller = caller(principal, &capabilities, &self.ctx.team_id);
         if let Err(d) = policy::gate(&caller, &tool) {
             return Err(self.deny(&id, &req.input, d).await);
         }

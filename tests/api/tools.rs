@@ -164,6 +164,24 @@ pub fn invoke(tool: &str, input: Value) -> pb::InvokeToolRequest {
     }
 }
 
+/// A SYNC invocation of `tool` with `input` for team t1 as `key`: the
+/// invocation it answered with (a refusal fails the test).
+pub async fn run(
+    app: &TestApp,
+    key: &str,
+    trace: &str,
+    tool: &str,
+    input: Value,
+) -> pb::ToolInvocation {
+    tools(app)
+        .invoke_tool(with_key(key, trace, invoke(tool, input)))
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: {e:?}"))
+        .into_inner()
+        .invocation
+        .expect("an invocation")
+}
+
 /// An invocation's output as JSON.
 pub fn output(inv: &pb::ToolInvocation) -> Value {
     Value::Object(ai_orchestrator::api::convert::struct_to_json(

@@ -3,7 +3,7 @@
 //! retries, timeouts, output schemas and ASYNC invocations.
 
 use super::{
-    ADMIN, CALLER, WEBHOOK_SECRET, events, invoke, output, spawn, spawn_on, tools,
+    ADMIN, CALLER, WEBHOOK_SECRET, events, invoke, output, run, spawn, spawn_on, tools,
     webhook::{Answer, Webhook},
     with_key,
 };
@@ -57,17 +57,8 @@ async fn a_webhook_gets_the_input_its_secret_the_trace_and_the_idempotency_key()
     let hook = Webhook::start().await;
     let app = spawn(&hook.url(), "").await;
     let before = window_now();
-    let reply = tools(&app)
-        .invoke_tool(with_key(
-            CALLER,
-            "workflow-trace",
-            invoke("crm.add_note", note()),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let inv = run(&app, CALLER, "workflow-trace", "crm.add_note", note()).await;
     let after = window_now();
-    let inv = reply.invocation.unwrap();
     assert_eq!(inv.status(), pb::InvocationStatus::Succeeded, "{inv:?}");
     assert_eq!(output(&inv), json!({"ok": true, "note_id": "N-1"}));
     assert_eq!(inv.execution_id, "exec-1", "the n8n execution ID is kept");
@@ -151,20 +142,13 @@ async fn a_webhook_gets_the_input_its_secret_the_trace_and_the_idempotency_key()
 /// Fires `n` identical invocations at once, spread over `apps`.
 async fn identical_at_once(apps: &[&crate::common::TestApp], n: usize) -> Vec<pb::ToolInvocation> {
     let calls = (0..n).map(|i| {
-        let mut client = tools(apps[i % apps.len()]);
-        async move {
-            client
-                .invoke_tool(with_key(
-                    CALLER,
-                    "same-note",
-                    invoke("crm.add_note", note()),
-                ))
-                .await
-                .unwrap()
-                .into_inner()
-                .invocation
-                .unwrap()
-        }
+        run(
+            apps[i % apps.len()],
+            CALLER,
+            "same-note",
+            "crm.add_note",
+            note(),
+        )
     });
     futures::future::join_all(calls).await
 }
@@ -239,14 +223,14 @@ async fn concurrent_identical_invocations_reach_the_webhook_once() {
         "order-42-note"
     );
     // Another input without a key is another invocation.
-    tools(&app)
-        .invoke_tool(with_key(
-            CALLER,
-            "other",
-            invoke("crm.add_note", json!({"lead_id": "L-18", "note": "x"})),
-        ))
-        .await
-        .unwrap();
+    run(
+        &app,
+        CALLER,
+        "other",
+        "crm.add_note",
+        json!({"lead_id": "L-18", "note": "x"}),
+    )
+    .await;
     assert_eq!(hook.count(), 3);
     app.stop().await;
 }
@@ -274,13 +258,7 @@ async fn retries_back_off_honour_retry_after_and_never_pass_the_deadline() {
         Answer::status(503),
         Answer::status(429).header("retry-after", "1"),
     ]);
-    let inv = tools(&app)
-        .invoke_tool(with_key(CALLER, "retried", invoke("crm.add_note", note())))
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
+    let inv = run(&app, CALLER, "retried", "crm.add_note", note()).await;
     assert_eq!(inv.status(), pb::InvocationStatus::Succeeded, "{inv:?}");
     assert_eq!(inv.attempts, 3);
     let got = hook.received();
@@ -301,17 +279,14 @@ async fn retries_back_off_honour_retry_after_and_never_pass_the_deadline() {
     // A Retry-After past the deadline: no wait, the last answer.
     hook.script([Answer::status(429).header("retry-after", "120")]);
     let started = std::time::Instant::now();
-    let inv = tools(&app)
-        .invoke_tool(with_key(
-            CALLER,
-            "retry-after-too-long",
-            invoke("crm.add_note", json!({"lead_id": "L-2", "note": "n"})),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
+    let inv = run(
+        &app,
+        CALLER,
+        "retry-after-too-long",
+        "crm.add_note",
+        json!({"lead_id": "L-2", "note": "n"}),
+    )
+    .await;
     assert!(started.elapsed() < Duration::from_secs(5), "stopped early");
     assert_eq!(inv.status(), pb::InvocationStatus::Failed);
     assert_eq!(inv.error.unwrap().code, "HTTP_429");
@@ -319,17 +294,14 @@ async fn retries_back_off_honour_retry_after_and_never_pass_the_deadline() {
 
     // A 4xx is the workflow's answer: no retry.
     hook.script([Answer::status(422).body(r#"{"error": "lead is closed"}"#)]);
-    let inv = tools(&app)
-        .invoke_tool(with_key(
-            CALLER,
-            "rejected",
-            invoke("crm.add_note", json!({"lead_id": "L-3", "note": "n"})),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
+    let inv = run(
+        &app,
+        CALLER,
+        "rejected",
+        "crm.add_note",
+        json!({"lead_id": "L-3", "note": "n"}),
+    )
+    .await;
     assert_eq!(inv.status(), pb::InvocationStatus::Failed);
     assert_eq!(inv.error.unwrap().code, "HTTP_422");
     assert_eq!(hook.count(), 5);
@@ -340,28 +312,19 @@ async fn retries_back_off_honour_retry_after_and_never_pass_the_deadline() {
         Answer::status(200).after(Duration::from_secs(5)),
     ]);
     let started = std::time::Instant::now();
-    let inv = tools(&app)
-        .invoke_tool(with_key(CALLER, "slow", invoke("crm.slow", json!({}))))
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
+    let inv = run(&app, CALLER, "slow", "crm.slow", json!({})).await;
     assert_eq!(inv.status(), pb::InvocationStatus::TimedOut, "{inv:?}");
     assert!(started.elapsed() < Duration::from_secs(2));
 
     // An answer that breaks the output schema is a failed invocation.
-    let inv = tools(&app)
-        .invoke_tool(with_key(
-            CALLER,
-            "bad-output",
-            invoke("crm.lookup", json!({"lead_id": "L-1"})),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
+    let inv = run(
+        &app,
+        CALLER,
+        "bad-output",
+        "crm.lookup",
+        json!({"lead_id": "L-1"}),
+    )
+    .await;
     assert_eq!(inv.status(), pb::InvocationStatus::Failed);
     assert_eq!(inv.error.unwrap().code, "OUTPUT_INVALID");
     assert!(inv.output.is_none());
