@@ -4,7 +4,10 @@
 //! Anthropic has no native structured output, so a JSON request carries its
 //! schema as an instruction in the top-level `system` field. The API rejects
 //! conversations that do not alternate user/assistant starting with the user;
-//! [`turns::alternating`] reshapes ours first.
+//! [`turns::alternating_parts`] reshapes ours first. Tools are offered as
+//! `tools` with an `input_schema`; the model's calls are `tool_use` blocks
+//! (`input_json_delta` pieces in a stream), their results `tool_result`
+//! blocks of the next user turn.
 //!
 //! Streaming follows Anthropic's event sequence (`message_start`,
 //! `content_block_*`, `message_delta`, `message_stop`, `ping`, `error`); the
@@ -16,12 +19,14 @@ mod tests;
 
 use super::{
     Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError,
-    StreamEvent, TokenUsage, http, refuse_tools, sse, system_with_schema, turns,
+    StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema,
+    turns::{self, Part},
 };
 use crate::config::ProviderConfig;
 use futures::StreamExt;
 use reqwest::header::HeaderValue;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use std::time::Duration;
 
 /// The API version we speak; the event and field names below are those of it.
@@ -86,16 +91,14 @@ impl AnthropicProvider {
 #[async_trait::async_trait]
 impl Provider for AnthropicProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
-        refuse_tools(&req)?;
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, false).await?;
         let message: MessagesResponse =
             lease.checked(http::json(response, req.deadline, self.max_response).await)?;
-        Ok(message.into_completion())
+        message.into_completion()
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
-        refuse_tools(&req)?;
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, true).await?;
         let limit = self.max_response;
@@ -140,6 +143,8 @@ struct MessagesRequest<'a> {
     messages: Vec<WireMessage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Value>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
 }
@@ -147,21 +152,52 @@ struct MessagesRequest<'a> {
 #[derive(Debug, Serialize)]
 struct WireMessage {
     role: &'static str,
-    content: String,
+    /// A string for a text-only turn, else content blocks.
+    content: Value,
+}
+
+/// A turn's content: its text as a string when that is all it holds (the
+/// plain form), else blocks: `tool_result` (answering a `tool_use` by its
+/// ID, `is_error` for a failed or refused call), `text`, `tool_use` (the
+/// arguments as the JSON object Anthropic wants; malformed ones go as `{}`,
+/// and the call's result says why).
+fn content(parts: Vec<Part>) -> Value {
+    if let [Part::Text(text)] = parts.as_slice() {
+        return Value::String(text.clone());
+    }
+    Value::Array(
+        parts
+            .into_iter()
+            .map(|p| match p {
+                Part::Text(text) => json!({"type": "text", "text": text}),
+                Part::Call(c) => json!({"type": "tool_use", "id": c.id, "name": c.name,
+                    "input": c.arguments_object()}),
+                Part::Result(r) => json!({"type": "tool_result", "tool_use_id": r.call_id,
+                    "content": r.content, "is_error": r.is_error}),
+            })
+            .collect(),
+    )
 }
 
 /// The request body for `req`. Kept separate from sending so tests can
 /// inspect the exact JSON.
 fn body(req: &CompletionRequest, stream: bool) -> MessagesRequest<'_> {
-    let messages = turns::alternating(&req.messages)
+    let messages = turns::alternating_parts(&req.messages)
         .into_iter()
-        .map(|(role, content)| WireMessage {
+        .map(|(role, parts)| WireMessage {
             role: match role {
                 super::Role::User | super::Role::Tool => "user",
                 super::Role::Assistant => "assistant",
             },
-            content,
+            content: content(parts),
         })
+        .collect();
+    let tools = req
+        .tools
+        .iter()
+        .map(
+            |t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}),
+        )
         .collect();
     MessagesRequest {
         model: &req.model,
@@ -169,6 +205,7 @@ fn body(req: &CompletionRequest, stream: bool) -> MessagesRequest<'_> {
         system: system_with_schema(req),
         messages,
         temperature: req.temperature.map(|t| t.clamp(0.0, MAX_TEMPERATURE)),
+        tools,
         stream,
     }
 }
@@ -194,14 +231,20 @@ struct MessagesResponseHead {
     usage: Option<WireUsage>,
 }
 
-/// One `content[]` block. Only `text` blocks carry answer text; others
-/// (`thinking`, `tool_use`, ...) are skipped.
+/// One `content[]` block: `text` blocks carry answer text, `tool_use`
+/// blocks the model's tool calls; others (`thinking`, ...) are skipped.
 #[derive(Debug, Deserialize)]
 struct ContentBlock {
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
     text: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
 }
 
 /// `usage` as sent in a response, `message_start` or `message_delta`; any
@@ -243,16 +286,26 @@ impl WireUsage {
 }
 
 impl MessagesResponse {
-    fn into_completion(self) -> Completion {
-        let text = self
-            .content
-            .into_iter()
-            .filter(|block| block.kind == "text")
-            .filter_map(|block| block.text)
-            .collect();
+    fn into_completion(self) -> Result<Completion, ProviderError> {
+        let mut text = String::new();
+        let mut tool_calls = Vec::new();
+        for block in self.content {
+            match block.kind.as_str() {
+                "text" => text.push_str(block.text.as_deref().unwrap_or_default()),
+                "tool_use" => tool_calls.push(ToolCall {
+                    id: block.id.unwrap_or_default(),
+                    name: block
+                        .name
+                        .filter(|n| !n.is_empty())
+                        .ok_or_else(|| ProviderError::Malformed("a tool_use has no name".into()))?,
+                    arguments: block.input.map_or_else(String::new, |v| v.to_string()),
+                }),
+                _ => {}
+            }
+        }
         let usage = self.usage.unwrap_or_default();
-        Completion {
-            tool_calls: Vec::new(),
+        Ok(Completion {
+            tool_calls,
             text,
             usage: TokenUsage {
                 input_tokens: usage.prompt_tokens().unwrap_or(0),
@@ -261,7 +314,7 @@ impl MessagesResponse {
             finish_reason: finish_reason(self.stop_reason.as_deref()),
             citations: Vec::new(),
             model: self.model,
-        }
+        })
     }
 }
 
@@ -272,7 +325,8 @@ fn finish_reason(stop_reason: Option<&str>) -> FinishReason {
         // Both mean the output was cut off for lack of room.
         Some("max_tokens" | "model_context_window_exceeded") => FinishReason::Length,
         Some("refusal") => FinishReason::ContentFilter,
-        // tool_use, pause_turn, absent, anything added later.
+        Some("tool_use") => FinishReason::ToolCalls,
+        // pause_turn, absent, anything added later.
         _ => FinishReason::Other,
     }
 }

@@ -13,6 +13,12 @@
 //!   which may well answer.
 //! - Streams have no end marker; the server just closes. A stream that closes
 //!   before any chunk carried a `finishReason` was cut off: `Malformed`.
+//! - Tools are `functionDeclarations` with `parametersJsonSchema` (full JSON
+//!   Schema, not the OpenAPI subset of `parameters`). A `functionCall` part
+//!   always arrives whole; Gemini gives it no ID (newer models may), so ours
+//!   is its place in the answer (`call_0`, ...), and a result answers by
+//!   the function's name in a `functionResponse` part. A turn of calls ends
+//!   with `STOP`, read as [`FinishReason::ToolCalls`].
 //!
 //! Nothing here logs message contents or the key.
 
@@ -21,12 +27,14 @@ mod tests;
 
 use super::{
     Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError, Role,
-    StreamEvent, TokenUsage, http, refuse_tools, sse, system_with_schema, turns,
+    StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema,
+    turns::{self, Part},
 };
 use crate::config::ProviderConfig;
 use futures::StreamExt;
 use reqwest::header::HeaderValue;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use std::time::Duration;
 
 /// A provider speaking the Gemini API.
@@ -84,7 +92,6 @@ impl GeminiProvider {
 #[async_trait::async_trait]
 impl Provider for GeminiProvider {
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError> {
-        refuse_tools(&req)?;
         let lease = self.clients.lease();
         let response = self.send(&lease, &req, "generateContent").await?;
         let answer: GenerateResponse =
@@ -102,7 +109,6 @@ impl Provider for GeminiProvider {
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {
-        refuse_tools(&req)?;
         let lease = self.clients.lease();
         let response = self
             .send(&lease, &req, "streamGenerateContent?alt=sse")
@@ -149,6 +155,8 @@ struct GenerateRequest {
     contents: Vec<Content>,
     #[serde(skip_serializing_if = "Option::is_none")]
     system_instruction: Option<Content>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Value>,
     generation_config: GenerationConfig,
 }
 
@@ -156,12 +164,28 @@ struct GenerateRequest {
 struct Content {
     #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<&'static str>,
-    parts: Vec<Part>,
+    /// `{text}`, `{functionCall}` or `{functionResponse}` parts.
+    parts: Vec<Value>,
 }
 
-#[derive(Debug, Serialize)]
-struct Part {
-    text: String,
+/// A part on the wire. A call's arguments go as the object Gemini wants
+/// (malformed ones as `{}`: the call's result says why); a result as the
+/// `response` object (a JSON text that is not an object is wrapped as
+/// `{"result": ...}`, a failed call's as `{"error": ...}`).
+fn part(p: Part) -> Value {
+    match p {
+        Part::Text(text) => json!({"text": text}),
+        Part::Call(c) => json!({"functionCall": {"name": c.name, "args": c.arguments_object()}}),
+        Part::Result(r) => {
+            let value: Value = serde_json::from_str(&r.content).unwrap_or(Value::String(r.content));
+            let response = match (r.is_error, value) {
+                (true, v) => json!({"error": v}),
+                (false, Value::Object(o)) => Value::Object(o),
+                (false, v) => json!({"result": v}),
+            };
+            json!({"functionResponse": {"name": r.name, "response": response}})
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -177,23 +201,37 @@ struct GenerationConfig {
 /// The request body for `req`. Kept separate from sending so tests can
 /// inspect the exact JSON.
 fn body(req: &CompletionRequest) -> GenerateRequest {
-    // Gemini also wants user-first alternating turns ("model" for the assistant).
-    let contents = turns::alternating(&req.messages)
+    // Gemini also wants user-first alternating turns ("model" for the
+    // assistant); tool results are the user's side.
+    let contents = turns::alternating_parts(&req.messages)
         .into_iter()
-        .map(|(role, text)| Content {
+        .map(|(role, parts)| Content {
             role: Some(match role {
                 Role::User | Role::Tool => "user",
                 Role::Assistant => "model",
             }),
-            parts: vec![Part { text }],
+            parts: parts.into_iter().map(part).collect(),
+        })
+        .collect();
+    let declarations: Vec<Value> = req
+        .tools
+        .iter()
+        .map(|t| {
+            json!({"name": t.name, "description": t.description,
+                   "parametersJsonSchema": t.parameters})
         })
         .collect();
     GenerateRequest {
         contents,
         system_instruction: system_with_schema(req).map(|text| Content {
             role: None,
-            parts: vec![Part { text }],
+            parts: vec![json!({ "text": text })],
         }),
+        tools: if declarations.is_empty() {
+            Vec::new()
+        } else {
+            vec![json!({ "functionDeclarations": declarations })]
+        },
         generation_config: GenerationConfig {
             max_output_tokens: req.max_tokens,
             temperature: req.temperature,
@@ -237,12 +275,26 @@ struct CandidateContent {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct ResponsePart {
     #[serde(default)]
     text: Option<String>,
     /// Thought summaries (thinking models) are not part of the answer.
     #[serde(default)]
     thought: bool,
+    /// A tool call: always whole, even in a stream.
+    #[serde(default)]
+    function_call: Option<FunctionCall>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionCall {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    args: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -297,6 +349,8 @@ struct StreamState {
     model: Option<String>,
     /// Most bytes of text it may accumulate.
     limit: usize,
+    /// The tool calls so far.
+    calls: Vec<ToolCall>,
 }
 
 impl Default for StreamState {
@@ -313,6 +367,7 @@ impl StreamState {
             finish: None,
             model: None,
             limit,
+            calls: Vec::new(),
         }
     }
 
@@ -349,13 +404,34 @@ impl StreamState {
                 None => Ok(String::new()),
             };
         };
-        let text: String = candidate
-            .content
-            .into_iter()
-            .flat_map(|c| c.parts)
-            .filter(|p| !p.thought)
-            .filter_map(|p| p.text)
-            .collect();
+        let mut text = String::new();
+        for p in candidate.content.into_iter().flat_map(|c| c.parts) {
+            if let Some(call) = p.function_call {
+                if call.name.is_empty() {
+                    return Err(ProviderError::Malformed(
+                        "a functionCall has no name".into(),
+                    ));
+                }
+                // Gemini's calls have no ID (newer models may send one):
+                // ours is the call's place in the answer.
+                let id = call
+                    .id
+                    .filter(|id| !id.is_empty())
+                    .unwrap_or_else(|| format!("call_{}", self.calls.len()));
+                let arguments = call.args.map_or_else(String::new, |a| a.to_string());
+                let bytes = self.calls.iter().map(|c| c.arguments.len()).sum::<usize>();
+                if bytes.saturating_add(arguments.len()) > self.limit {
+                    return Err(ProviderError::TooLarge { limit: self.limit });
+                }
+                self.calls.push(ToolCall {
+                    id,
+                    name: call.name,
+                    arguments,
+                });
+            } else if !p.thought {
+                text.push_str(p.text.as_deref().unwrap_or_default());
+            }
+        }
         http::append_limited(&mut self.text, &text, self.limit)?;
         if let Some(reason) = candidate.finish_reason {
             self.finish = Some(finish_reason(&reason));
@@ -364,11 +440,16 @@ impl StreamState {
     }
 
     fn finish(self) -> Completion {
+        // Gemini ends a turn of calls with STOP like any other.
+        let finish_reason = match self.finish.unwrap_or(FinishReason::Other) {
+            FinishReason::Stop if !self.calls.is_empty() => FinishReason::ToolCalls,
+            other => other,
+        };
         Completion {
-            tool_calls: Vec::new(),
+            tool_calls: self.calls,
             text: self.text,
             usage: self.usage,
-            finish_reason: self.finish.unwrap_or(FinishReason::Other),
+            finish_reason,
             citations: Vec::new(),
             model: self.model,
         }

@@ -240,18 +240,6 @@ pub enum StreamEvent {
 /// A stream of answer events; ends after `Done` or an error.
 pub type CompletionStream = BoxStream<'static, Result<StreamEvent, ProviderError>>;
 
-/// Refuses a request that uses tools, for a wire format whose tool calling
-/// is not mapped yet: dropping the tools or their history would send the
-/// model a different conversation than the caller's.
-pub(crate) fn refuse_tools(req: &CompletionRequest) -> Result<(), ProviderError> {
-    if req.uses_tools() {
-        return Err(ProviderError::Unsupported(
-            "tool calling is not supported by this provider yet".into(),
-        ));
-    }
-    Ok(())
-}
-
 /// One wire format.
 #[async_trait::async_trait]
 pub trait Provider: Send + Sync + 'static {

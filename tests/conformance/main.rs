@@ -4,10 +4,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the assertion
 
 mod anthropic;
+mod anthropic_tools;
 mod fuzz;
 mod gemini;
+mod gemini_tools;
 mod harness;
 mod openai;
 mod openai_compatible;
 mod openai_tools;
 mod perplexity;
+mod tool_history;

@@ -334,15 +334,11 @@ async fn a_tool_call_without_a_name_is_malformed() {
     assert!(matches!(err, ProviderError::Malformed(_)), "{err:?}");
 }
 
-/// Formats whose tool calling is not mapped refuse a request with tools
-/// before any HTTP call, rather than drop them.
+/// Perplexity has no tool calling: a request with tools is refused before
+/// any HTTP call, rather than sent without them.
 #[tokio::test]
-async fn formats_without_tool_calling_refuse_tools() {
-    for f in [
-        crate::perplexity::fixture(),
-        crate::anthropic::fixture(),
-        crate::gemini::fixture(),
-    ] {
+async fn perplexity_refuses_tools() {
+    for f in [crate::perplexity::fixture()] {
         let server = serve(
             &f.complete_path,
             ResponseTemplate::new(200).set_body_json(&f.success_body),

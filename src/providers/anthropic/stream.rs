@@ -10,7 +10,7 @@
 //! type is a server-side failure mid-answer and becomes 500 (`api_error`).
 
 use super::{MessagesResponseHead, WireUsage, finish_reason};
-use crate::providers::{Completion, ProviderError, TokenUsage, http};
+use crate::providers::{Completion, ProviderError, TokenUsage, http, tool_calls::CallBuffer};
 use serde::Deserialize;
 
 /// What one event means for the caller.
@@ -32,8 +32,11 @@ pub(super) struct State {
     stop_reason: Option<String>,
     /// The answering model, from `message_start`.
     model: Option<String>,
-    /// Most bytes of text it may accumulate.
+    /// Most bytes of text (and, apart, of tool-call arguments) it may
+    /// accumulate.
     limit: usize,
+    /// `tool_use` blocks in pieces, by block index.
+    calls: CallBuffer,
 }
 
 impl Default for State {
@@ -49,7 +52,14 @@ enum Event {
     MessageStart {
         message: MessagesResponseHead,
     },
+    ContentBlockStart {
+        #[serde(default)]
+        index: u64,
+        content_block: BlockStart,
+    },
     ContentBlockDelta {
+        #[serde(default)]
+        index: u64,
         delta: BlockDelta,
     },
     MessageDelta {
@@ -62,10 +72,25 @@ enum Event {
     Error {
         error: ErrorBody,
     },
-    /// `ping`, `content_block_start`/`_stop`, and event types Anthropic
-    /// adds later (its docs ask clients to ignore unknown events).
+    /// `ping`, `content_block_stop`, and event types Anthropic adds later
+    /// (its docs ask clients to ignore unknown events).
     #[serde(other)]
     Ignored,
+}
+
+/// The head of a content block: a `tool_use` names its call; any other
+/// block's text comes in deltas.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum BlockStart {
+    ToolUse {
+        #[serde(default)]
+        id: String,
+        #[serde(default)]
+        name: String,
+    },
+    #[serde(other)]
+    Other,
 }
 
 #[derive(Debug, Deserialize)]
@@ -74,7 +99,12 @@ enum BlockDelta {
     TextDelta {
         text: String,
     },
-    /// `thinking_delta`, `input_json_delta`, `citations_delta`, ...
+    /// A piece of a `tool_use` block's input: JSON text split anywhere.
+    InputJsonDelta {
+        #[serde(default)]
+        partial_json: String,
+    },
+    /// `thinking_delta`, `citations_delta`, ...
     #[serde(other)]
     Other,
 }
@@ -101,6 +131,7 @@ impl State {
             stop_reason: None,
             model: None,
             limit,
+            calls: CallBuffer::default(),
         }
     }
 
@@ -123,11 +154,28 @@ impl State {
                 self.merge_usage(message.usage);
                 Step::Skip
             }
+            Event::ContentBlockStart {
+                index,
+                content_block: BlockStart::ToolUse { id, name },
+            } => {
+                self.calls
+                    .add(index, Some(&id), Some(&name), "", self.limit)?;
+                Step::Skip
+            }
             Event::ContentBlockDelta {
                 delta: BlockDelta::TextDelta { text },
+                ..
             } => {
                 http::append_limited(&mut self.text, &text, self.limit)?;
                 Step::Delta(text)
+            }
+            Event::ContentBlockDelta {
+                index,
+                delta: BlockDelta::InputJsonDelta { partial_json },
+            } => {
+                self.calls
+                    .add(index, None, None, &partial_json, self.limit)?;
+                Step::Skip
             }
             Event::MessageDelta { delta, usage } => {
                 if let Some(reason) = delta.and_then(|d| d.stop_reason) {
@@ -136,10 +184,15 @@ impl State {
                 self.merge_usage(usage);
                 Step::Skip
             }
-            Event::MessageStop => Step::Done(self.finish()),
+            Event::MessageStop => Step::Done(self.finish()?),
             Event::Error { error } => return Err(stream_error(&error.kind, data)),
-            Event::ContentBlockDelta {
+            Event::ContentBlockStart {
+                content_block: BlockStart::Other,
+                ..
+            }
+            | Event::ContentBlockDelta {
                 delta: BlockDelta::Other,
+                ..
             }
             | Event::Ignored => Step::Skip,
         })
@@ -158,9 +211,9 @@ impl State {
         u.cache_read_input_tokens = later.cache_read_input_tokens.or(u.cache_read_input_tokens);
     }
 
-    fn finish(&mut self) -> Completion {
-        Completion {
-            tool_calls: Vec::new(),
+    fn finish(&mut self) -> Result<Completion, ProviderError> {
+        Ok(Completion {
+            tool_calls: std::mem::take(&mut self.calls).finish()?,
             text: std::mem::take(&mut self.text),
             usage: TokenUsage {
                 input_tokens: self.usage.prompt_tokens().unwrap_or(0),
@@ -169,7 +222,7 @@ impl State {
             finish_reason: finish_reason(self.stop_reason.as_deref()),
             citations: Vec::new(),
             model: self.model.take(),
-        }
+        })
     }
 }
 

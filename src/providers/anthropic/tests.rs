@@ -98,6 +98,7 @@ fn response_text_blocks_usage_and_stop_reasons() {
         serde_json::from_value::<MessagesResponse>(v)
             .unwrap()
             .into_completion()
+            .unwrap()
     };
     let done = parse(json!({
         "id": "msg_01", "type": "message", "role": "assistant",
@@ -112,6 +113,8 @@ fn response_text_blocks_usage_and_stop_reasons() {
                   "cache_read_input_tokens": null, "output_tokens": 7}
     }));
     assert_eq!(done.text, "Hello world");
+    assert_eq!(done.tool_calls.len(), 1, "the tool_use block is a call");
+    assert_eq!(done.tool_calls[0].arguments, "{}");
     assert_eq!(done.finish_reason, FinishReason::Length);
     assert_eq!(
         done.usage,
@@ -124,7 +127,8 @@ fn response_text_blocks_usage_and_stop_reasons() {
         ("end_turn", FinishReason::Stop),
         ("stop_sequence", FinishReason::Stop),
         ("refusal", FinishReason::ContentFilter),
-        ("tool_use", FinishReason::Other),
+        ("tool_use", FinishReason::ToolCalls),
+        ("pause_turn", FinishReason::Other),
     ] {
         let c = parse(json!({"content": [], "stop_reason": reason}));
         assert_eq!(c.finish_reason, expected, "{reason}");
