@@ -36,6 +36,7 @@ const SECTIONS: &[&str] = &[
     "mcp_servers",
     "mcp_endpoint",
     "tool_worker",
+    "agents",
 ];
 
 /// Where values came from, to say so in errors.

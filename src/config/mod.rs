@@ -11,6 +11,7 @@
 //! never read from the file: a provider names the environment variable that
 //! holds its key (`api_key_env`) and the key is loaded into a [`Secret`].
 
+pub mod agents;
 mod load;
 mod provider;
 mod secret;
@@ -131,6 +132,9 @@ pub struct Config {
     /// The runner of ASYNC tool invocations.
     #[serde(default)]
     pub tool_worker: ToolWorkerConfig,
+    /// Conversation agents by name.
+    #[serde(default)]
+    pub agents: BTreeMap<String, agents::AgentConfig>,
 }
 
 /// `[auth]`: API keys mapped to teams and roles.

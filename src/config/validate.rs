@@ -42,6 +42,7 @@ fn database_url(url: &str) -> Result<(), &'static str> {
     Err("must start with sqlite:, postgres:// or postgresql://")
 }
 
+pub mod agents;
 pub mod tools;
 
 /// Most teams `telemetry.team_labels` may list.
@@ -336,6 +337,7 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         bad("database.max_connections".into(), "must be at least 1");
     }
     tools::check(config, &mut bad);
+    agents::check(config, &mut bad);
     out
 }
 
