@@ -96,7 +96,9 @@ impl ToolService for ToolServiceApi {
             .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
         super::access::note(|f| f.team.clone_from(&ctx.team_id));
         let fail = |f: Failure| to_status(f, &ctx.trace_id);
-        let principal = auth::principal(&extensions, &self.auth).map_err(fail)?;
+        let principal = auth::principal(&extensions, &self.auth)
+            .and_then(|p| auth::check_team(&p, "context.team_id", &ctx.team_id).map(|()| p))
+            .map_err(fail)?;
         let tools = self
             .pipeline
             .tools_for(&principal, &ctx.team_id)

@@ -67,6 +67,21 @@ async fn list_tools_shows_only_what_the_key_may_use() {
             "system.health@1.0.0"
         ]
     );
+    // Another team's listing: refused as every RPC refuses it.
+    let err = tools(&app)
+        .list_tools(with_key(
+            CALLER,
+            "list-other-team",
+            pb::ListToolsRequest {
+                context: Some(pb::RequestContext {
+                    team_id: "t2".into(),
+                    ..Default::default()
+                }),
+            },
+        ))
+        .await
+        .unwrap_err();
+    denied(&err, Code::PermissionDenied, "TEAM_NOT_ALLOWED");
     // Without a key: the same refusal as every RPC.
     let err = tools(&app)
         .list_tools(pb::ListToolsRequest {
