@@ -236,7 +236,14 @@ async fn metrics_are_scraped_and_parse() {
 
 /// The metrics endpoint of an app, parsed.
 pub(crate) async fn scrape(port: u16) -> prometheus_parse::Scrape {
-    let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+    // Bounded: a wedged server fails the test instead of hanging the suite.
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let body = client
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
         .await
         .unwrap()
         .text()

@@ -4,7 +4,7 @@
 //! input never reaches logs, audit rows or metrics.
 
 use super::{
-    ADMIN, CALLER, events, invoke, spawn_on, tools, verify,
+    CALLER, events, invoke, spawn_on, tools, verify,
     webhook::{Answer, Webhook},
     with_key,
 };
@@ -189,7 +189,6 @@ async fn the_audit_service_is_for_admins_only() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
-    let _ = ADMIN;
     app.stop().await;
 }
 
@@ -276,7 +275,7 @@ async fn a_canary_in_a_tool_input_never_reaches_logs_audit_rows_or_metrics() {
     );
     let config = dir.path().join("aio.toml");
     std::fs::write(&config, toml).unwrap();
-    let server = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
         .args([
             "--config",
             config.to_str().unwrap(),
@@ -291,6 +290,18 @@ async fn a_canary_in_a_tool_input_never_reaches_logs_audit_rows_or_metrics() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    // Read its output as it comes: a full pipe would block its logging.
+    let drain = |pipe: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>| {
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = tokio::io::AsyncReadExt::read_to_end(&mut pipe, &mut out).await;
+            }
+            out
+        })
+    };
+    let stdout = drain(server.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(server.stderr.take().map(|p| Box::new(p) as _));
     let channel = connect(addr).await;
     let mut client = pb::tool_service_client::ToolServiceClient::new(channel);
     let echo = client
@@ -363,12 +374,16 @@ async fn a_canary_in_a_tool_input_never_reaches_logs_audit_rows_or_metrics() {
         &[("tool", "crm.add_note")],
     );
     assert_eq!(durations, 2.0);
-    let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = tokio::time::timeout(Duration::from_secs(10), async {
+        reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    })
+    .await
+    .expect("the metrics endpoint answers");
     assert!(!text.contains(CANARY), "metrics");
 
     // Stop it, then read everything it logged.
@@ -376,14 +391,14 @@ async fn a_canary_in_a_tool_input_never_reaches_logs_audit_rows_or_metrics() {
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
-    let out = tokio::time::timeout(Duration::from_secs(15), server.wait_with_output())
+    tokio::time::timeout(Duration::from_secs(15), server.wait())
         .await
         .expect("stops on SIGTERM")
         .unwrap();
     let logs = format!(
         "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&stdout.await.unwrap()),
+        String::from_utf8_lossy(&stderr.await.unwrap())
     );
     assert!(
         logs.contains("canary-echo"),
