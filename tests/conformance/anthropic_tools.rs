@@ -5,10 +5,8 @@
 //! blocks (`is_error`) in the next user turn.
 
 use crate::anthropic::fixture;
-use crate::harness::{collect, finished, only_request, provider, request, serve, sse};
-use ai_orchestrator::providers::{
-    ChatMessage, FinishReason, Role, ToolCall, ToolOutcome, ToolSpec,
-};
+use crate::harness::{collect, finished, only_request, provider, request, serve, sse, tool_result};
+use ai_orchestrator::providers::{ChatMessage, FinishReason, Role, ToolCall, ToolSpec};
 use serde_json::{Value, json};
 use wiremock::ResponseTemplate;
 
@@ -110,16 +108,8 @@ async fn a_history_of_calls_and_results_goes_back_as_blocks() {
             true,
         ),
     ] {
-        req.messages.push(ChatMessage {
-            role: Role::Tool,
-            tool_result: Some(ToolOutcome {
-                call_id: id.into(),
-                name: "crm__lookup".into(),
-                content: content.into(),
-                is_error,
-            }),
-            ..Default::default()
-        });
+        req.messages
+            .push(tool_result(id, "crm__lookup", content, is_error));
     }
     provider(&f, &server, true).complete(req).await.unwrap();
     let sent: Value = only_request(&server, "history").await.body_json().unwrap();

@@ -4,10 +4,10 @@
 //! no IDs), and `functionResponse` parts answering by name.
 
 use crate::gemini::fixture;
-use crate::harness::{collect, data_events, finished, only_request, provider, request, serve, sse};
-use ai_orchestrator::providers::{
-    ChatMessage, FinishReason, Role, ToolCall, ToolOutcome, ToolSpec,
+use crate::harness::{
+    collect, data_events, finished, only_request, provider, request, serve, sse, tool_result,
 };
+use ai_orchestrator::providers::{ChatMessage, FinishReason, Role, ToolCall, ToolSpec};
 use serde_json::{Value, json};
 use wiremock::ResponseTemplate;
 
@@ -117,16 +117,8 @@ async fn a_history_of_calls_and_results_goes_back_as_parts() {
         ("call_0", r#"{"lead":{"name":"Dana"}}"#, false),
         ("call_1", r#""not found""#, true),
     ] {
-        req.messages.push(ChatMessage {
-            role: Role::Tool,
-            tool_result: Some(ToolOutcome {
-                call_id: id.into(),
-                name: "crm__lookup".into(),
-                content: content.into(),
-                is_error,
-            }),
-            ..Default::default()
-        });
+        req.messages
+            .push(tool_result(id, "crm__lookup", content, is_error));
     }
     provider(&f, &server, true).complete(req).await.unwrap();
     let sent: Value = only_request(&server, "history").await.body_json().unwrap();

@@ -400,3 +400,17 @@ async fn hangs(f: &Fixture, stream: bool) {
         started.elapsed()
     );
 }
+
+/// A tool's result message, answering call `id` of tool `name`.
+pub fn tool_result(id: &str, name: &str, content: &str, is_error: bool) -> ChatMessage {
+    ChatMessage {
+        role: Role::Tool,
+        tool_result: Some(ai_orchestrator::providers::ToolOutcome {
+            call_id: id.into(),
+            name: name.into(),
+            content: content.into(),
+            is_error,
+        }),
+        ..Default::default()
+    }
+}

@@ -4,10 +4,12 @@
 //! results sent back, malformed arguments kept for the loop to answer, and
 //! the formats that cannot (yet) carry tools refusing them.
 
-use crate::harness::{collect, data_events, finished, only_request, request, serve, sse};
+use crate::harness::{
+    collect, data_events, finished, only_request, request, serve, sse, tool_result,
+};
 use crate::openai::fixture;
 use ai_orchestrator::providers::{
-    ChatMessage, FinishReason, ProviderError, Role, ToolCall, ToolOutcome, ToolSpec, WireNames,
+    ChatMessage, FinishReason, ProviderError, Role, ToolCall, ToolSpec, WireNames,
 };
 use serde_json::{Value, json};
 use wiremock::ResponseTemplate;
@@ -157,16 +159,7 @@ async fn a_history_of_calls_and_results_goes_back_in_openai_shape() {
             true,
         ),
     ] {
-        req.messages.push(ChatMessage {
-            role: Role::Tool,
-            tool_result: Some(ToolOutcome {
-                call_id: id.into(),
-                name: name.into(),
-                content: content.into(),
-                is_error,
-            }),
-            ..Default::default()
-        });
+        req.messages.push(tool_result(id, name, content, is_error));
     }
     crate::harness::provider(&f, &server, true)
         .complete(req)

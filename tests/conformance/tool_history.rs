@@ -2,8 +2,8 @@
 //! (SPEC §11.4): OpenAI's tool calls, kept in our neutral types, go to
 //! Anthropic and to Gemini in their own shapes, ids and arguments intact.
 
-use crate::harness::{only_request, provider, request, serve};
-use ai_orchestrator::providers::{ChatMessage, Role, ToolOutcome, ToolSpec};
+use crate::harness::{only_request, provider, request, serve, tool_result};
+use ai_orchestrator::providers::{ChatMessage, Role, ToolSpec};
 use serde_json::{Value, json};
 use wiremock::ResponseTemplate;
 
@@ -49,16 +49,8 @@ async fn openai_tool_history_translates_to_anthropic_and_gemini() {
         .iter()
         .zip(["{\"name\":\"Dana\"}", "{\"name\":\"Eli\"}"])
     {
-        req.messages.push(ChatMessage {
-            role: Role::Tool,
-            tool_result: Some(ToolOutcome {
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                content: content.into(),
-                is_error: false,
-            }),
-            ..Default::default()
-        });
+        req.messages
+            .push(tool_result(&call.id, &call.name, content, false));
     }
     // ...then OpenAI fails and the next target is Anthropic.
     let anthropic = crate::anthropic::fixture();
