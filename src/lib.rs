@@ -4,7 +4,9 @@
 //! which turns proto into domain types and opens a call in `call`, the one
 //! pipeline every RPC goes through (open → run the task → finish: reserve,
 //! route, settle, record). The task (`tasks`) builds its prompt and makes its
-//! model calls through the call; `router` walks each call's fallback chain,
+//! model calls through the call; an agent's turn (`call::turn`) runs its
+//! model and tool calls through the call too, over `agent` (conversations,
+//! the layered prompt, memory suggestions); `router` walks each call's fallback chain,
 //! guarded per provider by `resilience`, and `providers` speak each wire
 //! format. `usage` (the ledger), `prompts`, `auth` and `tools` (the
 //! registry, policy gate and executors of tool calls) are services the
@@ -18,6 +20,7 @@
 //! edge       api, cli, server        anything below
 //! pipeline   call                    tasks and everything below them
 //! tasks      tasks                   router, providers, prompts, usage (types)
+//!            agent                   providers, store, the ground floor
 //! routing    router                  providers, resilience
 //!            resilience              providers (error classification)
 //!            providers               the ground floor
@@ -33,6 +36,7 @@
 //! pipeline only through the `tasks::Session` trait the call implements.
 //! `tests/layers.rs` fails on an import that breaks this.
 
+pub mod agent;
 pub mod api;
 pub mod audit;
 pub mod auth;

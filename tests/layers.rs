@@ -61,10 +61,17 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "usage",
             ][..],
         ),
+        // Agents' parts, run inside a call: conversations, prompt layers,
+        // memory suggestions.
+        (
+            "agent",
+            &["domain", "config", "telemetry", "store", "providers"][..],
+        ),
         // The pipeline.
         (
             "call",
             &[
+                "agent",
                 "domain",
                 "config",
                 "telemetry",
@@ -96,6 +103,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "tools",
                 "auth",
                 "tasks",
+                "agent",
                 "call",
             ][..],
         ),
@@ -130,6 +138,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "tools",
                 "auth",
                 "tasks",
+                "agent",
                 "call",
                 "api",
             ][..],

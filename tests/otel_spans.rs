@@ -29,6 +29,26 @@ fn capture_spans(ratio: f64) -> (InMemorySpanExporter, tracing::subscriber::Defa
     (exporter, tracing::subscriber::set_default(subscriber))
 }
 
+/// The finished spans once `count` spans named `name` are among them (10 s
+/// at most): a server span ends when its connection task drops the
+/// response, which may be after the client has the reply.
+async fn spans_once(
+    exporter: &InMemorySpanExporter,
+    name: &str,
+    count: usize,
+) -> Vec<opentelemetry_sdk::trace::SpanData> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let spans = exporter.get_finished_spans().unwrap();
+        if spans.iter().filter(|s| s.name == name).count() >= count
+            || std::time::Instant::now() > deadline
+        {
+            return spans;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// Spans reach an OpenTelemetry exporter: the `request` span continues the
 /// caller's `traceparent` (same trace ID, the caller's span as parent), each
 /// `provider_attempt` is its child with provider/model/retry/outcome/tokens,
@@ -498,7 +518,7 @@ side_effects = true
     }
     app.stop().await;
 
-    let spans = exporter.get_finished_spans().unwrap();
+    let spans = spans_once(&exporter, "ai.orchestrator.v1.ToolService/InvokeTool", 2).await;
     let attr = |s: &opentelemetry_sdk::trace::SpanData, key: &str| {
         s.attributes
             .iter()
@@ -528,4 +548,75 @@ side_effects = true
         assert_eq!(rpc.span_kind, SpanKind::Server);
     }
     assert!(!format!("{spans:?}").contains(CANARY));
+}
+
+/// One `invoke_agent <name>` span per turn under the Converse RPC's span,
+/// with each model call's attempt span and each tool call's span as its
+/// children.
+#[tokio::test]
+async fn an_agent_turn_is_a_span_with_its_model_and_tool_calls_as_children() {
+    use futures::StreamExt;
+
+    let (exporter, _guard) = capture_spans(1.0);
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+[database]
+url = "sqlite://{}"
+[providers.m]
+kind = "mock"
+[providers.m.mock]
+tool_script = [[{{ tool = "system.echo", arguments = '{{"text":"x"}}' }}, {{ tool = "system.echo", arguments = '{{"text":"y"}}' }}]]
+[pricing.x]
+price = "unknown"
+[agents.helper]
+chain = [{{ provider = "m", model = "x" }}]
+core_prompt = "You help."
+tools = ["system.*"]
+"#,
+        dir.path().join("t.db").display(),
+    );
+    let app = TestApp::spawn_toml(&toml).await;
+    let mut agents = pb::agent_service_client::AgentServiceClient::new(app.channel.clone());
+    let mut events = agents
+        .converse(pb::ConverseRequest {
+            context: ctx(),
+            agent: "helper".into(),
+            message: "Echo twice.".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = None;
+    while let Some(event) = events.next().await {
+        last = event.unwrap().event;
+    }
+    assert!(matches!(
+        last,
+        Some(pb::converse_event::Event::Completed(_))
+    ));
+    app.stop().await;
+
+    let spans = spans_once(&exporter, "ai.orchestrator.v1.AgentService/Converse", 1).await;
+    let turn = spans
+        .iter()
+        .find(|s| s.name == "invoke_agent helper")
+        .unwrap_or_else(|| panic!("a turn span: {spans:#?}"));
+    let rpc = spans
+        .iter()
+        .find(|s| s.span_context.span_id() == turn.parent_span_id)
+        .expect("the turn's parent is in the trace");
+    assert_eq!(rpc.name, "ai.orchestrator.v1.AgentService/Converse");
+    let children: Vec<&str> = spans
+        .iter()
+        .filter(|s| s.parent_span_id == turn.span_context.span_id())
+        .map(|s| s.name.as_ref())
+        .collect();
+    let model_calls = children.iter().filter(|n| n.starts_with("chat ")).count();
+    let tool_calls = children
+        .iter()
+        .filter(|n| **n == "execute_tool system.echo")
+        .count();
+    assert_eq!((model_calls, tool_calls), (2, 2), "{children:?}");
 }

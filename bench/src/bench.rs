@@ -323,7 +323,9 @@ impl Bench {
         let sample = match rpc {
             Rpc::Execute => Kind::Execute,
             Rpc::ClassifySms => Kind::Classify,
-            Rpc::InvokeTool => anyhow::bail!("InvokeTool (system.echo) calls no upstream"),
+            Rpc::InvokeTool | Rpc::Converse => {
+                anyhow::bail!("{} has no direct baseline", rpc.name())
+            }
         };
         let body = self.upstream.sample(sample).with_context(|| {
             format!("the fake upstream saw no {} request to replay", rpc.name())

@@ -29,8 +29,14 @@ pub struct Args {
     )]
     pub scenarios: Vec<String>,
     /// RPCs at fixed rates: execute, classify, tool (`InvokeTool` of
-    /// `system.echo`; also swept at saturation beside `Execute`).
-    #[arg(long, value_delimiter = ',', default_value = "execute,classify,tool")]
+    /// `system.echo`), agent (`Converse`: three model calls and two tool
+    /// calls a turn); tool and agent are also swept at saturation beside
+    /// `Execute`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "execute,classify,tool,agent"
+    )]
     pub rpcs: Vec<String>,
     /// Metering modes: sqlite (fsync per commit, the default durability),
     /// sqlite-normal (`sqlite_synchronous = "normal"`), postgres, off.

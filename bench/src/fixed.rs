@@ -58,11 +58,12 @@ async fn drive(
     let rpcs = bench.settings.rpcs.clone();
     // The paired rounds take turns over the fixed rates' RPCs, or run
     // Execute alone.
-    // Execute alone. InvokeTool has no upstream, so no direct step to pair.
+    // Execute alone. InvokeTool has no upstream and a Converse turn
+    // streams several calls, so neither has a direct step to pair.
     let with_upstream: Vec<Rpc> = rpcs
         .iter()
         .copied()
-        .filter(|r| *r != Rpc::InvokeTool)
+        .filter(|r| r.has_direct_baseline())
         .collect();
     let paired_rpcs = if with_upstream.is_empty() {
         vec![Rpc::Execute]

@@ -27,7 +27,7 @@ pub struct Settings {
     /// Run the saturation sweep (Execute, lowest upstream latency).
     pub saturation: bool,
     /// RPCs swept at saturation, taking turns: `Execute`, and `InvokeTool`
-    /// when `--rpcs` names it.
+    /// and `Converse` when `--rpcs` names them.
     pub sat_rpcs: Vec<Rpc>,
     /// Speak plaintext HTTP/2 (prior knowledge) to the fake upstream, from
     /// the orchestrator and from the direct baseline.
@@ -116,6 +116,7 @@ impl Settings {
                 "execute" => Ok(Rpc::Execute),
                 "classify" | "classify-sms" => Ok(Rpc::ClassifySms),
                 "tool" | "invoke-tool" => Ok(Rpc::InvokeTool),
+                "agent" | "converse" => Ok(Rpc::Converse),
                 other => Err(anyhow::anyhow!("--rpcs: unknown rpc `{other}`")),
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -145,6 +146,7 @@ impl Settings {
             metering,
             sat_rpcs: std::iter::once(Rpc::Execute)
                 .chain(rpcs.contains(&Rpc::InvokeTool).then_some(Rpc::InvokeTool))
+                .chain(rpcs.contains(&Rpc::Converse).then_some(Rpc::Converse))
                 .collect(),
             rpcs: if scenario("load") { rpcs } else { Vec::new() },
             direct: scenario("direct"),

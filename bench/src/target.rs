@@ -4,7 +4,8 @@
 
 use crate::loadgen::{MakeRequest, Outcome};
 use ai_orchestrator::api::pb::{
-    self, orchestrator_client::OrchestratorClient, tool_service_client::ToolServiceClient,
+    self, agent_service_client::AgentServiceClient, orchestrator_client::OrchestratorClient,
+    tool_service_client::ToolServiceClient,
 };
 use axum::body::Bytes;
 use futures::future::BoxFuture;
@@ -39,6 +40,9 @@ pub enum Rpc {
     /// `InvokeTool` of `system.echo`: the tools' entry point (policy,
     /// schema, ledger, audit) without an upstream.
     InvokeTool,
+    /// `AgentService.Converse`: one turn of three model calls (streamed)
+    /// and two tool calls, stored as a new conversation.
+    Converse,
 }
 
 impl Rpc {
@@ -48,7 +52,14 @@ impl Rpc {
             Rpc::Execute => "Execute",
             Rpc::ClassifySms => "ClassifySms",
             Rpc::InvokeTool => "InvokeTool",
+            Rpc::Converse => "Converse",
         }
+    }
+
+    /// Whether it calls the upstream with a body the direct baseline can
+    /// replay (one non-streamed call per request).
+    pub fn has_direct_baseline(self) -> bool {
+        matches!(self, Rpc::Execute | Rpc::ClassifySms)
     }
 }
 
@@ -59,13 +70,16 @@ pub struct Client {
     orchestrator: OrchestratorClient<H2>,
     /// The `ToolService` on the same connection.
     pub tools: ToolServiceClient<H2>,
+    /// The `AgentService` on the same connection.
+    pub agents: AgentServiceClient<H2>,
 }
 
 impl Client {
     fn new(h2: H2) -> Self {
         Self {
             orchestrator: OrchestratorClient::new(h2.clone()),
-            tools: ToolServiceClient::new(h2),
+            tools: ToolServiceClient::new(h2.clone()),
+            agents: AgentServiceClient::new(h2),
         }
     }
 }
@@ -260,9 +274,46 @@ pub fn grpc(
                         Err(status) => check_status(&status, expect),
                     }
                 }
+                Rpc::Converse => {
+                    let mut request = tonic::Request::new(pb::ConverseRequest {
+                        context: context(i),
+                        agent: crate::server::AGENT.to_owned(),
+                        message: format!("Echo \"{ECHO_TEXT}\" back to me, in two calls."),
+                        ..Default::default()
+                    });
+                    request.set_timeout(timeout);
+                    match client.agents.converse(request).await {
+                        Ok(r) => turn(r.into_inner(), expect).await,
+                        Err(status) => check_status(&status, expect),
+                    }
+                }
             }
         })
     })
+}
+
+/// Reads a turn's events to its end: OK when it completed with the final
+/// answer after three model calls and two tool calls.
+async fn turn(mut events: tonic::Streaming<pb::ConverseEvent>, expect: Expect) -> Outcome {
+    use pb::converse_event::Event;
+    let mut last = None;
+    loop {
+        match events.message().await {
+            Ok(Some(event)) => last = event.event,
+            Ok(None) => break,
+            Err(status) => return check_status(&status, expect),
+        }
+    }
+    match last {
+        Some(Event::Completed(done))
+            if done.stop_reason == pb::StopReason::FinalAnswer as i32
+                && (done.iterations, done.tool_calls) == (3, 2) =>
+        {
+            check_meta(done.meta.as_ref(), expect)
+        }
+        Some(Event::Completed(_)) => Err("WRONG_TURN".into()),
+        _ => Err("NO_COMPLETED_EVENT".into()),
+    }
 }
 
 /// The HTTP client of the direct baseline: pooled HTTP/1.1 keep-alive with

@@ -37,6 +37,9 @@ pub enum Kind {
     Classify,
     /// `Execute` → a generic task (`meeting_brief`).
     Execute,
+    /// An agent's model call (streamed, with tools): it calls
+    /// `system.echo` twice, one call per answer, then answers.
+    Agent,
 }
 
 /// A recorded gpt-4o-mini answer, `{content}` replaced by the escaped text.
@@ -69,9 +72,74 @@ fn completion(content: &str, prompt: u32, completion: u32) -> Bytes {
     )
 }
 
+/// One `chat.completion.chunk` frame of a recorded gpt-4o-mini stream.
+fn chunk(delta: &str, finish: &str) -> String {
+    format!(
+        "data: {{\"id\":\"chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG\",\"object\":\"chat.completion.chunk\",\"created\":1741570283,\"model\":\"gpt-4o-mini-2024-07-18\",\"service_tier\":\"default\",\"system_fingerprint\":\"fp_06737a9306\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+    )
+}
+
+/// The end of a stream: the finish reason, the usage chunk, `[DONE]`.
+fn stream_end(finish: &str, prompt: u32, completion: u32) -> String {
+    format!(
+        "{}data: {{\"id\":\"chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG\",\"object\":\"chat.completion.chunk\",\"created\":1741570283,\"model\":\"gpt-4o-mini-2024-07-18\",\"service_tier\":\"default\",\"system_fingerprint\":\"fp_06737a9306\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"total_tokens\":{}}}}}\n\ndata: [DONE]\n\n",
+        chunk("{}", &format!("\"{finish}\"")),
+        prompt + completion
+    )
+}
+
+/// A streamed answer calling `system.echo` (call `id`), its arguments in
+/// two pieces split inside the value, as OpenAI streams them.
+fn agent_tool_call(id: &str, text: &str) -> Bytes {
+    let args = serde_json::json!({ "text": text }).to_string();
+    let (a, b) = args.split_at(args.len() / 2);
+    let piece = |p: &str| {
+        let quoted = serde_json::Value::String(p.to_owned());
+        chunk(
+            &format!(
+                "{{\"tool_calls\":[{{\"index\":0,\"function\":{{\"arguments\":{quoted}}}}}]}}"
+            ),
+            "null",
+        )
+    };
+    Bytes::from(
+        [
+            chunk("{\"role\":\"assistant\",\"content\":null,\"refusal\":null}", "null"),
+            chunk(
+                &format!("{{\"tool_calls\":[{{\"index\":0,\"id\":\"{id}\",\"type\":\"function\",\"function\":{{\"name\":\"system__echo\",\"arguments\":\"\"}}}}]}}"),
+                "null",
+            ),
+            piece(a),
+            piece(b),
+            stream_end("tool_calls", 240, 21),
+        ]
+        .concat(),
+    )
+}
+
+/// A streamed final answer in a few deltas.
+fn agent_answer() -> Bytes {
+    let mut frames = vec![chunk(
+        "{\"role\":\"assistant\",\"content\":\"\",\"refusal\":null}",
+        "null",
+    )];
+    for piece in [
+        "Both echoes ",
+        "came back: ",
+        "\\\"call me tomorrow\\\" ",
+        "and \\\"Acme Corp\\\".",
+    ] {
+        frames.push(chunk(&format!("{{\"content\":\"{piece}\"}}"), "null"));
+    }
+    frames.push(stream_end("stop", 320, 18));
+    Bytes::from(frames.concat())
+}
+
 struct Shared {
     classify: Bytes,
     execute: Bytes,
+    /// An agent's three answers: two tool calls, then the text.
+    agent: [Bytes; 3],
     /// First request body seen per kind (the direct baseline replays it).
     samples: Mutex<HashMap<Kind, Bytes>>,
     error_calls: AtomicU64,
@@ -92,6 +160,11 @@ impl Upstream {
         let shared = Arc::new(Shared {
             classify: completion(CLASSIFICATION, 187, 24),
             execute: completion(BRIEF, 412, 168),
+            agent: [
+                agent_tool_call("call_uG6dRVsBWdkhzUqYyArsMyfv", "call me tomorrow"),
+                agent_tool_call("call_8lKFpO4rTPqZxHgYa1sWbNcE", "Acme Corp"),
+                agent_answer(),
+            ],
             samples: Mutex::new(HashMap::new()),
             error_calls: AtomicU64::new(0),
         });
@@ -167,9 +240,14 @@ impl Drop for Upstream {
     }
 }
 
+fn count(body: &[u8], needle: &[u8]) -> usize {
+    body.windows(needle.len()).filter(|w| *w == needle).count()
+}
+
 fn kind_of(body: &[u8]) -> Kind {
-    const NEEDLE: &[u8] = b"APPOINTMENT_REQUEST";
-    if body.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+    if count(body, b"\"tools\":[") > 0 {
+        Kind::Agent
+    } else if count(body, b"APPOINTMENT_REQUEST") > 0 {
         Kind::Classify
     } else {
         Kind::Execute
@@ -194,6 +272,11 @@ async fn chat(
         return (StatusCode::NOT_FOUND, "unknown mode").into_response();
     };
     let kind = kind_of(&body);
+    let body_for_agent = if kind == Kind::Agent {
+        body.clone()
+    } else {
+        Bytes::new()
+    };
     {
         let mut samples = shared.samples.lock().unwrap_or_else(|e| e.into_inner());
         samples.entry(kind).or_insert(body);
@@ -204,6 +287,17 @@ async fn chat(
     let answer = match kind {
         Kind::Classify => shared.classify.clone(),
         Kind::Execute => shared.execute.clone(),
+        Kind::Agent => {
+            // The turn so far: one tool result per earlier answer.
+            let results = count(&body_for_agent, b"\"role\":\"tool\"");
+            let answer = shared.agent[results.min(2)].clone();
+            return (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/event-stream")],
+                answer,
+            )
+                .into_response();
+        }
     };
     (
         StatusCode::OK,
@@ -235,5 +329,44 @@ mod tests {
         }
         assert_eq!(kind_of(b"... APPOINTMENT_REQUEST, ..."), Kind::Classify);
         assert_eq!(kind_of(b"meeting"), Kind::Execute);
+        assert_eq!(kind_of(br#"{"tools":[{"type":"function"}]}"#), Kind::Agent);
+    }
+
+    #[test]
+    fn agent_answers_are_chat_completion_streams() {
+        let frames = |b: &Bytes| -> Vec<serde_json::Value> {
+            std::str::from_utf8(b)
+                .unwrap()
+                .split("\n\n")
+                .filter_map(|f| f.strip_prefix("data: "))
+                .filter(|d| *d != "[DONE]")
+                .map(|d| serde_json::from_str(d).unwrap())
+                .collect()
+        };
+        let call = frames(&agent_tool_call("call_1", "call me tomorrow"));
+        let args: String = call
+            .iter()
+            .filter_map(|f| {
+                f["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+            })
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&args).unwrap(),
+            serde_json::json!({"text": "call me tomorrow"})
+        );
+        assert_eq!(
+            call[call.len() - 2]["choices"][0]["finish_reason"],
+            "tool_calls"
+        );
+        assert_eq!(call.last().unwrap()["usage"]["total_tokens"], 261);
+        let answer = frames(&agent_answer());
+        let text: String = answer
+            .iter()
+            .filter_map(|f| f["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(
+            text,
+            "Both echoes came back: \"call me tomorrow\" and \"Acme Corp\"."
+        );
     }
 }

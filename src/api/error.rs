@@ -6,6 +6,7 @@
 //! trace ID, never to the client.
 
 use crate::{
+    agent::AgentError,
     call::CallError,
     router::{AttemptRecord, RouteError},
     telemetry::trace_id::TRACE_ID_HEADER,
@@ -103,6 +104,8 @@ pub(crate) enum Failure {
     },
     /// The tools' entry point refused an invocation.
     ToolDenied(Denial),
+    /// An agent turn could not start.
+    Agent(AgentError),
     /// A tool invocation's estimate exceeds the request budget.
     ToolBudget {
         /// Estimated cost, micro-USD.
@@ -164,6 +167,11 @@ impl Failure {
                 reason,
                 "a viewer may not run a tool with side effects".into(),
             ),
+            Denial::NotAgentTool => (
+                Code::PermissionDenied,
+                reason,
+                "the agent's tools do not include this tool".into(),
+            ),
             Denial::TenantRequired => (
                 Code::PermissionDenied,
                 reason,
@@ -195,6 +203,7 @@ impl From<CallError> for Failure {
             CallError::Storage(e) => Failure::Storage(e),
             CallError::Overloaded => Failure::Overloaded,
             CallError::ToolDenied(d) => Failure::ToolDenied(d),
+            CallError::Agent(e) => Failure::Agent(e),
             CallError::ToolBudget {
                 estimate_micros,
                 budget_usd,
@@ -356,6 +365,23 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             )
         }
         Failure::ToolDenied(denial) => Failure::tool_denial(denial, &mut details, &mut info),
+        Failure::Agent(err) => {
+            let reason = err.reason();
+            let code = match &err {
+                AgentError::UnknownAgent(name) => {
+                    details.add_bad_request_violation("agent", format!("unknown agent `{name}`"));
+                    Code::InvalidArgument
+                }
+                AgentError::ConversationNotFound(_) => Code::NotFound,
+                // Retry once the running turn has ended.
+                AgentError::ConversationBusy(_) => Code::Aborted,
+                AgentError::AgentMismatch { .. } | AgentError::WindowExceeded { .. } => {
+                    Code::FailedPrecondition
+                }
+                AgentError::Prompt(_) => Code::InvalidArgument,
+            };
+            (code, reason, err.to_string())
+        }
         Failure::ToolBudget {
             estimate_micros,
             budget_usd,

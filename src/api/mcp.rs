@@ -139,6 +139,7 @@ impl ServerHandler for Endpoint {
                     input,
                     mode: Mode::Sync,
                     idempotency_key: None,
+                    agent: None,
                 },
             )
             .await;

@@ -54,6 +54,9 @@ const METHODS: &[(&str, &str)] = &[
     ("ai.orchestrator.v1.ToolService/GetToolInvocation", UNARY),
     ("ai.orchestrator.v1.AuditService/ListAuditEvents", UNARY),
     ("ai.orchestrator.v1.AuditService/VerifyAuditChain", UNARY),
+    ("ai.orchestrator.v1.AgentService/Converse", SERVER_STREAM),
+    ("ai.orchestrator.v1.AgentService/GetConversation", UNARY),
+    ("ai.orchestrator.v1.AgentService/DeleteConversation", UNARY),
     ("grpc.health.v1.Health/Check", UNARY),
     ("grpc.health.v1.Health/Watch", SERVER_STREAM),
     (

@@ -163,6 +163,7 @@ impl ToolService for ToolServiceApi {
             input: serde_json::Value::Object(input),
             mode,
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
+            agent: None,
         };
         async move {
             let result = call.invoke_tool(&principal, tool_request).await;

@@ -55,11 +55,30 @@ fn worst_case(
     request: &CompletionRequest,
     precision: Precision,
 ) -> Estimate {
-    let messages: Vec<&str> = request
+    // Tool calls, tool results and tool definitions are input too.
+    let texts: Vec<std::borrow::Cow<'_, str>> = request
         .messages
         .iter()
-        .map(|m| m.content.as_str())
+        .map(|m| {
+            if m.tool_calls.is_empty() && m.tool_result.is_none() {
+                std::borrow::Cow::Borrowed(m.content.as_str())
+            } else {
+                let mut all = m.content.clone();
+                for c in &m.tool_calls {
+                    all.push_str(&c.name);
+                    all.push_str(&c.arguments);
+                }
+                if let Some(r) = &m.tool_result {
+                    all.push_str(&r.content);
+                }
+                std::borrow::Cow::Owned(all)
+            }
+        })
+        .chain(request.tools.iter().map(|t| {
+            std::borrow::Cow::Owned(format!("{} {} {}", t.name, t.description, t.parameters))
+        }))
         .collect();
+    let messages: Vec<&str> = texts.iter().map(AsRef::as_ref).collect();
     let input = Input {
         system: request.system.as_deref(),
         messages: &messages,

@@ -38,6 +38,8 @@ pub enum CallError {
     Overloaded,
     /// The tools' entry point refused an invocation.
     ToolDenied(Denial),
+    /// An agent turn could not start.
+    Agent(crate::agent::AgentError),
     /// A tool invocation's estimated cost exceeds the request budget (a
     /// quota refusal for tools, SPEC §9.3).
     ToolBudget {
@@ -88,6 +90,12 @@ impl From<MeterError> for CallError {
             },
             MeterError::Write(e) => CallError::Storage(e.to_string()),
         }
+    }
+}
+
+impl From<crate::agent::AgentError> for CallError {
+    fn from(err: crate::agent::AgentError) -> Self {
+        CallError::Agent(err)
     }
 }
 
@@ -228,6 +236,8 @@ impl Call {
             degraded: meta.degraded,
             channel: ctx.channel.as_str().to_owned(),
             priority: ctx.priority.as_str().to_owned(),
+            conversation_id: self.turn.as_ref().map(|t| t.0.clone()).unwrap_or_default(),
+            iteration: self.turn.as_ref().map_or(0, |t| i64::from(t.1)),
         }
     }
 }

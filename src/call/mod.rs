@@ -23,6 +23,7 @@ mod log;
 mod model;
 mod stream;
 pub mod tool;
+pub mod turn;
 pub mod worker;
 
 pub use context::CallContext;
@@ -178,6 +179,12 @@ impl Pipeline {
     /// [`Self::slot`]) and its meter session.
     pub fn open(&self, ctx: CallContext, task: &str) -> Result<Call, CallError> {
         let slot = self.slot()?;
+        Ok(self.open_with(ctx, task, Some(slot)))
+    }
+
+    /// Opens a call under a slot already held (an agent turn holds one
+    /// for all its model calls), or none.
+    fn open_with(&self, ctx: CallContext, task: &str, slot: Option<OwnedSemaphorePermit>) -> Call {
         let who = Who {
             team_id: ctx.team_id.clone(),
             user_id: ctx.user_id.clone(),
@@ -189,14 +196,15 @@ impl Pipeline {
             .inner
             .meter
             .session(who, ctx.started_at_ms, ctx.budget_usd);
-        Ok(Call {
+        Call {
             pipeline: self.clone(),
             task: task.to_owned(),
             ctx,
             meter,
             log: Mutex::default(),
+            turn: None,
             _slot: slot,
-        })
+        }
     }
 }
 
@@ -210,7 +218,10 @@ pub struct Call {
     meter: MeterSession,
     /// What its model calls did (see [`log::CallLog`]).
     log: Mutex<log::CallLog>,
-    _slot: OwnedSemaphorePermit,
+    /// The agent conversation and iteration (from 1) of a turn's model
+    /// call: its usage record carries them.
+    turn: Option<(String, u32)>,
+    _slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Call {

@@ -44,6 +44,19 @@ pub struct ToolRequest {
     pub mode: Mode,
     /// A caller's idempotency key, replacing the derived one.
     pub idempotency_key: Option<String>,
+    /// An agent's limits, when an agent's model asked for the call.
+    pub agent: Option<AgentScope>,
+}
+
+/// What an agent adds to the entry point: its tool allowlist (checked
+/// after the policy gate, so the caller's capabilities and the agent's
+/// list both apply) and its tool timeout (at most the tool's own).
+#[derive(Debug, Clone)]
+pub struct AgentScope {
+    /// The agent's `tools` patterns.
+    pub tools: Vec<String>,
+    /// The agent's `tool_timeout`.
+    pub timeout: Duration,
 }
 
 /// How an invocation stands, as `ToolInvocation` reports it.
@@ -188,6 +201,11 @@ impl Call {
         if let Err(d) = policy::gate(&caller, &tool) {
             return Err(self.deny(&id, &req.input, d).await);
         }
+        if let Some(scope) = &req.agent
+            && !crate::agent::allows(&scope.tools, &tool.name)
+        {
+            return Err(self.deny(&id, &req.input, Denial::NotAgentTool).await);
+        }
         // 3. The input schema.
         let violations = schema::violations(&tool.input, &req.input);
         if !violations.is_empty() {
@@ -301,7 +319,11 @@ impl Call {
         // The call's event joins the group commit its result waits for.
         self.audit_later(vec![called]).await?;
         let started = Instant::now();
-        let deadline = (started + tool.timeout).min(self.ctx.deadline);
+        let timeout = req
+            .agent
+            .as_ref()
+            .map_or(tool.timeout, |a| a.timeout.min(tool.timeout));
+        let deadline = (started + timeout).min(self.ctx.deadline);
         let (result, attempts, execution_id) = run(
             &self.pipeline,
             &tool,

@@ -78,6 +78,17 @@ pub enum Call {
     },
     /// GetProviderHealth.
     Providers,
+    /// One turn of an agent; its events print as they arrive.
+    Converse {
+        /// The agent (`[agents.<name>]`).
+        #[arg(long)]
+        agent: String,
+        /// The user's message.
+        message: String,
+        /// Continue this conversation (a new one starts without it).
+        #[arg(long)]
+        conversation: Option<String>,
+    },
 }
 
 /// How `call` prints a reply.
@@ -176,6 +187,14 @@ impl Client {
 
 /// Makes one client call and renders the response.
 pub async fn call(args: Client, rpc: Call) -> anyhow::Result<String> {
+    if let Call::Converse {
+        agent,
+        message,
+        conversation,
+    } = rpc
+    {
+        return super::converse::converse(args, agent, message, conversation).await;
+    }
     let mut client = OrchestratorClient::new(args.connect().await?);
     let context = args.context();
     let (team, output) = (args.team.clone(), args.output);
@@ -257,6 +276,7 @@ pub async fn call(args: Client, rpc: Call) -> anyhow::Result<String> {
                 .await;
             show(r, "ai.orchestrator.v1.GetUsageResponse", output)
         }
+        Call::Converse { .. } => Ok(String::new()),
         Call::Providers => show(
             client
                 .get_provider_health(pb::GetProviderHealthRequest {})
@@ -295,7 +315,11 @@ pub(super) fn show<T: prost::Message>(
 /// enums by name, 64-bit integers as strings, well-known types in their
 /// JSON forms), read through the served descriptors, or as `path: value`
 /// lines.
-fn render<T: prost::Message>(message: &T, name: &str, output: Output) -> anyhow::Result<String> {
+pub(super) fn render<T: prost::Message>(
+    message: &T,
+    name: &str,
+    output: Output,
+) -> anyhow::Result<String> {
     let pool = prost_reflect::DescriptorPool::decode(pb::FILE_DESCRIPTOR_SET)
         .context("reading the API's descriptors")?;
     let descriptor = pool

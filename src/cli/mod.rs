@@ -5,6 +5,7 @@
 
 mod audit;
 mod call;
+mod converse;
 mod healthcheck;
 mod keys;
 mod limits;

@@ -53,6 +53,11 @@ pub struct AgentConfig {
     /// Days a conversation is kept after its last turn.
     #[serde(default = "default_retention_days")]
     pub retention_days: u32,
+    /// The smallest context window of the chain's models, tokens: the
+    /// fixed layers (core and governed prompts), the budgets of layers 3-5
+    /// and `max_tokens` must fit in it.
+    #[serde(default = "default_context_window")]
+    pub context_window: u32,
     /// Ask for memory suggestions with each answer.
     #[serde(default)]
     pub memory_suggestions: bool,
@@ -85,6 +90,25 @@ fn default_history_budget() -> u32 {
 fn default_max_history_messages() -> u32 {
     50
 }
+fn default_context_window() -> u32 {
+    128_000
+}
 fn default_retention_days() -> u32 {
     30
+}
+
+impl AgentConfig {
+    /// Tokens the prompt may take besides its fixed layers, and the
+    /// answer: the budgets of layers 3-5 and `max_tokens`.
+    pub fn variable_tokens(&self) -> u64 {
+        [
+            self.preferences_token_budget,
+            self.retrieved_token_budget,
+            self.history_token_budget,
+            self.max_tokens,
+        ]
+        .into_iter()
+        .map(u64::from)
+        .sum()
+    }
 }

@@ -3,6 +3,7 @@
 //! beside `config`).
 
 pub mod sms;
+pub mod tokens;
 
 use std::time::Duration;
 use tokio::time::Instant;

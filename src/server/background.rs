@@ -47,6 +47,34 @@ pub(super) async fn sweep_periodically(
     }
 }
 
+/// How often expired conversations are looked for.
+const CONVERSATION_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Erases conversations whose retention ran out (`agents.*.retention_days`
+/// after their last turn), at start and every ten minutes.
+pub(super) async fn sweep_conversations_periodically(
+    store: Store,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        loop {
+            let now = chrono::Utc::now().timestamp_millis();
+            match crate::agent::conversations::sweep(&store, now).await {
+                Ok(0) => break,
+                Ok(erased) => tracing::info!(erased, "erased expired conversations"),
+                Err(e) => {
+                    tracing::error!(error = %e, "erasing expired conversations failed");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(CONVERSATION_SWEEP_INTERVAL) => {}
+        }
+    }
+}
+
 /// Reloads the database's API keys, so created and revoked keys take effect
 /// on every replica without a restart.
 pub(super) async fn refresh_keys_periodically(

@@ -3,7 +3,10 @@
 
 use super::{App, Health, background};
 use crate::{
-    api::{OrchestratorApi, admin::PromptAdminApi, audit::AuditApi, tools::ToolServiceApi},
+    api::{
+        OrchestratorApi, admin::PromptAdminApi, agent::AgentApi, audit::AuditApi,
+        tools::ToolServiceApi,
+    },
     auth::{Authenticator, keys::KeyStore},
     call::{Pipeline, Services},
     config::Config,
@@ -94,6 +97,7 @@ impl App {
         );
         let on_scrape = scrape_hook(pipeline.clone());
         let tools = ToolServiceApi::new(config.clone(), pipeline.clone(), auth.clone());
+        let agents = AgentApi::new(config.clone(), pipeline.clone(), auth.clone());
         let mcp_listener = match &config.mcp_endpoint {
             Some(e) => Some(
                 TcpListener::bind(e.listen)
@@ -124,6 +128,7 @@ impl App {
             api,
             prompt_admin,
             tools,
+            agents,
             audit,
             pipeline: background_pipeline,
             mcp_listener,

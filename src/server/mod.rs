@@ -44,6 +44,7 @@ pub struct App {
     api: OrchestratorApi,
     prompt_admin: PromptAdminApi,
     tools: crate::api::tools::ToolServiceApi,
+    agents: crate::api::agent::AgentApi,
     audit: crate::api::audit::AuditApi,
     /// The pipeline, for the background work on it (the ASYNC tool worker,
     /// the MCP clients, the MCP endpoint).

@@ -31,6 +31,7 @@ impl App {
             api,
             prompt_admin,
             tools,
+            agents,
             audit,
             pipeline,
             mcp_listener,
@@ -63,6 +64,12 @@ impl App {
             tokio::spawn(background::sweep_periodically(
                 store.clone(),
                 config.clone(),
+                background_stopped.clone(),
+            ))
+        });
+        let conversation_sweeper = (!config.agents.is_empty()).then(|| {
+            tokio::spawn(background::sweep_conversations_periodically(
+                store.clone(),
                 background_stopped.clone(),
             ))
         });
@@ -172,6 +179,11 @@ impl App {
                 AuthInterceptor::new(auth.clone()),
             ))
             .add_service(InterceptedService::new(
+                pb::agent_service_server::AgentServiceServer::new(agents)
+                    .max_decoding_message_size(config.server.max_message_bytes),
+                AuthInterceptor::new(auth.clone()),
+            ))
+            .add_service(InterceptedService::new(
                 pb::audit_service_server::AuditServiceServer::new(audit)
                     .max_decoding_message_size(config.server.max_message_bytes),
                 AuthInterceptor::new(auth),
@@ -194,10 +206,16 @@ impl App {
         // start, or another replica).
         worker.abort();
         let _ = worker.await;
-        for task in [sweeper, key_refresher, metrics_task, mcp_endpoint]
-            .into_iter()
-            .flatten()
-            .chain(mcp_clients)
+        for task in [
+            sweeper,
+            conversation_sweeper,
+            key_refresher,
+            metrics_task,
+            mcp_endpoint,
+        ]
+        .into_iter()
+        .flatten()
+        .chain(mcp_clients)
         {
             let _ = task.await;
         }

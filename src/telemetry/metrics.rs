@@ -35,6 +35,8 @@ const GRPC_BUCKETS: &[f64] = &[
 const LEDGER_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
+/// Model calls per agent turn (`max_iterations` is at most 100).
+const ITERATION_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 10.0, 15.0, 20.0, 50.0, 100.0];
 /// Operations per group commit (`metering.batch_max` caps it).
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
 
@@ -82,6 +84,12 @@ pub fn handle() -> &'static PrometheusHandle {
                 b.set_buckets_for_metric(
                     Matcher::Full("usage_ledger_batch_operations".into()),
                     BATCH_BUCKETS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("agent_iterations".into()),
+                    ITERATION_BUCKETS,
                 )
             });
         let builder = match builder {
@@ -204,6 +212,18 @@ fn describe() {
     describe_counter!(
         "workflow_retries_total",
         "Workflow webhook POSTs retried, by tool."
+    );
+    describe_counter!(
+        "agent_turns_total",
+        "Agent turns completed, by agent and stop reason."
+    );
+    describe_histogram!(
+        "agent_iterations",
+        "Model calls per completed agent turn, by agent."
+    );
+    describe_counter!(
+        "agent_tool_calls_total",
+        "Tool calls asked for by agents' models, by agent, tool and status (DENIED included)."
     );
     describe_counter!(
         "orchestrator_errors_total",
@@ -349,6 +369,20 @@ pub fn tool_invocation(tool: &str, status: &'static str, took: Duration) {
 /// tool is not a label: a caller names it, and a refused name may be any).
 pub fn tool_denial(reason: &'static str) {
     counter!("tool_denials_total", "reason" => reason).increment(1);
+}
+
+/// An agent turn completed.
+pub fn agent_turn(agent: &str, stop_reason: &'static str, iterations: u32) {
+    counter!("agent_turns_total", "agent" => agent.to_owned(), "stop_reason" => stop_reason)
+        .increment(1);
+    histogram!("agent_iterations", "agent" => agent.to_owned()).record(f64::from(iterations));
+}
+
+/// A tool call an agent's model asked for, by how it ended. `tool` is one
+/// of the agent's offered tools or `other` (a model may name anything).
+pub fn agent_tool_call(agent: &str, tool: &str, status: &'static str) {
+    counter!("agent_tool_calls_total", "agent" => agent.to_owned(), "tool" => tool.to_owned(), "status" => status)
+        .increment(1);
 }
 
 /// A workflow webhook's POST retried.

@@ -96,6 +96,8 @@ pub enum Denial {
     TenantRequired,
     /// The input breaks the tool's schema: `(JSON pointer, what)` each.
     InputInvalid(Vec<(String, String)>),
+    /// The agent that asked is not allowed the tool (its `tools` list).
+    NotAgentTool,
     /// A per-team quota is full: which one, and its limit.
     Quota {
         /// `max_per_hour` or `max_concurrent`.
@@ -116,6 +118,7 @@ impl Denial {
             Denial::TenantRequired => "TENANT_REQUIRED",
             Denial::InputInvalid(_) => "TOOL_INPUT_INVALID",
             Denial::Quota { .. } => "QUOTA_EXCEEDED",
+            Denial::NotAgentTool => "TOOL_NOT_ALLOWED",
         }
     }
 }

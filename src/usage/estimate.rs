@@ -34,62 +34,8 @@ const PER_MESSAGE: u64 = 4;
 /// Tokens priming the reply.
 const PER_REPLY: u64 = 3;
 
-enum Tokenizer {
-    O200k,
-    Cl100k,
-    Approximate,
-}
-
-fn tokenizer_for(model: &str) -> Tokenizer {
-    let m = model.to_ascii_lowercase();
-    let o200k = [
-        "gpt-4o",
-        "chatgpt-4o",
-        "gpt-4.1",
-        "gpt-4.5",
-        "gpt-5",
-        "o1",
-        "o3",
-        "o4",
-    ];
-    if o200k.iter().any(|p| m.starts_with(p)) {
-        Tokenizer::O200k
-    } else if m.starts_with("gpt-4") || m.starts_with("gpt-3.5") {
-        Tokenizer::Cl100k
-    } else {
-        Tokenizer::Approximate
-    }
-}
-
-/// How an estimate is made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    /// Never below the real count; no tokenizer (see the module docs).
-    Bound,
-    /// The model's own tokenizer where we have it (slow, memory-hungry).
-    Exact,
-}
-
-/// Whether [`Precision::Exact`] can give a smaller estimate than the bound
-/// for `model` (it has a real tokenizer).
-pub fn has_tokenizer(model: &str) -> bool {
-    !matches!(tokenizer_for(model), Tokenizer::Approximate)
-}
-
-/// Tokens in `text` for `model`.
-pub fn count(model: &str, text: &str, precision: Precision) -> u64 {
-    match (tokenizer_for(model), precision) {
-        (Tokenizer::Approximate, _) => (text.len() as u64).div_ceil(3),
-        // Every token of a byte-level BPE is at least one byte.
-        (_, Precision::Bound) => text.len() as u64,
-        (Tokenizer::O200k, Precision::Exact) => tiktoken_rs::o200k_base_singleton()
-            .encode_ordinary(text)
-            .len() as u64,
-        (Tokenizer::Cl100k, Precision::Exact) => tiktoken_rs::cl100k_base_singleton()
-            .encode_ordinary(text)
-            .len() as u64,
-    }
-}
+pub use crate::domain::tokens::{Precision, count, has_tokenizer};
+use crate::domain::tokens::{Tokenizer, tokenizer_for};
 
 /// Bytes of `value` serialized as JSON, without building the string.
 fn json_len(value: &serde_json::Value) -> usize {

@@ -44,6 +44,11 @@ pub struct UsageRecord {
     pub channel: String,
     /// Priority name.
     pub priority: String,
+    /// The agent conversation the call belongs to ('' outside agents).
+    pub conversation_id: String,
+    /// The model call's number within its agent turn, from 1 (0 outside
+    /// agents).
+    pub iteration: i64,
 }
 
 /// The columns of a usage record, in bind order.
@@ -51,12 +56,12 @@ macro_rules! record_columns {
     () => {
         "created_at_ms, team_id, user_id, task, provider, model, prompt_key, prompt_version, \
 trace_id, input_tokens, output_tokens, cost_micros, latency_ms, outcome, attempts, degraded, \
-channel, priority"
+channel, priority, conversation_id, iteration"
     };
 }
 
 /// Columns bound per record by [`bind_usage_record!`](crate::bind_usage_record).
-pub const COLUMNS: usize = 18;
+pub const COLUMNS: usize = 20;
 
 /// `INSERT INTO usage_records (...)`, without `VALUES` (multi-row inserts).
 pub const INSERT_HEAD: &str = concat!("INSERT INTO usage_records (", record_columns!(), ")");
@@ -65,7 +70,7 @@ pub const INSERT_HEAD: &str = concat!("INSERT INTO usage_records (", record_colu
 pub const INSERT: &str = concat!(
     "INSERT INTO usage_records (",
     record_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)"
 );
 
 /// Binds the [`COLUMNS`] values of record `$r` to query `$query`, in order.
@@ -92,6 +97,8 @@ macro_rules! bind_usage_record {
             .bind(i64::from(r.degraded))
             .bind(&r.channel)
             .bind(&r.priority)
+            .bind(&r.conversation_id)
+            .bind(r.iteration)
     }};
 }
 
@@ -111,7 +118,7 @@ macro_rules! insert_usage_record {
 pub async fn by_trace(store: &Store, trace_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
     const SELECT: &str = "SELECT created_at_ms, team_id, user_id, task, provider, model, prompt_key, \
 prompt_version, trace_id, input_tokens, output_tokens, cost_micros, latency_ms, outcome, attempts, degraded, \
-channel, priority FROM usage_records WHERE trace_id = $1 ORDER BY id";
+channel, priority, conversation_id, iteration FROM usage_records WHERE trace_id = $1 ORDER BY id";
     on_store!(store, |pool| {
         use sqlx::Row;
         let rows = sqlx::query(SELECT).bind(trace_id).fetch_all(pool).await?;
@@ -136,6 +143,8 @@ channel, priority FROM usage_records WHERE trace_id = $1 ORDER BY id";
                 degraded: row.try_get::<i64, _>(15)? != 0,
                 channel: row.try_get(16)?,
                 priority: row.try_get(17)?,
+                conversation_id: row.try_get(18)?,
+                iteration: row.try_get(19)?,
             });
         }
         Ok(out)

@@ -1,6 +1,7 @@
 //! End-to-end tests of the gRPC API against the real server.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the assertion
 
+mod agents;
 mod auth;
 mod cli;
 mod common;

@@ -7,7 +7,7 @@ mod counterparts;
 mod durable;
 mod gateway;
 mod mcp;
-mod webhook;
+pub mod webhook;
 mod workflows;
 
 use crate::common::{TestApp, config_toml_with};

@@ -277,7 +277,8 @@ fn saturation(out: &mut String, r: &Results) {
     section(
         out,
         "Saturation",
-        "`Execute` (and `InvokeTool` of `system.echo`, taking turns) at 0 ms upstream, the rate raised step \
+        "`Execute` (and `InvokeTool` of `system.echo`, and `Converse` turns of three model calls and two \
+         tool calls, taking turns) at 0 ms upstream, the rate raised step \
          by step until achieved < 95 % of offered, errors > 1 % or p99 > 100 ms, then bisected; each sweep \
          repeated on the same server once it is idle again. Targets read the median of the sweeps (a sweep \
          where nothing passed counts as 0).",

@@ -19,6 +19,10 @@ const USAGE_MAX_MS: f64 = 200.0;
 /// The tools' entry point (issue #27): `InvokeTool` of `system.echo` at
 /// saturation, at least this share of `Execute`'s on the same server.
 const TOOL_SATURATION_MIN_SHARE: f64 = 0.8;
+/// The agent runtime (issue #28): the server's CPU per `Converse` turn
+/// (three model calls, two tool calls) at most this many times its CPU
+/// per `Execute`.
+const AGENT_TURN_MAX_CPU_RATIO: f64 = 3.0;
 
 /// Every target with what `r` reached. A smoke run (debug build, half a
 /// second a step, low rates) measures none of them: its figures are shown
@@ -32,6 +36,7 @@ pub fn evaluate(r: &Results) -> Vec<Target> {
         cold_start(r),
         usage(r),
         tool_saturation(r),
+        agent_turn(r),
     ];
     if r.smoke {
         for t in &mut targets {
@@ -272,9 +277,6 @@ fn usage(r: &Results) -> Target {
     }
 }
 
-#[cfg(test)]
-mod tests;
-
 /// `InvokeTool` of `system.echo` against `Execute` at saturation, on the
 /// same servers (the sweeps take turns): the ratio of the medians, judged
 /// with SQLite metering and its default durability.
@@ -305,3 +307,56 @@ fn tool_saturation(r: &Results) -> Target {
         met: ratio("sqlite").map(|(_, _, share)| share >= TOOL_SATURATION_MIN_SHARE),
     }
 }
+
+/// The server's CPU seconds per 1,000 calls of `rpc` near saturation: the
+/// median over the passing saturation steps offered at least half the
+/// median saturation rate (CPU per call falls as the fixed upkeep is
+/// shared by more calls, so low steps would flatter neither side).
+fn cpu_near_saturation(r: &Results, metering: &str, rpc: &str) -> Option<f64> {
+    let rate = summary(&saturation_rates_of(r, metering, rpc))?.1;
+    let cpu: Vec<f64> = r
+        .saturation_steps
+        .iter()
+        .filter(|s| {
+            s.metering == metering
+                && s.rpc == rpc
+                && s.passed == Some(true)
+                && s.offered_rps >= rate / 2.0
+        })
+        .filter_map(|s| s.server_cpu_s_per_1k)
+        .collect();
+    summary(&cpu).map(|(_, median, _)| median)
+}
+
+/// One `Converse` turn's server CPU against one `Execute`'s, on the same
+/// servers (the sweeps take turns), with turns/s at saturation.
+fn agent_turn(r: &Results) -> Target {
+    let ratio = |m: &str| {
+        let turn = cpu_near_saturation(r, m, "Converse")?;
+        let execute = cpu_near_saturation(r, m, "Execute")?;
+        let turns = summary(&saturation_rates_of(r, m, "Converse"))?.1;
+        (execute > 0.0).then(|| (turns, turn, execute, turn / execute))
+    };
+    let mut reached = Vec::new();
+    for mode in ["sqlite", "sqlite-normal", "postgres", "off"] {
+        if let Some((turns, turn, execute, times)) = ratio(mode) {
+            reached.push(format!(
+                "{mode}: {turns:.0} turns/s; CPU {turn:.3} / {execute:.3} s per 1k = {times:.2}×"
+            ));
+        }
+    }
+    Target {
+        name: "Converse turn (3 model calls, 2 tools) CPU vs one Execute, 0 ms upstream, SQLite metering"
+            .into(),
+        goal: format!("≤ {AGENT_TURN_MAX_CPU_RATIO}× Execute's CPU"),
+        reached: if reached.is_empty() {
+            "not measured".into()
+        } else {
+            reached.join("; ")
+        },
+        met: ratio("sqlite").map(|(_, _, _, times)| times <= AGENT_TURN_MAX_CPU_RATIO),
+    }
+}
+
+#[cfg(test)]
+mod tests;

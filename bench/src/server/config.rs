@@ -53,6 +53,8 @@ pub const BREAKER_TASK: &str = "bench_breaker";
 pub const HEALTHY_TASK: &str = "bench_healthy";
 /// See [`BREAKER_TASK`].
 pub const BREAKER_ONLY_TASK: &str = "breaker_only";
+/// The agent of the agent-turn scenario.
+pub const AGENT: &str = "bench_agent";
 /// Name of the failing provider.
 pub const BROKEN_PROVIDER: &str = "broken";
 
@@ -161,6 +163,14 @@ max_tokens = 600
 [tasks.{BREAKER_ONLY_TASK}]
 chain = [{{ provider = "{BROKEN_PROVIDER}", model = "gpt-4o-mini" }}]
 max_tokens = 600
+
+# The agent-turn scenario: three model calls and two tool calls a turn
+# (the fake upstream scripts them), each turn a new conversation.
+[agents.{AGENT}]
+chain = [{{ provider = "openai", model = "gpt-4o-mini" }}]
+core_prompt = "You are the bench agent. Echo what the user asks you to, one call at a time, then sum up."
+tools = ["system.echo"]
+max_tokens = 300
 
 [metering]
 enabled = {enabled}

@@ -22,6 +22,18 @@ fn valid_pattern(p: &str) -> bool {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')))
 }
 
+/// Tokens of `text` for `model`: the free bound first, the tokenizer
+/// only when the bound is large (a long core prompt).
+fn core_tokens(model: &str, text: &str) -> u64 {
+    use crate::domain::tokens::{Precision, count};
+    let bound = count(model, text, Precision::Bound);
+    if bound < 4096 {
+        bound
+    } else {
+        count(model, text, Precision::Exact)
+    }
+}
+
 pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (name, a) in &config.agents {
         let at = |key: &str| format!("agents.{name}.{key}");
@@ -87,6 +99,24 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
             bad(
                 at("history_token_budget"),
                 "the history layer needs room for the new message",
+            );
+        }
+        // Layer 1 is fixed here; layer 2 is checked when a turn starts.
+        let fixed = a
+            .chain
+            .iter()
+            .map(|t| core_tokens(&t.model, &a.core_prompt))
+            .max()
+            .unwrap_or(0);
+        if fixed.saturating_add(a.variable_tokens()) > u64::from(a.context_window) {
+            bad(
+                at("core_prompt"),
+                &format!(
+                    "the core prompt ({fixed} tokens), the layer budgets and max_tokens ({}) \
+                     exceed context_window ({})",
+                    a.variable_tokens(),
+                    a.context_window
+                ),
             );
         }
         if a.retention_days == 0 {
@@ -182,5 +212,19 @@ retention_days = 0
         assert_eq!((a.max_iterations, a.max_tool_calls), (10, 20));
         assert_eq!(a.tool_timeout, std::time::Duration::from_secs(5));
         assert!(a.parallel_tool_calls && !a.memory_suggestions);
+    }
+
+    #[test]
+    fn fixed_layers_past_the_window_are_refused_at_load() {
+        let agent = |window: u32| {
+            format!(
+                "[agents.a]\nchain = [{{ provider = \"openai\", model = \"m\" }}]\ncore_prompt = \"{}\"\ncontext_window = {window}\n",
+                "You help. ".repeat(300)
+            )
+        };
+        // Defaults: 512 + 4096 + 8192 budgets and 1024 output tokens; the
+        // core prompt is 3,000 bytes, 1,000 tokens for this family.
+        assert!(paths(&agent(13_824 + 1_000)).is_empty());
+        assert_eq!(paths(&agent(13_824 + 999)), ["agents.a.core_prompt"]);
     }
 }

@@ -224,3 +224,45 @@ fn tool_saturation_is_the_ratio_of_the_medians_on_the_same_servers() {
     let none = tool_saturation(&with_saturation(5000.0, 4000.0));
     assert_eq!((none.met, none.reached.as_str()), (None, "not measured"));
 }
+
+#[test]
+fn agent_turn_cpu_is_read_near_saturation_against_execute() {
+    let sweep = |rpc: &str, rps: f64| Saturation {
+        metering: "sqlite".into(),
+        rpc: rpc.into(),
+        highest_passing_rps: Some(rps),
+        ..Default::default()
+    };
+    let step = |rpc: &str, rps: f64, cpu: f64, passed: bool| Step {
+        kind: "saturation".into(),
+        rpc: rpc.into(),
+        metering: "sqlite".into(),
+        offered_rps: rps,
+        server_cpu_s_per_1k: Some(cpu),
+        passed: Some(passed),
+        ..Default::default()
+    };
+    let r = Results {
+        saturation: vec![sweep("Execute", 4000.0), sweep("Converse", 1000.0)],
+        saturation_steps: vec![
+            // Low steps cost more per call: left out.
+            step("Execute", 500.0, 0.9, true),
+            step("Execute", 2500.0, 0.25, true),
+            step("Execute", 4000.0, 0.2, true),
+            step("Execute", 5000.0, 0.1, false),
+            step("Converse", 100.0, 3.0, true),
+            step("Converse", 800.0, 0.7, true),
+            step("Converse", 1000.0, 0.6, true),
+        ],
+        ..Results::default()
+    };
+    let t = agent_turn(&r);
+    // Medians of the upper steps: 0.65 (of 0.7, 0.6) and 0.225 (of 0.25,
+    // 0.2).
+    assert_eq!(
+        t.reached,
+        "sqlite: 1000 turns/s; CPU 0.650 / 0.225 s per 1k = 2.89×"
+    );
+    assert_eq!(t.met, Some(true));
+    assert_eq!(agent_turn(&Results::default()).reached, "not measured");
+}

@@ -206,6 +206,8 @@ impl Backend for Sqlite<'_, '_> {
                     &i64::from(r.degraded),
                     &r.channel,
                     &r.priority,
+                    &r.conversation_id,
+                    &r.iteration,
                 ],
             )?;
         }

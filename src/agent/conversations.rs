@@ -1,0 +1,477 @@
+//! The `conversations`, `conversation_messages` and `conversation_turns`
+//! tables (SPEC §11.6): a conversation is its team's alone; a turn holds it
+//! by a lease taken with one conditional UPDATE (a second turn is refused,
+//! on any replica); its messages are appended in one transaction when the
+//! turn completes; `delete` and the sweeper erase everything it stored.
+
+use crate::{
+    on_store,
+    providers::{ChatMessage, Role, ToolCall, ToolOutcome},
+    store::{Store, StoreError},
+};
+use serde::{Deserialize, Serialize};
+
+/// A conversation's row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conversation {
+    /// UUIDv7.
+    pub id: String,
+    /// The owning team.
+    pub team_id: String,
+    /// The agent it talks to.
+    pub agent: String,
+    /// Turns completed.
+    pub turns: u32,
+    /// Created, unix ms.
+    pub created_at_ms: i64,
+    /// Last turn, unix ms.
+    pub updated_at_ms: i64,
+    /// Erased after this, unix ms.
+    pub expires_at_ms: i64,
+}
+
+/// One stored message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredMessage {
+    /// Its turn, from 1.
+    pub turn: u32,
+    /// The message.
+    pub message: ChatMessage,
+    /// Stored, unix ms.
+    pub created_at_ms: i64,
+}
+
+/// How a completed turn ended.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TurnRecord {
+    /// The turn, from 1.
+    pub turn: u32,
+    /// Its trace ID.
+    pub trace_id: String,
+    /// Its stop reason (`FINAL_ANSWER`, ...).
+    pub stop_reason: String,
+    /// Model calls made.
+    pub iterations: u32,
+    /// Tool executions made.
+    pub tool_calls: u32,
+    /// Its memory suggestions.
+    pub memory_suggestions: Vec<String>,
+}
+
+/// What taking a conversation for a turn found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acquired {
+    /// The turn holds it until its lease ends.
+    Held(Conversation),
+    /// Another turn holds it.
+    Busy,
+    /// No such conversation for this team (or it was erased).
+    NotFound,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CallJson {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ResultJson {
+    call_id: String,
+    name: String,
+    content: String,
+    is_error: bool,
+}
+
+fn role_str(role: Role) -> &'static str {
+    match role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    }
+}
+
+fn role_parse(s: &str) -> Role {
+    match s {
+        "assistant" => Role::Assistant,
+        "tool" => Role::Tool,
+        _ => Role::User,
+    }
+}
+
+const CONVERSATION: &str = "SELECT id, team_id, agent, turns, created_at_ms, updated_at_ms, expires_at_ms FROM conversations";
+
+type ConversationRow = (String, String, String, i64, i64, i64, i64);
+
+fn conversation(row: ConversationRow) -> Conversation {
+    let (id, team_id, agent, turns, created_at_ms, updated_at_ms, expires_at_ms) = row;
+    Conversation {
+        id,
+        team_id,
+        agent,
+        turns: u32::try_from(turns).unwrap_or(u32::MAX),
+        created_at_ms,
+        updated_at_ms,
+        expires_at_ms,
+    }
+}
+
+type MessageRow = (i64, String, String, Option<String>, Option<String>, i64);
+
+fn message(row: MessageRow) -> StoredMessage {
+    let (turn, role, content, calls, result) = (row.0, row.1, row.2, row.3, row.4);
+    let tool_calls = calls
+        .and_then(|c| serde_json::from_str::<Vec<CallJson>>(&c).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| ToolCall {
+            id: c.id,
+            name: c.name,
+            arguments: c.arguments,
+        })
+        .collect();
+    let tool_result = result
+        .and_then(|r| serde_json::from_str::<ResultJson>(&r).ok())
+        .map(|r| ToolOutcome {
+            call_id: r.call_id,
+            name: r.name,
+            content: r.content,
+            is_error: r.is_error,
+        });
+    StoredMessage {
+        turn: u32::try_from(turn).unwrap_or(u32::MAX),
+        message: ChatMessage {
+            role: role_parse(&role),
+            content,
+            tool_calls,
+            tool_result,
+        },
+        created_at_ms: row.5,
+    }
+}
+
+/// Starts a conversation of `team` with `agent`, held by the turn `token`
+/// until `lease_until_ms`.
+pub async fn create(
+    store: &Store,
+    team: &str,
+    agent: &str,
+    principal: &str,
+    now_ms: i64,
+    lease_until_ms: i64,
+    token: &str,
+) -> Result<Conversation, StoreError> {
+    let id = uuid::Uuid::now_v7().to_string();
+    on_store!(store, |pool| {
+        sqlx::query(
+            "INSERT INTO conversations (id, team_id, agent, principal, turns, created_at_ms, \
+             updated_at_ms, expires_at_ms, busy_until_ms, busy_token) \
+             VALUES ($1, $2, $3, $4, 0, $5, $5, $6, $6, $7)",
+        )
+        .bind(&id)
+        .bind(team)
+        .bind(agent)
+        .bind(principal)
+        .bind(now_ms)
+        .bind(lease_until_ms)
+        .bind(token)
+        .execute(pool)
+        .await?;
+    });
+    Ok(Conversation {
+        id,
+        team_id: team.to_owned(),
+        agent: agent.to_owned(),
+        turns: 0,
+        created_at_ms: now_ms,
+        updated_at_ms: now_ms,
+        // Until its first turn completes, the lease is its whole life.
+        expires_at_ms: lease_until_ms,
+    })
+}
+
+/// Takes conversation `id` of `team` for the turn `token` until
+/// `lease_until_ms`, unless another turn's lease is still running.
+pub async fn acquire(
+    store: &Store,
+    team: &str,
+    id: &str,
+    now_ms: i64,
+    lease_until_ms: i64,
+    token: &str,
+) -> Result<Acquired, StoreError> {
+    let taken = on_store!(store, |pool| {
+        sqlx::query(
+            "UPDATE conversations SET busy_until_ms = $1, busy_token = $2 \
+             WHERE id = $3 AND team_id = $4 AND expires_at_ms > $5 \
+             AND (busy_until_ms IS NULL OR busy_until_ms <= $5)",
+        )
+        .bind(lease_until_ms)
+        .bind(token)
+        .bind(id)
+        .bind(team)
+        .bind(now_ms)
+        .execute(pool)
+        .await?
+        .rows_affected()
+    });
+    let found = find(store, team, id).await?;
+    Ok(match found {
+        Some(c) if taken == 1 => Acquired::Held(c),
+        Some(c) if c.expires_at_ms > now_ms => Acquired::Busy,
+        _ => Acquired::NotFound,
+    })
+}
+
+/// Conversation `id` of `team`, if it exists.
+pub async fn find(store: &Store, team: &str, id: &str) -> Result<Option<Conversation>, StoreError> {
+    let sql = format!("{CONVERSATION} WHERE id = $1 AND team_id = $2");
+    let row: Option<ConversationRow> = on_store!(store, |pool| {
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .bind(team)
+            .fetch_optional(pool)
+            .await?
+    });
+    Ok(row.map(conversation))
+}
+
+/// The newest `limit` messages of conversation `id`, oldest first.
+pub async fn history(
+    store: &Store,
+    id: &str,
+    limit: u32,
+) -> Result<Vec<StoredMessage>, StoreError> {
+    let rows: Vec<MessageRow> = on_store!(store, |pool| {
+        sqlx::query_as(
+            "SELECT turn, role, content, tool_calls, tool_result, created_at_ms \
+             FROM conversation_messages WHERE conversation_id = $1 ORDER BY seq DESC LIMIT $2",
+        )
+        .bind(id)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?
+    });
+    Ok(rows.into_iter().rev().map(message).collect())
+}
+
+/// Every memory suggestion stored on conversation `id`'s turns, by turn.
+pub async fn turns(store: &Store, id: &str) -> Result<Vec<TurnRecord>, StoreError> {
+    type Row = (i64, String, String, i64, i64, String);
+    let rows: Vec<Row> = on_store!(store, |pool| {
+        sqlx::query_as(
+            "SELECT turn, trace_id, stop_reason, iterations, tool_calls, memory_suggestions \
+             FROM conversation_turns WHERE conversation_id = $1 ORDER BY turn",
+        )
+        .bind(id)
+        .fetch_all(pool)
+        .await?
+    });
+    let n = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
+    Ok(rows
+        .into_iter()
+        .map(
+            |(turn, trace_id, stop_reason, iterations, tools, suggestions)| TurnRecord {
+                turn: n(turn),
+                trace_id,
+                stop_reason,
+                iterations: n(iterations),
+                tool_calls: n(tools),
+                memory_suggestions: serde_json::from_str(&suggestions).unwrap_or_default(),
+            },
+        )
+        .collect())
+}
+
+/// Appends a completed turn's `messages` and its record to conversation
+/// `c`, sets when it expires, and releases the turn's lease: one
+/// transaction. Returns `false` when the lease was lost (the conversation
+/// was erased meanwhile): nothing is stored then.
+pub async fn complete_turn(
+    store: &Store,
+    c: &Conversation,
+    token: &str,
+    messages: &[ChatMessage],
+    record: &TurnRecord,
+    now_ms: i64,
+    expires_at_ms: i64,
+) -> Result<bool, StoreError> {
+    let suggestions = serde_json::to_string(&record.memory_suggestions).unwrap_or_default();
+    on_store!(store, |pool| {
+        let mut tx = pool.begin().await?;
+        let updated = sqlx::query(
+            "UPDATE conversations SET turns = turns + 1, updated_at_ms = $1, expires_at_ms = $2, \
+             busy_until_ms = NULL, busy_token = NULL WHERE id = $3 AND busy_token = $4",
+        )
+        .bind(now_ms)
+        .bind(expires_at_ms)
+        .bind(&c.id)
+        .bind(token)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if updated != 1 {
+            return Ok(false);
+        }
+        let last: Option<i64> = sqlx::query_scalar(
+            "SELECT MAX(seq) FROM conversation_messages WHERE conversation_id = $1",
+        )
+        .bind(&c.id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let mut seq = last.unwrap_or(0);
+        for m in messages {
+            seq += 1;
+            let calls = (!m.tool_calls.is_empty()).then(|| {
+                let list: Vec<CallJson> = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| CallJson {
+                        id: c.id.clone(),
+                        name: c.name.clone(),
+                        arguments: c.arguments.clone(),
+                    })
+                    .collect();
+                serde_json::to_string(&list).unwrap_or_default()
+            });
+            let result = m.tool_result.as_ref().map(|r| {
+                serde_json::to_string(&ResultJson {
+                    call_id: r.call_id.clone(),
+                    name: r.name.clone(),
+                    content: r.content.clone(),
+                    is_error: r.is_error,
+                })
+                .unwrap_or_default()
+            });
+            sqlx::query(
+                "INSERT INTO conversation_messages (conversation_id, seq, turn, role, content, \
+                 tool_calls, tool_result, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(&c.id)
+            .bind(seq)
+            .bind(i64::from(record.turn))
+            .bind(role_str(m.role))
+            .bind(&m.content)
+            .bind(calls)
+            .bind(result)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query(
+            "INSERT INTO conversation_turns (conversation_id, turn, trace_id, stop_reason, \
+             iterations, tool_calls, memory_suggestions, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&c.id)
+        .bind(i64::from(record.turn))
+        .bind(&record.trace_id)
+        .bind(&record.stop_reason)
+        .bind(i64::from(record.iterations))
+        .bind(i64::from(record.tool_calls))
+        .bind(&suggestions)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+    });
+    Ok(true)
+}
+
+/// Releases a failed turn's lease; nothing of the turn is stored. A new
+/// conversation whose first turn failed is erased with it.
+pub async fn release(store: &Store, c: &Conversation, token: &str) -> Result<(), StoreError> {
+    on_store!(store, |pool| {
+        if c.turns == 0 {
+            sqlx::query(
+                "DELETE FROM conversations WHERE id = $1 AND busy_token = $2 AND turns = 0",
+            )
+            .bind(&c.id)
+            .bind(token)
+            .execute(pool)
+            .await?;
+        } else {
+            sqlx::query(
+                "UPDATE conversations SET busy_until_ms = NULL, busy_token = NULL \
+                 WHERE id = $1 AND busy_token = $2",
+            )
+            .bind(&c.id)
+            .bind(token)
+            .execute(pool)
+            .await?;
+        }
+    });
+    Ok(())
+}
+
+/// Erases conversation `id` of `team`: its row, messages and turns.
+/// Returns the messages erased, or `None` when there was no such
+/// conversation.
+pub async fn delete(store: &Store, team: &str, id: &str) -> Result<Option<u32>, StoreError> {
+    let erased = on_store!(store, |pool| {
+        let mut tx = pool.begin().await?;
+        let gone = sqlx::query("DELETE FROM conversations WHERE id = $1 AND team_id = $2")
+            .bind(id)
+            .bind(team)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if gone == 0 {
+            return Ok(None);
+        }
+        let messages = sqlx::query("DELETE FROM conversation_messages WHERE conversation_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        sqlx::query("DELETE FROM conversation_turns WHERE conversation_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        messages
+    });
+    Ok(Some(u32::try_from(erased).unwrap_or(u32::MAX)))
+}
+
+/// Erases every conversation that expired before `now_ms` (its retention
+/// ran out), at most 500 per call; returns how many. Safe on several
+/// replicas: each row's DELETE is won once.
+pub async fn sweep(store: &Store, now_ms: i64) -> Result<u64, StoreError> {
+    let expired: Vec<(String,)> = on_store!(store, |pool| {
+        sqlx::query_as(
+            "SELECT id FROM conversations WHERE expires_at_ms <= $1 \
+             AND (busy_until_ms IS NULL OR busy_until_ms <= $1) LIMIT 500",
+        )
+        .bind(now_ms)
+        .fetch_all(pool)
+        .await?
+    });
+    let mut swept = 0;
+    for (id,) in expired {
+        on_store!(store, |pool| {
+            let mut tx = pool.begin().await?;
+            let gone =
+                sqlx::query("DELETE FROM conversations WHERE id = $1 AND expires_at_ms <= $2")
+                    .bind(&id)
+                    .bind(now_ms)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+            if gone == 1 {
+                for table in ["conversation_messages", "conversation_turns"] {
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DELETE FROM {table} WHERE conversation_id = $1"
+                    )))
+                    .bind(&id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                swept += 1;
+            }
+            tx.commit().await?;
+        });
+    }
+    Ok(swept)
+}

@@ -1,0 +1,118 @@
+//! Agents (SPEC §11): what a turn is made of, below the call pipeline that
+//! runs it (`call::turn`): the conversations it keeps, the layered prompt
+//! it sends, the memory suggestions it parses, why it stops.
+
+pub mod conversations;
+pub mod memory;
+pub mod prompt;
+
+/// Why a turn ended (`completed.stop_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model answered without calling a tool.
+    FinalAnswer,
+    /// `max_iterations` model calls were made.
+    MaxIterations,
+    /// `max_tool_calls` tool executions were made.
+    MaxToolCalls,
+    /// The next model call's estimate exceeds what is left of the budget.
+    Budget,
+    /// The deadline passed.
+    Deadline,
+}
+
+impl StopReason {
+    /// The stored and exported spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::FinalAnswer => "FINAL_ANSWER",
+            StopReason::MaxIterations => "MAX_ITERATIONS",
+            StopReason::MaxToolCalls => "MAX_TOOL_CALLS",
+            StopReason::Budget => "BUDGET",
+            StopReason::Deadline => "DEADLINE",
+        }
+    }
+}
+
+/// Why a turn could not start (each is a gRPC error before any event).
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AgentError {
+    /// No `[agents.<name>]`.
+    #[error("unknown agent `{0}`")]
+    UnknownAgent(String),
+    /// No such conversation for the team (or it was erased).
+    #[error("conversation `{0}` not found")]
+    ConversationNotFound(String),
+    /// Another turn of the conversation is running.
+    #[error("another turn of conversation `{0}` is running")]
+    ConversationBusy(String),
+    /// The conversation belongs to another agent.
+    #[error("conversation `{conversation}` talks to agent `{agent}`")]
+    AgentMismatch {
+        /// The conversation.
+        conversation: String,
+        /// Its agent.
+        agent: String,
+    },
+    /// The fixed layers (the core and the governed system prompt), the
+    /// budgets and the answer exceed the agent's `context_window`: the
+    /// governed prompt grew past what the config allowed for.
+    #[error(
+        "the prompt's fixed layers need {tokens} tokens with the budgets; the window is {window}"
+    )]
+    WindowExceeded {
+        /// Tokens needed.
+        tokens: u64,
+        /// `context_window`.
+        window: u32,
+    },
+    /// A layer of the prompt does not fit its budget.
+    #[error(transparent)]
+    Prompt(#[from] prompt::PromptError),
+}
+
+impl AgentError {
+    /// The stable reason (`ErrorInfo.reason`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AgentError::UnknownAgent(_) => "AGENT_UNKNOWN",
+            AgentError::ConversationNotFound(_) => "CONVERSATION_NOT_FOUND",
+            AgentError::ConversationBusy(_) => "CONVERSATION_BUSY",
+            AgentError::AgentMismatch { .. } => "CONVERSATION_AGENT_MISMATCH",
+            AgentError::WindowExceeded { .. } => "PROMPT_EXCEEDS_WINDOW",
+            AgentError::Prompt(p) => p.reason(),
+        }
+    }
+}
+
+/// Whether tool `name` matches one of an agent's `tools` patterns: a name,
+/// a `prefix.*` (the prefix and a dot, then anything), or `*`.
+pub fn allows(patterns: &[String], name: &str) -> bool {
+    patterns.iter().any(|p| {
+        p == "*"
+            || p == name
+            || p.strip_suffix('*')
+                .is_some_and(|prefix| prefix.ends_with('.') && name.starts_with(prefix))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::allows;
+
+    #[test]
+    fn patterns_match_names_and_prefixes_only() {
+        let p = ["crm.*".to_owned(), "sms.segments".to_owned()];
+        assert!(allows(&p, "crm.add_note"));
+        assert!(allows(&p, "sms.segments"));
+        assert!(
+            !allows(&p, "crmx.add_note"),
+            "the dot is part of the prefix"
+        );
+        assert!(!allows(&p, "crm"));
+        assert!(!allows(&p, "sms.segments_v2"));
+        assert!(!allows(&p, "system.echo"));
+        assert!(allows(&["*".to_owned()], "system.echo"));
+        assert!(!allows(&[], "system.echo"));
+    }
+}

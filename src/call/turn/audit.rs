@@ -1,0 +1,82 @@
+//! A turn's own audit events (SPEC §10): its start and its end, digests
+//! and counts only. Each tool call audits itself in the entry point.
+
+use super::super::{CallContext, Pipeline};
+use crate::{
+    agent::conversations,
+    audit::{AuditEvent, Category},
+    auth::Principal,
+    providers::ChatMessage,
+};
+use tokio::time::Instant;
+
+/// `agent.turn.start`: the conversation and a digest of the message.
+pub(super) async fn start(
+    pipeline: &Pipeline,
+    ctx: &CallContext,
+    principal: &Principal,
+    agent: &str,
+    conversation: &str,
+    message: Option<&ChatMessage>,
+) {
+    let input = serde_json::json!({
+        "conversation_id": conversation,
+        "message": message.map_or("", |m| m.content.as_str()),
+    });
+    let event = AuditEvent::new(
+        &ctx.team_id,
+        &principal.name,
+        &ctx.trace_id,
+        Category::Agent,
+        "agent.turn.start",
+        agent,
+    )
+    .decided("allow", "")
+    .with_input(&input);
+    if let Err(e) = pipeline
+        .ledger()
+        .enqueue(crate::usage::ledger::Op::Audit(vec![event]))
+        .await
+    {
+        tracing::error!(trace_id = %ctx.trace_id, error = %e, "auditing a turn's start failed");
+    }
+}
+
+/// `agent.turn.complete`: a digest of the answer, the stop reason and
+/// the counts, the duration; durable before the turn's last event.
+pub(super) async fn complete(
+    pipeline: &Pipeline,
+    ctx: &CallContext,
+    principal: &Principal,
+    agent: &str,
+    record: &conversations::TurnRecord,
+    text: &str,
+    started: Instant,
+) {
+    // Counts travel in the reason; the text only as its digest.
+    let reason = format!(
+        "{} iterations={} tool_calls={} suggestions={}",
+        record.stop_reason,
+        record.iterations,
+        record.tool_calls,
+        record.memory_suggestions.len()
+    );
+    let mut event = AuditEvent::new(
+        &ctx.team_id,
+        &principal.name,
+        &ctx.trace_id,
+        Category::Agent,
+        "agent.turn.complete",
+        agent,
+    )
+    .decided("ok", &reason)
+    .with_output(&serde_json::json!({ "text": text }));
+    event.duration_ms = Some(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
+    if let Err(e) = pipeline
+        .ledger()
+        .submit(crate::usage::ledger::Op::Audit(vec![event]))
+        .await
+    {
+        tracing::error!(trace_id = %ctx.trace_id, error = %e, "auditing a turn's end failed");
+    }
+}

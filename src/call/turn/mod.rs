@@ -1,0 +1,478 @@
+//! An agent's turn (SPEC §11.3) over the call pipeline:
+//!
+//! ```text
+//! prepare   the conversation taken (a second turn is refused), the
+//!           layered prompt assembled, the agent's tools listed
+//! iterate   one model call (a call of its own: reserved, routed with
+//!           fallback before its first delta, metered with the
+//!           conversation and iteration) → its tool calls through the
+//!           entry point, concurrently → the results appended → again,
+//!           until a final answer or a cap
+//! complete  the turn's messages stored, audited, counted
+//! ```
+//!
+//! A model stream is read until its answer is complete and then dropped:
+//! after the tools run, the next model call opens a new stream.
+
+mod audit;
+mod prepare;
+mod tools;
+
+pub use prepare::TurnRequest;
+
+use super::{Call, CallContext, CallError, CallMeta, Pipeline, tool::AgentScope};
+use crate::{
+    agent::{StopReason, conversations, memory},
+    auth::Principal,
+    providers::{ChatMessage, Completion, CompletionRequest, Role, ToolCall, WireNames},
+    router::{RouteError, RouteEvent, RouteOptions},
+    telemetry::metrics,
+};
+use futures::{Stream, StreamExt, stream::FuturesUnordered};
+use prepare::{Prepared, now_ms};
+use tokio::{sync::OwnedSemaphorePermit, time::Instant};
+
+/// What a turn reports, in order: `Started` first, `Completed` (or
+/// `Failed`) last.
+#[derive(Debug)]
+pub enum TurnEvent {
+    /// The turn runs in this conversation.
+    Started {
+        /// The conversation (new or continued).
+        conversation_id: String,
+    },
+    /// A piece of answer text.
+    Delta(String),
+    /// A tool call starts.
+    ToolCall {
+        /// The model's ID for it.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+    },
+    /// A tool call ended.
+    ToolResult {
+        /// The model's ID for it.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// SUCCEEDED, FAILED, TIMED_OUT or DENIED.
+        status: &'static str,
+        /// How long it ran.
+        duration_ms: u64,
+        /// Why it did not succeed.
+        error_code: String,
+    },
+    /// A model call moved to its next target before any output.
+    Fallback {
+        /// Provider that failed.
+        from: String,
+        /// Provider tried next.
+        to: String,
+        /// Stable error code.
+        reason: String,
+    },
+    /// The answer's memory suggestions.
+    MemorySuggestions(Vec<String>),
+    /// The turn ended.
+    Completed(Box<TurnOutcome>),
+    /// The turn failed; nothing of it was stored.
+    Failed(CallError),
+}
+
+/// How a turn ended.
+#[derive(Debug)]
+pub struct TurnOutcome {
+    /// The final answer, or the text so far when a cap ended the turn.
+    pub text: String,
+    /// Model calls made.
+    pub iterations: u32,
+    /// Tool executions made.
+    pub tool_calls: u32,
+    /// Why it ended.
+    pub stop_reason: StopReason,
+    /// Every model call and tool of the turn, summed.
+    pub meta: CallMeta,
+}
+
+/// What one model call came to.
+enum Answered {
+    /// The complete answer.
+    Completion(Completion),
+    /// The turn stops here (budget, deadline); the call ends with the
+    /// error, if any.
+    Stop(StopReason, Option<CallError>),
+    /// The turn fails.
+    Failed(CallError),
+}
+
+impl Pipeline {
+    /// Runs one turn of `req` for `principal`. Errors before the first
+    /// event (unknown agent, conversation busy or not found, a layer over
+    /// its budget, overload) come back as `Err`.
+    pub async fn converse(
+        &self,
+        ctx: CallContext,
+        principal: Principal,
+        req: TurnRequest,
+    ) -> Result<impl Stream<Item = TurnEvent> + Send + use<>, CallError> {
+        let slot = self.slot()?;
+        let prepared = self.prepare(&ctx, &principal, req).await?;
+        Ok(run(self.clone(), ctx, principal, prepared, slot))
+    }
+}
+
+/// The turn's running totals.
+struct Totals {
+    meta: CallMeta,
+    /// Every model call and tool had a price.
+    cost_known: bool,
+    spent_usd: f64,
+    iterations: u32,
+    tool_calls: u32,
+}
+
+impl Totals {
+    fn new() -> Self {
+        Self {
+            meta: CallMeta::default(),
+            cost_known: true,
+            spent_usd: 0.0,
+            iterations: 0,
+            tool_calls: 0,
+        }
+    }
+
+    /// Adds one finished model call (and its tools).
+    fn add(&mut self, meta: &CallMeta) {
+        self.meta.attempts.extend(meta.attempts.iter().cloned());
+        self.meta.usage = self.meta.usage.saturating_add(meta.usage);
+        match meta.cost_usd {
+            Some(usd) => self.spent_usd += usd,
+            None => self.cost_known = false,
+        }
+        if !meta.provider.is_empty() {
+            self.meta.provider.clone_from(&meta.provider);
+            self.meta.model.clone_from(&meta.model);
+            self.meta.degraded = meta.degraded;
+        }
+    }
+}
+
+fn run(
+    pipeline: Pipeline,
+    ctx: CallContext,
+    principal: Principal,
+    turn: Prepared,
+    slot: OwnedSemaphorePermit,
+) -> impl Stream<Item = TurnEvent> + Send + use<> {
+    let span = tracing::info_span!(
+        "agent_turn",
+        otel.name = %format_args!("invoke_agent {}", turn.name),
+        otel.kind = "internal",
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.name = %turn.name,
+        gen_ai.conversation.id = %turn.conversation.id,
+        trace_id = %ctx.trace_id,
+        stop_reason = tracing::field::Empty,
+        iterations = tracing::field::Empty,
+    );
+    let stream = async_stream::stream! {
+        let _slot = slot;
+        let Prepared { name, agent, conversation, token, system, mut messages, tools, known, prompt } = turn;
+        let started = Instant::now();
+        let number = conversation.turns + 1;
+        yield TurnEvent::Started { conversation_id: conversation.id.clone() };
+        audit::start(&pipeline, &ctx, &principal, &name, &conversation.id, messages.last()).await;
+
+        // Every name the model may see, offered or in the history, gets
+        // its wire name once for the whole turn.
+        let names = WireNames::new(
+            known.iter().map(String::as_str).chain(
+                messages.iter().flat_map(|m| m.tool_calls.iter().map(|c| c.name.as_str())),
+            ),
+        );
+        let scope = AgentScope { tools: agent.tools.clone(), timeout: agent.tool_timeout };
+        let task = format!("agent:{name}");
+        let mut stored = vec![messages.last().cloned().unwrap_or_default()];
+        let mut totals = Totals::new();
+        let mut so_far = String::new();
+        let mut final_text = String::new();
+        let mut suggestions = Vec::new();
+        let stop = 'turn: loop {
+            if totals.iterations >= agent.max_iterations {
+                break 'turn StopReason::MaxIterations;
+            }
+            if Instant::now() >= ctx.deadline {
+                break 'turn StopReason::Deadline;
+            }
+            let mut call_ctx = ctx.clone();
+            if let Some(budget) = ctx.budget_usd.filter(|b| *b > 0.0) {
+                let left = budget - totals.spent_usd;
+                if left <= 0.0 {
+                    break 'turn StopReason::Budget;
+                }
+                call_ctx.budget_usd = Some(left);
+            }
+            totals.iterations += 1;
+            let mut call = pipeline.open_with(call_ctx, &task, None);
+            call.turn = Some((conversation.id.clone(), totals.iterations));
+            call.log().prompt = Some((String::new(), prompt.0.clone(), prompt.1));
+            let request = CompletionRequest {
+                model: String::new(),
+                system: Some(system.clone()),
+                messages: messages.iter().map(|m| on_wire(&names, m)).collect(),
+                temperature: agent.temperature,
+                max_tokens: agent.max_tokens,
+                response_format: agent.memory_suggestions.then(memory::format),
+                tools: tools.iter().map(|t| crate::providers::ToolSpec {
+                    name: names.wire(&t.name).unwrap_or(&t.name).to_owned(),
+                    ..t.clone()
+                }).collect(),
+                trace_id: ctx.trace_id.clone(),
+                traceparent: ctx.traceparent.clone(),
+                deadline: ctx.deadline,
+            };
+            // One model call: its events passed through as they come.
+            let mut answered = None;
+            // What this call has streamed: part of the text so far if the
+            // call is cut off.
+            let mut partial = String::new();
+            match call.model_stream(&agent.chain, request).await {
+                // Refused before any work: the call leaves no record.
+                Err(CallError::Budget { .. }) => answered = Some(Answered::Stop(StopReason::Budget, None)),
+                Err(err) => answered = Some(Answered::Failed(err)),
+                Ok(events) => {
+                    futures::pin_mut!(events);
+                    while let Some(event) = events.next().await {
+                        match event {
+                            RouteEvent::Started { .. } => {}
+                            RouteEvent::Fallback { from, to, reason } => yield TurnEvent::Fallback { from, to, reason },
+                            RouteEvent::Delta(text) => {
+                                // A structured answer is JSON: its content is sent once parsed.
+                                if !agent.memory_suggestions {
+                                    partial.push_str(&text);
+                                    yield TurnEvent::Delta(text);
+                                }
+                            }
+                            RouteEvent::Completed { completion, provider, model, degraded, attempts } => {
+                                let mut log = call.log();
+                                log.add(&attempts, pipeline.meter().pricing());
+                                log.served = Some((provider, model, degraded));
+                                drop(log);
+                                answered = Some(Answered::Completion(completion));
+                                break;
+                            }
+                            RouteEvent::Failed(err) => {
+                                call.log().add(err.attempts(), pipeline.meter().pricing());
+                                answered = Some(if matches!(err, RouteError::DeadlineExceeded { .. }) {
+                                    Answered::Stop(StopReason::Deadline, Some(CallError::Route(err)))
+                                } else {
+                                    Answered::Failed(CallError::Route(err))
+                                });
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            let completion = match answered {
+                Some(Answered::Completion(c)) => c,
+                Some(Answered::Stop(reason, None)) => {
+                    totals.iterations -= 1;
+                    break 'turn reason;
+                }
+                Some(Answered::Stop(reason, Some(err))) => {
+                    // Recorded with its outcome; the turn ends with the text
+                    // so far, this call's streamed part included.
+                    so_far.push_str(&partial);
+                    let _ = call.finish::<()>(Err(err)).await;
+                    break 'turn reason;
+                }
+                failed => {
+                    let err = match failed {
+                        Some(Answered::Failed(err)) => err,
+                        _ => CallError::Route(RouteError::AllProvidersFailed { attempts: Vec::new() }),
+                    };
+                    let err = match call.finish::<()>(Err(err)).await { Err(e) => e, Ok(_) => CallError::Storage("a failed model call finished".into()) };
+                    release(&pipeline, &ctx, &conversation, &token).await;
+                    yield TurnEvent::Failed(err);
+                    return;
+                }
+            };
+            let calls: Vec<ToolCall> = completion.tool_calls.iter().map(|c| ToolCall {
+                name: names.ours(&c.name).unwrap_or(&c.name).to_owned(),
+                ..c.clone()
+            }).collect();
+            let ended = if calls.is_empty() {
+                let text = if agent.memory_suggestions {
+                    let parsed = memory::parse(&completion.text);
+                    suggestions = parsed.suggestions;
+                    yield TurnEvent::Delta(parsed.content.clone());
+                    parsed.content
+                } else {
+                    completion.text.clone()
+                };
+                stored.push(ChatMessage::text(Role::Assistant, text.clone()));
+                final_text = text;
+                Some(StopReason::FinalAnswer)
+            } else {
+                so_far.push_str(&completion.text);
+                let assistant = ChatMessage { role: Role::Assistant, content: completion.text.clone(), tool_calls: calls.clone(), tool_result: None };
+                messages.push(assistant.clone());
+                stored.push(assistant);
+                // The cap admits the first calls; the rest are answered as refused.
+                let room = agent.max_tool_calls.saturating_sub(totals.tool_calls) as usize;
+                let over_cap = calls.len() > room;
+                for c in &calls {
+                    yield TurnEvent::ToolCall { call_id: c.id.clone(), tool: c.name.clone() };
+                }
+                let call_ref = &call;
+                let one = |i: usize, c: &'_ ToolCall| {
+                    let (principal, scope, cap) = (&principal, &scope, agent.max_tool_calls);
+                    let c = c.clone();
+                    async move {
+                        let done = if i >= room { tools::refused_over_cap(&c, cap) } else { tools::run(call_ref, principal, scope, &c).await };
+                        (i, done)
+                    }
+                };
+                let mut running = if agent.parallel_tool_calls {
+                    calls.iter().enumerate().map(|(i, c)| one(i, c)).collect::<FuturesUnordered<_>>().boxed()
+                } else {
+                    futures::stream::iter(calls.iter().enumerate()).then(|(i, c)| one(i, c)).boxed()
+                };
+                // Results go back to the model in the order of its calls.
+                let mut results = vec![None; calls.len()];
+                while let Some((i, (outcome, report))) = running.next().await {
+                    if report.executed { totals.tool_calls += 1; }
+                    let tool = if tools.iter().any(|t| t.name == outcome.name) { outcome.name.as_str() } else { "other" };
+                    metrics::agent_tool_call(&name, tool, report.status);
+                    yield TurnEvent::ToolResult {
+                        call_id: outcome.call_id.clone(),
+                        tool: outcome.name.clone(),
+                        status: report.status,
+                        duration_ms: report.duration_ms,
+                        error_code: report.error_code,
+                    };
+                    if let Some(slot) = results.get_mut(i) { *slot = Some(outcome); }
+                }
+                for outcome in results.into_iter().flatten() {
+                    let message = ChatMessage { role: Role::Tool, content: String::new(), tool_calls: Vec::new(), tool_result: Some(outcome) };
+                    messages.push(message.clone());
+                    stored.push(message);
+                }
+                drop(running);
+                over_cap.then_some(StopReason::MaxToolCalls)
+            };
+            match call.finish(Ok(())).await {
+                Ok(((), meta)) => totals.add(&meta),
+                // Not recorded, so not acknowledged (SPEC §5).
+                Err(err) => {
+                    release(&pipeline, &ctx, &conversation, &token).await;
+                    yield TurnEvent::Failed(err);
+                    return;
+                }
+            }
+            if let Some(reason) = ended {
+                break 'turn reason;
+            }
+        };
+        let text = if stop == StopReason::FinalAnswer { final_text } else { so_far };
+        let record = conversations::TurnRecord {
+            turn: number,
+            trace_id: ctx.trace_id.clone(),
+            stop_reason: stop.as_str().to_owned(),
+            iterations: totals.iterations,
+            tool_calls: totals.tool_calls,
+            memory_suggestions: suggestions.clone(),
+        };
+        let expires = now_ms().saturating_add(i64::from(agent.retention_days).saturating_mul(86_400_000));
+        match conversations::complete_turn(pipeline.store(), &conversation, &token, &stored, &record, now_ms(), expires).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(trace_id = %ctx.trace_id, "the conversation was erased during the turn; the turn is not stored"),
+            Err(e) => {
+                release(&pipeline, &ctx, &conversation, &token).await;
+                yield TurnEvent::Failed(CallError::Storage(e.to_string()));
+                return;
+            }
+        }
+        audit::complete(&pipeline, &ctx, &principal, &name, &record, &text, started).await;
+        metrics::agent_turn(&name, stop.as_str(), totals.iterations);
+        tracing::Span::current().record("stop_reason", stop.as_str());
+        tracing::Span::current().record("iterations", totals.iterations);
+        if !suggestions.is_empty() {
+            yield TurnEvent::MemorySuggestions(suggestions);
+        }
+        let mut meta = totals.meta.clone();
+        meta.trace_id.clone_from(&ctx.trace_id);
+        meta.cost_usd = totals.cost_known.then_some(totals.spent_usd);
+        meta.latency = started.elapsed();
+        meta.prompt_key = prompt.0.clone();
+        meta.prompt_version = prompt.1;
+        yield TurnEvent::Completed(Box::new(TurnOutcome {
+            text,
+            iterations: totals.iterations,
+            tool_calls: totals.tool_calls,
+            stop_reason: stop,
+            meta,
+        }));
+    };
+    crate::telemetry::InSpan::new(Box::pin(stream), span)
+}
+
+/// `m` with its tool names as the wire knows them.
+fn on_wire(names: &WireNames, m: &ChatMessage) -> ChatMessage {
+    let wire = |n: &str| names.wire(n).unwrap_or(n).to_owned();
+    ChatMessage {
+        role: m.role,
+        content: m.content.clone(),
+        tool_calls: m
+            .tool_calls
+            .iter()
+            .map(|c| ToolCall {
+                name: wire(&c.name),
+                ..c.clone()
+            })
+            .collect(),
+        tool_result: m
+            .tool_result
+            .as_ref()
+            .map(|r| crate::providers::ToolOutcome {
+                name: wire(&r.name),
+                ..r.clone()
+            }),
+    }
+}
+
+async fn release(
+    pipeline: &Pipeline,
+    ctx: &CallContext,
+    conversation: &conversations::Conversation,
+    token: &str,
+) {
+    if let Err(e) = conversations::release(pipeline.store(), conversation, token).await {
+        tracing::warn!(trace_id = %ctx.trace_id, error = %e, "releasing a conversation failed");
+    }
+}
+
+impl Call {
+    /// Reserves one model call of an agent over `chain`, then streams it
+    /// (the call stays open: its tools run on it before it finishes).
+    async fn model_stream(
+        &self,
+        chain: &[crate::config::TargetConfig],
+        request: CompletionRequest,
+    ) -> Result<impl Stream<Item = RouteEvent> + Send + use<>, CallError> {
+        self.reserve(&self.task, chain, &request)
+            .await
+            .map_err(|e| self.refused(e))?;
+        let options = RouteOptions {
+            priority: self.ctx.priority,
+            primary_model: None,
+        };
+        Ok(self
+            .pipeline
+            .router()
+            .stream(chain.to_vec(), request, self.ctx.deadline, &options))
+    }
+}

@@ -1,0 +1,281 @@
+//! Before a turn's first event: the agent found, its conversation taken
+//! (created, or continued by this team and held against a second turn),
+//! the layered prompt assembled and the tools it may offer listed. Every
+//! failure here is a gRPC error, and gives the conversation back.
+
+use super::super::{CallContext, CallError, Pipeline};
+use crate::{
+    agent::{
+        AgentError,
+        conversations::{self, Acquired, Conversation},
+        memory,
+        prompt::{self, Assembled, Budgets, Layers, Preferences, Retrieved},
+    },
+    auth::Principal,
+    config::agents::AgentConfig,
+    providers::{ChatMessage, Role, ToolSpec},
+};
+use tokio::time::Instant;
+
+/// How long a turn's hold on its conversation outlives its deadline: the
+/// conversation of a replica that died mid-turn is free this long after.
+const LEASE_SLACK_MS: i64 = 30_000;
+
+/// One turn as asked for.
+#[derive(Debug, Clone, Default)]
+pub struct TurnRequest {
+    /// The agent's name.
+    pub agent: String,
+    /// The conversation to continue; `None` starts one.
+    pub conversation_id: Option<String>,
+    /// The user's message.
+    pub message: String,
+    /// Layer 3.
+    pub preferences: Preferences,
+    /// Layer 4.
+    pub retrieved: Vec<Retrieved>,
+}
+
+/// A turn ready to run.
+pub(super) struct Prepared {
+    pub name: String,
+    pub agent: AgentConfig,
+    pub conversation: Conversation,
+    /// The lease's holder.
+    pub token: String,
+    /// The system prompt: layers 1-4 (and the memory instruction).
+    pub system: String,
+    /// Layer 5: the kept history and the new message, last.
+    pub messages: Vec<ChatMessage>,
+    /// The tools offered, in our names.
+    pub tools: Vec<ToolSpec>,
+    /// Every tool the agent's patterns allow, offered to this caller or
+    /// not: a call of one maps back to its name, and the entry point says
+    /// why it is refused.
+    pub known: Vec<String>,
+    /// The governed prompt's key and version (0: none).
+    pub prompt: (String, u32),
+}
+
+/// Unix ms now.
+pub(super) fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+impl Pipeline {
+    /// Takes the turn's conversation and assembles its first request.
+    pub(super) async fn prepare(
+        &self,
+        ctx: &CallContext,
+        principal: &Principal,
+        req: TurnRequest,
+    ) -> Result<Prepared, CallError> {
+        let Some(agent) = self.config().agents.get(&req.agent).cloned() else {
+            return Err(AgentError::UnknownAgent(req.agent).into());
+        };
+        if req.message.trim().is_empty() {
+            return Err(CallError::Invalid(vec![(
+                "message".into(),
+                "is required".into(),
+            )]));
+        }
+        let store = self.store();
+        let now = now_ms();
+        let left = ctx.deadline.saturating_duration_since(Instant::now());
+        let lease_until = now
+            .saturating_add(i64::try_from(left.as_millis()).unwrap_or(i64::MAX))
+            .saturating_add(LEASE_SLACK_MS);
+        let token = uuid::Uuid::now_v7().simple().to_string();
+        let storage = |e: crate::store::StoreError| CallError::Storage(e.to_string());
+        let conversation = match &req.conversation_id {
+            None => conversations::create(
+                store,
+                &ctx.team_id,
+                &req.agent,
+                &principal.name,
+                now,
+                lease_until,
+                &token,
+            )
+            .await
+            .map_err(storage)?,
+            Some(id) => {
+                match conversations::acquire(store, &ctx.team_id, id, now, lease_until, &token)
+                    .await
+                    .map_err(storage)?
+                {
+                    Acquired::Held(c) => c,
+                    Acquired::Busy => return Err(AgentError::ConversationBusy(id.clone()).into()),
+                    Acquired::NotFound => {
+                        return Err(AgentError::ConversationNotFound(id.clone()).into());
+                    }
+                }
+            }
+        };
+        let assembled = self
+            .assemble(ctx, principal, &agent, &conversation, &req)
+            .await;
+        match assembled {
+            Ok((system, messages, tools, prompt)) => Ok(Prepared {
+                known: self
+                    .toolbox()
+                    .registry
+                    .all()
+                    .into_iter()
+                    .filter(|t| crate::agent::allows(&agent.tools, &t.name))
+                    .map(|t| t.name.clone())
+                    .collect(),
+                name: req.agent,
+                agent,
+                conversation,
+                token,
+                system,
+                messages,
+                tools,
+                prompt,
+            }),
+            Err(e) => {
+                if let Err(release) = conversations::release(store, &conversation, &token).await {
+                    tracing::warn!(trace_id = %ctx.trace_id, error = %release, "releasing a conversation failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)] // one use: `prepare` takes it apart
+    async fn assemble(
+        &self,
+        ctx: &CallContext,
+        principal: &Principal,
+        agent: &AgentConfig,
+        conversation: &Conversation,
+        req: &TurnRequest,
+    ) -> Result<(String, Vec<ChatMessage>, Vec<ToolSpec>, (String, u32)), CallError> {
+        if conversation.agent != req.agent {
+            return Err(AgentError::AgentMismatch {
+                conversation: conversation.id.clone(),
+                agent: conversation.agent.clone(),
+            }
+            .into());
+        }
+        let history: Vec<ChatMessage> = if conversation.turns == 0 {
+            Vec::new()
+        } else {
+            conversations::history(self.store(), &conversation.id, agent.max_history_messages)
+                .await
+                .map_err(|e| CallError::Storage(e.to_string()))?
+                .into_iter()
+                .map(|m| m.message)
+                .collect()
+        };
+        // Layer 2: the active stored version only; without one the agent
+        // runs on its core prompt.
+        let governed = match &agent.prompt_key {
+            Some(key) => match self.inner.prompts.resolve(&ctx.team_id, key).await {
+                Ok(p) if p.version > 0 => Some(p),
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::warn!(trace_id = %ctx.trace_id, error = %e, key, "prompt store unavailable; the agent runs without its governed prompt");
+                    None
+                }
+            },
+            None => None,
+        };
+        // The primary model's tokenizer counts the budgets.
+        let model = agent.chain.first().map_or("", |t| t.model.as_str());
+        // A real tokenizer is CPU work (and its tables are built on first
+        // use): off the runtime's threads.
+        let core = agent.core_prompt.clone();
+        let governed_text = governed.as_ref().map(|p| p.system.clone());
+        let (preferences, retrieved, message) = (
+            req.preferences.clone(),
+            req.retrieved.clone(),
+            req.message.clone(),
+        );
+        let budgets = Budgets {
+            preferences: agent.preferences_token_budget,
+            retrieved: agent.retrieved_token_budget,
+            history: agent.history_token_budget,
+        };
+        let model = model.to_owned();
+        let (variable, window) = (agent.variable_tokens(), u64::from(agent.context_window));
+        let assembled = tokio::task::spawn_blocking(move || {
+            let assembled = prompt::assemble(
+                &model,
+                &Layers {
+                    core: &core,
+                    system: governed_text.as_deref(),
+                    preferences: &preferences,
+                    retrieved: &retrieved,
+                    history: &history,
+                    message: &message,
+                },
+                &budgets,
+            )?;
+            // The fixed layers were counted with the bound: over the
+            // window, count them exactly before refusing.
+            let mut fixed = assembled.counts.fixed_tokens;
+            if fixed.saturating_add(variable) > window {
+                let text = match &governed_text {
+                    Some(g) => format!("{core}\n\n{g}"),
+                    None => core.clone(),
+                };
+                fixed = prompt::tokens(&model, &text);
+            }
+            Ok::<_, prompt::PromptError>((assembled, fixed))
+        })
+        .await
+        .map_err(|e| CallError::Storage(format!("assembling the prompt failed: {e}")))?;
+        let (
+            Assembled {
+                mut system,
+                messages,
+                counts,
+            },
+            fixed,
+        ) = assembled.map_err(AgentError::from)?;
+        let needed = fixed.saturating_add(variable);
+        if needed > window {
+            return Err(AgentError::WindowExceeded {
+                tokens: needed,
+                window: agent.context_window,
+            }
+            .into());
+        }
+        if agent.memory_suggestions {
+            system.push_str("\n\n");
+            system.push_str(memory::instruction());
+        }
+        tracing::debug!(
+            trace_id = %ctx.trace_id,
+            retrieved_kept = counts.retrieved_kept,
+            retrieved_dropped = counts.retrieved_dropped,
+            history_kept = counts.history_kept,
+            history_dropped = counts.history_dropped,
+            "agent prompt assembled"
+        );
+        let tools = if agent.tools.is_empty() {
+            Vec::new()
+        } else {
+            let mut offered: Vec<_> = self
+                .tools_for(principal, &ctx.team_id)
+                .into_iter()
+                .filter(|t| crate::agent::allows(&agent.tools, &t.name))
+                .collect();
+            // Newest version first: a call by name runs that one.
+            offered.dedup_by(|a, b| a.name == b.name);
+            offered
+                .into_iter()
+                .map(|t| ToolSpec {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    parameters: t.input_schema.clone(),
+                })
+                .collect()
+        };
+        let prompt = governed.map_or((String::new(), 0), |p| (p.key, p.version));
+        debug_assert!(messages.last().is_some_and(|m| m.role == Role::User));
+        Ok((system, messages, tools, prompt))
+    }
+}

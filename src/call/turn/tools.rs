@@ -1,0 +1,145 @@
+//! A model answer's tool calls, each through the tools' one entry point
+//! (`Call::invoke_tool`) with the agent's allowlist and timeout. Whatever
+//! happens to a call (denied, invalid, failed, timed out, past the turn's
+//! `max_tool_calls`) becomes a tool result the model reads; none is raised
+//! to the caller.
+
+use super::super::{Call, CallError, tool::AgentScope, tool::ToolRequest};
+use crate::{
+    auth::Principal,
+    providers::{ToolCall, ToolOutcome},
+    tools::{Status, invocations::Mode},
+};
+use serde_json::json;
+use tokio::time::Instant;
+
+/// Most bytes of a tool's output handed back to the model: an output past
+/// it is cut (on a character boundary) and says so.
+const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// How one tool call ended, for the `tool_result` event and metrics.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// SUCCEEDED, FAILED, TIMED_OUT or DENIED.
+    pub status: &'static str,
+    /// How long it took.
+    pub duration_ms: u64,
+    /// The stable reason when it did not succeed.
+    pub error_code: String,
+    /// It reached the tool (counts against `max_tool_calls`).
+    pub executed: bool,
+}
+
+fn error(call: &ToolCall, code: &str, message: &str) -> ToolOutcome {
+    ToolOutcome {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: json!({ "error": { "code": code, "message": message } }).to_string(),
+        is_error: true,
+    }
+}
+
+fn cut(mut text: String) -> String {
+    if text.len() > MAX_RESULT_BYTES {
+        let mut end = MAX_RESULT_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(" …[output cut]");
+    }
+    text
+}
+
+/// A call refused because the turn reached `max_tool_calls`.
+pub fn refused_over_cap(call: &ToolCall, cap: u32) -> (ToolOutcome, Report) {
+    (
+        error(
+            call,
+            "MAX_TOOL_CALLS",
+            &format!("not run: this turn reached its limit of {cap} tool calls"),
+        ),
+        Report {
+            status: "DENIED",
+            duration_ms: 0,
+            error_code: "MAX_TOOL_CALLS".into(),
+            executed: false,
+        },
+    )
+}
+
+/// Runs `tc` for `principal` within `scope`.
+pub async fn run(
+    call: &Call,
+    principal: &Principal,
+    scope: &AgentScope,
+    tc: &ToolCall,
+) -> (ToolOutcome, Report) {
+    let started = Instant::now();
+    let took = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let input = match tc.parsed() {
+        Ok(map) => serde_json::Value::Object(map),
+        Err(why) => {
+            // Never reaches the tool: the model gets the reason and may
+            // call again with valid arguments.
+            return (
+                error(tc, "ARGUMENTS_INVALID", &why),
+                Report {
+                    status: "FAILED",
+                    duration_ms: took(),
+                    error_code: "ARGUMENTS_INVALID".into(),
+                    executed: false,
+                },
+            );
+        }
+    };
+    let request = ToolRequest {
+        tool: tc.name.clone(),
+        input,
+        mode: Mode::Sync,
+        idempotency_key: None,
+        agent: Some(scope.clone()),
+    };
+    match call.invoke_tool(principal, request).await {
+        Ok(result) => {
+            let outcome = match (&result.output, &result.error) {
+                (Some(output), _) if result.status == Status::Succeeded => ToolOutcome {
+                    call_id: tc.id.clone(),
+                    name: tc.name.clone(),
+                    content: cut(output.to_string()),
+                    is_error: false,
+                },
+                (_, Some(f)) => error(tc, &f.code, &f.message),
+                _ => error(tc, result.status.as_str(), "the tool gave no output"),
+            };
+            let report = Report {
+                status: result.status.as_str(),
+                duration_ms: u64::try_from(result.duration_ms).unwrap_or(0),
+                error_code: result.error.map(|f| f.code).unwrap_or_default(),
+                executed: true,
+            };
+            (outcome, report)
+        }
+        Err(err) => {
+            let code = denial_code(&err);
+            (
+                error(tc, code, &format!("the call was refused ({code})")),
+                Report {
+                    status: "DENIED",
+                    duration_ms: took(),
+                    error_code: code.to_owned(),
+                    executed: false,
+                },
+            )
+        }
+    }
+}
+
+/// The stable reason a refused invocation reports to the model.
+fn denial_code(err: &CallError) -> &'static str {
+    match err {
+        CallError::Storage(_) => "STORAGE_UNAVAILABLE",
+        CallError::Overloaded => "OVERLOADED",
+        other => other.reason().unwrap_or("INTERNAL"),
+    }
+}

@@ -1,0 +1,52 @@
+//! `call converse`: one agent turn, its events printed as they arrive
+//! (one JSON object per line, or `path: value` lines), so a person sees
+//! the answer stream and the tool calls as they happen.
+
+use super::call::{Client, Output, render};
+use crate::api::pb::{self, agent_service_client::AgentServiceClient};
+use futures::StreamExt;
+use std::io::Write;
+
+/// Runs one turn of `agent` with `message` (in `conversation`, if given)
+/// and prints each event; returns the closing line.
+pub async fn converse(
+    args: Client,
+    agent: String,
+    message: String,
+    conversation: Option<String>,
+) -> anyhow::Result<String> {
+    let mut client = AgentServiceClient::new(args.connect().await?);
+    let mut context = args.context();
+    if let (Some(c), Some(id)) = (context.as_mut(), conversation) {
+        c.conversation_id = id;
+    }
+    let request = pb::ConverseRequest {
+        context,
+        agent,
+        message,
+        ..Default::default()
+    };
+    let mut events = match client.converse(request).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return super::call::show::<pb::ConverseEvent>(Err(status), "", args.output),
+    };
+    let mut out = std::io::stdout().lock();
+    while let Some(item) = events.next().await {
+        let event = match item {
+            Ok(event) => event,
+            Err(status) => {
+                return super::call::show::<pb::ConverseEvent>(Err(status), "", args.output);
+            }
+        };
+        let mut line = render(&event, "ai.orchestrator.v1.ConverseEvent", args.output)?;
+        if args.output == Output::Json {
+            // One event per line.
+            line = serde_json::from_str::<serde_json::Value>(&line)
+                .map(|v| v.to_string())
+                .unwrap_or(line);
+        }
+        writeln!(out, "{}", line.trim_end())?;
+        out.flush()?;
+    }
+    Ok(String::new())
+}

@@ -1,0 +1,283 @@
+//! Conversations (SPEC §11.6–11.7): team-scoped reads, erasure, a second
+//! concurrent turn refused, memory suggestions stored on the turn, the
+//! retention sweeper, and the same store on PostgreSQL.
+
+use super::{
+    agents, completed, conversation_id, converse, spawn, toml, turn,
+    upstream::{Reply, Upstream, openai_text},
+};
+use crate::{
+    common::{TestApp, TestPostgres},
+    tools::{CALLER, MULTI, with_key},
+};
+use ai_orchestrator::{agent::conversations, api::pb};
+use futures::StreamExt;
+use pb::converse_event::Event;
+use std::sync::Arc;
+use tokio::sync::Notify;
+use tonic::Code;
+use tonic_types::StatusExt;
+
+fn get(id: &str, team: &str) -> pb::GetConversationRequest {
+    pb::GetConversationRequest {
+        context: Some(pb::RequestContext {
+            team_id: team.into(),
+            ..Default::default()
+        }),
+        conversation_id: id.into(),
+    }
+}
+
+fn delete(id: &str) -> pb::DeleteConversationRequest {
+    pb::DeleteConversationRequest {
+        context: crate::common::ctx(),
+        conversation_id: id.into(),
+    }
+}
+
+fn reason(status: &tonic::Status) -> String {
+    status
+        .get_details_error_info()
+        .map(|i| i.reason)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_conversation_is_its_teams_and_erased_on_delete() {
+    let openai = Upstream::start([
+        Reply::sse(openai_text(&["Hello."])),
+        Reply::sse(openai_text(&["Again."])),
+    ])
+    .await;
+    let app = spawn(&openai.url(), &openai.url(), "").await;
+    let events = turn(&app, CALLER, "conv-1", converse("helper", "Hi", None))
+        .await
+        .unwrap();
+    let id = conversation_id(&events);
+
+    // Another team (a key of t1 and t2 asking as t2) finds nothing.
+    let other = agents(&app)
+        .get_conversation(with_key(MULTI, "conv-2", get(&id, "t2")))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), Code::NotFound);
+    let mut as_t2 = converse("helper", "Hi", Some(&id));
+    as_t2.context.as_mut().unwrap().team_id = "t2".into();
+    let continued = turn(&app, MULTI, "conv-3", as_t2).await.unwrap_err();
+    assert_eq!(
+        (continued.code(), reason(&continued).as_str()),
+        (Code::NotFound, "CONVERSATION_NOT_FOUND")
+    );
+
+    // Deleting erases the content; then it is gone for everyone.
+    let deleted = agents(&app)
+        .delete_conversation(with_key(CALLER, "conv-4", delete(&id)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(deleted.messages_deleted, 2);
+    let gone = agents(&app)
+        .get_conversation(with_key(CALLER, "conv-5", get(&id, "t1")))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+    let again = agents(&app)
+        .delete_conversation(with_key(CALLER, "conv-6", delete(&id)))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::NotFound);
+    let after = turn(&app, CALLER, "conv-7", converse("helper", "Hi", Some(&id)))
+        .await
+        .unwrap_err();
+    assert_eq!(after.code(), Code::NotFound);
+    let store = app.store().await;
+    assert!(
+        conversations::history(&store, &id, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_second_turn_while_one_runs_is_aborted() {
+    let gate = Arc::new(Notify::new());
+    let openai = Upstream::start([
+        Reply::sse(openai_text(&["First."])),
+        Reply::sse(openai_text(&["Slow", " answer."])).gated(2, gate.clone()),
+        Reply::sse(openai_text(&["Third."])),
+    ])
+    .await;
+    let app = spawn(&openai.url(), &openai.url(), "").await;
+    let first = turn(&app, CALLER, "busy-1", converse("helper", "One", None))
+        .await
+        .unwrap();
+    let id = conversation_id(&first);
+    let mut slow = agents(&app)
+        .converse(with_key(
+            CALLER,
+            "busy-2",
+            converse("helper", "Two", Some(&id)),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    // The slow turn is running once its first delta is out.
+    loop {
+        match slow.next().await {
+            Some(Ok(pb::ConverseEvent {
+                event: Some(Event::Delta(_)),
+            })) => break,
+            Some(Ok(_)) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    let refused = turn(
+        &app,
+        CALLER,
+        "busy-3",
+        converse("helper", "Three", Some(&id)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        (refused.code(), reason(&refused).as_str()),
+        (Code::Aborted, "CONVERSATION_BUSY")
+    );
+    gate.notify_one();
+    while let Some(item) = slow.next().await {
+        item.unwrap();
+    }
+    // Once it ended, the conversation takes the next turn.
+    let third = turn(
+        &app,
+        CALLER,
+        "busy-4",
+        converse("helper", "Three", Some(&id)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(completed(&third).text, "Third.");
+}
+
+#[tokio::test]
+async fn memory_suggestions_are_filtered_emitted_and_stored_on_the_turn() {
+    let unused = Upstream::start([]).await;
+    let app = spawn(&unused.url(), &unused.url(), "").await;
+    let events = turn(
+        &app,
+        CALLER,
+        "memo-1",
+        converse("memo", "I like mornings.", None),
+    )
+    .await
+    .unwrap();
+    let items = events
+        .iter()
+        .find_map(|e| match e {
+            Event::MemorySuggestions(m) => Some(m.items.clone()),
+            _ => None,
+        })
+        .expect("a memory_suggestions event");
+    // The secret, the duplicate and the empty one are dropped.
+    assert_eq!(items, ["Prefers morning appointments", "Has two dogs"]);
+    assert_eq!(completed(&events).text, "Noted: mornings work.");
+    let conversation = agents(&app)
+        .get_conversation(with_key(
+            CALLER,
+            "memo-2",
+            get(&conversation_id(&events), "t1"),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(conversation.memory_suggestions.len(), 1);
+    assert_eq!(conversation.memory_suggestions[0].turn, 1);
+    assert_eq!(conversation.memory_suggestions[0].items, items);
+    assert_eq!(conversation.messages[1].content, "Noted: mornings work.");
+}
+
+#[tokio::test]
+async fn unknown_agents_and_empty_messages_are_invalid() {
+    let unused = Upstream::start([]).await;
+    let app = spawn(&unused.url(), &unused.url(), "").await;
+    let unknown = turn(&app, CALLER, "bad-1", converse("nobody", "Hi", None))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (unknown.code(), reason(&unknown).as_str()),
+        (Code::InvalidArgument, "AGENT_UNKNOWN")
+    );
+    let empty = turn(&app, CALLER, "bad-2", converse("helper", "  ", None))
+        .await
+        .unwrap_err();
+    assert_eq!(empty.code(), Code::InvalidArgument);
+}
+
+/// A turn, a continued turn, a read, the sweeper and a delete on `app`.
+async fn round_trip(app: &TestApp, openai: &Upstream) {
+    let first = turn(app, CALLER, "pg-1", converse("helper", "One", None))
+        .await
+        .unwrap();
+    let id = conversation_id(&first);
+    turn(app, CALLER, "pg-2", converse("helper", "Two", Some(&id)))
+        .await
+        .unwrap();
+    let read = agents(app)
+        .get_conversation(with_key(CALLER, "pg-3", get(&id, "t1")))
+        .await
+        .unwrap()
+        .into_inner();
+    let texts: Vec<&str> = read.messages.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(texts, ["One", "First.", "Two", "Second."]);
+    assert_eq!(read.turns, 2);
+    assert_eq!(openai.bodies().len(), 2);
+    // Nothing has expired yet; past its retention it is erased.
+    let store = app.store().await;
+    let now = chrono::Utc::now().timestamp_millis();
+    assert_eq!(conversations::sweep(&store, now).await.unwrap(), 0);
+    assert_eq!(
+        conversations::sweep(&store, read.expires_at_ms + 1)
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(
+        conversations::find(&store, "t1", &id)
+            .await
+            .unwrap()
+            .is_none(),
+        "swept"
+    );
+    assert!(
+        conversations::history(&store, &id, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+fn two_turns() -> [Reply; 2] {
+    [
+        Reply::sse(openai_text(&["First."])),
+        Reply::sse(openai_text(&["Second."])),
+    ]
+}
+
+#[tokio::test]
+async fn conversations_round_trip_and_expire_on_sqlite() {
+    let openai = Upstream::start(two_turns()).await;
+    let app = spawn(&openai.url(), &openai.url(), "").await;
+    round_trip(&app, &openai).await;
+}
+
+#[tokio::test]
+async fn conversations_round_trip_and_expire_on_postgres() {
+    let pg = TestPostgres::create().await;
+    let openai = Upstream::start(two_turns()).await;
+    let app =
+        TestApp::spawn_toml_env(&toml(&pg.url, &openai.url(), &openai.url(), ""), super::env).await;
+    round_trip(&app, &openai).await;
+    app.stop().await;
+    pg.drop_now().await;
+}
