@@ -216,21 +216,29 @@ pub async fn acquire(
         .await?
         .rows_affected()
     });
-    let found = find(store, team, id).await?;
+    let found = find(store, team, id, now_ms).await?;
     Ok(match found {
         Some(c) if taken == 1 => Acquired::Held(c),
-        Some(c) if c.expires_at_ms > now_ms => Acquired::Busy,
-        _ => Acquired::NotFound,
+        Some(_) => Acquired::Busy,
+        None => Acquired::NotFound,
     })
 }
 
-/// Conversation `id` of `team`, if it exists.
-pub async fn find(store: &Store, team: &str, id: &str) -> Result<Option<Conversation>, StoreError> {
-    let sql = format!("{CONVERSATION} WHERE id = $1 AND team_id = $2");
+/// Conversation `id` of `team`, if it exists and has not expired at
+/// `now_ms`.
+pub async fn find(
+    store: &Store,
+    team: &str,
+    id: &str,
+    now_ms: i64,
+) -> Result<Option<Conversation>, StoreError> {
+    // Past its retention it is gone, whether or not the sweeper has run.
+    let sql = format!("{CONVERSATION} WHERE id = $1 AND team_id = $2 AND expires_at_ms > $3");
     let row: Option<ConversationRow> = on_store!(store, |pool| {
         sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(team)
+            .bind(now_ms)
             .fetch_optional(pool)
             .await?
     });

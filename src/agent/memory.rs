@@ -21,19 +21,29 @@ pub const MAX_SUGGESTIONS: usize = 5;
 /// Longest suggestion, in characters.
 pub const MAX_CHARS: usize = 200;
 
-/// Words that announce a secret or personal data (the audit redaction's
-/// list), and values shaped like one. Case-insensitive where it matters.
+/// Words that announce a secret or personal data (SPEC §10's list, as the
+/// audit redaction uses it: password, secret, token, api key, credential,
+/// email, phone, address, ssn, credit card, `*_secret`, `*_token`,
+/// `*_key`), and values shaped like one. Case-insensitive where it
+/// matters. Strict on purpose: a dropped suggestion costs little, a stored
+/// secret a lot.
 const SECRET_PATTERNS: &[&str] = &[
     r"(?i)passw(?:or)?d",
-    r"(?i)\bsecrets?\b",
-    r"(?i)\btokens?\b",
-    r"(?i)api[ _-]?keys?\b",
+    // Inside names too: client_secret, access_token.
+    r"(?i)secret",
+    r"(?i)token",
+    r"(?i)api[ _-]?keys?",
+    // Any `*_key` name.
+    r"(?i)[a-z0-9]_key\b",
     r"(?i)credential",
     r"(?i)\bssns?\b",
     r"(?i)social[ _-]?security",
     r"(?i)credit[ _-]?cards?",
     r"(?i)private[ _-]?keys?",
-    r"(?i)home[ _-]?address",
+    // The personal-data words of SPEC §10, on their own.
+    r"(?i)e-?mail",
+    r"(?i)\bphone",
+    r"(?i)address",
     // An email address.
     r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
     // A US social security number.
@@ -310,13 +320,27 @@ mod tests {
             "Lives near Austin",
             "Worked at Acme from 2019-2021",
             "Born in 1985, has 3 kids",
-            "Prefers email over phone calls",
-            "Is a secretary at a law firm",
             "Wants a 30 minute consultation",
-            "Prefers email/phone/sms/whatsapp/telegram",
-            "Moved to a new address last year",
+            "Prefers sms/whatsapp/telegram",
+            "Is a keen cyclist",
         ] {
             assert!(!looks_secret(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn the_personal_data_words_are_caught_even_in_plain_facts() {
+        // SPEC §10's list applies as words: strict, by design.
+        for s in [
+            "Prefers email over phone calls",
+            "Is a secretary at a law firm",
+            "Moved to a new address last year",
+            "Their client_secret is rotated monthly",
+            "Keeps the access_token in a vault",
+            "Shared the signing_key",
+            "Has an E-mail newsletter",
+        ] {
+            assert!(looks_secret(s), "{s}");
         }
     }
 

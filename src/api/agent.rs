@@ -30,6 +30,10 @@ use tracing::Instrument;
 /// Most retrieved-context items a turn may carry.
 const MAX_RETRIEVED: usize = 64;
 
+/// Most messages `GetConversation` returns: the newest (a reply stays well
+/// inside the gRPC message limit and the server's memory).
+const MAX_MESSAGES_READ: u32 = 500;
+
 /// The `AgentService`.
 #[derive(Clone)]
 pub struct AgentApi {
@@ -69,9 +73,10 @@ impl AgentApi {
         Ok((ctx, principal))
     }
 
-    /// The turn's request, its sizes checked.
+    /// The turn's request, its sizes checked (`server.max_input_bytes`
+    /// over every field, as for every RPC).
     fn turn_request(&self, req: pb::ConverseRequest) -> Result<TurnRequest, Failure> {
-        let limit = self.config.server.max_prompt_bytes;
+        use prost::Message;
         if req.agent.is_empty() {
             return Err(Failure::invalid("agent", "is required"));
         }
@@ -81,22 +86,26 @@ impl AgentApi {
                 &format!("at most {MAX_RETRIEVED} items"),
             ));
         }
+        request::check_input(
+            req.encoded_len(),
+            &[
+                ("message", req.message.len()),
+                (
+                    "preferences",
+                    req.preferences.as_ref().map_or(0, Message::encoded_len),
+                ),
+                (
+                    "retrieved",
+                    req.retrieved.iter().map(Message::encoded_len).sum(),
+                ),
+                (
+                    "context",
+                    req.context.as_ref().map_or(0, Message::encoded_len),
+                ),
+            ],
+            &self.config.server,
+        )?;
         let preferences = req.preferences.unwrap_or_default();
-        let bytes = req.message.len()
-            + preferences.custom_instructions.len()
-            + preferences.response_length.len()
-            + preferences.formality.len()
-            + req
-                .retrieved
-                .iter()
-                .map(|r| r.text.len() + r.source.len())
-                .sum::<usize>();
-        if bytes > limit {
-            return Err(Failure::invalid(
-                "message",
-                &format!("the message, preferences and retrieved context exceed {limit} bytes"),
-            ));
-        }
         let conversation_id = req
             .context
             .as_ref()
@@ -253,13 +262,14 @@ impl AgentService for AgentApi {
         let fail = |f: Failure| to_status(f, &ctx.trace_id);
         let storage = |e: crate::store::StoreError| fail(Failure::Storage(e.to_string()));
         let store = self.pipeline.store();
-        let Some(c) = conversations::find(store, &ctx.team_id, &req.conversation_id)
+        let now = chrono::Utc::now().timestamp_millis();
+        let Some(c) = conversations::find(store, &ctx.team_id, &req.conversation_id, now)
             .await
             .map_err(storage)?
         else {
             return Err(fail(not_found(&req.conversation_id)));
         };
-        let messages = conversations::history(store, &c.id, u32::MAX)
+        let messages = conversations::history(store, &c.id, MAX_MESSAGES_READ)
             .await
             .map_err(storage)?;
         let turns = conversations::turns(store, &c.id).await.map_err(storage)?;

@@ -374,7 +374,10 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
                 }
                 AgentError::ConversationNotFound(_) => Code::NotFound,
                 // Retry once the running turn has ended.
-                AgentError::ConversationBusy(_) => Code::Aborted,
+                AgentError::ConversationBusy(_) => {
+                    details.set_retry_info(Some(Duration::from_secs(1)));
+                    Code::Aborted
+                }
                 AgentError::AgentMismatch { .. } | AgentError::WindowExceeded { .. } => {
                     Code::FailedPrecondition
                 }

@@ -193,7 +193,8 @@ impl Call {
 
     /// Metrics of a finished call: tokens and cost per attempt, breaker
     /// states, fallbacks. Returns the time spent waiting on providers (not
-    /// our overhead): their calls, retry backoff and their limits.
+    /// our overhead): their calls, retry backoff and their limits, and the
+    /// tools' runs.
     fn observe(&self, log: &CallLog, meta: &CallMeta) -> Duration {
         let resilience = self.pipeline.router().resilience();
         let mut provider_time = Duration::ZERO;
@@ -206,6 +207,7 @@ impl Call {
             // Backoff and limiter waits are waiting on providers too.
             provider_time += a.latency + a.waited;
         }
+        provider_time += log.tool_time;
         if let (true, Some(first)) = (meta.degraded, meta.attempts.first()) {
             metrics::fallback(&self.task, &first.provider, &meta.provider);
         }

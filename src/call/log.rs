@@ -26,6 +26,9 @@ pub(super) struct CallLog {
     pub prompt: Option<(String, String, u32)>,
     /// Tools invoked: `(kind, name@version, cost in micro-USD)`.
     pub tools: Vec<(&'static str, String, i64)>,
+    /// How long the tools ran: waiting on them, like on a provider, is not
+    /// our overhead.
+    pub tool_time: Duration,
 }
 
 impl CallLog {
@@ -43,9 +46,10 @@ impl CallLog {
         }
     }
 
-    /// Adds a tool invocation and what it cost.
-    pub fn add_tool(&mut self, kind: &'static str, id: String, cost_micros: i64) {
+    /// Adds a tool invocation, what it cost and how long it ran.
+    pub fn add_tool(&mut self, kind: &'static str, id: String, cost_micros: i64, took: Duration) {
         self.tools.push((kind, id, cost_micros));
+        self.tool_time += took;
     }
 
     /// Remembers the prompt a model call used.

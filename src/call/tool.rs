@@ -290,7 +290,8 @@ impl Call {
                 dedup.decision = "deduplicated".into();
                 dedup.idempotency_key = Some(key);
                 self.audit(vec![dedup]).await?;
-                self.log().add_tool(tool.kind.as_str(), id, 0);
+                self.log()
+                    .add_tool(tool.kind.as_str(), id, 0, Duration::ZERO);
                 span.record("status", first.status.as_str());
                 return Ok(ToolResult::from_stored(&first, true));
             }
@@ -305,7 +306,7 @@ impl Call {
             // worker runs it (`tools::worker`).
             self.audit(vec![called]).await?;
             self.log()
-                .add_tool(tool.kind.as_str(), id.clone(), estimate);
+                .add_tool(tool.kind.as_str(), id.clone(), estimate, Duration::ZERO);
             drop(slot);
             let Some(inv) = stored else {
                 return Err(CallError::Storage(
@@ -338,7 +339,8 @@ impl Call {
         let (status, output, error) = judge(&tool, result);
         let actual = cost::micros(&tool.cost, &req.input, took);
         let duration_ms = i64::try_from(took.as_millis()).unwrap_or(i64::MAX);
-        self.log().add_tool(tool.kind.as_str(), id.clone(), actual);
+        self.log()
+            .add_tool(tool.kind.as_str(), id.clone(), actual, took);
         if let Some(inv) = &stored {
             let outcome = Outcome {
                 status,

@@ -67,12 +67,11 @@ impl App {
                 background_stopped.clone(),
             ))
         });
-        let conversation_sweeper = (!config.agents.is_empty()).then(|| {
-            tokio::spawn(background::sweep_conversations_periodically(
-                store.clone(),
-                background_stopped.clone(),
-            ))
-        });
+        // Always: conversations stored under an agent since removed from
+        // the config still expire.
+        let conversation_sweeper = Some(tokio::spawn(
+            background::sweep_conversations_periodically(store.clone(), background_stopped.clone()),
+        ));
         // Tools: the ASYNC worker, each MCP server's client, the endpoint.
         let worker = tokio::spawn(crate::call::worker::run_worker(
             pipeline.clone(),

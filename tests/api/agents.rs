@@ -66,7 +66,7 @@ tool_script = [
 [providers.memo]
 kind = "mock"
 [providers.memo.mock]
-reply = '{{"content": "Noted: mornings work.", "memory_suggestions": ["Prefers morning appointments", "Password is hunter2", "prefers morning appointments", "", "Has two dogs"]}}'
+reply = '{{"content": "Noted: mornings work.", "memory_suggestions": ["Prefers morning appointments", "Password is hunter2", "prefers morning appointments", "", "Her access_token is x1", "Reach her at ann@example.com", "Has two dogs"]}}'
 
 [retry]
 interactive_max_wait = "0ms"

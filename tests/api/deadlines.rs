@@ -406,7 +406,11 @@ async fn short_caller_deadlines_never_open_a_slow_providers_breaker() {
         let mut request = tonic::Request::new(classify(pb::Priority::Background));
         request.set_timeout(Duration::from_millis(100));
         let status = app.client.clone().classify_sms(request).await.unwrap_err();
-        assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+        // tonic reports its own timer's expiry as CANCELLED.
+        assert!(
+            matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+            "{status:?}"
+        );
     }
     // A call the client abandoned is counted once the server sees it go.
     crate::common::wait_for(|| async {

@@ -1,7 +1,7 @@
 //! A turn's own audit events (SPEC §10): its start and its end, digests
 //! and counts only. Each tool call audits itself in the entry point.
 
-use super::super::{CallContext, Pipeline};
+use super::super::{CallContext, CallError, Pipeline};
 use crate::{
     agent::conversations,
     audit::{AuditEvent, Category},
@@ -52,7 +52,7 @@ pub(super) async fn complete(
     record: &conversations::TurnRecord,
     text: &str,
     started: Instant,
-) {
+) -> Result<(), CallError> {
     // Counts travel in the reason; the text only as its digest.
     let reason = format!(
         "{} iterations={} tool_calls={} suggestions={}",
@@ -72,11 +72,10 @@ pub(super) async fn complete(
     .decided("ok", &reason)
     .with_output(&serde_json::json!({ "text": text }));
     event.duration_ms = Some(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
-    if let Err(e) = pipeline
+    pipeline
         .ledger()
         .submit(crate::usage::ledger::Op::Audit(vec![event]))
         .await
-    {
-        tracing::error!(trace_id = %ctx.trace_id, error = %e, "auditing a turn's end failed");
-    }
+        .map(drop)
+        .map_err(|e| CallError::Storage(e.to_string()))
 }

@@ -24,7 +24,7 @@ use super::{Call, CallContext, CallError, CallMeta, Pipeline, tool::AgentScope};
 use crate::{
     agent::{StopReason, conversations, memory},
     auth::Principal,
-    providers::{ChatMessage, Completion, CompletionRequest, Role, ToolCall, WireNames},
+    providers::{ChatMessage, CompletionRequest, Role, ToolCall, WireNames},
     router::{RouteError, RouteEvent, RouteOptions},
     telemetry::metrics,
 };
@@ -95,21 +95,15 @@ pub struct TurnOutcome {
     pub meta: CallMeta,
 }
 
-/// What one model call came to.
-enum Answered {
-    /// The complete answer.
-    Completion(Completion),
-    /// The turn stops here (budget, deadline); the call ends with the
-    /// error, if any.
-    Stop(StopReason, Option<CallError>),
-    /// The turn fails.
-    Failed(CallError),
-}
-
 impl Pipeline {
     /// Runs one turn of `req` for `principal`. Errors before the first
     /// event (unknown agent, conversation busy or not found, a layer over
     /// its budget, overload) come back as `Err`.
+    ///
+    /// The turn runs on a task of its own: a caller that goes away does not
+    /// cut it off, so what it did is metered at its actual cost, stored,
+    /// and its conversation freed at once (bounded by its deadline and
+    /// caps, as any turn).
     pub async fn converse(
         &self,
         ctx: CallContext,
@@ -118,7 +112,16 @@ impl Pipeline {
     ) -> Result<impl Stream<Item = TurnEvent> + Send + use<>, CallError> {
         let slot = self.slot()?;
         let prepared = self.prepare(&ctx, &principal, req).await?;
-        Ok(run(self.clone(), ctx, principal, prepared, slot))
+        let events = run(self.clone(), ctx, principal, prepared, slot);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                // The caller may be gone; the turn still runs to its end.
+                let _ = tx.send(event).await;
+            }
+        });
+        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 }
 
@@ -143,18 +146,31 @@ impl Totals {
         }
     }
 
-    /// Adds one finished model call (and its tools).
-    fn add(&mut self, meta: &CallMeta) {
+    /// Adds one finished call: a model call (`model`) or an iteration's
+    /// tools.
+    fn add(&mut self, meta: &CallMeta, model: bool) {
         self.meta.attempts.extend(meta.attempts.iter().cloned());
         self.meta.usage = self.meta.usage.saturating_add(meta.usage);
         match meta.cost_usd {
             Some(usd) => self.spent_usd += usd,
             None => self.cost_known = false,
         }
-        if !meta.provider.is_empty() {
+        if model && !meta.provider.is_empty() {
             self.meta.provider.clone_from(&meta.provider);
             self.meta.model.clone_from(&meta.model);
-            self.meta.degraded = meta.degraded;
+            self.meta.degraded |= meta.degraded;
+        }
+    }
+
+    /// What is left of `budget_usd` for the next call: `Some(None)` without
+    /// a budget, `None` when it is spent.
+    fn budget_left(&self, budget_usd: Option<f64>) -> Option<Option<f64>> {
+        match budget_usd.filter(|b| *b > 0.0) {
+            None => Some(None),
+            Some(budget) => {
+                let left = budget - self.spent_usd;
+                (left > 0.0).then_some(Some(left))
+            }
         }
     }
 }
@@ -181,7 +197,6 @@ fn run(
         let _slot = slot;
         let Prepared { name, agent, conversation, token, system, mut messages, tools, known, prompt } = turn;
         let started = Instant::now();
-        let number = conversation.turns + 1;
         yield TurnEvent::Started { conversation_id: conversation.id.clone() };
         audit::start(&pipeline, &ctx, &principal, &name, &conversation.id, messages.last()).await;
 
@@ -193,31 +208,28 @@ fn run(
             ),
         );
         let scope = AgentScope { tools: agent.tools.clone(), timeout: agent.tool_timeout };
-        let task = format!("agent:{name}");
+        let opener = Opener { pipeline: &pipeline, ctx: &ctx, task: format!("agent:{name}"), conversation: &conversation.id, prompt: &prompt };
         let mut stored = vec![messages.last().cloned().unwrap_or_default()];
         let mut totals = Totals::new();
         let mut so_far = String::new();
         let mut final_text = String::new();
         let mut suggestions = Vec::new();
-        let stop = 'turn: loop {
+        // Calls given a place under max_tool_calls (run or refused before
+        // running), and tool output handed to the model so far.
+        let mut admitted = 0_u32;
+        let mut output_bytes = 0_usize;
+        let ended: Result<StopReason, CallError> = 'turn: loop {
             if totals.iterations >= agent.max_iterations {
-                break 'turn StopReason::MaxIterations;
+                break 'turn Ok(StopReason::MaxIterations);
             }
             if Instant::now() >= ctx.deadline {
-                break 'turn StopReason::Deadline;
+                break 'turn Ok(StopReason::Deadline);
             }
-            let mut call_ctx = ctx.clone();
-            if let Some(budget) = ctx.budget_usd.filter(|b| *b > 0.0) {
-                let left = budget - totals.spent_usd;
-                if left <= 0.0 {
-                    break 'turn StopReason::Budget;
-                }
-                call_ctx.budget_usd = Some(left);
-            }
+            let Some(left) = totals.budget_left(ctx.budget_usd) else {
+                break 'turn Ok(StopReason::Budget);
+            };
             totals.iterations += 1;
-            let mut call = pipeline.open_with(call_ctx, &task, None);
-            call.turn = Some((conversation.id.clone(), totals.iterations));
-            call.log().prompt = Some((String::new(), prompt.0.clone(), prompt.1));
+            let call = opener.open(totals.iterations, left);
             let request = CompletionRequest {
                 model: String::new(),
                 system: Some(system.clone()),
@@ -234,77 +246,81 @@ fn run(
                 deadline: ctx.deadline,
             };
             // One model call: its events passed through as they come.
-            let mut answered = None;
+            let events = match call.model_stream(&agent.chain, request).await {
+                Ok(events) => events,
+                // Refused before any work: the call leaves no record.
+                Err(CallError::Budget { .. }) => {
+                    totals.iterations -= 1;
+                    break 'turn Ok(StopReason::Budget);
+                }
+                Err(err) => {
+                    let err = call.finish::<()>(Err(err)).await.err().unwrap_or(CallError::Overloaded);
+                    break 'turn Err(err);
+                }
+            };
             // What this call has streamed: part of the text so far if the
             // call is cut off.
             let mut partial = String::new();
-            match call.model_stream(&agent.chain, request).await {
-                // Refused before any work: the call leaves no record.
-                Err(CallError::Budget { .. }) => answered = Some(Answered::Stop(StopReason::Budget, None)),
-                Err(err) => answered = Some(Answered::Failed(err)),
-                Ok(events) => {
-                    futures::pin_mut!(events);
-                    while let Some(event) = events.next().await {
-                        match event {
-                            RouteEvent::Started { .. } => {}
-                            RouteEvent::Fallback { from, to, reason } => yield TurnEvent::Fallback { from, to, reason },
-                            RouteEvent::Delta(text) => {
-                                // A structured answer is JSON: its content is sent once parsed.
-                                if !agent.memory_suggestions {
-                                    partial.push_str(&text);
-                                    yield TurnEvent::Delta(text);
-                                }
-                            }
-                            RouteEvent::Completed { completion, provider, model, degraded, attempts } => {
-                                let mut log = call.log();
-                                log.add(&attempts, pipeline.meter().pricing());
-                                log.served = Some((provider, model, degraded));
-                                drop(log);
-                                answered = Some(Answered::Completion(completion));
-                                break;
-                            }
-                            RouteEvent::Failed(err) => {
-                                call.log().add(err.attempts(), pipeline.meter().pricing());
-                                answered = Some(if matches!(err, RouteError::DeadlineExceeded { .. }) {
-                                    Answered::Stop(StopReason::Deadline, Some(CallError::Route(err)))
-                                } else {
-                                    Answered::Failed(CallError::Route(err))
-                                });
-                                break;
-                            }
+            let mut answered = None;
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    RouteEvent::Started { .. } => {}
+                    RouteEvent::Fallback { from, to, reason } => yield TurnEvent::Fallback { from, to, reason },
+                    RouteEvent::Delta(text) => {
+                        // A structured answer is JSON: its content is sent once parsed.
+                        if !agent.memory_suggestions {
+                            partial.push_str(&text);
+                            yield TurnEvent::Delta(text);
                         }
+                    }
+                    RouteEvent::Completed { completion, provider, model, degraded, attempts } => {
+                        let mut log = call.log();
+                        log.add(&attempts, pipeline.meter().pricing());
+                        log.served = Some((provider, model, degraded));
+                        drop(log);
+                        answered = Some(Ok(completion));
+                        break;
+                    }
+                    RouteEvent::Failed(err) => {
+                        call.log().add(err.attempts(), pipeline.meter().pricing());
+                        answered = Some(Err(err));
+                        break;
                     }
                 }
             }
             let completion = match answered {
-                Some(Answered::Completion(c)) => c,
-                Some(Answered::Stop(reason, None)) => {
-                    totals.iterations -= 1;
-                    break 'turn reason;
-                }
-                Some(Answered::Stop(reason, Some(err))) => {
-                    // Recorded with its outcome; the turn ends with the text
-                    // so far, this call's streamed part included.
-                    so_far.push_str(&partial);
-                    let _ = call.finish::<()>(Err(err)).await;
-                    break 'turn reason;
-                }
+                Some(Ok(completion)) => completion,
                 failed => {
-                    let err = match failed {
-                        Some(Answered::Failed(err)) => err,
-                        _ => CallError::Route(RouteError::AllProvidersFailed { attempts: Vec::new() }),
-                    };
-                    let err = match call.finish::<()>(Err(err)).await { Err(e) => e, Ok(_) => CallError::Storage("a failed model call finished".into()) };
-                    release(&pipeline, &ctx, &conversation, &token).await;
-                    yield TurnEvent::Failed(err);
-                    return;
+                    let err = failed
+                        .and_then(Result::err)
+                        .unwrap_or(RouteError::AllProvidersFailed { attempts: Vec::new() });
+                    let cut = matches!(err, RouteError::DeadlineExceeded { .. });
+                    let meta = call.meta();
+                    // Recorded with its outcome; a record that cannot be
+                    // written fails the turn (SPEC §5).
+                    match call.finish::<()>(Err(CallError::Route(err))).await {
+                        Err(CallError::Route(_)) if cut => {
+                            totals.add(&meta, true);
+                            so_far.push_str(&partial);
+                            break 'turn Ok(StopReason::Deadline);
+                        }
+                        Err(err) => break 'turn Err(err),
+                        Ok(_) => break 'turn Err(CallError::Storage("a failed model call finished".into())),
+                    }
                 }
             };
+            // Settled at its actual cost before any tool runs: the tools'
+            // reservations see what is really left.
+            match call.finish(Ok(())).await {
+                Ok(((), meta)) => totals.add(&meta, true),
+                Err(err) => break 'turn Err(err),
+            }
             let calls: Vec<ToolCall> = completion.tool_calls.iter().map(|c| ToolCall {
                 name: names.ours(&c.name).unwrap_or(&c.name).to_owned(),
                 ..c.clone()
             }).collect();
-            let ended = if calls.is_empty() {
+            if calls.is_empty() {
                 let text = if agent.memory_suggestions {
                     let parsed = memory::parse(&completion.text);
                     suggestions = parsed.suggestions;
@@ -315,88 +331,117 @@ fn run(
                 };
                 stored.push(ChatMessage::text(Role::Assistant, text.clone()));
                 final_text = text;
-                Some(StopReason::FinalAnswer)
-            } else {
-                so_far.push_str(&completion.text);
-                let assistant = ChatMessage { role: Role::Assistant, content: completion.text.clone(), tool_calls: calls.clone(), tool_result: None };
-                messages.push(assistant.clone());
-                stored.push(assistant);
-                // The cap admits the first calls; the rest are answered as refused.
-                let room = agent.max_tool_calls.saturating_sub(totals.tool_calls) as usize;
-                let over_cap = calls.len() > room;
-                for c in &calls {
-                    yield TurnEvent::ToolCall { call_id: c.id.clone(), tool: c.name.clone() };
+                break 'turn Ok(StopReason::FinalAnswer);
+            }
+            so_far.push_str(&completion.text);
+            let assistant = ChatMessage { role: Role::Assistant, content: completion.text.clone(), tool_calls: calls.clone(), tool_result: None };
+            messages.push(assistant.clone());
+            stored.push(assistant);
+            // The cap admits the first calls; the rest are answered as refused.
+            let room = agent.max_tool_calls.saturating_sub(admitted) as usize;
+            let over_cap = calls.len() > room;
+            admitted += u32::try_from(calls.len().min(room)).unwrap_or(u32::MAX);
+            for c in &calls {
+                yield TurnEvent::ToolCall { call_id: c.id.clone(), tool: c.name.clone() };
+            }
+            // The tools run on a call of their own (the same iteration):
+            // metered with what is left of the budget, their time not
+            // counted as our overhead.
+            let Some(left) = totals.budget_left(ctx.budget_usd) else {
+                break 'turn Ok(StopReason::Budget);
+            };
+            let tool_call = opener.open(totals.iterations, left);
+            let tool_call_ref = &tool_call;
+            let one = |i: usize, c: &'_ ToolCall| {
+                let (principal, scope, cap) = (&principal, &scope, agent.max_tool_calls);
+                let c = c.clone();
+                async move {
+                    let done = if i >= room { Ok(tools::refused_over_cap(&c, cap)) } else { tools::run(tool_call_ref, principal, scope, &c).await };
+                    (i, done)
                 }
-                let call_ref = &call;
-                let one = |i: usize, c: &'_ ToolCall| {
-                    let (principal, scope, cap) = (&principal, &scope, agent.max_tool_calls);
-                    let c = c.clone();
-                    async move {
-                        let done = if i >= room { tools::refused_over_cap(&c, cap) } else { tools::run(call_ref, principal, scope, &c).await };
-                        (i, done)
+            };
+            let mut running = if agent.parallel_tool_calls {
+                calls.iter().enumerate().map(|(i, c)| one(i, c)).collect::<FuturesUnordered<_>>().boxed()
+            } else {
+                futures::stream::iter(calls.iter().enumerate()).then(|(i, c)| one(i, c)).boxed()
+            };
+            // Results go back to the model in the order of its calls.
+            let mut results = vec![None; calls.len()];
+            let mut broken = None;
+            while let Some((i, done)) = running.next().await {
+                let (mut outcome, report) = match done {
+                    Ok(done) => done,
+                    Err(err) => {
+                        broken = Some(err);
+                        break;
                     }
                 };
-                let mut running = if agent.parallel_tool_calls {
-                    calls.iter().enumerate().map(|(i, c)| one(i, c)).collect::<FuturesUnordered<_>>().boxed()
-                } else {
-                    futures::stream::iter(calls.iter().enumerate()).then(|(i, c)| one(i, c)).boxed()
+                if report.executed { totals.tool_calls += 1; }
+                output_bytes += outcome.content.len();
+                if output_bytes > pipeline.config().server.max_prompt_bytes {
+                    // The turn's prompt would outgrow what one model call
+                    // may send: the model is told instead.
+                    outcome = tools::over_output_budget(&outcome);
+                }
+                let tool = if tools.iter().any(|t| t.name == outcome.name) { outcome.name.as_str() } else { "other" };
+                metrics::agent_tool_call(&name, tool, report.status);
+                yield TurnEvent::ToolResult {
+                    call_id: outcome.call_id.clone(),
+                    tool: outcome.name.clone(),
+                    status: report.status,
+                    duration_ms: report.duration_ms,
+                    error_code: report.error_code,
                 };
-                // Results go back to the model in the order of its calls.
-                let mut results = vec![None; calls.len()];
-                while let Some((i, (outcome, report))) = running.next().await {
-                    if report.executed { totals.tool_calls += 1; }
-                    let tool = if tools.iter().any(|t| t.name == outcome.name) { outcome.name.as_str() } else { "other" };
-                    metrics::agent_tool_call(&name, tool, report.status);
-                    yield TurnEvent::ToolResult {
-                        call_id: outcome.call_id.clone(),
-                        tool: outcome.name.clone(),
-                        status: report.status,
-                        duration_ms: report.duration_ms,
-                        error_code: report.error_code,
-                    };
-                    if let Some(slot) = results.get_mut(i) { *slot = Some(outcome); }
-                }
-                for outcome in results.into_iter().flatten() {
-                    let message = ChatMessage { role: Role::Tool, content: String::new(), tool_calls: Vec::new(), tool_result: Some(outcome) };
-                    messages.push(message.clone());
-                    stored.push(message);
-                }
-                drop(running);
-                over_cap.then_some(StopReason::MaxToolCalls)
-            };
-            match call.finish(Ok(())).await {
-                Ok(((), meta)) => totals.add(&meta),
-                // Not recorded, so not acknowledged (SPEC §5).
-                Err(err) => {
-                    release(&pipeline, &ctx, &conversation, &token).await;
-                    yield TurnEvent::Failed(err);
-                    return;
-                }
+                if let Some(slot) = results.get_mut(i) { *slot = Some(outcome); }
             }
-            if let Some(reason) = ended {
-                break 'turn reason;
+            drop(running);
+            if let Some(err) = broken {
+                // A tool's record or audit could not be written.
+                let _ = tool_call.finish::<()>(Err(CallError::Storage(String::new()))).await;
+                break 'turn Err(err);
+            }
+            for outcome in results.into_iter().flatten() {
+                let message = ChatMessage { role: Role::Tool, content: String::new(), tool_calls: Vec::new(), tool_result: Some(outcome) };
+                messages.push(message.clone());
+                stored.push(message);
+            }
+            match tool_call.finish(Ok(())).await {
+                Ok(((), meta)) => totals.add(&meta, false),
+                Err(err) => break 'turn Err(err),
+            }
+            if over_cap {
+                break 'turn Ok(StopReason::MaxToolCalls);
+            }
+        };
+        let stop = match ended {
+            Ok(stop) => stop,
+            Err(err) => {
+                metrics::agent_turn(&name, "FAILED", totals.iterations);
+                release(&pipeline, &ctx, &conversation, &token).await;
+                yield TurnEvent::Failed(err);
+                return;
             }
         };
         let text = if stop == StopReason::FinalAnswer { final_text } else { so_far };
         let record = conversations::TurnRecord {
-            turn: number,
+            turn: conversation.turns + 1,
             trace_id: ctx.trace_id.clone(),
             stop_reason: stop.as_str().to_owned(),
             iterations: totals.iterations,
             tool_calls: totals.tool_calls,
             memory_suggestions: suggestions.clone(),
         };
-        let expires = now_ms().saturating_add(i64::from(agent.retention_days).saturating_mul(86_400_000));
-        match conversations::complete_turn(pipeline.store(), &conversation, &token, &stored, &record, now_ms(), expires).await {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(trace_id = %ctx.trace_id, "the conversation was erased during the turn; the turn is not stored"),
-            Err(e) => {
-                release(&pipeline, &ctx, &conversation, &token).await;
-                yield TurnEvent::Failed(CallError::Storage(e.to_string()));
-                return;
-            }
+        // Durable before the turn is stored and answered (SPEC §10).
+        if let Err(err) = audit::complete(&pipeline, &ctx, &principal, &name, &record, &text, started).await {
+            release(&pipeline, &ctx, &conversation, &token).await;
+            yield TurnEvent::Failed(err);
+            return;
         }
-        audit::complete(&pipeline, &ctx, &principal, &name, &record, &text, started).await;
+        if let Err(err) = store_turn(&pipeline, &ctx, &agent, &conversation, &token, &stored, &record).await {
+            release(&pipeline, &ctx, &conversation, &token).await;
+            yield TurnEvent::Failed(err);
+            return;
+        }
         metrics::agent_turn(&name, stop.as_str(), totals.iterations);
         tracing::Span::current().record("stop_reason", stop.as_str());
         tracing::Span::current().record("iterations", totals.iterations);
@@ -407,8 +452,8 @@ fn run(
         meta.trace_id.clone_from(&ctx.trace_id);
         meta.cost_usd = totals.cost_known.then_some(totals.spent_usd);
         meta.latency = started.elapsed();
-        meta.prompt_key = prompt.0.clone();
-        meta.prompt_version = prompt.1;
+        meta.prompt_key = prompt.1.clone();
+        meta.prompt_version = prompt.2;
         yield TurnEvent::Completed(Box::new(TurnOutcome {
             text,
             iterations: totals.iterations,
@@ -418,6 +463,66 @@ fn run(
         }));
     };
     crate::telemetry::InSpan::new(Box::pin(stream), span)
+}
+
+/// Opens a turn's calls: each with its own start (its latency and record
+/// are its own), tagged with the conversation and the iteration.
+struct Opener<'a> {
+    pipeline: &'a Pipeline,
+    ctx: &'a CallContext,
+    task: String,
+    conversation: &'a str,
+    /// The governed prompt: `(owner team, key, version)`.
+    prompt: &'a (String, String, u32),
+}
+
+impl Opener<'_> {
+    fn open(&self, iteration: u32, budget_usd: Option<f64>) -> Call {
+        let mut ctx = self.ctx.clone();
+        ctx.started = Instant::now();
+        ctx.started_at_ms = now_ms();
+        ctx.budget_usd = budget_usd;
+        let mut call = self.pipeline.open_with(ctx, &self.task, None);
+        call.turn = Some((self.conversation.to_owned(), iteration));
+        call.log().prompt = Some(self.prompt.clone());
+        call
+    }
+}
+
+/// Appends the turn to its conversation. A lost lease fails the turn
+/// unless the conversation was erased meanwhile (then there is nothing to
+/// keep it in).
+async fn store_turn(
+    pipeline: &Pipeline,
+    ctx: &CallContext,
+    agent: &crate::config::agents::AgentConfig,
+    conversation: &conversations::Conversation,
+    token: &str,
+    stored: &[ChatMessage],
+    record: &conversations::TurnRecord,
+) -> Result<(), CallError> {
+    let storage = |e: crate::store::StoreError| CallError::Storage(e.to_string());
+    let now = now_ms();
+    let expires = now.saturating_add(i64::from(agent.retention_days).saturating_mul(86_400_000));
+    let store = pipeline.store();
+    if conversations::complete_turn(store, conversation, token, stored, record, now, expires)
+        .await
+        .map_err(storage)?
+    {
+        return Ok(());
+    }
+    match conversations::find(store, &ctx.team_id, &conversation.id, now)
+        .await
+        .map_err(storage)?
+    {
+        None => {
+            tracing::warn!(trace_id = %ctx.trace_id, "the conversation was erased during the turn; the turn is not stored");
+            Ok(())
+        }
+        Some(_) => Err(CallError::Storage(
+            "the turn's hold on its conversation ran out before it completed".into(),
+        )),
+    }
 }
 
 /// `m` with its tool names as the wire knows them.
@@ -456,16 +561,20 @@ async fn release(
 }
 
 impl Call {
-    /// Reserves one model call of an agent over `chain`, then streams it
-    /// (the call stays open: its tools run on it before it finishes).
+    /// What the call's log says so far (its meta as `finish` would build
+    /// it).
+    fn meta(&self) -> CallMeta {
+        CallMeta::of(&self.log(), &self.ctx.trace_id, self.ctx.started.elapsed())
+    }
+
+    /// Reserves one model call of an agent over `chain`, then streams it.
+    /// A refusal comes back as is: `finish` counts it.
     async fn model_stream(
         &self,
         chain: &[crate::config::TargetConfig],
         request: CompletionRequest,
     ) -> Result<impl Stream<Item = RouteEvent> + Send + use<>, CallError> {
-        self.reserve(&self.task, chain, &request)
-            .await
-            .map_err(|e| self.refused(e))?;
+        self.reserve(&self.task, chain, &request).await?;
         let options = RouteOptions {
             priority: self.ctx.priority,
             primary_model: None,

@@ -53,8 +53,9 @@ pub(super) struct Prepared {
     /// not: a call of one maps back to its name, and the entry point says
     /// why it is refused.
     pub known: Vec<String>,
-    /// The governed prompt's key and version (0: none).
-    pub prompt: (String, u32),
+    /// The governed prompt: `(owner team, key, version)`; version 0 is
+    /// none.
+    pub prompt: (String, String, u32),
 }
 
 /// Unix ms now.
@@ -151,7 +152,15 @@ impl Pipeline {
         agent: &AgentConfig,
         conversation: &Conversation,
         req: &TurnRequest,
-    ) -> Result<(String, Vec<ChatMessage>, Vec<ToolSpec>, (String, u32)), CallError> {
+    ) -> Result<
+        (
+            String,
+            Vec<ChatMessage>,
+            Vec<ToolSpec>,
+            (String, String, u32),
+        ),
+        CallError,
+    > {
         if conversation.agent != req.agent {
             return Err(AgentError::AgentMismatch {
                 conversation: conversation.id.clone(),
@@ -170,15 +179,14 @@ impl Pipeline {
                 .collect()
         };
         // Layer 2: the active stored version only; without one the agent
-        // runs on its core prompt.
+        // runs on its core prompt. A store that cannot be read fails the
+        // turn (UNAVAILABLE) rather than drop the governed layer.
         let governed = match &agent.prompt_key {
             Some(key) => match self.inner.prompts.resolve(&ctx.team_id, key).await {
                 Ok(p) if p.version > 0 => Some(p),
                 Ok(_) => None,
-                Err(e) => {
-                    tracing::warn!(trace_id = %ctx.trace_id, error = %e, key, "prompt store unavailable; the agent runs without its governed prompt");
-                    None
-                }
+                // Layer 2 is never cut: without it the turn does not run.
+                Err(e) => return Err(CallError::Storage(e.to_string())),
             },
             None => None,
         };
@@ -186,7 +194,13 @@ impl Pipeline {
         let model = agent.chain.first().map_or("", |t| t.model.as_str());
         // A real tokenizer is CPU work (and its tables are built on first
         // use): off the runtime's threads.
-        let core = agent.core_prompt.clone();
+        // The structured-answer instruction is the agent's own: with layer
+        // 1, above the quoted data, and counted against the window.
+        let core = if agent.memory_suggestions {
+            format!("{}\n\n{}", agent.core_prompt, memory::instruction())
+        } else {
+            agent.core_prompt.clone()
+        };
         let governed_text = governed.as_ref().map(|p| p.system.clone());
         let (preferences, retrieved, message) = (
             req.preferences.clone(),
@@ -229,7 +243,7 @@ impl Pipeline {
         .map_err(|e| CallError::Storage(format!("assembling the prompt failed: {e}")))?;
         let (
             Assembled {
-                mut system,
+                system,
                 messages,
                 counts,
             },
@@ -242,10 +256,6 @@ impl Pipeline {
                 window: agent.context_window,
             }
             .into());
-        }
-        if agent.memory_suggestions {
-            system.push_str("\n\n");
-            system.push_str(memory::instruction());
         }
         tracing::debug!(
             trace_id = %ctx.trace_id,
@@ -274,7 +284,9 @@ impl Pipeline {
                 })
                 .collect()
         };
-        let prompt = governed.map_or((String::new(), 0), |p| (p.key, p.version));
+        let prompt = governed.map_or((String::new(), String::new(), 0), |p| {
+            (p.owner, p.key, p.version)
+        });
         debug_assert!(messages.last().is_some_and(|m| m.role == Role::User));
         Ok((system, messages, tools, prompt))
     }

@@ -68,13 +68,29 @@ pub fn refused_over_cap(call: &ToolCall, cap: u32) -> (ToolOutcome, Report) {
     )
 }
 
-/// Runs `tc` for `principal` within `scope`.
+/// The result of a call whose output would take the turn past what one
+/// model call may send (`server.max_prompt_bytes` of tool output a turn).
+pub fn over_output_budget(outcome: &ToolOutcome) -> ToolOutcome {
+    ToolOutcome {
+        call_id: outcome.call_id.clone(),
+        name: outcome.name.clone(),
+        content: json!({ "error": {
+            "code": "TURN_OUTPUT_BUDGET",
+            "message": "this turn's tool output is spent: answer with what you have",
+        }})
+        .to_string(),
+        is_error: true,
+    }
+}
+
+/// Runs `tc` for `principal` within `scope`. `Err` only when what the
+/// call did could not be recorded or audited: that fails the turn.
 pub async fn run(
     call: &Call,
     principal: &Principal,
     scope: &AgentScope,
     tc: &ToolCall,
-) -> (ToolOutcome, Report) {
+) -> Result<(ToolOutcome, Report), CallError> {
     let started = Instant::now();
     let took = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let input = match tc.parsed() {
@@ -82,7 +98,7 @@ pub async fn run(
         Err(why) => {
             // Never reaches the tool: the model gets the reason and may
             // call again with valid arguments.
-            return (
+            return Ok((
                 error(tc, "ARGUMENTS_INVALID", &why),
                 Report {
                     status: "FAILED",
@@ -90,7 +106,7 @@ pub async fn run(
                     error_code: "ARGUMENTS_INVALID".into(),
                     executed: false,
                 },
-            );
+            ));
         }
     };
     let request = ToolRequest {
@@ -118,11 +134,12 @@ pub async fn run(
                 error_code: result.error.map(|f| f.code).unwrap_or_default(),
                 executed: true,
             };
-            (outcome, report)
+            Ok((outcome, report))
         }
+        Err(err @ CallError::Storage(_)) => Err(err),
         Err(err) => {
-            let code = denial_code(&err);
-            (
+            let code = err.reason().unwrap_or("INTERNAL");
+            Ok((
                 error(tc, code, &format!("the call was refused ({code})")),
                 Report {
                     status: "DENIED",
@@ -130,16 +147,7 @@ pub async fn run(
                     error_code: code.to_owned(),
                     executed: false,
                 },
-            )
+            ))
         }
-    }
-}
-
-/// The stable reason a refused invocation reports to the model.
-fn denial_code(err: &CallError) -> &'static str {
-    match err {
-        CallError::Storage(_) => "STORAGE_UNAVAILABLE",
-        CallError::Overloaded => "OVERLOADED",
-        other => other.reason().unwrap_or("INTERNAL"),
     }
 }

@@ -4,7 +4,7 @@
 
 use super::{
     agents, completed, conversation_id, converse, spawn, toml, turn,
-    upstream::{Reply, Upstream, openai_text},
+    upstream::{Reply, Upstream, openai_error, openai_text, openai_tool_calls},
 };
 use crate::{
     common::{TestApp, TestPostgres},
@@ -67,6 +67,18 @@ async fn a_conversation_is_its_teams_and_erased_on_delete() {
     assert_eq!(
         (continued.code(), reason(&continued).as_str()),
         (Code::NotFound, "CONVERSATION_NOT_FOUND")
+    );
+
+    let mut other_delete = delete(&id);
+    other_delete.context.as_mut().unwrap().team_id = "t2".into();
+    let refused = agents(&app)
+        .delete_conversation(with_key(MULTI, "conv-3b", other_delete))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Code::NotFound,
+        "another team cannot erase it"
     );
 
     // Deleting erases the content; then it is gone for everyone.
@@ -214,7 +226,8 @@ async fn unknown_agents_and_empty_messages_are_invalid() {
     assert_eq!(empty.code(), Code::InvalidArgument);
 }
 
-/// A turn, a continued turn, a read, the sweeper and a delete on `app`.
+/// A turn with a tool call, a continued turn that replays it, a read, and
+/// the sweeper on `app`.
 async fn round_trip(app: &TestApp, openai: &Upstream) {
     let first = turn(app, CALLER, "pg-1", converse("helper", "One", None))
         .await
@@ -228,26 +241,57 @@ async fn round_trip(app: &TestApp, openai: &Upstream) {
         .await
         .unwrap()
         .into_inner();
-    let texts: Vec<&str> = read.messages.iter().map(|m| m.content.as_str()).collect();
-    assert_eq!(texts, ["One", "First.", "Two", "Second."]);
+    let roles: Vec<&str> = read.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "user",
+            "assistant"
+        ]
+    );
+    let call = &read.messages[1].tool_calls[0];
+    assert_eq!(
+        (call.id.as_str(), call.tool.as_str()),
+        ("call_R1", "system.echo")
+    );
+    assert_eq!(call.arguments, r#"{"text": "one"}"#);
+    let result = read.messages[2].tool_result.as_ref().unwrap();
+    assert_eq!(
+        (result.call_id.as_str(), result.is_error),
+        ("call_R1", false)
+    );
+    assert_eq!(read.messages[5].content, "Second.");
     assert_eq!(read.turns, 2);
-    assert_eq!(openai.bodies().len(), 2);
-    // Nothing has expired yet; past its retention it is erased.
+    // The second turn sent the stored tool call and result back.
+    let bodies = openai.bodies();
+    assert_eq!(bodies.len(), 3);
+    let sent = bodies[2]["messages"].as_array().unwrap();
+    assert_eq!(sent[2]["tool_calls"][0]["id"], "call_R1");
+    assert_eq!(sent[2]["tool_calls"][0]["function"]["name"], "system__echo");
+    assert_eq!(sent[3]["role"], "tool");
+    assert_eq!(sent[3]["tool_call_id"], "call_R1");
+    // Nothing has expired yet; past its retention it reads as gone, and
+    // the sweeper erases it.
     let store = app.store().await;
     let now = chrono::Utc::now().timestamp_millis();
     assert_eq!(conversations::sweep(&store, now).await.unwrap(), 0);
-    assert_eq!(
-        conversations::sweep(&store, read.expires_at_ms + 1)
-            .await
-            .unwrap(),
-        1
-    );
+    let later = read.expires_at_ms + 1;
     assert!(
-        conversations::find(&store, "t1", &id)
+        conversations::find(&store, "t1", &id, later)
             .await
             .unwrap()
-            .is_none(),
-        "swept"
+            .is_none()
+    );
+    assert_eq!(conversations::sweep(&store, later).await.unwrap(), 1);
+    assert!(
+        conversations::find(&store, "t1", &id, 0)
+            .await
+            .unwrap()
+            .is_none()
     );
     assert!(
         conversations::history(&store, &id, 10)
@@ -257,11 +301,119 @@ async fn round_trip(app: &TestApp, openai: &Upstream) {
     );
 }
 
-fn two_turns() -> [Reply; 2] {
+fn two_turns() -> [Reply; 3] {
     [
+        Reply::sse(openai_tool_calls(&[(
+            "call_R1",
+            "system__echo",
+            &[r#"{"text": "one"}"#],
+        )])),
         Reply::sse(openai_text(&["First."])),
         Reply::sse(openai_text(&["Second."])),
     ]
+}
+
+#[tokio::test]
+async fn a_failed_turn_stores_nothing_and_frees_its_conversation() {
+    let openai = Upstream::start([
+        Reply::sse(openai_text(&["Hello."])),
+        openai_error(500),
+        Reply::sse(openai_text(&["Back."])),
+    ])
+    .await;
+    // Anthropic is down too: the second turn fails.
+    let anthropic = Upstream::start([openai_error(500)]).await;
+    let app = spawn(&openai.url(), &anthropic.url(), "").await;
+    let first = turn(&app, CALLER, "fail-1", converse("helper", "Hi", None))
+        .await
+        .unwrap();
+    let id = conversation_id(&first);
+    let failed = turn(
+        &app,
+        CALLER,
+        "fail-2",
+        converse("helper", "Again", Some(&id)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        (failed.code(), reason(&failed).as_str()),
+        (Code::Unavailable, "ALL_PROVIDERS_FAILED")
+    );
+    // The lease is back at once, and the failed turn left no message.
+    let third = turn(
+        &app,
+        CALLER,
+        "fail-3",
+        converse("helper", "Third", Some(&id)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(completed(&third).text, "Back.");
+    let read = agents(&app)
+        .get_conversation(with_key(CALLER, "fail-4", get(&id, "t1")))
+        .await
+        .unwrap()
+        .into_inner();
+    let texts: Vec<&str> = read.messages.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(texts, ["Hi", "Hello.", "Third", "Back."]);
+}
+
+#[tokio::test]
+async fn a_turn_whose_caller_left_still_completes_and_is_stored() {
+    let gate = Arc::new(Notify::new());
+    let openai = Upstream::start([
+        Reply::sse(openai_text(&["Slow", " answer."])).gated(2, gate.clone()),
+        Reply::sse(openai_text(&["Next."])),
+    ])
+    .await;
+    let app = spawn(&openai.url(), &openai.url(), "").await;
+    let mut stream = agents(&app)
+        .converse(with_key(CALLER, "left-1", converse("helper", "One", None)))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = match stream.next().await {
+        Some(Ok(pb::ConverseEvent {
+            event: Some(Event::Started(s)),
+        })) => s.conversation_id,
+        other => panic!("{other:?}"),
+    };
+    loop {
+        match stream.next().await {
+            Some(Ok(pb::ConverseEvent {
+                event: Some(Event::Delta(_)),
+            })) => break,
+            Some(Ok(_)) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    // The caller goes away mid-answer; the answer then arrives.
+    drop(stream);
+    gate.notify_one();
+    let store = app.store().await;
+    crate::common::wait_for(|| {
+        let (store, id) = (store.clone(), id.clone());
+        async move {
+            conversations::find(&store, "t1", &id, 0)
+                .await
+                .unwrap()
+                .is_some_and(|c| c.turns == 1)
+        }
+    })
+    .await;
+    let texts: Vec<String> = conversations::history(&store, &id, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.message.content)
+        .collect();
+    assert_eq!(texts, ["One", "Slow answer."]);
+    // And the conversation is free for the next turn.
+    let next = turn(&app, CALLER, "left-2", converse("helper", "Two", Some(&id)))
+        .await
+        .unwrap();
+    assert_eq!(completed(&next).text, "Next.");
 }
 
 #[tokio::test]

@@ -144,20 +144,30 @@ async fn the_model_calls_a_tool_gets_the_result_and_answers() {
         (1, "helper")
     );
 
-    // Each model call is metered with the conversation and its iteration.
+    // Each model call is metered with the conversation and its iteration,
+    // and so are an iteration's tools (a record of their own).
     let store = app.store().await;
     let records = ai_orchestrator::usage::record::by_trace(&store, "agent-golden-1")
         .await
         .unwrap();
-    let tagged: Vec<(&str, &str, i64)> = records
+    let tagged: Vec<(&str, &str, i64, &str)> = records
         .iter()
-        .map(|r| (r.task.as_str(), r.conversation_id.as_str(), r.iteration))
+        .map(|r| {
+            (
+                r.task.as_str(),
+                r.conversation_id.as_str(),
+                r.iteration,
+                r.provider.as_str(),
+            )
+        })
         .collect();
+    let id = id.as_str();
     assert_eq!(
         tagged,
         [
-            ("agent:helper", id.as_str(), 1),
-            ("agent:helper", id.as_str(), 2)
+            ("agent:helper", id, 1, "openai"),
+            ("agent:helper", id, 1, "tool:builtin"),
+            ("agent:helper", id, 2, "openai"),
         ]
     );
 }
