@@ -73,8 +73,8 @@ impl Bench {
     pub fn new(settings: Settings, upstream: Upstream, results: Results) -> anyhow::Result<Self> {
         let pool = settings.max_inflight.min(4096);
         Ok(Self {
-            http: target::http_client(pool, false)?,
-            direct_http: target::http_client(pool, settings.upstream_http2)?,
+            http: target::http_client(pool, crate::upstream::Leg::H1, &upstream.ca_pem)?,
+            direct_http: target::http_client(pool, settings.upstream, &upstream.ca_pem)?,
             settings,
             upstream,
             results,
@@ -152,15 +152,17 @@ impl Bench {
             }
         };
         let (grpc, metrics) = server::free_ports()?;
+        let ca_file = dir.join("upstream-ca.pem");
+        std::fs::write(&ca_file, &self.upstream.ca_pem)?;
         let config = dir.join(format!("server-{n}.toml"));
         let toml = server::config_toml(
             metering,
             &url,
-            grpc,
-            metrics,
+            (grpc, metrics),
             &self.upstream,
             latency_ms,
-            self.settings.upstream_http2,
+            self.settings.upstream,
+            &ca_file,
         );
         std::fs::write(&config, toml)?;
         let log = dir.join(format!("server-{n}.log"));
@@ -318,7 +320,8 @@ impl Bench {
     ) -> anyhow::Result<Step> {
         let url = format!(
             "{}/chat/completions",
-            self.upstream.base_url(&format!("ok-{latency_ms}"))
+            self.upstream
+                .base_url(&format!("ok-{latency_ms}"), self.settings.upstream)
         );
         let sample = match rpc {
             Rpc::Execute => Kind::Execute,

@@ -25,7 +25,10 @@ const PAUSE: Duration = Duration::from_secs(10);
 
 /// Probes until quiet or `quiet.max_wait` has passed; records the probes.
 pub async fn wait(bench: &mut Bench, quiet: Quiet, before: &str) -> anyhow::Result<()> {
-    let url = format!("{}/chat/completions", bench.upstream.base_url("ok-0"));
+    let url = format!(
+        "{}/chat/completions",
+        bench.upstream.base_url("ok-0", bench.settings.upstream)
+    );
     let Some(body) = bench.upstream.sample(Kind::Execute) else {
         bench.results.notes.push(format!(
             "no quiet probe before {before}: no request to replay"

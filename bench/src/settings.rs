@@ -29,9 +29,9 @@ pub struct Settings {
     /// RPCs swept at saturation, taking turns: `Execute`, and `InvokeTool`
     /// and `Converse` when `--rpcs` names them.
     pub sat_rpcs: Vec<Rpc>,
-    /// Speak plaintext HTTP/2 (prior knowledge) to the fake upstream, from
-    /// the orchestrator and from the direct baseline.
-    pub upstream_http2: bool,
+    /// How the orchestrator and the direct baseline reach the fake
+    /// upstream.
+    pub upstream: crate::upstream::Leg,
     /// HTTP/2 connections to the server.
     pub connections: usize,
     /// In-flight cap of the load generator.
@@ -151,7 +151,9 @@ impl Settings {
             rpcs: if scenario("load") { rpcs } else { Vec::new() },
             direct: scenario("direct"),
             saturation: scenario("saturation"),
-            upstream_http2: args.upstream_http == "2",
+            upstream: crate::upstream::Leg::parse(&args.upstream_http).with_context(|| {
+                format!("--upstream-http: unknown leg `{}`", args.upstream_http)
+            })?,
             connections: args.connections.max(1),
             max_inflight: args.max_inflight.max(1),
             timeout: Duration::from_secs(10),

@@ -316,12 +316,24 @@ async fn turn(mut events: tonic::Streaming<pb::ConverseEvent>, expect: Expect) -
     }
 }
 
-/// The HTTP client of the direct baseline: pooled HTTP/1.1 keep-alive with
-/// Nagle off, as the orchestrator's own upstream client.
-pub fn http_client(pool: usize, http2: bool) -> anyhow::Result<reqwest::Client> {
+/// The HTTP client of the direct baseline over `leg`: pooled keep-alive
+/// with Nagle off, as the orchestrator's own upstream client, trusting the
+/// fake upstream's CA (`ca_pem`) over TLS.
+pub fn http_client(
+    pool: usize,
+    leg: crate::upstream::Leg,
+    ca_pem: &str,
+) -> anyhow::Result<reqwest::Client> {
+    use crate::upstream::Leg;
     let builder = reqwest::Client::builder();
-    let builder = if http2 {
-        builder.http2_prior_knowledge()
+    let builder = match leg {
+        Leg::H1 => builder,
+        Leg::H2c => builder.http2_prior_knowledge(),
+        Leg::TlsH1 => builder.http1_only(),
+        Leg::TlsH2 => builder,
+    };
+    let builder = if leg.tls() {
+        builder.tls_certs_merge(reqwest::Certificate::from_pem_bundle(ca_pem.as_bytes())?)
     } else {
         builder
     };

@@ -8,7 +8,12 @@
 //! baseline can send exactly the bytes the orchestrator sent.
 //!
 //! It runs on its own runtime and threads, so a burst of load-generator
-//! tasks never queues in front of its accept loop.
+//! tasks never queues in front of its accept loop. It listens twice: in
+//! plaintext (HTTP/1.1, or HTTP/2 with prior knowledge) and over TLS
+//! ([`tls`]: ALPN offers both), so each provider leg of [`Leg`] can be
+//! measured against the same answers.
+
+mod tls;
 
 use axum::{
     Router,
@@ -28,7 +33,38 @@ use std::{
     },
     time::Duration,
 };
-use tokio::sync::oneshot;
+use tokio::sync::watch;
+
+/// How the orchestrator (and the direct baseline) reach the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leg {
+    /// Plaintext HTTP/1.1, pooled: a connection per call in flight.
+    H1,
+    /// Plaintext HTTP/2 with prior knowledge (h2c), multiplexed.
+    H2c,
+    /// TLS, HTTP/1.1 (`http1_only`).
+    TlsH1,
+    /// TLS, HTTP/2 negotiated by ALPN: what production gets by default.
+    TlsH2,
+}
+
+impl Leg {
+    /// Parses `--upstream-http`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "1.1" => Some(Leg::H1),
+            "2" => Some(Leg::H2c),
+            "tls-1.1" => Some(Leg::TlsH1),
+            "tls-2" => Some(Leg::TlsH2),
+            _ => None,
+        }
+    }
+
+    /// Over TLS.
+    pub fn tls(self) -> bool {
+        matches!(self, Leg::TlsH1 | Leg::TlsH2)
+    }
+}
 
 /// Which kind of request the orchestrator sent (chosen from the prompt).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -147,10 +183,14 @@ struct Shared {
 
 /// A running fake upstream. Stops when dropped.
 pub struct Upstream {
-    /// Where it listens.
+    /// Where it listens in plaintext.
     pub addr: SocketAddr,
+    /// Where it listens over TLS.
+    pub tls_addr: SocketAddr,
+    /// The CA its TLS certificate chains to, PEM.
+    pub ca_pem: String,
     shared: Arc<Shared>,
-    stop: Option<oneshot::Sender<()>>,
+    stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -173,11 +213,15 @@ impl Upstream {
             .thread_name("fake-upstream")
             .enable_all()
             .build()?;
-        // Bound here (no runtime needed) so the address is known at once.
+        // Bound here (no runtime needed) so the addresses are known at once.
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
+        let tls_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        tls_listener.set_nonblocking(true)?;
+        let tls_addr = tls_listener.local_addr()?;
+        let pki = tls::pki()?;
+        let (stop, stopped) = watch::channel(false);
         let app = Router::new()
             .route("/{mode}/v1/chat/completions", post(chat))
             .with_state(shared.clone());
@@ -185,32 +229,47 @@ impl Upstream {
             .name("fake-upstream".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                    let (Ok(listener), Ok(tls_tcp)) = (
+                        tokio::net::TcpListener::from_std(listener),
+                        tokio::net::TcpListener::from_std(tls_listener),
+                    ) else {
                         return;
                     };
                     // Nagle off, as on the orchestrator's sockets (SPEC §8).
                     let listener = listener.tap_io(|tcp| {
                         let _ = tcp.set_nodelay(true);
                     });
-                    let _ = axum::serve(listener, app)
-                        .with_graceful_shutdown(async {
-                            let _ = stopped.await;
-                        })
-                        .await;
+                    let Ok(tls_listener) = tls::listen(tls_tcp, pki.config) else {
+                        return;
+                    };
+                    let until = |mut stopped: watch::Receiver<bool>| async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    };
+                    let plain = axum::serve(listener, app.clone())
+                        .with_graceful_shutdown(until(stopped.clone()));
+                    let tls = axum::serve(tls_listener, app).with_graceful_shutdown(until(stopped));
+                    let _ = tokio::join!(plain, tls);
                 });
                 runtime.shutdown_timeout(Duration::from_secs(1));
             })?;
         Ok(Self {
             addr,
+            tls_addr,
+            ca_pem: pki.ca_pem,
             shared,
-            stop: Some(stop),
+            stop,
             thread: Some(thread),
         })
     }
 
-    /// Base URL of a mode, as configured for a provider (`.../v1`).
-    pub fn base_url(&self, mode: &str) -> String {
-        format!("http://{}/{mode}/v1", self.addr)
+    /// Base URL of a mode over `leg`, as configured for a provider
+    /// (`.../v1`).
+    pub fn base_url(&self, mode: &str, leg: Leg) -> String {
+        if leg.tls() {
+            format!("https://{}/{mode}/v1", self.tls_addr)
+        } else {
+            format!("http://{}/{mode}/v1", self.addr)
+        }
     }
 
     /// The first body the orchestrator sent for `kind`, if any yet.
@@ -231,9 +290,7 @@ impl Upstream {
 
 impl Drop for Upstream {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        let _ = self.stop.send(true);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }

@@ -81,6 +81,15 @@ pub struct ProviderConfig {
     /// ALPN anyway; this only matters where there is no TLS.
     #[serde(default)]
     pub http2_prior_knowledge: bool,
+    /// Speak HTTP/1.1 only, over TLS too (where ALPN would otherwise
+    /// negotiate HTTP/2): one connection per call in flight, no stream
+    /// multiplexing (docs/configuration.md, *HTTP version*).
+    #[serde(default)]
+    pub http1_only: bool,
+    /// A PEM file of CA certificates trusted for this provider besides the
+    /// system's roots: a private gateway, or a test upstream with its own CA.
+    #[serde(default)]
+    pub tls_ca: Option<std::path::PathBuf>,
     /// Calls one HTTP/2 connection to this provider carries at once; more
     /// open another connection (up to `max_concurrency` calls in all). An
     /// HTTP/2 server caps the streams of a connection

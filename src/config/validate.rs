@@ -87,6 +87,19 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         if p.streams_per_connection == 0 {
             bad(at("streams_per_connection"), "must be at least 1");
         }
+        if p.http1_only && p.http2_prior_knowledge {
+            bad(
+                at("http1_only"),
+                "cannot be set with http2_prior_knowledge (one or the other)",
+            );
+        }
+        if let Some(path) = &p.tls_ca {
+            match std::fs::read_to_string(path) {
+                Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => {}
+                Ok(_) => bad(at("tls_ca"), "holds no PEM certificate"),
+                Err(e) => bad(at("tls_ca"), &format!("cannot be read: {e}")),
+            }
+        }
         // Smaller would refuse ordinary answers; the bound is what matters.
         if p.max_response_bytes < 1024 {
             bad(at("max_response_bytes"), "must be at least 1024");

@@ -201,8 +201,21 @@ fn client(config: &ProviderConfig, idle: usize) -> Result<reqwest::Client, Provi
     let builder = reqwest::Client::builder();
     let builder = if config.http2_prior_knowledge {
         builder.http2_prior_knowledge()
+    } else if config.http1_only {
+        builder.http1_only()
     } else {
         builder
+    };
+    let builder = match &config.tls_ca {
+        Some(path) => {
+            let unusable =
+                |e: String| ProviderError::Unsupported(format!("tls_ca {}: {e}", path.display()));
+            let pem = std::fs::read(path).map_err(|e| unusable(e.to_string()))?;
+            let certs =
+                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| unusable(e.to_string()))?;
+            builder.tls_certs_merge(certs)
+        }
+        None => builder,
     };
     builder
         // Calls that never reached the provider are resent by the router,

@@ -19,3 +19,4 @@ mod tasks;
 mod tls;
 mod tools;
 mod trace;
+mod upstream_tls;

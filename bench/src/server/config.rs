@@ -3,8 +3,8 @@
 //! scenario's tasks, and limits generous enough that the server, not a
 //! limit, saturates.
 
-use crate::upstream::Upstream;
-use std::net::SocketAddr;
+use crate::upstream::{Leg, Upstream};
+use std::{net::SocketAddr, path::Path};
 
 /// Environment variable carrying the (dummy) upstream API key.
 pub const KEY_ENV: &str = "AIO_BENCH_UPSTREAM_KEY";
@@ -64,16 +64,24 @@ pub const BROKEN_PROVIDER: &str = "broken";
 pub fn config_toml(
     metering: Metering,
     database_url: &str,
-    grpc: SocketAddr,
-    metrics: SocketAddr,
+    (grpc, metrics): (SocketAddr, SocketAddr),
     upstream: &Upstream,
     latency_ms: u64,
-    http2: bool,
+    leg: Leg,
+    ca_file: &Path,
 ) -> String {
-    let ok = upstream.base_url(&format!("ok-{latency_ms}"));
-    let ok_fast = upstream.base_url("ok-0");
-    let broken = upstream.base_url("err-500");
-    let unused = upstream.base_url("unused");
+    let ok = upstream.base_url(&format!("ok-{latency_ms}"), leg);
+    let ok_fast = upstream.base_url("ok-0", leg);
+    let broken = upstream.base_url("err-500", leg);
+    let unused = upstream.base_url("unused", leg);
+    // Every provider reaches the upstream over the same leg.
+    let http2 = leg == Leg::H2c;
+    let http1_only = leg == Leg::TlsH1;
+    let tls_ca = if leg.tls() {
+        format!("tls_ca = \"{}\"", ca_file.display())
+    } else {
+        String::new()
+    };
     let enabled = metering != Metering::Off;
     let synchronous = if metering == Metering::SqliteNormal {
         "normal"
@@ -103,6 +111,8 @@ api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
 http2_prior_knowledge = {http2}
+http1_only = {http1_only}
+{tls_ca}
 
 # The seed fallback of sms_classify / meeting_brief; never called here.
 [providers.anthropic]
@@ -112,6 +122,8 @@ api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
 http2_prior_knowledge = {http2}
+http1_only = {http1_only}
+{tls_ca}
 
 # Breaker scenario: always 500, stays open once opened.
 [providers.{BROKEN_PROVIDER}]
@@ -121,6 +133,8 @@ api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
 http2_prior_knowledge = {http2}
+http1_only = {http1_only}
+{tls_ca}
 [providers.{BROKEN_PROVIDER}.breaker]
 failure_threshold = 5
 open_for = "1h"
@@ -132,6 +146,8 @@ api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
 http2_prior_knowledge = {http2}
+http1_only = {http1_only}
+{tls_ca}
 
 [tasks.sms_classify]
 chain = [
