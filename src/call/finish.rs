@@ -117,9 +117,11 @@ impl Call {
     /// error then carries every attempt of the call).
     ///
     /// The record is durable before this returns when a provider was
-    /// called (SPEC §5: no acknowledged call goes unrecorded). A call
-    /// refused before any provider attempt spent nothing, and does not wait
-    /// for the disk. Input, cap and budget refusals leave no record.
+    /// called (SPEC §5: no acknowledged call goes unrecorded), unless the
+    /// call is one of an agent turn's, whose reply waits on the turn's last
+    /// durable operation instead. A call refused before any provider
+    /// attempt spent nothing, and does not wait for the disk. Input, cap
+    /// and budget refusals leave no record.
     ///
     /// The record is built before the returned future is polled; the
     /// future holds only it, the meter session and the answer, not the
@@ -161,11 +163,12 @@ impl Call {
         let Call {
             meter,
             ctx,
+            queued_settlement: queued,
             _slot: slot,
             ..
         } = self;
         Either::Right(async move {
-            let settled = if reached {
+            let settled = if reached && !queued {
                 meter.settle(record, prompt_owner).await
             } else {
                 meter.settle_refused(record, prompt_owner).await

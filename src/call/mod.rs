@@ -203,6 +203,7 @@ impl Pipeline {
             meter,
             log: Mutex::default(),
             turn: None,
+            queued_settlement: false,
             _slot: slot,
         }
     }
@@ -221,6 +222,11 @@ pub struct Call {
     /// The agent conversation and iteration (from 1) of a turn's model
     /// call: its usage record carries them.
     turn: Option<(String, u32)>,
+    /// Settle without waiting for the disk: a call inside a turn, whose
+    /// acknowledgment (the turn's end) waits on a later durable operation
+    /// of the same team, committed after it (the ledger keeps a team's
+    /// operations in order).
+    queued_settlement: bool,
     _slot: Option<OwnedSemaphorePermit>,
 }
 

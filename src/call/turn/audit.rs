@@ -79,3 +79,33 @@ pub(super) async fn complete(
         .map(drop)
         .map_err(|e| CallError::Storage(e.to_string()))
 }
+
+/// `agent.turn.complete` of a failed turn (decision `error`, its reason),
+/// durable before the failure is answered: the turn's calls, settled
+/// without waiting, are committed before it.
+pub(super) async fn failed(
+    pipeline: &Pipeline,
+    ctx: &CallContext,
+    principal: &Principal,
+    agent: &str,
+    reason: &str,
+    started: Instant,
+) {
+    let mut event = AuditEvent::new(
+        &ctx.team_id,
+        &principal.name,
+        &ctx.trace_id,
+        Category::Agent,
+        "agent.turn.complete",
+        agent,
+    )
+    .decided("error", reason);
+    event.duration_ms = Some(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
+    if let Err(e) = pipeline
+        .ledger()
+        .submit(crate::usage::ledger::Op::Audit(vec![event]))
+        .await
+    {
+        tracing::error!(trace_id = %ctx.trace_id, error = %e, "auditing a failed turn failed");
+    }
+}

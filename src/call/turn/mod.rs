@@ -414,6 +414,12 @@ fn run(
             Ok(stop) => stop,
             Err(err) => {
                 metrics::agent_turn(&name, "FAILED", totals.iterations);
+                let reason = err.reason().or(match &err {
+                    CallError::Route(e) => Some(e.reason()),
+                    CallError::Storage(_) => Some("STORAGE_UNAVAILABLE"),
+                    _ => None,
+                });
+                audit::failed(&pipeline, &ctx, &principal, &name, reason.unwrap_or("INTERNAL"), started).await;
                 release(&pipeline, &ctx, &conversation, &token).await;
                 yield TurnEvent::Failed(err);
                 return;
@@ -481,6 +487,8 @@ impl Opener<'_> {
         ctx.budget_usd = budget_usd;
         let mut call = self.pipeline.open_with(ctx, &self.task, None);
         call.turn = Some((self.conversation.to_owned(), iteration));
+        // The turn's end (its durable audit event) acknowledges it.
+        call.queued_settlement = true;
         call.log().prompt = Some(self.prompt.clone());
         call
     }

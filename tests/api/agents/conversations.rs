@@ -340,6 +340,24 @@ async fn a_failed_turn_stores_nothing_and_frees_its_conversation() {
         (failed.code(), reason(&failed).as_str()),
         (Code::Unavailable, "ALL_PROVIDERS_FAILED")
     );
+    // Audited as failed, durably, before the error was answered.
+    let audit: Vec<(String, String, String)> = crate::tools::events(&app, "t1")
+        .await
+        .into_iter()
+        .filter(|e| e.trace_id == "fail-2")
+        .map(|e| (e.action, e.decision, e.reason))
+        .collect();
+    assert_eq!(
+        audit,
+        [
+            ("agent.turn.start".into(), "allow".into(), String::new()),
+            (
+                "agent.turn.complete".into(),
+                "error".into(),
+                "ALL_PROVIDERS_FAILED".into()
+            ),
+        ]
+    );
     // The lease is back at once, and the failed turn left no message.
     let third = turn(
         &app,
