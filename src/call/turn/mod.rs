@@ -100,10 +100,9 @@ impl Pipeline {
     /// event (unknown agent, conversation busy or not found, a layer over
     /// its budget, overload) come back as `Err`.
     ///
-    /// The turn runs on a task of its own: a caller that goes away does not
-    /// cut it off, so what it did is metered at its actual cost, stored,
-    /// and its conversation freed at once (bounded by its deadline and
-    /// caps, as any turn).
+    /// Dropping the stream (the caller went away) cancels the turn like
+    /// any call: what is in flight is charged its estimate, nothing of the
+    /// turn is stored, and the conversation is given back at once.
     pub async fn converse(
         &self,
         ctx: CallContext,
@@ -112,16 +111,7 @@ impl Pipeline {
     ) -> Result<impl Stream<Item = TurnEvent> + Send + use<>, CallError> {
         let slot = self.slot()?;
         let prepared = self.prepare(&ctx, &principal, req).await?;
-        let events = run(self.clone(), ctx, principal, prepared, slot);
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            futures::pin_mut!(events);
-            while let Some(event) = events.next().await {
-                // The caller may be gone; the turn still runs to its end.
-                let _ = tx.send(event).await;
-            }
-        });
-        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+        Ok(run(self.clone(), ctx, principal, prepared, slot))
     }
 }
 
@@ -196,6 +186,9 @@ fn run(
     let stream = async_stream::stream! {
         let _slot = slot;
         let Prepared { name, agent, conversation, token, system, mut messages, tools, known, prompt } = turn;
+        // Gives the conversation back if the turn is dropped unfinished
+        // (the caller went away).
+        let mut held = Held { pipeline: pipeline.clone(), conversation: Some(conversation.clone()), token: token.clone() };
         let started = Instant::now();
         yield TurnEvent::Started { conversation_id: conversation.id.clone() };
         audit::start(&pipeline, &ctx, &principal, &name, &conversation.id, messages.last()).await;
@@ -420,7 +413,8 @@ fn run(
                     _ => None,
                 });
                 audit::failed(&pipeline, &ctx, &principal, &name, reason.unwrap_or("INTERNAL"), started).await;
-                release(&pipeline, &ctx, &conversation, &token).await;
+                held.conversation = None;
+            release(&pipeline, &ctx, &conversation, &token).await;
                 yield TurnEvent::Failed(err);
                 return;
             }
@@ -436,11 +430,15 @@ fn run(
         };
         // Durable before the turn is stored and answered (SPEC §10).
         if let Err(err) = audit::complete(&pipeline, &ctx, &principal, &name, &record, &text, started).await {
+            held.conversation = None;
             release(&pipeline, &ctx, &conversation, &token).await;
             yield TurnEvent::Failed(err);
             return;
         }
-        if let Err(err) = store_turn(&pipeline, &ctx, &agent, &conversation, &token, &stored, &record).await {
+        let stored_turn = store_turn(&pipeline, &ctx, &agent, &conversation, &token, &stored, &record).await;
+        held.conversation = None;
+        if let Err(err) = stored_turn {
+            held.conversation = None;
             release(&pipeline, &ctx, &conversation, &token).await;
             yield TurnEvent::Failed(err);
             return;
@@ -466,6 +464,34 @@ fn run(
         }));
     };
     crate::telemetry::InSpan::new(Box::pin(stream), span)
+}
+
+/// A turn's hold on its conversation while it runs: dropped with the turn
+/// unfinished (the caller cancelled or disconnected), it gives the
+/// conversation back at once instead of leaving the lease to run out.
+struct Held {
+    pipeline: Pipeline,
+    conversation: Option<conversations::Conversation>,
+    token: String,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let Some(conversation) = self.conversation.take() else {
+            return;
+        };
+        let (store, token) = (
+            self.pipeline.store().clone(),
+            std::mem::take(&mut self.token),
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = conversations::release(&store, &conversation, &token).await {
+                    tracing::warn!(error = %e, "releasing an abandoned turn's conversation failed");
+                }
+            });
+        }
+    }
 }
 
 /// Opens a turn's calls: each with its own start (its latency and record

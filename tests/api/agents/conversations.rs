@@ -378,25 +378,28 @@ async fn a_failed_turn_stores_nothing_and_frees_its_conversation() {
 }
 
 #[tokio::test]
-async fn a_turn_whose_caller_left_still_completes_and_is_stored() {
-    let gate = Arc::new(Notify::new());
+async fn a_turn_whose_caller_left_gives_its_conversation_back() {
+    let never = Arc::new(Notify::new());
     let openai = Upstream::start([
-        Reply::sse(openai_text(&["Slow", " answer."])).gated(2, gate.clone()),
+        Reply::sse(openai_text(&["First."])),
+        Reply::sse(openai_text(&["Slow", " answer."])).gated(2, never),
         Reply::sse(openai_text(&["Next."])),
     ])
     .await;
     let app = spawn(&openai.url(), &openai.url(), "").await;
+    let first = turn(&app, CALLER, "left-0", converse("helper", "One", None))
+        .await
+        .unwrap();
+    let id = conversation_id(&first);
     let mut stream = agents(&app)
-        .converse(with_key(CALLER, "left-1", converse("helper", "One", None)))
+        .converse(with_key(
+            CALLER,
+            "left-1",
+            converse("helper", "Two", Some(&id)),
+        ))
         .await
         .unwrap()
         .into_inner();
-    let id = match stream.next().await {
-        Some(Ok(pb::ConverseEvent {
-            event: Some(Event::Started(s)),
-        })) => s.conversation_id,
-        other => panic!("{other:?}"),
-    };
     loop {
         match stream.next().await {
             Some(Ok(pb::ConverseEvent {
@@ -406,32 +409,24 @@ async fn a_turn_whose_caller_left_still_completes_and_is_stored() {
             other => panic!("{other:?}"),
         }
     }
-    // The caller goes away mid-answer; the answer then arrives.
+    // The caller goes away mid-answer: the conversation is free again at
+    // once (not at the lease's end), and the cut turn stored nothing.
     drop(stream);
-    gate.notify_one();
-    let store = app.store().await;
-    crate::common::wait_for(|| {
-        let (store, id) = (store.clone(), id.clone());
-        async move {
-            conversations::find(&store, "t1", &id, 0)
-                .await
-                .unwrap()
-                .is_some_and(|c| c.turns == 1)
-        }
+    let (app, id) = (&app, id.as_str());
+    crate::common::wait_for(|| async move {
+        turn(app, CALLER, "left-2", converse("helper", "Three", Some(id)))
+            .await
+            .is_ok_and(|events| completed(&events).text == "Next.")
     })
     .await;
-    let texts: Vec<String> = conversations::history(&store, &id, 10)
+    let store = app.store().await;
+    let texts: Vec<String> = conversations::history(&store, id, 10)
         .await
         .unwrap()
         .into_iter()
         .map(|m| m.message.content)
         .collect();
-    assert_eq!(texts, ["One", "Slow answer."]);
-    // And the conversation is free for the next turn.
-    let next = turn(&app, CALLER, "left-2", converse("helper", "Two", Some(&id)))
-        .await
-        .unwrap();
-    assert_eq!(completed(&next).text, "Next.");
+    assert_eq!(texts, ["One", "First.", "Three", "Next."]);
 }
 
 #[tokio::test]
