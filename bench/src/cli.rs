@@ -150,11 +150,10 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub client_threads: usize,
     /// The leg between the orchestrator (and the direct baseline) and the
-    /// fake upstream: `1.1` (plaintext, pooled, a connection per concurrent
-    /// call), `2` (plaintext HTTP/2 with prior knowledge, multiplexed),
-    /// `tls-1.1` (TLS, HTTP/1.1 only) or `tls-2` (TLS, HTTP/2 by ALPN: what
-    /// production negotiates with real providers). TLS trusts a CA the
+    /// fake upstream: `tls-1.1` (TLS, HTTP/1.1: a provider's default, ADR
+    /// 0019), `tls-2` (TLS, HTTP/2 by ALPN), `1.1` (plaintext, pooled) or
+    /// `2` (plaintext HTTP/2 with prior knowledge). TLS trusts a CA the
     /// bench makes at start.
-    #[arg(long, default_value = "2", value_parser = ["1.1", "2", "tls-1.1", "tls-2"])]
+    #[arg(long, default_value = "tls-1.1", value_parser = ["1.1", "2", "tls-1.1", "tls-2"])]
     pub upstream_http: String,
 }

@@ -42,9 +42,9 @@ pub enum Leg {
     H1,
     /// Plaintext HTTP/2 with prior knowledge (h2c), multiplexed.
     H2c,
-    /// TLS, HTTP/1.1 (`http1_only`).
+    /// TLS, HTTP/1.1: what a provider gets by default.
     TlsH1,
-    /// TLS, HTTP/2 negotiated by ALPN: what production gets by default.
+    /// TLS, HTTP/2 negotiated by ALPN (`http_version = "2"`).
     TlsH2,
 }
 

@@ -19,8 +19,8 @@ pub mod tools;
 mod validate;
 
 pub use provider::{
-    BreakerConfig, DEFAULT_MAX_RESPONSE_BYTES, MockConfig, MockToolCall, ProviderConfig,
-    ProviderKind,
+    BreakerConfig, DEFAULT_MAX_RESPONSE_BYTES, HttpVersion, MockConfig, MockToolCall,
+    ProviderConfig, ProviderKind,
 };
 pub use tools::{
     McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind, ToolWorkerConfig,

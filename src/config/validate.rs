@@ -87,10 +87,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         if p.streams_per_connection == 0 {
             bad(at("streams_per_connection"), "must be at least 1");
         }
-        if p.http1_only && p.http2_prior_knowledge {
+        if p.http_version == Some(super::HttpVersion::Http1) && p.http2_prior_knowledge {
             bad(
-                at("http1_only"),
-                "cannot be set with http2_prior_knowledge (one or the other)",
+                at("http_version"),
+                "\"1.1\" contradicts http2_prior_knowledge = true",
             );
         }
         if let Some(path) = &p.tls_ca {

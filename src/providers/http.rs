@@ -199,12 +199,15 @@ impl Clients {
 /// Builds one HTTP client of a provider, keeping up to `idle` connections.
 fn client(config: &ProviderConfig, idle: usize) -> Result<reqwest::Client, ProviderError> {
     let builder = reqwest::Client::builder();
-    let builder = if config.http2_prior_knowledge {
-        builder.http2_prior_knowledge()
-    } else if config.http1_only {
-        builder.http1_only()
-    } else {
-        builder
+    let tls = config
+        .base_url
+        .as_deref()
+        .is_none_or(|url| url.starts_with("https://"));
+    let builder = match (config.http2(), tls) {
+        (false, _) => builder.http1_only(),
+        // ALPN offers h2 (and http/1.1 for a server without it).
+        (true, true) => builder,
+        (true, false) => builder.http2_prior_knowledge(),
     };
     let builder = match &config.tls_ca {
         Some(path) => {

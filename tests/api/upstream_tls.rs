@@ -1,5 +1,6 @@
 //! A provider reached over TLS, as real ones are: `tls_ca` trusts a private
-//! CA, ALPN negotiates HTTP/2 unless `http1_only`, and an upstream whose
+//! CA, HTTP/1.1 is the default and `http_version = "2"` negotiates HTTP/2
+//! by ALPN, and an upstream whose
 //! certificate nobody vouches for is a connection error, never a call.
 
 use crate::common::TestApp;
@@ -130,11 +131,11 @@ input_per_mtok = 0.15
 output_per_mtok = 0.60
 "#,
         db = dir.path().join("tls.db").display(),
-        alpn = provider("alpn", &format!("tls_ca = \"{}\"", ca.display())),
-        h1 = provider(
-            "h1",
-            &format!("tls_ca = \"{}\"\nhttp1_only = true", ca.display())
+        alpn = provider(
+            "alpn",
+            &format!("tls_ca = \"{}\"\nhttp_version = \"2\"", ca.display())
         ),
+        h1 = provider("h1", &format!("tls_ca = \"{}\"", ca.display())),
         untrusted = provider("untrusted", ""),
     );
     let app = TestApp::spawn_toml_env(&toml, |name| {

@@ -75,8 +75,11 @@ pub fn config_toml(
     let broken = upstream.base_url("err-500", leg);
     let unused = upstream.base_url("unused", leg);
     // Every provider reaches the upstream over the same leg.
-    let http2 = leg == Leg::H2c;
-    let http1_only = leg == Leg::TlsH1;
+    let http_version = if matches!(leg, Leg::H2c | Leg::TlsH2) {
+        "2"
+    } else {
+        "1.1"
+    };
     let tls_ca = if leg.tls() {
         format!("tls_ca = \"{}\"", ca_file.display())
     } else {
@@ -110,8 +113,7 @@ base_url = "{ok}"
 api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
-http2_prior_knowledge = {http2}
-http1_only = {http1_only}
+http_version = "{http_version}"
 {tls_ca}
 
 # The seed fallback of sms_classify / meeting_brief; never called here.
@@ -121,8 +123,7 @@ base_url = "{unused}"
 api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
-http2_prior_knowledge = {http2}
-http1_only = {http1_only}
+http_version = "{http_version}"
 {tls_ca}
 
 # Breaker scenario: always 500, stays open once opened.
@@ -132,8 +133,7 @@ base_url = "{broken}"
 api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
-http2_prior_knowledge = {http2}
-http1_only = {http1_only}
+http_version = "{http_version}"
 {tls_ca}
 [providers.{BROKEN_PROVIDER}.breaker]
 failure_threshold = 5
@@ -145,8 +145,7 @@ base_url = "{ok_fast}"
 api_key_env = "{KEY_ENV}"
 timeout = "10s"
 max_concurrency = 20000
-http2_prior_knowledge = {http2}
-http1_only = {http1_only}
+http_version = "{http_version}"
 {tls_ca}
 
 [tasks.sms_classify]
