@@ -15,22 +15,28 @@
 //! after the tools run, the next model call opens a new stream.
 
 mod audit;
+mod calls;
+mod lease;
 mod prepare;
 mod tools;
+mod wire;
 
 pub use prepare::TurnRequest;
 
-use super::{Call, CallContext, CallError, CallMeta, Pipeline, tool::AgentScope};
+use super::{CallContext, CallError, CallMeta, Pipeline, tool::AgentScope};
 use crate::{
     agent::{StopReason, conversations, memory},
     auth::Principal,
     providers::{ChatMessage, CompletionRequest, Role, ToolCall, WireNames},
-    router::{RouteError, RouteEvent, RouteOptions},
+    router::{RouteError, RouteEvent},
     telemetry::metrics,
 };
+use calls::Opener;
 use futures::{Stream, StreamExt, stream::FuturesUnordered};
-use prepare::{Prepared, now_ms};
+use lease::{Held, release, store_turn};
+use prepare::Prepared;
 use tokio::{sync::OwnedSemaphorePermit, time::Instant};
+use wire::{on_wire, ours};
 
 /// What a turn reports, in order: `Started` first, `Completed` (or
 /// `Failed`) last.
@@ -464,228 +470,4 @@ fn run(
         }));
     };
     crate::telemetry::InSpan::new(Box::pin(stream), span)
-}
-
-/// A turn's hold on its conversation while it runs: dropped with the turn
-/// unfinished (the caller cancelled or disconnected), it gives the
-/// conversation back at once instead of leaving the lease to run out.
-struct Held {
-    pipeline: Pipeline,
-    conversation: Option<conversations::Conversation>,
-    token: String,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        let Some(conversation) = self.conversation.take() else {
-            return;
-        };
-        let (store, token) = (
-            self.pipeline.store().clone(),
-            std::mem::take(&mut self.token),
-        );
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(e) = conversations::release(&store, &conversation, &token).await {
-                    tracing::warn!(error = %e, "releasing an abandoned turn's conversation failed");
-                }
-            });
-        }
-    }
-}
-
-/// Opens a turn's calls: each with its own start (its latency and record
-/// are its own), tagged with the conversation and the iteration.
-struct Opener<'a> {
-    pipeline: &'a Pipeline,
-    ctx: &'a CallContext,
-    task: String,
-    conversation: &'a str,
-    /// The governed prompt: `(owner team, key, version)`.
-    prompt: &'a (String, String, u32),
-}
-
-impl Opener<'_> {
-    fn open(&self, iteration: u32, budget_usd: Option<f64>) -> Call {
-        let mut ctx = self.ctx.clone();
-        ctx.started = Instant::now();
-        ctx.started_at_ms = now_ms();
-        ctx.budget_usd = budget_usd;
-        let mut call = self.pipeline.open_with(ctx, &self.task, None);
-        call.turn = Some((self.conversation.to_owned(), iteration));
-        // The turn's end (its durable audit event) acknowledges it.
-        call.queued_settlement = true;
-        call.log().prompt = Some(self.prompt.clone());
-        call
-    }
-}
-
-/// Appends the turn to its conversation. A lost lease fails the turn
-/// unless the conversation was erased meanwhile (then there is nothing to
-/// keep it in).
-async fn store_turn(
-    pipeline: &Pipeline,
-    ctx: &CallContext,
-    agent: &crate::config::agents::AgentConfig,
-    conversation: &conversations::Conversation,
-    token: &str,
-    stored: &[ChatMessage],
-    record: &conversations::TurnRecord,
-) -> Result<(), CallError> {
-    let storage = |e: crate::store::StoreError| CallError::Storage(e.to_string());
-    let now = now_ms();
-    let expires = now.saturating_add(i64::from(agent.retention_days).saturating_mul(86_400_000));
-    let store = pipeline.store();
-    if conversations::complete_turn(store, conversation, token, stored, record, now, expires)
-        .await
-        .map_err(storage)?
-    {
-        return Ok(());
-    }
-    match conversations::find(store, &ctx.team_id, &conversation.id, now)
-        .await
-        .map_err(storage)?
-    {
-        None => {
-            tracing::warn!(trace_id = %ctx.trace_id, "the conversation was erased during the turn; the turn is not stored");
-            Ok(())
-        }
-        Some(_) => Err(CallError::Storage(
-            "the turn's hold on its conversation ran out before it completed".into(),
-        )),
-    }
-}
-
-/// The model's tool calls in our terms: our tool names, and IDs unique in
-/// the conversation. Gemini numbers its calls per answer (`call_0`, ...)
-/// and a model may omit an ID; a repeated ID would answer the wrong call
-/// once the history is sent to a provider that matches results by ID.
-fn ours(
-    names: &WireNames,
-    calls: &[ToolCall],
-    history: &[ChatMessage],
-    iteration: u32,
-) -> Vec<ToolCall> {
-    let seen: std::collections::HashSet<&str> = history
-        .iter()
-        .flat_map(|m| m.tool_calls.iter().map(|c| c.id.as_str()))
-        .collect();
-    let mut out: Vec<ToolCall> = Vec::with_capacity(calls.len());
-    for (i, c) in calls.iter().enumerate() {
-        let taken =
-            c.id.is_empty() || seen.contains(c.id.as_str()) || out.iter().any(|o| o.id == c.id);
-        out.push(ToolCall {
-            id: if taken {
-                format!("call_{iteration}_{i}")
-            } else {
-                c.id.clone()
-            },
-            name: names.ours(&c.name).unwrap_or(&c.name).to_owned(),
-            arguments: c.arguments.clone(),
-        });
-    }
-    out
-}
-
-/// `m` with its tool names as the wire knows them.
-fn on_wire(names: &WireNames, m: &ChatMessage) -> ChatMessage {
-    let wire = |n: &str| names.wire(n).unwrap_or(n).to_owned();
-    ChatMessage {
-        role: m.role,
-        content: m.content.clone(),
-        tool_calls: m
-            .tool_calls
-            .iter()
-            .map(|c| ToolCall {
-                name: wire(&c.name),
-                ..c.clone()
-            })
-            .collect(),
-        tool_result: m
-            .tool_result
-            .as_ref()
-            .map(|r| crate::providers::ToolOutcome {
-                name: wire(&r.name),
-                ..r.clone()
-            }),
-    }
-}
-
-async fn release(
-    pipeline: &Pipeline,
-    ctx: &CallContext,
-    conversation: &conversations::Conversation,
-    token: &str,
-) {
-    if let Err(e) = conversations::release(pipeline.store(), conversation, token).await {
-        tracing::warn!(trace_id = %ctx.trace_id, error = %e, "releasing a conversation failed");
-    }
-}
-
-impl Call {
-    /// What the call's log says so far (its meta as `finish` would build
-    /// it).
-    fn meta(&self) -> CallMeta {
-        CallMeta::of(&self.log(), &self.ctx.trace_id, self.ctx.started.elapsed())
-    }
-
-    /// Reserves one model call of an agent over `chain`, then streams it.
-    /// A refusal comes back as is: `finish` counts it.
-    async fn model_stream(
-        &self,
-        chain: &[crate::config::TargetConfig],
-        request: CompletionRequest,
-    ) -> Result<impl Stream<Item = RouteEvent> + Send + use<>, CallError> {
-        self.reserve(&self.task, chain, &request).await?;
-        let options = RouteOptions {
-            priority: self.ctx.priority,
-            primary_model: None,
-        };
-        Ok(self
-            .pipeline
-            .router()
-            .stream(chain.to_vec(), request, self.ctx.deadline, &options))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ours;
-    use crate::providers::{ChatMessage, Role, ToolCall, WireNames};
-
-    fn call(id: &str, name: &str) -> ToolCall {
-        ToolCall {
-            id: id.into(),
-            name: name.into(),
-            arguments: "{}".into(),
-        }
-    }
-
-    #[test]
-    fn repeated_or_missing_call_ids_are_made_unique_and_names_ours() {
-        let names = WireNames::new(["system.echo"]);
-        let history = [ChatMessage {
-            role: Role::Assistant,
-            tool_calls: vec![call("call_0", "system.echo")],
-            ..ChatMessage::default()
-        }];
-        let got = ours(
-            &names,
-            &[
-                call("call_0", "system__echo"),
-                call("call_1", "system__echo"),
-                call("call_1", "system__echo"),
-                call("", "made_up"),
-            ],
-            &history,
-            2,
-        );
-        let ids: Vec<&str> = got.iter().map(|c| c.id.as_str()).collect();
-        assert_eq!(ids, ["call_2_0", "call_1", "call_2_2", "call_2_3"]);
-        assert_eq!(got[0].name, "system.echo");
-        assert_eq!(
-            got[3].name, "made_up",
-            "a name we did not offer stays as sent"
-        );
-    }
 }

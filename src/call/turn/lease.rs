@@ -1,0 +1,84 @@
+//! A turn's hold on its conversation: given back when the turn is dropped
+//! unfinished, released when it fails, and turned into the stored turn
+//! when it completes.
+
+use super::super::{CallContext, CallError, Pipeline};
+use super::prepare::now_ms;
+use crate::{agent::conversations, providers::ChatMessage};
+
+/// A turn's hold on its conversation while it runs: dropped with the turn
+/// unfinished (the caller cancelled or disconnected), it gives the
+/// conversation back at once instead of leaving the lease to run out.
+pub(super) struct Held {
+    pub pipeline: Pipeline,
+    pub conversation: Option<conversations::Conversation>,
+    pub token: String,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let Some(conversation) = self.conversation.take() else {
+            return;
+        };
+        let (store, token) = (
+            self.pipeline.store().clone(),
+            std::mem::take(&mut self.token),
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = conversations::release(&store, &conversation, &token).await {
+                    tracing::warn!(error = %e, "releasing an abandoned turn's conversation failed");
+                }
+            });
+        }
+    }
+}
+
+/// Appends the turn to its conversation. A lost lease fails the turn
+/// unless the conversation was erased meanwhile (then there is nothing to
+/// keep it in).
+pub(super) async fn store_turn(
+    pipeline: &Pipeline,
+    ctx: &CallContext,
+    agent: &crate::config::agents::AgentConfig,
+    conversation: &conversations::Conversation,
+    token: &str,
+    stored: &[ChatMessage],
+    record: &conversations::TurnRecord,
+) -> Result<(), CallError> {
+    let storage = |e: crate::store::StoreError| CallError::Storage(e.to_string());
+    let now = now_ms();
+    let expires = now.saturating_add(i64::from(agent.retention_days).saturating_mul(86_400_000));
+    let store = pipeline.store();
+    if conversations::complete_turn(store, conversation, token, stored, record, now, expires)
+        .await
+        .map_err(storage)?
+    {
+        return Ok(());
+    }
+    match conversations::find(store, &ctx.team_id, &conversation.id, now)
+        .await
+        .map_err(storage)?
+    {
+        None => {
+            tracing::warn!(trace_id = %ctx.trace_id, "the conversation was erased during the turn; the turn is not stored");
+            Ok(())
+        }
+        Some(_) => Err(CallError::Storage(
+            "the turn's hold on its conversation ran out before it completed".into(),
+        )),
+    }
+}
+
+/// Gives the conversation back after a failed turn; nothing of the turn
+/// is stored.
+pub(super) async fn release(
+    pipeline: &Pipeline,
+    ctx: &CallContext,
+    conversation: &conversations::Conversation,
+    token: &str,
+) {
+    if let Err(e) = conversations::release(pipeline.store(), conversation, token).await {
+        tracing::warn!(trace_id = %ctx.trace_id, error = %e, "releasing a conversation failed");
+    }
+}
