@@ -271,6 +271,17 @@ fn validation_rejects_runs_where_everything_failed() {
         "{}",
         markdown(&back)
     );
+    // An agent turn's calls do not wait for their settlements (its end
+    // does): commits alone are its ledger's figures; not so for Execute.
+    let commits_only = Some(LedgerView {
+        commit_us: Some(wait),
+        ..LedgerView::default()
+    });
+    metered.steps[0].ledger = commits_only;
+    let err = validate(&serde_json::to_string(&metered).unwrap(), true).unwrap_err();
+    assert!(err.to_string().contains("no ledger figures"), "{err}");
+    metered.steps[0].rpc = "Converse".into();
+    validate(&serde_json::to_string(&metered).unwrap(), true).unwrap();
     metered.steps[0].metering = "off".into();
     metered.steps[0].ledger = None;
     validate(&serde_json::to_string(&metered).unwrap(), true).unwrap();

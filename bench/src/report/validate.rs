@@ -70,11 +70,13 @@ fn step(s: &Step, strict: bool) -> anyhow::Result<()> {
         // A metered server's calls went through its ledger writer: no
         // ledger figures means the scrape no longer reads its
         // `usage_ledger_*` series. A refused call's reply does not wait for
-        // its settlement, but its record is committed.
+        // its settlement, nor do an agent turn's calls (its end does, ADR
+        // 0018), but their records are committed.
         let metered = s.via == "orchestrator" && s.metering != "off";
+        let queued = s.kind == "refused" || s.rpc == "Converse";
         let figures = s.ledger.is_some_and(|l| {
             let waited = l.settle_wait_us.is_some();
-            waited || (s.kind == "refused" && l.commit_us.is_some())
+            waited || (queued && l.commit_us.is_some())
         });
         ensure!(
             !metered || figures,
