@@ -61,23 +61,9 @@ pub(super) async fn complete(
         record.tool_calls,
         record.memory_suggestions.len()
     );
-    let mut event = AuditEvent::new(
-        &ctx.team_id,
-        &principal.name,
-        &ctx.trace_id,
-        Category::Agent,
-        "agent.turn.complete",
-        agent,
-    )
-    .decided("ok", &reason)
-    .with_output(&serde_json::json!({ "text": text }));
-    event.duration_ms = Some(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
-    pipeline
-        .ledger()
-        .submit(crate::usage::ledger::Op::Audit(vec![event]))
-        .await
-        .map(drop)
-        .map_err(|e| CallError::Storage(e.to_string()))
+    let event = turn_end(ctx, principal, agent, ("ok", &reason), started)
+        .with_output(&serde_json::json!({ "text": text }));
+    submit(pipeline, event).await
 }
 
 /// `agent.turn.complete` of a failed turn (decision `error`, its reason),
@@ -91,6 +77,21 @@ pub(super) async fn failed(
     reason: &str,
     started: Instant,
 ) {
+    let event = turn_end(ctx, principal, agent, ("error", reason), started);
+    if let Err(e) = submit(pipeline, event).await {
+        tracing::error!(trace_id = %ctx.trace_id, error = ?e, "auditing a failed turn failed");
+    }
+}
+
+/// A turn's `agent.turn.complete` with its `(decision, reason)` and its
+/// duration.
+fn turn_end(
+    ctx: &CallContext,
+    principal: &Principal,
+    agent: &str,
+    (decision, reason): (&str, &str),
+    started: Instant,
+) -> AuditEvent {
     let mut event = AuditEvent::new(
         &ctx.team_id,
         &principal.name,
@@ -99,13 +100,17 @@ pub(super) async fn failed(
         "agent.turn.complete",
         agent,
     )
-    .decided("error", reason);
+    .decided(decision, reason);
     event.duration_ms = Some(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
-    if let Err(e) = pipeline
+    event
+}
+
+/// Appends `event` to the audit log and waits until it is durable.
+async fn submit(pipeline: &Pipeline, event: AuditEvent) -> Result<(), CallError> {
+    pipeline
         .ledger()
         .submit(crate::usage::ledger::Op::Audit(vec![event]))
         .await
-    {
-        tracing::error!(trace_id = %ctx.trace_id, error = %e, "auditing a failed turn failed");
-    }
+        .map(drop)
+        .map_err(|e| CallError::Storage(e.to_string()))
 }
