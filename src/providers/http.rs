@@ -356,14 +356,33 @@ pub fn malformed_json(e: &serde_json::Error) -> ProviderError {
 }
 
 /// Maps a reqwest transport failure.
+///
+/// reqwest reports every failure to read a body frame as a *decode* error,
+/// the connection's own included (a reset or a GOAWAY while the body is
+/// read): those are connection failures, counted once per connection event
+/// by the breaker, not a malformed answer per call. Only a decode error
+/// with no transport error under it is the body's fault.
 pub fn transport_error(e: &reqwest::Error) -> ProviderError {
     if e.is_timeout() {
         ProviderError::Timeout
-    } else if e.is_decode() {
+    } else if e.is_decode() && !from_transport(e) {
         ProviderError::Malformed("undecodable body".into())
     } else {
         ProviderError::Connect(connect_failure(e))
     }
+}
+
+/// Whether a transport error (h2's, hyper's, the socket's) lies under `e`.
+fn from_transport(e: &reqwest::Error) -> bool {
+    use std::error::Error as _;
+    let mut source = e.source();
+    while let Some(err) = source {
+        if err.is::<h2::Error>() || err.is::<hyper::Error>() || err.is::<std::io::Error>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// What broke under a reqwest error, read from its source chain (hyper's
@@ -400,7 +419,7 @@ pub fn connect_failure(e: &reqwest::Error) -> ConnectFailure {
         }
         source = err.source();
     }
-    if e.is_body() {
+    if e.is_body() || e.is_decode() {
         ConnectFailure::Body
     } else {
         ConnectFailure::Transport

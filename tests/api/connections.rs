@@ -7,6 +7,8 @@
 //! succeeds on a new connection (or the same one, now within its limit),
 //! and GetProviderHealth shows what happened.
 
+mod hypercorn;
+
 use crate::common::{TestApp, ctx};
 use ai_orchestrator::api::pb;
 use hyper_util::rt::{TokioExecutor, TokioIo};

@@ -3,7 +3,7 @@
 //! counts its calls, real SQLite files and PostgreSQL.
 
 mod audit;
-mod counterparts;
+pub mod counterparts;
 mod durable;
 mod gateway;
 mod mcp;

@@ -163,3 +163,61 @@ fn error_type_never_keeps_the_message() {
         "non-JSON error body"
     );
 }
+
+/// One answer from a raw HTTP/1.1 server: `head_and_body` as written, then
+/// the connection closed (reset with `reset`).
+async fn answer_once(head_and_body: &'static str, reset: bool) -> reqwest::Response {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut request = [0_u8; 1024];
+        let _ = tcp.read(&mut request).await.unwrap();
+        tcp.write_all(head_and_body.as_bytes()).await.unwrap();
+        tcp.flush().await.unwrap();
+        if reset {
+            tcp.set_zero_linger().unwrap();
+        }
+    });
+    reqwest::get(format!("http://{addr}/")).await.unwrap()
+}
+
+const CUT: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n{\"id\":\"chatcmpl-1\",";
+
+/// reqwest reports a body cut by the connection as a decode error: it must
+/// be a connection failure (counted once per connection event), never a
+/// malformed answer (counted per call). A body that arrived whole but is
+/// not JSON is still malformed.
+#[tokio::test]
+async fn a_body_cut_by_the_connection_is_a_connection_failure_not_malformed() {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for reset in [true, false] {
+        let response = answer_once(CUT, reset).await;
+        let e = json::<serde_json::Value>(response, deadline, 1 << 20)
+            .await
+            .unwrap_err();
+        let failure = e.connection_failure();
+        assert!(
+            matches!(
+                failure,
+                Some(
+                    ConnectFailure::ConnectionReset
+                        | ConnectFailure::IncompleteMessage
+                        | ConnectFailure::Body
+                )
+            ),
+            "reset {reset}: {e:?}"
+        );
+        assert!(
+            failure.is_some_and(|f| !f.unsent()),
+            "it may have reached the provider"
+        );
+    }
+
+    let whole = "HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nnot json!";
+    let e = json::<serde_json::Value>(answer_once(whole, false).await, deadline, 1 << 20)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ProviderError::Malformed(_)), "{e:?}");
+}

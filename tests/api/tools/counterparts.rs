@@ -1,13 +1,15 @@
-//! Reference MCP implementations nobody here wrote: the official
-//! `@modelcontextprotocol/server-everything` (npm) and the official Python
-//! SDK (`mcp` on PyPI), installed under `target/test-deps` from the package
-//! registries on first use (`.ci/run` installs them up front).
+//! Reference implementations nobody here wrote: the official
+//! `@modelcontextprotocol/server-everything` (npm), the official Python MCP
+//! SDK (`mcp` on PyPI) and the `hypercorn` HTTP/2 server (PyPI, for the
+//! provider connection tests), installed under `target/test-deps` from the
+//! package registries on first use (`.ci/run` installs them up front).
 
 use std::{path::PathBuf, process::Command, sync::Mutex};
 
 /// The pinned versions.
 pub const SERVER_EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
 pub const PYTHON_MCP: &str = "mcp==2.3.0";
+pub const PYTHON_HYPERCORN: &str = "hypercorn==0.17.3";
 
 static INSTALL: Mutex<()> = Mutex::new(());
 
@@ -64,6 +66,24 @@ pub fn python_with_mcp() -> PathBuf {
         run(
             "pip install mcp",
             Command::new(&python).args(["-m", "pip", "install", "-q", PYTHON_MCP]),
+        );
+    }
+    python
+}
+
+/// A Python with `hypercorn` (the same venv, made when missing).
+pub fn python_with_hypercorn() -> PathBuf {
+    let python = python_with_mcp();
+    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let ready = Command::new(&python)
+        .args(["-c", "import hypercorn"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        run(
+            "pip install hypercorn",
+            Command::new(&python).args(["-m", "pip", "install", "-q", PYTHON_HYPERCORN]),
         );
     }
     python
