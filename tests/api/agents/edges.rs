@@ -26,6 +26,12 @@ core_prompt = "You are quick."
 tools = ["crm.*"]
 tool_timeout = "300ms"
 
+[agents.in_order]
+chain = [{ provider = "openai", model = "gpt-4o-mini" }]
+core_prompt = "You call tools one at a time."
+tools = ["crm.*"]
+parallel_tool_calls = false
+
 [agents.forgetful]
 chain = [{ provider = "openai", model = "gpt-4o-mini" }]
 core_prompt = "You forget."
@@ -331,4 +337,54 @@ async fn call_converse_prints_each_event_and_continues_a_conversation() {
     let (ok, out, err) = crate::cli::run_env(&second, &[]).await;
     assert!(ok, "{err}");
     assert_eq!(lines(&out)[0]["started"]["conversationId"], id.as_str());
+}
+
+/// With `parallel_tool_calls = false` each tool call of an answer starts
+/// only after the one before it has ended; by default they run together.
+/// Told apart by when the workflow receives them, each taking 150 ms.
+#[tokio::test]
+async fn tool_calls_run_one_at_a_time_only_when_parallel_calls_are_off() {
+    const TAKES: Duration = Duration::from_millis(150);
+    let three = || {
+        Reply::sse(openai_tool_calls(&[
+            (
+                "call_1",
+                "crm__add_note",
+                &[r#"{"lead_id": "L1", "note": "1"}"#],
+            ),
+            (
+                "call_2",
+                "crm__add_note",
+                &[r#"{"lead_id": "L1", "note": "2"}"#],
+            ),
+            (
+                "call_3",
+                "crm__add_note",
+                &[r#"{"lead_id": "L1", "note": "3"}"#],
+            ),
+        ]))
+    };
+    // `hasty` runs its calls together (the default); 150 ms is within its
+    // 300 ms tool timeout.
+    for (agent, one_at_a_time) in [("in_order", true), ("hasty", false)] {
+        let hook = Webhook::start().await;
+        hook.slow(TAKES);
+        let openai = Upstream::start([three(), Reply::sse(openai_text(&["Noted."]))]).await;
+        let app = spawn(&openai, &hook.url(), None).await;
+        let events = turn(&app, CALLER, agent, converse(agent, "Note it.", None))
+            .await
+            .unwrap();
+        let got = results(&events);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got.iter().all(|r| r.1 == "SUCCEEDED"), "{got:?}");
+        let mut at: Vec<_> = hook.received().iter().map(|r| r.at).collect();
+        at.sort();
+        assert_eq!(at.len(), 3);
+        let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        if one_at_a_time {
+            assert!(gaps.iter().all(|g| *g >= TAKES), "{agent}: {gaps:?}");
+        } else {
+            assert!(at[2] - at[0] < TAKES, "{agent}: {gaps:?}");
+        }
+    }
 }
