@@ -192,6 +192,22 @@ impl TestApp {
         }
     }
 
+    /// Provider `name`'s health as GetProviderHealth reports it.
+    pub async fn provider_health(&self, name: &str) -> ai_orchestrator::api::pb::ProviderHealth {
+        let providers = self
+            .client
+            .clone()
+            .get_provider_health(ai_orchestrator::api::pb::GetProviderHealthRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .providers;
+        providers
+            .into_iter()
+            .find(|p| p.provider == name)
+            .unwrap_or_else(|| panic!("no provider {name}"))
+    }
+
     /// Shuts down and waits for `serve` to return.
     pub async fn stop(mut self) {
         self.trigger_shutdown();

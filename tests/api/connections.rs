@@ -296,15 +296,7 @@ async fn burst(app: &TestApp) -> pb::ProviderHealth {
         let meta = result.unwrap().into_inner().meta.unwrap();
         assert_eq!(meta.provider, "h2");
     }
-    let providers = app
-        .client
-        .clone()
-        .get_provider_health(pb::GetProviderHealthRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .providers;
-    providers.into_iter().find(|p| p.provider == "h2").unwrap()
+    app.provider_health("h2").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -474,15 +466,7 @@ max_backoff = "80ms"
     for result in futures::future::join_all((0..IN_FLIGHT).map(|_| call())).await {
         assert_eq!(result.unwrap().into_inner().meta.unwrap().provider, "h1");
     }
-    let providers = app
-        .client
-        .clone()
-        .get_provider_health(pb::GetProviderHealthRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .providers;
-    let health = providers.into_iter().find(|p| p.provider == "h1").unwrap();
+    let health = app.provider_health("h1").await;
     assert_eq!(health.state, pb::BreakerState::Closed as i32, "{health:?}");
     assert_eq!(health.consecutive_failures, 0, "{health:?}");
     assert!(health.recent_connection_errors >= 1, "{health:?}");

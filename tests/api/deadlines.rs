@@ -318,22 +318,6 @@ async fn dropping_a_stream_cancels_the_upstream_stream() {
     app.stop().await;
 }
 
-/// The primary's health as GetProviderHealth reports it.
-async fn primary_health(app: &crate::common::TestApp) -> pb::ProviderHealth {
-    let providers = app
-        .client
-        .clone()
-        .get_provider_health(pb::GetProviderHealthRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .providers;
-    providers
-        .into_iter()
-        .find(|p| p.provider == "primary")
-        .unwrap()
-}
-
 /// Callers whose own deadlines are shorter than a healthy provider's answer
 /// time must not open its breaker: their cut attempts are the callers'
 /// doing. Another team's call without such a deadline is still served by
@@ -414,11 +398,11 @@ async fn short_caller_deadlines_never_open_a_slow_providers_breaker() {
     }
     // A call the client abandoned is counted once the server sees it go.
     crate::common::wait_for(|| async {
-        let health = primary_health(&app).await;
+        let health = app.provider_health("primary").await;
         health.recent_deadline_exceeded + health.recent_cancelled == 14
     })
     .await;
-    let health = primary_health(&app).await;
+    let health = app.provider_health("primary").await;
     assert_eq!(
         health.state,
         pb::BreakerState::Closed as i32,
@@ -442,7 +426,7 @@ async fn short_caller_deadlines_never_open_a_slow_providers_breaker() {
         .unwrap();
     assert_eq!((meta.provider.as_str(), meta.degraded), ("primary", false));
     assert_eq!(calls(&fallback).await, 0);
-    let health = primary_health(&app).await;
+    let health = app.provider_health("primary").await;
     assert_eq!((health.recent_calls, health.recent_errors), (1, 0));
     app.stop().await;
 }
@@ -473,7 +457,7 @@ async fn a_caller_that_goes_away_is_counted_as_cancelled_not_as_a_failure() {
     // The server drops the call's future when it notices; wait for that.
     let deadline = Instant::now() + Duration::from_secs(5);
     let health = loop {
-        let health = primary_health(&app).await;
+        let health = app.provider_health("primary").await;
         if health.recent_cancelled > 0 || Instant::now() > deadline {
             break health;
         }

@@ -83,15 +83,7 @@ async fn a_server_ending_connections_under_load_never_opens_the_breaker() {
         codes.len()
     );
 
-    let providers = app
-        .client
-        .clone()
-        .get_provider_health(pb::GetProviderHealthRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .providers;
-    let health = providers.into_iter().find(|p| p.provider == "h2").unwrap();
+    let health = app.provider_health("h2").await;
     assert_eq!(health.state, pb::BreakerState::Closed as i32, "{health:?}");
     // hypercorn did end connections under the calls (512 calls, 200 per
     // connection), and that shows; nothing else failed.
