@@ -374,28 +374,25 @@ pub fn transport_error(e: &reqwest::Error) -> ProviderError {
 
 /// Whether a transport error (h2's, hyper's, the socket's) lies under `e`.
 fn from_transport(e: &reqwest::Error) -> bool {
+    sources(e)
+        .any(|err| err.is::<h2::Error>() || err.is::<hyper::Error>() || err.is::<std::io::Error>())
+}
+
+/// The errors under `e`, nearest first.
+fn sources(e: &reqwest::Error) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
     use std::error::Error as _;
-    let mut source = e.source();
-    while let Some(err) = source {
-        if err.is::<h2::Error>() || err.is::<hyper::Error>() || err.is::<std::io::Error>() {
-            return true;
-        }
-        source = err.source();
-    }
-    false
+    std::iter::successors(e.source(), |&err| err.source())
 }
 
 /// What broke under a reqwest error, read from its source chain (hyper's
 /// and h2's own errors, the socket's), and whether the request provably
 /// never reached the provider.
 pub fn connect_failure(e: &reqwest::Error) -> ConnectFailure {
-    use std::error::Error as _;
     if e.is_connect() {
         // Refused, unreachable, DNS, TLS handshake: nothing was sent.
         return ConnectFailure::Connect;
     }
-    let mut source = e.source();
-    while let Some(err) = source {
+    for err in sources(e) {
         if let Some(h2) = err.downcast_ref::<h2::Error>() {
             return h2_failure(h2);
         }
@@ -417,7 +414,6 @@ pub fn connect_failure(e: &reqwest::Error) -> ConnectFailure {
                 return ConnectFailure::ConnectionReset;
             }
         }
-        source = err.source();
     }
     if e.is_body() || e.is_decode() {
         ConnectFailure::Body

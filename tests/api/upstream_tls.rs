@@ -1,7 +1,7 @@
 //! A provider reached over TLS, as real ones are: `tls_ca` trusts a private
 //! CA, HTTP/1.1 is the default and `http_version = "2"` negotiates HTTP/2
-//! by ALPN, and an upstream whose
-//! certificate nobody vouches for is a connection error, never a call.
+//! by ALPN, and an upstream whose certificate nobody vouches for is a
+//! connection error, never a call.
 
 use crate::common::TestApp;
 use ai_orchestrator::api::pb;
