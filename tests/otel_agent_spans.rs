@@ -5,26 +5,12 @@
 #[path = "api/common.rs"]
 #[allow(dead_code)]
 mod common;
+#[path = "api/span_capture.rs"]
+mod span_capture;
 
 use ai_orchestrator::api::pb;
 use common::{TestApp, ctx};
-use opentelemetry_sdk::trace::InMemorySpanExporter;
-
-/// This thread's spans exported into memory, every trace sampled.
-fn capture_spans() -> (InMemorySpanExporter, tracing::subscriber::DefaultGuard) {
-    use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_sdk::trace::SdkTracerProvider;
-    use tracing_subscriber::prelude::*;
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .with_sampler(ai_orchestrator::telemetry::otel::sampler(1.0))
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_subscriber::EnvFilter::new("info"))
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    (exporter, tracing::subscriber::set_default(subscriber))
-}
+use span_capture::capture_spans;
 
 /// One `invoke_agent <name>` span per turn under the Converse RPC's span,
 /// with each model call's attempt span and each tool call's span as its
@@ -33,7 +19,7 @@ fn capture_spans() -> (InMemorySpanExporter, tracing::subscriber::DefaultGuard) 
 async fn an_agent_turn_is_a_span_with_its_model_and_tool_calls_as_children() {
     use futures::StreamExt;
 
-    let (exporter, _guard) = capture_spans();
+    let capture = capture_spans(1.0).await;
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
         r#"
@@ -74,38 +60,19 @@ tools = ["system.*"]
     ));
     app.stop().await;
 
-    // The server span ends when its connection task drops the response,
-    // which may be after the client has the last event.
-    let mut spans = exporter.get_finished_spans().unwrap();
-    for _ in 0..500 {
-        if spans
-            .iter()
-            .any(|s| s.name == "ai.orchestrator.v1.AgentService/Converse")
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        spans = exporter.get_finished_spans().unwrap();
-    }
+    let spans = capture
+        .spans_once("ai.orchestrator.v1.AgentService/Converse", 1)
+        .await;
     let turn = spans
         .iter()
         .find(|s| s.name == "invoke_agent helper")
         .unwrap_or_else(|| panic!("a turn span: {spans:#?}"));
-    // The turn is a child of the request's span. That span is not always
-    // exported in time here (it sometimes ends seconds after the stream,
-    // still under investigation, issue #28 note): when it is, it must be
-    // the Converse RPC's.
-    assert_ne!(
-        turn.parent_span_id,
-        opentelemetry::trace::SpanId::INVALID,
-        "the turn span has a parent"
-    );
-    if let Some(rpc) = spans
+    // The turn is a child of the request's span.
+    let rpc = spans
         .iter()
         .find(|s| s.span_context.span_id() == turn.parent_span_id)
-    {
-        assert_eq!(rpc.name, "ai.orchestrator.v1.AgentService/Converse");
-    }
+        .unwrap_or_else(|| panic!("the RPC's span, parent of the turn's: {spans:#?}"));
+    assert_eq!(rpc.name, "ai.orchestrator.v1.AgentService/Converse");
     let children: Vec<&str> = spans
         .iter()
         .filter(|s| s.parent_span_id == turn.span_context.span_id())
