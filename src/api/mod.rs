@@ -10,6 +10,7 @@ pub mod convert;
 pub mod error;
 pub mod mcp;
 pub mod metrics_layer;
+mod open;
 mod orchestrator;
 pub mod pb;
 pub(crate) mod request;

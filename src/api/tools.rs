@@ -4,7 +4,7 @@
 use super::{
     auth, convert,
     error::{Failure, to_status},
-    orchestrator::{close, open_call},
+    open::{close, open_call},
     pb::{self, tool_service_server::ToolService},
     reply, request,
 };

@@ -12,6 +12,8 @@
 //! holds its key (`api_key_env`) and the key is loaded into a [`Secret`].
 
 pub mod agents;
+mod auth;
+mod database;
 mod load;
 mod provider;
 mod secret;
@@ -26,9 +28,10 @@ pub use tools::{
     McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind, ToolWorkerConfig,
 };
 
+pub use auth::{ApiKeyConfig, AuthConfig};
+pub use database::{DatabaseConfig, SqliteDurability};
 pub use secret::Secret;
 
-use crate::domain::Role;
 use serde::Deserialize;
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
@@ -135,67 +138,6 @@ pub struct Config {
     /// Conversation agents by name.
     #[serde(default)]
     pub agents: BTreeMap<String, agents::AgentConfig>,
-}
-
-/// `[auth]`: API keys mapped to teams and roles.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AuthConfig {
-    /// Require a key on every RPC except health checks and reflection.
-    pub enabled: bool,
-    /// Keys given by hash in the config (others live in the `api_keys`
-    /// table, managed with `ai-orchestrator keys`).
-    pub keys: Vec<ApiKeyConfig>,
-    /// How often keys in the database are reloaded (creation and
-    /// revocation take effect within this period).
-    #[serde(with = "humantime_serde")]
-    pub refresh_interval: Duration,
-    /// Capabilities of each role (`viewer`, `caller`, `admin`); a role not
-    /// listed keeps its default ([`tools::default_roles`]).
-    pub roles: BTreeMap<String, RoleConfig>,
-}
-
-impl Default for AuthConfig {
-    fn default() -> Self {
-        Self {
-            enabled: false,
-            keys: Vec::new(),
-            refresh_interval: Duration::from_secs(10),
-            roles: BTreeMap::new(),
-        }
-    }
-}
-
-impl AuthConfig {
-    /// The capabilities of `role`: configured, else its default.
-    pub fn capabilities(&self, role: &str) -> Vec<String> {
-        match self.roles.get(role) {
-            Some(r) => r.capabilities.clone(),
-            None => tools::default_roles()
-                .remove(role)
-                .map(|r| r.capabilities)
-                .unwrap_or_default(),
-        }
-    }
-}
-
-/// One `[[auth.keys]]` entry. The key itself never appears in the config.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ApiKeyConfig {
-    /// Who holds the key (audit trail, logs).
-    pub name: String,
-    /// Lowercase hex SHA-256 of the key (`printf %s "$KEY" | sha256sum`).
-    pub sha256: String,
-    /// Teams the key may act for; `["*"]` for all (trusted internal services).
-    pub teams: Vec<String>,
-    /// `caller` (default) or `admin` (prompt administration too).
-    #[serde(default = "default_role")]
-    pub role: Role,
-}
-
-fn default_role() -> Role {
-    Role::Caller
 }
 
 /// `[server.tls]`: serve gRPC over TLS, optionally requiring client
@@ -445,57 +387,6 @@ impl Default for ServerConfig {
             default_timeout: Duration::from_secs(60),
             health_probe_interval: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
-        }
-    }
-}
-
-/// Storage settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DatabaseConfig {
-    /// `sqlite://path/to/file.db` (created if missing) or `postgres://...`.
-    pub url: String,
-    /// Pool size.
-    pub max_connections: u32,
-    /// How long a SQLite writer waits for the lock before failing.
-    #[serde(with = "humantime_serde")]
-    pub busy_timeout: Duration,
-    /// How long to wait for a pooled connection.
-    #[serde(with = "humantime_serde")]
-    pub acquire_timeout: Duration,
-    /// When a SQLite commit counts as done (ignored for PostgreSQL).
-    pub sqlite_synchronous: SqliteDurability,
-    /// SQLite file only: WAL frames (pages) the ledger writer lets the WAL
-    /// grow to before it checkpoints, between commits: 10,000 keeps a
-    /// ~40 MB WAL, rewritten in place, and checkpoints rarely stall the
-    /// single writer (docs/adr/0006).
-    pub sqlite_wal_autocheckpoint: u32,
-}
-
-/// SQLite's `synchronous` setting (WAL mode), i.e. what a commit survives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SqliteDurability {
-    /// Every commit is fsynced before it returns: an acknowledged call's
-    /// usage record survives a process crash and a power loss.
-    #[default]
-    Full,
-    /// Commits reach the OS before they return, fsync happens at WAL
-    /// checkpoints: survives a process crash (SIGKILL, OOM kill, panic) but
-    /// the last commits can be lost on power loss or a kernel crash. Saves
-    /// one fsync per group commit.
-    Normal,
-}
-
-impl Default for DatabaseConfig {
-    fn default() -> Self {
-        Self {
-            url: "sqlite://data/ai-orchestrator.db".into(),
-            max_connections: 8,
-            busy_timeout: Duration::from_secs(5),
-            acquire_timeout: Duration::from_secs(5),
-            sqlite_synchronous: SqliteDurability::Full,
-            sqlite_wal_autocheckpoint: 10_000,
         }
     }
 }

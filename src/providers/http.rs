@@ -1,239 +1,27 @@
-//! HTTP plumbing shared by every wire format: client construction, sending
-//! with a deadline, and classifying failures (status, `Retry-After`,
-//! transport errors) into [`ProviderError`].
+//! HTTP plumbing shared by every wire format: the clients ([`clients`]),
+//! sending with a deadline, and classifying failures (status,
+//! `Retry-After`, transport errors) into [`ProviderError`].
 //!
 //! Error bodies are read only to pick out the provider's error *type/code*
 //! (e.g. `rate_limit_error`, `overloaded_error`); the human-readable message
 //! and the rest of the body are dropped here, so they can never reach logs
 //! shown to clients or the client itself.
 
+mod clients;
+
+pub use clients::{Clients, Lease};
+
 use super::{CompletionRequest, ConnectFailure, ProviderError};
-use crate::config::ProviderConfig;
 use reqwest::{RequestBuilder, Response, header::HeaderMap};
 use serde::de::DeserializeOwned;
 use std::{
     future::Future,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
     time::{Duration, SystemTime},
 };
 use tokio::time::Instant;
 
 /// Largest error body we read to find the error type.
 const MAX_ERROR_BODY: usize = 16 * 1024;
-
-/// The HTTP clients of one provider, each with its own connection pool,
-/// filled in order: a call takes the first client carrying fewer than
-/// `streams_per_connection` calls.
-///
-/// hyper's client keeps one HTTP/2 connection per host and does not open a
-/// second when the server's `SETTINGS_MAX_CONCURRENT_STREAMS` is reached
-/// (hyperium/hyper#2197, #3623): further calls wait inside it, unseen by
-/// the provider's limits and counted as provider latency. With calls that
-/// last seconds that caps a provider at ~100–256 calls in flight, so each
-/// batch of `streams_per_connection` calls gets a client of its own. A
-/// client is built on first use: under ordinary load a provider has one
-/// connection, and its calls share it. Over HTTP/1.1 the split only divides
-/// the idle pool.
-///
-/// A connection-level failure (a reset, a GOAWAY, a connection closed under
-/// a call) makes the failed call's client suspect: its pool may hold more
-/// connections that died the same way (a server that dropped its idle
-/// keep-alive connections resets every one of them on reuse). The slot then
-/// gets a fresh client with an empty pool for the calls that follow; calls
-/// already on the old one finish on it.
-pub struct Clients {
-    config: ProviderConfig,
-    per_client: usize,
-    /// The first is built at start-up, the others on first use.
-    slots: Box<[Arc<Slot>]>,
-}
-
-#[derive(Default)]
-struct Slot {
-    client: Mutex<Built>,
-    in_flight: AtomicUsize,
-}
-
-/// A slot's client (`None` until built, or once replaced), and how many
-/// times it was replaced.
-#[derive(Default)]
-struct Built {
-    client: Option<reqwest::Client>,
-    generation: u64,
-}
-
-/// One call's client and its place on it, released when dropped: hold it
-/// until the call's response has been read to the end.
-pub struct Lease {
-    client: reqwest::Client,
-    slot: Arc<Slot>,
-    generation: u64,
-}
-
-impl Lease {
-    /// The client to send the call with.
-    pub fn client(&self) -> &reqwest::Client {
-        &self.client
-    }
-
-    /// Hands back `result`, first replacing this call's client with a fresh
-    /// one when its connection broke (see [`Clients`] and
-    /// [`ConnectFailure::broke_connection`]).
-    pub fn checked<T>(&self, result: Result<T, ProviderError>) -> Result<T, ProviderError> {
-        if let Err(e) = &result
-            && e.connection_failure()
-                .is_some_and(ConnectFailure::broke_connection)
-        {
-            let mut built = lock(&self.slot.client);
-            if built.generation == self.generation {
-                // Built anew on the slot's next lease.
-                built.client = None;
-                built.generation += 1;
-            }
-        }
-        result
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.slot.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A slot's lock holds only a client handle: still usable after a panic.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl Clients {
-    /// The clients of one provider; the first is built now, so a config the
-    /// client cannot work with fails at start-up.
-    pub fn new(config: &ProviderConfig) -> Result<Self, ProviderError> {
-        let per_client = config.streams_per_connection.max(1);
-        let count = config.max_concurrency.div_ceil(per_client).max(1);
-        let slots: Box<[Arc<Slot>]> = (0..count).map(|_| Arc::default()).collect();
-        if let Some(first) = slots.first() {
-            lock(&first.client).client = Some(client(config, per_client)?);
-        }
-        Ok(Self {
-            config: config.clone(),
-            per_client,
-            slots,
-        })
-    }
-
-    /// A client for one call: the first with room, else the least loaded
-    /// (more calls than `max_concurrency` allows are not sent anyway).
-    pub fn lease(&self) -> Lease {
-        let take = |in_flight: &AtomicUsize| {
-            in_flight
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < self.per_client).then_some(n + 1)
-                })
-                .is_ok()
-        };
-        let slot = match self.slots.iter().find(|slot| take(&slot.in_flight)) {
-            Some(slot) => slot,
-            None => {
-                // All full: the least loaded, the first on a tie.
-                let least = self
-                    .slots
-                    .iter()
-                    .min_by_key(|slot| slot.in_flight.load(Ordering::Acquire));
-                let Some(slot) = least.or(self.slots.first()) else {
-                    unreachable!("a provider has at least one client slot")
-                };
-                slot.in_flight.fetch_add(1, Ordering::AcqRel);
-                slot
-            }
-        };
-        self.lease_of(slot)
-    }
-
-    /// A lease on `slot`, whose place is already taken. Its client is built
-    /// on first use (or after a connection failure replaced it) from the
-    /// config the first one was built from, so building cannot fail
-    /// differently; should it fail, the call uses another slot's client.
-    fn lease_of(&self, slot: &Arc<Slot>) -> Lease {
-        let mut built = lock(&slot.client);
-        let generation = built.generation;
-        let client = match &built.client {
-            Some(client) => client.clone(),
-            None => match client(&self.config, self.per_client) {
-                Ok(client) => built.client.insert(client).clone(),
-                Err(_) => {
-                    drop(built);
-                    self.any_client()
-                }
-            },
-        };
-        Lease {
-            client,
-            slot: Arc::clone(slot),
-            generation,
-        }
-    }
-
-    /// Some built client (the first slot's is built at start-up).
-    fn any_client(&self) -> reqwest::Client {
-        self.slots
-            .iter()
-            .find_map(|s| lock(&s.client).client.clone())
-            .unwrap_or_default()
-    }
-
-    /// Clients built so far (one connection pool each).
-    #[cfg(test)]
-    fn built(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| lock(&s.client).client.is_some())
-            .count()
-    }
-}
-
-/// Builds one HTTP client of a provider, keeping up to `idle` connections.
-fn client(config: &ProviderConfig, idle: usize) -> Result<reqwest::Client, ProviderError> {
-    let builder = reqwest::Client::builder();
-    let tls = config
-        .base_url
-        .as_deref()
-        .is_none_or(|url| url.starts_with("https://"));
-    let builder = match (config.http2(), tls) {
-        (false, _) => builder.http1_only(),
-        // ALPN offers h2 (and http/1.1 for a server without it).
-        (true, true) => builder,
-        (true, false) => builder.http2_prior_knowledge(),
-    };
-    let builder = match &config.tls_ca {
-        Some(path) => {
-            let unusable =
-                |e: String| ProviderError::Unsupported(format!("tls_ca {}: {e}", path.display()));
-            let pem = std::fs::read(path).map_err(|e| unusable(e.to_string()))?;
-            let certs =
-                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| unusable(e.to_string()))?;
-            builder.tls_certs_merge(certs)
-        }
-        None => builder,
-    };
-    builder
-        // Calls that never reached the provider are resent by the router,
-        // which counts and shows them; reqwest would resend protocol NACKs
-        // on its own, unseen.
-        .retry(reqwest::retry::never())
-        .connect_timeout(config.connect_timeout)
-        // Nagle off upstream too: small request frames must not wait for ACKs.
-        .tcp_nodelay(true)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(idle.min(config.max_concurrency).max(1))
-        .user_agent(concat!("ai-orchestrator/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| ProviderError::Unsupported(format!("cannot build HTTP client: {e}")))
-}
 
 /// Adds the trace headers every provider call carries.
 /// `traceparent` names the current span (the provider attempt) when trace

@@ -1,51 +1,6 @@
 use super::*;
 use reqwest::header::HeaderValue;
 
-fn clients(max_concurrency: usize, streams_per_connection: usize) -> Clients {
-    let toml = format!(
-        "[providers.p]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
-         max_concurrency = {max_concurrency}\nstreams_per_connection = {streams_per_connection}\n"
-    );
-    let config = crate::config::Config::from_toml_str(&toml, |_| None).unwrap();
-    Clients::new(&config.providers["p"]).unwrap()
-}
-
-fn loads(c: &Clients) -> Vec<usize> {
-    c.slots
-        .iter()
-        .map(|s| s.in_flight.load(Ordering::SeqCst))
-        .collect()
-}
-
-#[test]
-fn leases_fill_one_client_before_the_next() {
-    let c = clients(5, 2);
-    assert_eq!((loads(&c), c.built()), (vec![0, 0, 0], 1));
-    let mut held: Vec<Lease> = (0..5).map(|_| c.lease()).collect();
-    assert_eq!((loads(&c), c.built()), (vec![2, 2, 1], 3));
-    // All full (as far as max_concurrency goes): the least loaded.
-    held.push(c.lease());
-    assert_eq!(loads(&c), vec![2, 2, 2]);
-    held.push(c.lease());
-    assert_eq!(loads(&c), vec![3, 2, 2]);
-    // A freed place on the first client is taken before the others.
-    held.swap_remove(0);
-    held.swap_remove(0);
-    assert_eq!(loads(&c), vec![1, 2, 2]);
-    held.push(c.lease());
-    assert_eq!(loads(&c), vec![2, 2, 2]);
-    drop(held);
-    assert_eq!((loads(&c), c.built()), (vec![0, 0, 0], 3));
-}
-
-#[test]
-fn one_client_under_ordinary_load() {
-    let c = clients(64, 100);
-    let held: Vec<Lease> = (0..64).map(|_| c.lease()).collect();
-    assert_eq!((loads(&c), c.built()), (vec![64], 1));
-    drop(held);
-}
-
 fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in pairs {

@@ -1,6 +1,6 @@
 //! The one entry point of every tool invocation (SPEC §9.2): gRPC's
-//! `InvokeTool`, the MCP endpoint's `tools/call` and (next) the agent loop
-//! all come here, and nothing runs a tool otherwise. In this order:
+//! `InvokeTool`, the MCP endpoint's `tools/call` and the agent loop all
+//! come here, and nothing runs a tool otherwise. In this order:
 //!
 //! ```text
 //! look up → policy gate → input schema → cost estimate reserved against
@@ -14,19 +14,24 @@
 //! (http) tool first claims its idempotency key; the second holder of a key
 //! gets the first invocation back, `deduplicated`.
 
+mod audit;
+mod run;
+
+pub(crate) use run::{judge, run};
+
 use super::{Call, CallError};
 use crate::{
     audit::{AuditEvent, Category},
     auth::Principal,
     telemetry::metrics,
     tools::{
-        Denial, Failure, Kind, Status, Tool, builtin, cost,
+        Denial, Failure, Kind, Status, Tool, cost,
         idempotency::{self, Keyed},
         invocations::{self, Claimed, Invocation, Mode, Outcome},
         policy::{self, Caller},
         schema,
     },
-    usage::{Estimate, ledger::Op},
+    usage::Estimate,
 };
 use serde_json::Value;
 use std::{sync::Arc, time::Duration};
@@ -430,136 +435,5 @@ impl Call {
             _ => uuid::Uuid::now_v7().simple().to_string(),
         };
         (key, window_start)
-    }
-
-    /// Audits a denial (durably, before the error goes back) and counts it.
-    async fn deny(&self, subject: &str, input: &Value, denial: Denial) -> CallError {
-        self.audit_denial(subject, input, denial.reason()).await;
-        CallError::ToolDenied(denial)
-    }
-
-    async fn audit_denial(&self, subject: &str, input: &Value, reason: &'static str) {
-        metrics::tool_denial(reason);
-        let event = AuditEvent::new(
-            &self.ctx.team_id,
-            &self.ctx.principal,
-            &self.ctx.trace_id,
-            Category::Tool,
-            "tool.denied",
-            subject,
-        )
-        .decided("deny", reason)
-        .with_input(input);
-        if let Err(e) = self.audit(vec![event]).await {
-            tracing::error!(trace_id = %self.ctx.trace_id, error = ?e, "auditing a tool denial failed");
-        }
-    }
-
-    /// Appends `events` to the audit log and waits until they are durable.
-    pub(crate) async fn audit(&self, events: Vec<AuditEvent>) -> Result<(), CallError> {
-        self.pipeline
-            .ledger()
-            .submit(Op::Audit(events))
-            .await
-            .map(drop)
-            .map_err(|e| CallError::Storage(e.to_string()))
-    }
-
-    /// Queues `events` for the group commit a later durable operation of
-    /// this team waits for (this call's settlement or a later audit): in
-    /// order, before anything the call queues after.
-    pub(crate) async fn audit_later(&self, events: Vec<AuditEvent>) -> Result<(), CallError> {
-        self.pipeline
-            .ledger()
-            .enqueue(Op::Audit(events))
-            .await
-            .map_err(|e| CallError::Storage(e.to_string()))
-    }
-
-    /// Audit events the call's reply depends on: queued for the
-    /// settlement's group commit when the call is metered (its durable
-    /// settlement covers them), else appended durably now.
-    pub(crate) async fn audit_before_finish(
-        &self,
-        events: Vec<AuditEvent>,
-    ) -> Result<(), CallError> {
-        if self.pipeline.meter().enabled() {
-            self.audit_later(events).await
-        } else {
-            self.audit(events).await
-        }
-    }
-}
-
-/// Runs `tool` until `deadline`: its output or why not, the POSTs made,
-/// and a workflow's execution ID. The entry point's last step before the
-/// result; the ASYNC worker's too.
-pub(crate) async fn run(
-    pipeline: &super::Pipeline,
-    tool: &Arc<Tool>,
-    input: &Value,
-    idempotency_key: Option<&str>,
-    trace_id: &str,
-    deadline: Instant,
-) -> (Result<Value, Failure>, u32, Option<String>) {
-    let timed_out = || Failure::new("TIMED_OUT", "the tool did not finish within its timeout");
-    let tools = pipeline.toolbox();
-    match &tool.kind {
-        Kind::Builtin => {
-            let health = || pipeline.health();
-            (builtin::run(&tool.name, input, health), 1, None)
-        }
-        Kind::Mcp {
-            server,
-            tool: remote,
-        } => {
-            let timeout = deadline.saturating_duration_since(Instant::now());
-            (
-                tools.servers.call(server, remote, input, timeout).await,
-                1,
-                None,
-            )
-        }
-        Kind::Http(http) => {
-            let key = idempotency_key.unwrap_or_default();
-            let name = tool.name.clone();
-            let called =
-                crate::tools::http::call(&tools.http, http, input, key, trace_id, deadline, || {
-                    metrics::workflow_retry(&name)
-                })
-                .await;
-            match called {
-                Ok(a) => (Ok(a.output), a.attempts, a.execution_id),
-                // Out of time, whatever the last POST said.
-                Err((_, attempts)) if Instant::now() >= deadline => {
-                    (Err(timed_out()), attempts, None)
-                }
-                Err((f, attempts)) => (Err(f), attempts, None),
-            }
-        }
-    }
-}
-
-/// What a run comes to: SUCCEEDED with its output when the output fits
-/// the tool's output schema, FAILED (`OUTPUT_INVALID`) when it does not,
-/// TIMED_OUT or FAILED with the run's failure.
-pub(crate) fn judge(
-    tool: &Tool,
-    result: Result<Value, Failure>,
-) -> (Status, Option<Value>, Option<Failure>) {
-    match result {
-        Ok(output) => match tool.output.as_ref().map(|v| schema::violations(v, &output)) {
-            Some(v) if !v.is_empty() => (
-                Status::Failed,
-                None,
-                Some(Failure::new(
-                    "OUTPUT_INVALID",
-                    format!("the output breaks the tool's output_schema at {}", v[0].0),
-                )),
-            ),
-            _ => (Status::Succeeded, Some(output), None),
-        },
-        Err(f) if f.code == "TIMED_OUT" => (Status::TimedOut, None, Some(f)),
-        Err(f) => (Status::Failed, None, Some(f)),
     }
 }
