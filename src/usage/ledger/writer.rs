@@ -111,9 +111,11 @@ impl LedgerWriter {
                 Writer::Pool(store) => tokio::spawn(run(Pool(store), rx, batch_max, stop)),
                 Writer::Sqlite(writer) => {
                     let (exited, ended) = oneshot::channel::<()>();
+                    let busy_timeout = config.busy_timeout;
                     std::thread::Builder::new()
                         .name("ledger-writer".into())
                         .spawn(move || {
+                            sqlite::busy::wait_at_most(busy_timeout);
                             sqlite::writer::block_on(run(*writer, rx, batch_max, stop), None);
                             drop(exited);
                         })?;
