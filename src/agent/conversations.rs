@@ -3,11 +3,16 @@
 //! by a lease taken with one conditional UPDATE (a second turn is refused,
 //! on any replica); its messages are appended in one transaction when the
 //! turn completes; `delete` and the sweeper erase everything it stored.
+//!
+//! A turn's writes (a new conversation, the lease, the completed turn) are
+//! statements the call pipeline runs in the ledger's group commit, beside
+//! the turn's usage records and audit events: on SQLite they never wait
+//! for the lock behind the ledger, nor the ledger behind them.
 
 use crate::{
     on_store,
     providers::{ChatMessage, Role, ToolCall, ToolOutcome},
-    store::{Store, StoreError},
+    store::{Statement, Store, StoreError},
 };
 use serde::{Deserialize, Serialize};
 
@@ -152,34 +157,33 @@ fn message(row: MessageRow) -> StoredMessage {
 }
 
 /// Starts a conversation of `team` with `agent`, held by the turn `token`
-/// until `lease_until_ms`.
-pub async fn create(
-    store: &Store,
+/// until `lease_until_ms`: the conversation, and the statement that writes
+/// its row (run in the ledger's group commit, see
+/// [`crate::usage::ledger::Write`]).
+pub fn create(
     team: &str,
     agent: &str,
     principal: &str,
     now_ms: i64,
     lease_until_ms: i64,
     token: &str,
-) -> Result<Conversation, StoreError> {
+) -> (Conversation, Statement) {
     let id = uuid::Uuid::now_v7().to_string();
-    on_store!(store, |pool| {
-        sqlx::query(
-            "INSERT INTO conversations (id, team_id, agent, principal, turns, created_at_ms, \
-             updated_at_ms, expires_at_ms, busy_until_ms, busy_token) \
-             VALUES ($1, $2, $3, $4, 0, $5, $5, $6, $6, $7)",
-        )
-        .bind(&id)
-        .bind(team)
-        .bind(agent)
-        .bind(principal)
-        .bind(now_ms)
-        .bind(lease_until_ms)
-        .bind(token)
-        .execute(pool)
-        .await?;
-    });
-    Ok(Conversation {
+    let insert = Statement::new(
+        "INSERT INTO conversations (id, team_id, agent, principal, turns, created_at_ms, \
+         updated_at_ms, expires_at_ms, busy_until_ms, busy_token) \
+         VALUES ($1, $2, $3, $4, 0, $5, $5, $6, $6, $7)",
+        vec![
+            id.as_str().into(),
+            team.into(),
+            agent.into(),
+            principal.into(),
+            now_ms.into(),
+            lease_until_ms.into(),
+            token.into(),
+        ],
+    );
+    let conversation = Conversation {
         id,
         team_id: team.to_owned(),
         agent: agent.to_owned(),
@@ -188,37 +192,38 @@ pub async fn create(
         updated_at_ms: now_ms,
         // Until its first turn completes, the lease is its whole life.
         expires_at_ms: lease_until_ms,
-    })
+    };
+    (conversation, insert)
 }
 
-/// Takes conversation `id` of `team` for the turn `token` until
-/// `lease_until_ms`, unless another turn's lease is still running.
-pub async fn acquire(
+/// The statement that takes conversation `id` of `team` for the turn
+/// `token` until `lease_until_ms`, unless another turn's lease is still
+/// running: it changes one row when the lease is taken. See [`acquired`].
+pub fn acquire(team: &str, id: &str, now_ms: i64, lease_until_ms: i64, token: &str) -> Statement {
+    Statement::new(
+        "UPDATE conversations SET busy_until_ms = $1, busy_token = $2 \
+         WHERE id = $3 AND team_id = $4 AND expires_at_ms > $5 \
+         AND (busy_until_ms IS NULL OR busy_until_ms <= $5)",
+        vec![
+            lease_until_ms.into(),
+            token.into(),
+            id.into(),
+            team.into(),
+            now_ms.into(),
+        ],
+    )
+}
+
+/// What [`acquire`] came to: `taken` when its statement changed the row.
+pub async fn acquired(
     store: &Store,
     team: &str,
     id: &str,
     now_ms: i64,
-    lease_until_ms: i64,
-    token: &str,
+    taken: bool,
 ) -> Result<Acquired, StoreError> {
-    let taken = on_store!(store, |pool| {
-        sqlx::query(
-            "UPDATE conversations SET busy_until_ms = $1, busy_token = $2 \
-             WHERE id = $3 AND team_id = $4 AND expires_at_ms > $5 \
-             AND (busy_until_ms IS NULL OR busy_until_ms <= $5)",
-        )
-        .bind(lease_until_ms)
-        .bind(token)
-        .bind(id)
-        .bind(team)
-        .bind(now_ms)
-        .execute(pool)
-        .await?
-        .rows_affected()
-    });
-    let found = find(store, team, id, now_ms).await?;
-    Ok(match found {
-        Some(c) if taken == 1 => Acquired::Held(c),
+    Ok(match find(store, team, id, now_ms).await? {
+        Some(c) if taken => Acquired::Held(c),
         Some(_) => Acquired::Busy,
         None => Acquired::NotFound,
     })
@@ -292,99 +297,86 @@ pub async fn turns(store: &Store, id: &str) -> Result<Vec<TurnRecord>, StoreErro
         .collect())
 }
 
-/// Appends a completed turn's `messages` and its record to conversation
-/// `c`, sets when it expires, and releases the turn's lease: one
-/// transaction. Returns `false` when the lease was lost (the conversation
-/// was erased meanwhile): nothing is stored then.
-pub async fn complete_turn(
-    store: &Store,
+/// The statements that append a completed turn's `messages` and its record
+/// to conversation `c`, set when it expires and release the turn's lease,
+/// in one transaction (the ledger's group commit). The first, the lease's
+/// release, is their guard: it changes no row when the lease was lost (the
+/// conversation was erased meanwhile), and then nothing is stored.
+pub fn complete_turn(
     c: &Conversation,
     token: &str,
     messages: &[ChatMessage],
     record: &TurnRecord,
     now_ms: i64,
     expires_at_ms: i64,
-) -> Result<bool, StoreError> {
-    let suggestions = serde_json::to_string(&record.memory_suggestions).unwrap_or_default();
-    on_store!(store, |pool| {
-        let mut tx = pool.begin().await?;
-        let updated = sqlx::query(
-            "UPDATE conversations SET turns = turns + 1, updated_at_ms = $1, expires_at_ms = $2, \
-             busy_until_ms = NULL, busy_token = NULL WHERE id = $3 AND busy_token = $4",
-        )
-        .bind(now_ms)
-        .bind(expires_at_ms)
-        .bind(&c.id)
-        .bind(token)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if updated != 1 {
-            return Ok(false);
-        }
-        let last: Option<i64> = sqlx::query_scalar(
-            "SELECT MAX(seq) FROM conversation_messages WHERE conversation_id = $1",
-        )
-        .bind(&c.id)
-        .fetch_one(&mut *tx)
-        .await?;
-        let mut seq = last.unwrap_or(0);
-        for m in messages {
-            seq += 1;
-            let calls = (!m.tool_calls.is_empty()).then(|| {
-                let list: Vec<CallJson> = m
-                    .tool_calls
-                    .iter()
-                    .map(|c| CallJson {
-                        id: c.id.clone(),
-                        name: c.name.clone(),
-                        arguments: c.arguments.clone(),
-                    })
-                    .collect();
-                serde_json::to_string(&list).unwrap_or_default()
-            });
-            let result = m.tool_result.as_ref().map(|r| {
-                serde_json::to_string(&ResultJson {
-                    call_id: r.call_id.clone(),
-                    name: r.name.clone(),
-                    content: r.content.clone(),
-                    is_error: r.is_error,
+) -> Vec<Statement> {
+    let mut statements = Vec::with_capacity(messages.len() + 2);
+    statements.push(Statement::new(
+        "UPDATE conversations SET turns = turns + 1, updated_at_ms = $1, expires_at_ms = $2, \
+         busy_until_ms = NULL, busy_token = NULL WHERE id = $3 AND busy_token = $4",
+        vec![
+            now_ms.into(),
+            expires_at_ms.into(),
+            c.id.as_str().into(),
+            token.into(),
+        ],
+    ));
+    for m in messages {
+        let calls = (!m.tool_calls.is_empty()).then(|| {
+            let list: Vec<CallJson> = m
+                .tool_calls
+                .iter()
+                .map(|c| CallJson {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
                 })
-                .unwrap_or_default()
-            });
-            sqlx::query(
-                "INSERT INTO conversation_messages (conversation_id, seq, turn, role, content, \
-                 tool_calls, tool_result, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .bind(&c.id)
-            .bind(seq)
-            .bind(i64::from(record.turn))
-            .bind(role_str(m.role))
-            .bind(&m.content)
-            .bind(calls)
-            .bind(result)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await?;
-        }
-        sqlx::query(
-            "INSERT INTO conversation_turns (conversation_id, turn, trace_id, stop_reason, \
-             iterations, tool_calls, memory_suggestions, created_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(&c.id)
-        .bind(i64::from(record.turn))
-        .bind(&record.trace_id)
-        .bind(&record.stop_reason)
-        .bind(i64::from(record.iterations))
-        .bind(i64::from(record.tool_calls))
-        .bind(&suggestions)
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-    });
-    Ok(true)
+                .collect();
+            serde_json::to_string(&list).unwrap_or_default()
+        });
+        let result = m.tool_result.as_ref().map(|r| {
+            serde_json::to_string(&ResultJson {
+                call_id: r.call_id.clone(),
+                name: r.name.clone(),
+                content: r.content.clone(),
+                is_error: r.is_error,
+            })
+            .unwrap_or_default()
+        });
+        // Each message takes the next sequence number of its conversation
+        // (the turn holds the lease: nobody else appends meanwhile).
+        statements.push(Statement::new(
+            "INSERT INTO conversation_messages (conversation_id, seq, turn, role, content, \
+             tool_calls, tool_result, created_at_ms) VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 \
+             FROM conversation_messages WHERE conversation_id = $1), $2, $3, $4, $5, $6, $7)",
+            vec![
+                c.id.as_str().into(),
+                i64::from(record.turn).into(),
+                role_str(m.role).into(),
+                m.content.as_str().into(),
+                calls.into(),
+                result.into(),
+                now_ms.into(),
+            ],
+        ));
+    }
+    let suggestions = serde_json::to_string(&record.memory_suggestions).unwrap_or_default();
+    statements.push(Statement::new(
+        "INSERT INTO conversation_turns (conversation_id, turn, trace_id, stop_reason, \
+         iterations, tool_calls, memory_suggestions, created_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        vec![
+            c.id.as_str().into(),
+            i64::from(record.turn).into(),
+            record.trace_id.as_str().into(),
+            record.stop_reason.as_str().into(),
+            i64::from(record.iterations).into(),
+            i64::from(record.tool_calls).into(),
+            suggestions.into(),
+            now_ms.into(),
+        ],
+    ));
+    statements
 }
 
 /// Releases a failed turn's lease; nothing of the turn is stored. A new

@@ -6,6 +6,10 @@
 //! types. Queries that must be atomic are written per backend in the modules
 //! that own them (`usage`, `prompts`); this module only owns connections.
 
+pub mod statement;
+
+pub use statement::{Arg, Statement};
+
 use crate::config::{DatabaseConfig, SqliteDurability};
 use sqlx::{
     PgPool, SqlitePool,

@@ -243,7 +243,7 @@ impl MeterSession {
                 Ok(())
             }
             Done::Refused(refusal) => Err(MeterError::Quota(refusal)),
-            Done::Settled | Done::Audited => Ok(()),
+            Done::Settled | Done::Audited | Done::Written { .. } => Ok(()),
         }
     }
 

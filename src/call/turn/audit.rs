@@ -43,7 +43,9 @@ pub(super) async fn start(
 }
 
 /// `agent.turn.complete`: a digest of the answer, the stop reason and
-/// the counts, the duration; durable before the turn's last event.
+/// the counts, the duration. Queued: the turn's stored rows, written
+/// durably right after it ([`super::lease::store_turn`]), make it durable
+/// before the turn's last event.
 pub(super) async fn complete(
     pipeline: &Pipeline,
     ctx: &CallContext,
@@ -63,7 +65,11 @@ pub(super) async fn complete(
     );
     let event = turn_end(ctx, principal, agent, ("ok", &reason), started)
         .with_output(&serde_json::json!({ "text": text }));
-    submit(pipeline, event).await
+    pipeline
+        .ledger()
+        .enqueue(crate::usage::ledger::Op::Audit(vec![event]))
+        .await
+        .map_err(|e| CallError::Storage(e.to_string()))
 }
 
 /// `agent.turn.complete` of a failed turn (decision `error`, its reason),

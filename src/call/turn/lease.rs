@@ -4,7 +4,11 @@
 
 use super::super::{CallContext, CallError, Pipeline};
 use super::prepare::now_ms;
-use crate::{agent::conversations, providers::ChatMessage};
+use crate::{
+    agent::conversations,
+    providers::ChatMessage,
+    usage::ledger::{Done, Op, Write},
+};
 
 /// A turn's hold on its conversation while it runs: dropped with the turn
 /// unfinished (the caller cancelled or disconnected), it gives the
@@ -34,7 +38,31 @@ impl Drop for Held {
     }
 }
 
-/// Appends the turn to its conversation. A lost lease fails the turn
+/// Runs a conversation's `statements` in the ledger's group commit for
+/// `team` (see [`conversations`]): true when the first changed a row and
+/// the rest ran. `durable`: answered once on disk, else once committed.
+pub(super) async fn write(
+    pipeline: &Pipeline,
+    team: &str,
+    statements: Vec<crate::store::Statement>,
+    durable: bool,
+) -> Result<bool, CallError> {
+    let op = Op::Write(Write {
+        team_id: team.to_owned(),
+        statements,
+        durable,
+    });
+    match pipeline.ledger().submit(op).await {
+        Ok(Done::Written { stored, .. }) => Ok(stored),
+        Ok(other) => Err(CallError::Storage(format!(
+            "the ledger answered a conversation write with {other:?}"
+        ))),
+        Err(e) => Err(CallError::Storage(e.to_string())),
+    }
+}
+
+/// Appends the turn to its conversation, durably: the turn's end event,
+/// queued before it, is on disk with it. A lost lease fails the turn
 /// unless the conversation was erased meanwhile (then there is nothing to
 /// keep it in).
 pub(super) async fn store_turn(
@@ -49,13 +77,12 @@ pub(super) async fn store_turn(
     let storage = |e: crate::store::StoreError| CallError::Storage(e.to_string());
     let now = now_ms();
     let expires = now.saturating_add(i64::from(agent.retention_days).saturating_mul(86_400_000));
-    let store = pipeline.store();
-    if conversations::complete_turn(store, conversation, token, stored, record, now, expires)
-        .await
-        .map_err(storage)?
-    {
+    let statements =
+        conversations::complete_turn(conversation, token, stored, record, now, expires);
+    if write(pipeline, &ctx.team_id, statements, true).await? {
         return Ok(());
     }
+    let store = pipeline.store();
     match conversations::find(store, &ctx.team_id, &conversation.id, now)
         .await
         .map_err(storage)?

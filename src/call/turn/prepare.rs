@@ -88,20 +88,29 @@ impl Pipeline {
             .saturating_add(LEASE_SLACK_MS);
         let token = uuid::Uuid::now_v7().simple().to_string();
         let storage = |e: crate::store::StoreError| CallError::Storage(e.to_string());
+        // The conversation's row and lease are written in the ledger's
+        // group commit; nobody waits for the disk (the turn's end does).
         let conversation = match &req.conversation_id {
-            None => conversations::create(
-                store,
-                &ctx.team_id,
-                &req.agent,
-                &principal.name,
-                now,
-                lease_until,
-                &token,
-            )
-            .await
-            .map_err(storage)?,
+            None => {
+                let (conversation, insert) = conversations::create(
+                    &ctx.team_id,
+                    &req.agent,
+                    &principal.name,
+                    now,
+                    lease_until,
+                    &token,
+                );
+                if !super::lease::write(self, &ctx.team_id, vec![insert], false).await? {
+                    return Err(CallError::Storage(
+                        "a new conversation's row was not written".into(),
+                    ));
+                }
+                conversation
+            }
             Some(id) => {
-                match conversations::acquire(store, &ctx.team_id, id, now, lease_until, &token)
+                let lease = conversations::acquire(&ctx.team_id, id, now, lease_until, &token);
+                let taken = super::lease::write(self, &ctx.team_id, vec![lease], false).await?;
+                match conversations::acquired(store, &ctx.team_id, id, now, taken)
                     .await
                     .map_err(storage)?
                 {

@@ -171,6 +171,25 @@ pub enum Op {
     /// Append audit events, all of one team, to its chain (see
     /// [`crate::audit`]): in the group commit, durable like a settlement.
     Audit(Vec<AuditEvent>),
+    /// Write another service's rows of one team in the group commit (an
+    /// agent turn's conversation), so they never contend with it for the
+    /// SQLite lock.
+    Write(Write),
+}
+
+/// Rows of another service, written in a batch's transaction: its
+/// statements in order, the first one the guard. When the guard changes no
+/// row (a lease lost, a conversation gone), the rest are not run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Write {
+    /// The team the rows belong to (its writer, on PostgreSQL).
+    pub team_id: String,
+    /// The statements, the guard first.
+    pub statements: Vec<crate::store::Statement>,
+    /// Whether the caller waits for the rows to be on disk; otherwise it
+    /// hears once they are committed, and a later durable operation of the
+    /// team covers them.
+    pub durable: bool,
 }
 
 impl Op {
@@ -180,13 +199,24 @@ impl Op {
             Op::Reserve(r) => &r.team_id,
             Op::Settle(s) => &s.record.team_id,
             Op::Audit(events) => events.first().map_or("", |e| e.team_id.as_str()),
+            Op::Write(w) => &w.team_id,
         }
     }
 
     /// Whether its caller waits for it to be on disk (a settlement, audit
-    /// events); a reservation admitted in memory does not.
+    /// events, a durable write); a reservation admitted in memory does not.
     pub fn durable(&self) -> bool {
-        matches!(self, Op::Settle(_) | Op::Audit(_))
+        match self {
+            Op::Settle(_) | Op::Audit(_) => true,
+            Op::Write(w) => w.durable,
+            Op::Reserve(_) => false,
+        }
+    }
+
+    /// Whether a batch holding it goes at once, rather than lingering for
+    /// a settlement to join it as reservations do (ADR 0008).
+    pub fn goes_at_once(&self) -> bool {
+        !matches!(self, Op::Reserve(_))
     }
 }
 
@@ -201,12 +231,23 @@ pub enum Done {
     Settled,
     /// Audit events appended.
     Audited,
+    /// Another service's rows: `stored` false when the guard changed no
+    /// row (nothing written); `durable` as the [`Write`] asked.
+    Written {
+        /// Whether the rows were written.
+        stored: bool,
+        /// Whether the caller waited for the disk.
+        durable: bool,
+    },
 }
 
 impl Done {
     /// Whether its caller waits for the disk before hearing of it.
     pub fn durable(&self) -> bool {
-        matches!(self, Done::Settled | Done::Audited)
+        matches!(
+            self,
+            Done::Settled | Done::Audited | Done::Written { durable: true, .. }
+        )
     }
 }
 
@@ -256,6 +297,9 @@ pub(super) trait Backend {
     async fn insert_audit(&mut self, rows: &[Linked]) -> Result<(), StoreError>;
     /// Moves `team`'s chain head.
     async fn set_audit_head(&mut self, team: &str, head: &Head) -> Result<(), StoreError>;
+    /// Runs a [`Write`]'s statements in order, stopping when the first
+    /// changes no row: true when it did (and the rest ran).
+    async fn write(&mut self, statements: &[crate::store::Statement]) -> Result<bool, StoreError>;
     /// Folds a settlement into its stored prompt version's stats.
     async fn fold_prompt_stats(
         &mut self,

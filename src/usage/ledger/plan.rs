@@ -15,7 +15,9 @@
 //!    folded in (after the ledger rows: every writer, of any replica, locks
 //!    rows in the same order, so PostgreSQL never has a cycle to break);
 //! 5. the admitted reservations (of step 1 and step 3) are written;
-//! 6. the audit events are appended to their teams' chains, teams in
+//! 6. other services' rows ([`super::Write`]: an agent turn's
+//!    conversation) are written, each behind its guard;
+//! 7. the audit events are appended to their teams' chains, teams in
 //!    order (their head rows are locked last, after everything else).
 //!
 //! The result is one [`Done`] per operation, and (for a SQLite file's
@@ -41,7 +43,7 @@ pub(super) async fn apply<B: Backend>(
         .iter()
         .filter_map(|op| match op {
             Op::Settle(s) => Some(s),
-            Op::Reserve(_) | Op::Audit(_) => None,
+            Op::Reserve(_) | Op::Audit(_) | Op::Write(_) => None,
         })
         .collect();
     let settling: HashSet<&str> = settles
@@ -153,6 +155,16 @@ pub(super) async fn apply<B: Backend>(
         b.insert_reservations(&to_write).await?;
     }
 
+    // Other services' rows, before the audit heads (locked last).
+    for (i, op) in ops.iter().enumerate() {
+        if let Op::Write(w) = op {
+            done[i] = Done::Written {
+                stored: b.write(&w.statements).await?,
+                durable: w.durable,
+            };
+        }
+    }
+
     let mut audited = Vec::new();
     for (i, op) in ops.iter().enumerate() {
         if let Op::Audit(events) = op {
@@ -174,7 +186,7 @@ pub(super) async fn apply<B: Backend>(
             .filter_map(|op| match op {
                 Op::Reserve(r) => Some(r.key()),
                 Op::Settle(s) => Some(s.key()),
-                Op::Audit(_) => None,
+                Op::Audit(_) | Op::Write(_) => None,
             })
             .collect();
         for key in touched {

@@ -291,6 +291,16 @@ impl Backend for Pg<'_, '_> {
         Ok(())
     }
 
+    async fn write(&mut self, statements: &[crate::store::Statement]) -> Result<bool, StoreError> {
+        for (i, s) in statements.iter().enumerate() {
+            let q = crate::store::statement::bind_pg(sqlx::query(s.sql), &s.args);
+            if q.execute(&mut **self.tx).await?.rows_affected() == 0 && i == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     async fn set_audit_head(&mut self, team: &str, head: &Head) -> Result<(), StoreError> {
         sqlx::query(crate::audit::store::UPDATE_HEAD)
             .bind(team)

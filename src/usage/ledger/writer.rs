@@ -231,6 +231,7 @@ fn queue(
         Op::Reserve(_) => "reserve",
         Op::Settle(_) => "settle",
         Op::Audit(_) => "audit",
+        Op::Write(_) => "write",
     };
     async move {
         let (reply, done) = oneshot::channel();

@@ -1,5 +1,5 @@
-//! Conversations (SPEC §11.6–11.7): team-scoped reads, erasure, a second
-//! concurrent turn refused, memory suggestions stored on the turn, the
+//! Conversations (SPEC §11.6–11.7): team-scoped reads, erasure (also in
+//! the middle of a turn), a second concurrent turn refused, memory suggestions stored on the turn, the
 //! retention sweeper, and the same store on PostgreSQL.
 
 use super::{
@@ -111,6 +111,44 @@ async fn a_conversation_is_its_teams_and_erased_on_delete() {
     );
 }
 
+/// A conversation's first turn, completed, then its second started and
+/// running (its first delta out; the upstream holds the rest): the
+/// conversation's ID and the second turn's events. Trace IDs are
+/// `<trace>-1` and `<trace>-2`.
+async fn second_turn_running(
+    app: &TestApp,
+    trace: &str,
+) -> (String, tonic::Streaming<pb::ConverseEvent>) {
+    let first = turn(
+        app,
+        CALLER,
+        &format!("{trace}-1"),
+        converse("helper", "One", None),
+    )
+    .await
+    .unwrap();
+    let id = conversation_id(&first);
+    let mut second = agents(app)
+        .converse(with_key(
+            CALLER,
+            &format!("{trace}-2"),
+            converse("helper", "Two", Some(&id)),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    loop {
+        match second.next().await {
+            Some(Ok(pb::ConverseEvent {
+                event: Some(Event::Delta(_)),
+            })) => break,
+            Some(Ok(_)) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    (id, second)
+}
+
 #[tokio::test]
 async fn a_second_turn_while_one_runs_is_aborted() {
     let gate = Arc::new(Notify::new());
@@ -121,29 +159,7 @@ async fn a_second_turn_while_one_runs_is_aborted() {
     ])
     .await;
     let app = spawn(&openai.url(), &openai.url(), "").await;
-    let first = turn(&app, CALLER, "busy-1", converse("helper", "One", None))
-        .await
-        .unwrap();
-    let id = conversation_id(&first);
-    let mut slow = agents(&app)
-        .converse(with_key(
-            CALLER,
-            "busy-2",
-            converse("helper", "Two", Some(&id)),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    // The slow turn is running once its first delta is out.
-    loop {
-        match slow.next().await {
-            Some(Ok(pb::ConverseEvent {
-                event: Some(Event::Delta(_)),
-            })) => break,
-            Some(Ok(_)) => continue,
-            other => panic!("{other:?}"),
-        }
-    }
+    let (id, mut slow) = second_turn_running(&app, "busy").await;
     let refused = turn(
         &app,
         CALLER,
@@ -170,6 +186,42 @@ async fn a_second_turn_while_one_runs_is_aborted() {
     .await
     .unwrap();
     assert_eq!(completed(&third).text, "Third.");
+}
+
+/// A conversation erased while a turn runs keeps nothing of that turn: the
+/// turn's rows are written behind the release of its lease, which the
+/// erasure took with it, so the turn completes (there is nothing left to
+/// store it in) and no orphan message or turn row appears.
+#[tokio::test]
+async fn a_conversation_erased_during_a_turn_keeps_none_of_it() {
+    let gate = Arc::new(Notify::new());
+    let openai = Upstream::start([
+        Reply::sse(openai_text(&["First."])),
+        Reply::sse(openai_text(&["Slow", " answer."])).gated(2, gate.clone()),
+    ])
+    .await;
+    let app = spawn(&openai.url(), &openai.url(), "").await;
+    let (id, mut slow) = second_turn_running(&app, "erase").await;
+    let deleted = agents(&app)
+        .delete_conversation(with_key(CALLER, "erase-3", delete(&id)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(deleted.messages_deleted, 2, "the first turn's two messages");
+    gate.notify_one();
+    let mut last = None;
+    while let Some(item) = slow.next().await {
+        last = item.unwrap().event;
+    }
+    assert!(matches!(last, Some(Event::Completed(_))), "{last:?}");
+    let store = app.store().await;
+    assert!(
+        conversations::history(&store, &id, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(conversations::turns(&store, &id).await.unwrap().is_empty());
 }
 
 #[tokio::test]

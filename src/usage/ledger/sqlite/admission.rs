@@ -197,7 +197,7 @@ impl Admission {
                     let key = (r.team_id.clone(), r.month_start_ms);
                     inner.held.insert(r.id.clone(), (key, r.amount()));
                 }
-                Op::Reserve(_) | Op::Audit(_) => {}
+                Op::Reserve(_) | Op::Audit(_) | Op::Write(_) => {}
                 Op::Settle(s) => inner.settled(s),
             }
         }
@@ -254,7 +254,7 @@ impl Inner {
                         entry.pending -= r.amount();
                     }
                 }
-                Op::Reserve(_) | Op::Audit(_) => {}
+                Op::Reserve(_) | Op::Audit(_) | Op::Write(_) => {}
                 Op::Settle(s) => self.settled(s),
             }
         }

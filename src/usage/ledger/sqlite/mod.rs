@@ -328,6 +328,21 @@ impl Backend for Sqlite<'_, '_> {
         Ok(())
     }
 
+    async fn write(&mut self, statements: &[crate::store::Statement]) -> Result<bool, StoreError> {
+        for (i, s) in statements.iter().enumerate() {
+            if s.args.len() > NAMES.len() {
+                return Err(StoreError::Unsupported(
+                    "a ledger write's statement has more arguments than $1..$21",
+                ));
+            }
+            let args: Vec<&dyn ToSql> = s.args.iter().map(|a| a as &dyn ToSql).collect();
+            if self.execute(s.sql, &args)? == 0 && i == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     async fn set_audit_head(&mut self, team: &str, head: &Head) -> Result<(), StoreError> {
         self.execute(
             crate::audit::store::UPDATE_HEAD,

@@ -110,6 +110,7 @@ impl SqliteWriter {
             answer(replies, outcomes, |_| true);
             return;
         };
+        let durable: Vec<Outcome> = outcomes.iter().filter(|o| settled(o)).cloned().collect();
         answer(replies, outcomes, |o| !settled(o));
         // This sync covers every commit so far, the unsynced reservations
         // included.
@@ -117,10 +118,14 @@ impl SqliteWriter {
         let started = Instant::now();
         let synced = wal.sync();
         metrics::ledger_sync(started.elapsed());
-        let synced: Outcome = synced
-            .map(|()| Done::Settled)
-            .map_err(|e| Arc::new(StoreError::Io(e)));
-        answer(replies, vec![synced; replies.len()], |_| true);
+        let durable = match synced {
+            Ok(()) => durable,
+            Err(e) => {
+                let e = Arc::new(StoreError::Io(e));
+                durable.iter().map(|_| Err(e.clone())).collect()
+            }
+        };
+        answer(replies, durable, |_| true);
     }
 }
 
@@ -162,7 +167,7 @@ impl Applier for SqliteWriter {
 }
 
 fn settles(ops: &[Op]) -> bool {
-    ops.iter().any(Op::durable)
+    ops.iter().any(Op::goes_at_once)
 }
 
 /// Holds a batch of reservations alone for up to [`LINGER`], until a
