@@ -43,18 +43,17 @@ pub(super) async fn start(
 }
 
 /// `agent.turn.complete`: a digest of the answer, the stop reason and
-/// the counts, the duration. Queued: the turn's stored rows, written
-/// durably right after it ([`super::lease::store_turn`]), make it durable
-/// before the turn's last event.
-pub(super) async fn complete(
-    pipeline: &Pipeline,
+/// the counts, the duration. Written in the transaction that stores the
+/// turn ([`super::lease::store_turn`]), durable before the turn's last
+/// event.
+pub(super) fn complete(
     ctx: &CallContext,
     principal: &Principal,
     agent: &str,
     record: &conversations::TurnRecord,
     text: &str,
     started: Instant,
-) -> Result<(), CallError> {
+) -> AuditEvent {
     // Counts travel in the reason; the text only as its digest.
     let reason = format!(
         "{} iterations={} tool_calls={} suggestions={}",
@@ -63,13 +62,8 @@ pub(super) async fn complete(
         record.tool_calls,
         record.memory_suggestions.len()
     );
-    let event = turn_end(ctx, principal, agent, ("ok", &reason), started)
-        .with_output(&serde_json::json!({ "text": text }));
-    pipeline
-        .ledger()
-        .enqueue(crate::usage::ledger::Op::Audit(vec![event]))
-        .await
-        .map_err(|e| CallError::Storage(e.to_string()))
+    turn_end(ctx, principal, agent, ("ok", &reason), started)
+        .with_output(&serde_json::json!({ "text": text }))
 }
 
 /// `agent.turn.complete` of a failed turn (decision `error`, its reason),

@@ -6,6 +6,7 @@ use super::super::{CallContext, CallError, Pipeline};
 use super::prepare::now_ms;
 use crate::{
     agent::conversations,
+    audit::AuditEvent,
     providers::ChatMessage,
     usage::ledger::{Done, Op, Write},
 };
@@ -39,18 +40,21 @@ impl Drop for Held {
 }
 
 /// Runs a conversation's `statements` in the ledger's group commit for
-/// `team` (see [`conversations`]): true when the first changed a row and
-/// the rest ran. `durable`: answered once on disk, else once committed.
+/// `team` (see [`conversations`]), with `audit` events in the same
+/// transaction: true when the first statement changed a row and the rest
+/// ran. `durable`: answered once on disk, else once committed.
 pub(super) async fn write(
     pipeline: &Pipeline,
     team: &str,
     statements: Vec<crate::store::Statement>,
     durable: bool,
+    audit: Vec<AuditEvent>,
 ) -> Result<bool, CallError> {
     let op = Op::Write(Write {
         team_id: team.to_owned(),
         statements,
         durable,
+        audit,
     });
     match pipeline.ledger().submit(op).await {
         Ok(Done::Written { stored, .. }) => Ok(stored),
@@ -61,25 +65,40 @@ pub(super) async fn write(
     }
 }
 
-/// Appends the turn to its conversation, durably: the turn's end event,
-/// queued before it, is on disk with it. A lost lease fails the turn
-/// unless the conversation was erased meanwhile (then there is nothing to
-/// keep it in).
+/// What a completed turn stores.
+pub(super) struct Completed<'a> {
+    /// The messages it adds to its conversation.
+    pub messages: &'a [ChatMessage],
+    /// Its row.
+    pub record: &'a conversations::TurnRecord,
+    /// Its `agent.turn.complete` audit event.
+    pub end: AuditEvent,
+}
+
+/// Appends the turn to its conversation and its end event to the audit
+/// log, in one transaction, durably. A lost lease fails the turn unless
+/// the conversation was erased meanwhile (then there is nothing to keep it
+/// in); the event is written either way.
 pub(super) async fn store_turn(
     pipeline: &Pipeline,
     ctx: &CallContext,
     agent: &crate::config::agents::AgentConfig,
     conversation: &conversations::Conversation,
     token: &str,
-    stored: &[ChatMessage],
-    record: &conversations::TurnRecord,
+    turn: Completed<'_>,
 ) -> Result<(), CallError> {
     let storage = |e: crate::store::StoreError| CallError::Storage(e.to_string());
     let now = now_ms();
     let expires = now.saturating_add(i64::from(agent.retention_days).saturating_mul(86_400_000));
-    let statements =
-        conversations::complete_turn(conversation, token, stored, record, now, expires);
-    if write(pipeline, &ctx.team_id, statements, true).await? {
+    let statements = conversations::complete_turn(
+        conversation,
+        token,
+        turn.messages,
+        turn.record,
+        now,
+        expires,
+    );
+    if write(pipeline, &ctx.team_id, statements, true, vec![turn.end]).await? {
         return Ok(());
     }
     let store = pipeline.store();

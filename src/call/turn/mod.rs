@@ -33,7 +33,7 @@ use crate::{
 };
 use calls::Opener;
 use futures::{Stream, StreamExt, stream::FuturesUnordered};
-use lease::{Held, release, store_turn};
+use lease::{Completed, Held, release, store_turn};
 use prepare::Prepared;
 use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 use wire::{on_wire, ours};
@@ -434,14 +434,11 @@ fn run(
             tool_calls: totals.tool_calls,
             memory_suggestions: suggestions.clone(),
         };
-        // Durable before the turn is stored and answered (SPEC §10).
-        if let Err(err) = audit::complete(&pipeline, &ctx, &principal, &name, &record, &text, started).await {
-            held.conversation = None;
-            release(&pipeline, &ctx, &conversation, &token).await;
-            yield TurnEvent::Failed(err);
-            return;
-        }
-        let stored_turn = store_turn(&pipeline, &ctx, &agent, &conversation, &token, &stored, &record).await;
+        // The end event is written with the turn's rows, in one
+        // transaction, durable before the turn is answered (SPEC §10).
+        let end = audit::complete(&ctx, &principal, &name, &record, &text, started);
+        let completed = Completed { messages: &stored, record: &record, end };
+        let stored_turn = store_turn(&pipeline, &ctx, &agent, &conversation, &token, completed).await;
         held.conversation = None;
         if let Err(err) = stored_turn {
             held.conversation = None;

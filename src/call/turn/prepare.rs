@@ -100,7 +100,8 @@ impl Pipeline {
                     lease_until,
                     &token,
                 );
-                if !super::lease::write(self, &ctx.team_id, vec![insert], false).await? {
+                if !super::lease::write(self, &ctx.team_id, vec![insert], false, Vec::new()).await?
+                {
                     return Err(CallError::Storage(
                         "a new conversation's row was not written".into(),
                     ));
@@ -109,7 +110,8 @@ impl Pipeline {
             }
             Some(id) => {
                 let lease = conversations::acquire(&ctx.team_id, id, now, lease_until, &token);
-                let taken = super::lease::write(self, &ctx.team_id, vec![lease], false).await?;
+                let taken =
+                    super::lease::write(self, &ctx.team_id, vec![lease], false, Vec::new()).await?;
                 match conversations::acquired(store, &ctx.team_id, id, now, taken)
                     .await
                     .map_err(storage)?

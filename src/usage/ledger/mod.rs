@@ -190,6 +190,9 @@ pub struct Write {
     /// hears once they are committed, and a later durable operation of the
     /// team covers them.
     pub durable: bool,
+    /// Audit events of the team appended in the same transaction, whatever
+    /// the guard found: the write and its record stand or fall together.
+    pub audit: Vec<AuditEvent>,
 }
 
 impl Op {

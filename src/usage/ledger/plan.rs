@@ -16,7 +16,8 @@
 //!    rows in the same order, so PostgreSQL never has a cycle to break);
 //! 5. the admitted reservations (of step 1 and step 3) are written;
 //! 6. other services' rows ([`super::Write`]: an agent turn's
-//!    conversation) are written, each behind its guard;
+//!    conversation) are written, each behind its guard (its audit events
+//!    join the next step's);
 //! 7. the audit events are appended to their teams' chains, teams in
 //!    order (their head rows are locked last, after everything else).
 //!
@@ -167,9 +168,13 @@ pub(super) async fn apply<B: Backend>(
 
     let mut audited = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        if let Op::Audit(events) = op {
-            done[i] = Done::Audited;
-            audited.extend(events.iter().cloned());
+        match op {
+            Op::Audit(events) => {
+                done[i] = Done::Audited;
+                audited.extend(events.iter().cloned());
+            }
+            Op::Write(w) => audited.extend(w.audit.iter().cloned()),
+            Op::Reserve(_) | Op::Settle(_) => {}
         }
     }
     for (team, events) in crate::audit::store::by_team(audited) {

@@ -222,6 +222,15 @@ async fn a_conversation_erased_during_a_turn_keeps_none_of_it() {
             .is_empty()
     );
     assert!(conversations::turns(&store, &id).await.unwrap().is_empty());
+    // Its end is in the audit log all the same, written with the rows the
+    // guard left out.
+    let ends: Vec<String> = crate::tools::events(&app, "t1")
+        .await
+        .into_iter()
+        .filter(|e| e.trace_id == "erase-2")
+        .map(|e| e.action)
+        .collect();
+    assert_eq!(ends, ["agent.turn.start", "agent.turn.complete"]);
 }
 
 #[tokio::test]

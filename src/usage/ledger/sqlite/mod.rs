@@ -71,14 +71,16 @@ pub fn claim(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
 
 /// Opens the writer's connection to the (already created and migrated)
 /// file: foreign keys; a busy handler that asks for the lock again within
-/// a millisecond, for the pool's busy timeout as set on the thread that
-/// uses the connection ([`busy`]); commits that do not wait for the disk
-/// (the writer syncs the WAL itself, see [`wal`]).
+/// a millisecond, for the database's busy timeout as set on the thread
+/// that uses the connection ([`busy`]: set here for this thread's own
+/// statements, and by the writer's thread for its); commits that do not
+/// wait for the disk (the writer syncs the WAL itself, see [`wal`]).
 pub fn open(path: &std::path::Path, config: &DatabaseConfig) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
+    busy::wait_at_most(config.busy_timeout);
     conn.busy_handler(Some(busy::retry))?;
     // WAL is a property of the file (set by the pool on creation); asking
     // again is harmless and makes this connection's view explicit.
