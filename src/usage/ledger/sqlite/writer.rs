@@ -138,8 +138,8 @@ impl SqliteWriter {
 
 impl Applier for SqliteWriter {
     /// Holds a batch of reservations alone for up to [`LINGER`], until a
-    /// settlement (or `batch_max` operations) joins it; a batch with a
-    /// settlement goes at once.
+    /// settlement (or `batch_max` operations) joins it; a batch with
+    /// anything but reservations goes at once.
     fn gather(
         &mut self,
         rx: &mut mpsc::Receiver<(Op, Reply)>,
@@ -166,13 +166,9 @@ impl Applier for SqliteWriter {
     }
 }
 
-fn settles(ops: &[Op]) -> bool {
-    ops.iter().any(Op::goes_at_once)
-}
-
 /// Holds a batch of reservations alone for up to [`LINGER`], until a
-/// settlement (or `batch_max` operations) joins it; a batch with a
-/// settlement goes at once.
+/// settlement (or `batch_max` operations) joins it; a batch with anything
+/// but reservations goes at once ([`Op::goes_at_once`]).
 fn linger(
     rx: &mut mpsc::Receiver<(Op, Reply)>,
     batch_max: usize,
@@ -180,7 +176,7 @@ fn linger(
     replies: &mut Vec<Reply>,
 ) {
     let deadline = Instant::now() + LINGER;
-    while ops.len() < batch_max && !settles(ops) {
+    while ops.len() < batch_max && !ops.iter().any(Op::goes_at_once) {
         // Closed (stopping): what is queued is taken by the next batch.
         let Some(Some((op, reply))) = block_on(rx.recv(), Some(deadline)) else {
             return;
@@ -341,7 +337,7 @@ mod tests {
     }
 
     /// A reservation waits on the writer for a settlement to share its
-    /// commit, up to [`LINGER`]; a settlement is never held back.
+    /// commit, up to [`LINGER`]; a settlement or a write is never held back.
     #[test]
     fn reservations_linger_for_a_settlement_and_settlements_never_wait() {
         let (tx, mut rx) = mpsc::channel::<(Op, Reply)>(8);
@@ -354,6 +350,20 @@ mod tests {
         let (mut ops, mut replies, _) = one(Op::Settle(settle(&r)));
         linger(&mut rx, 8, &mut ops, &mut replies);
         assert_eq!(ops.len(), 1, "a settlement was held");
+        assert_eq!(rx.len(), 1);
+        rx.try_recv().unwrap();
+
+        // So does one with another service's rows, which somebody awaits.
+        queue(Op::Reserve(reserve("r2")));
+        let write = Op::Write(crate::usage::ledger::Write {
+            team_id: "t1".into(),
+            statements: Vec::new(),
+            durable: false,
+            audit: Vec::new(),
+        });
+        let (mut ops, mut replies, _) = one(write);
+        linger(&mut rx, 8, &mut ops, &mut replies);
+        assert_eq!(ops.len(), 1, "a write was held");
         assert_eq!(rx.len(), 1);
 
         // Reservations, then a settlement queued behind them: taken
