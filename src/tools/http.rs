@@ -24,6 +24,23 @@ pub struct Answer {
     pub attempts: u32,
 }
 
+/// Why a webhook call failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failed {
+    /// The last POST's failure.
+    pub failure: Failure,
+    /// POSTs made.
+    pub attempts: u32,
+    /// The execution ID of the last POST that carried one: a failed
+    /// workflow run is still one to look up in the workflow engine.
+    pub execution_id: Option<String>,
+}
+
+/// The longest `Retry-After` taken as given. A tool's timeout is at most
+/// 60 s, so a longer wait is past the deadline either way, and an absurd
+/// value must not overflow the clock.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
 /// One POST's outcome.
 enum Tried {
     Done(Answer),
@@ -39,12 +56,16 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         .to_str()
         .ok()?
         .trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
-    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(at.timestamp()).ok()?);
-    Some(at.duration_since(now).unwrap_or_default())
+    let wait = match value.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => {
+            let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+            let at = SystemTime::UNIX_EPOCH
+                .checked_add(Duration::from_secs(u64::try_from(at.timestamp()).ok()?))?;
+            at.duration_since(now).unwrap_or_default()
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 /// Reads a body up to [`MAX_RESPONSE_BYTES`].
@@ -72,16 +93,16 @@ async fn body(mut response: reqwest::Response) -> Result<Vec<u8>, Failure> {
     }
 }
 
-/// POSTs once, until `deadline`.
-async fn post(
+/// POSTs once, until `deadline`: the webhook's answer, or why there is
+/// none.
+async fn send(
     client: &reqwest::Client,
     tool: &HttpTool,
     body_bytes: &[u8],
     key: &str,
     trace_id: &str,
     deadline: Instant,
-    attempt: u32,
-) -> Tried {
+) -> Result<reqwest::Response, Tried> {
     let mut request = client
         .post(&tool.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -91,35 +112,32 @@ async fn post(
     if let Some((header, secret)) = &tool.auth {
         request = request.header(header.as_str(), secret.expose());
     }
-    let sent = tokio::time::timeout_at(deadline, request.send()).await;
-    let response = match sent {
-        Err(_) => {
-            return Tried::Retry(
-                Failure::new("TIMED_OUT", "the webhook did not answer in time"),
-                None,
-            );
-        }
-        Ok(Err(e)) if e.is_timeout() => {
-            return Tried::Retry(
-                Failure::new("TIMED_OUT", "the webhook did not answer in time"),
-                None,
-            );
-        }
-        Ok(Err(_)) => {
-            return Tried::Retry(
-                Failure::new("CONNECTION_ERROR", "the webhook could not be reached"),
-                None,
-            );
-        }
-        Ok(Ok(r)) => r,
+    let timed_out = || {
+        Tried::Retry(
+            Failure::new("TIMED_OUT", "the webhook did not answer in time"),
+            None,
+        )
     };
+    match tokio::time::timeout_at(deadline, request.send()).await {
+        Err(_) => Err(timed_out()),
+        Ok(Err(e)) if e.is_timeout() => Err(timed_out()),
+        Ok(Err(_)) => Err(Tried::Retry(
+            Failure::new("CONNECTION_ERROR", "the webhook could not be reached"),
+            None,
+        )),
+        Ok(Ok(r)) => Ok(r),
+    }
+}
+
+/// What the webhook's `response` to POST number `attempt` comes to.
+async fn answered(
+    response: reqwest::Response,
+    execution_id: Option<String>,
+    deadline: Instant,
+    attempt: u32,
+) -> Tried {
     let status = response.status();
     let wait = retry_after(response.headers(), SystemTime::now());
-    let execution_id = response
-        .headers()
-        .get(tool.execution_id_header.as_str())
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
     let read = tokio::time::timeout_at(deadline, body(response)).await;
     let bytes = match read {
         Err(_) => {
@@ -168,8 +186,7 @@ async fn post(
 }
 
 /// POSTs `input` to `tool`'s webhook with retries, until `deadline`.
-/// `retrying` is told before each retry (a metric). On failure, the last
-/// error and the POSTs made.
+/// `retrying` is told before each retry (a metric).
 pub async fn call(
     client: &reqwest::Client,
     tool: &HttpTool,
@@ -178,36 +195,49 @@ pub async fn call(
     trace_id: &str,
     deadline: Instant,
     retrying: impl Fn(),
-) -> Result<Answer, (Failure, u32)> {
+) -> Result<Answer, Failed> {
     let bytes = input.to_string().into_bytes();
     let mut cap = tool.retry.initial_backoff;
     let mut attempt = 0;
+    let mut execution_id = None;
     loop {
         attempt += 1;
-        let (failure, wait) = match post(
-            client,
-            tool,
-            &bytes,
-            idempotency_key,
-            trace_id,
-            deadline,
-            attempt,
-        )
-        .await
-        {
+        let sent = send(client, tool, &bytes, idempotency_key, trace_id, deadline).await;
+        let tried = match sent {
+            Err(tried) => tried,
+            Ok(response) => {
+                if let Some(id) = response
+                    .headers()
+                    .get(tool.execution_id_header.as_str())
+                    .and_then(|v| v.to_str().ok())
+                {
+                    execution_id = Some(id.to_owned());
+                }
+                answered(response, execution_id.clone(), deadline, attempt).await
+            }
+        };
+        let failed = |failure| Failed {
+            failure,
+            attempts: attempt,
+            execution_id: execution_id.clone(),
+        };
+        let (failure, wait) = match tried {
             Tried::Done(answer) => return Ok(answer),
-            Tried::Fatal(f) => return Err((f, attempt)),
+            Tried::Fatal(f) => return Err(failed(f)),
             Tried::Retry(f, wait) => (f, wait),
         };
         if attempt >= tool.retry.max_attempts {
-            return Err((failure, attempt));
+            return Err(failed(failure));
         }
         // Full jitter under the doubling cap; a Retry-After is a floor.
         let jitter = cap.mul_f64(rand::rng().random::<f64>());
         let pause = wait.map_or(jitter, |w| w.max(jitter));
-        cap = (cap * 2).min(tool.retry.max_backoff);
-        if Instant::now() + pause >= deadline {
-            return Err((failure, attempt));
+        cap = cap.saturating_mul(2).min(tool.retry.max_backoff);
+        if Instant::now()
+            .checked_add(pause)
+            .is_none_or(|resume| resume >= deadline)
+        {
+            return Err(failed(failure));
         }
         retrying();
         tokio::time::sleep(pause).await;
@@ -242,6 +272,21 @@ mod tests {
             "soon".parse().unwrap_or_else(|_| unreachable!()),
         );
         assert_eq!(retry_after(&h, now), None);
+        // An absurd value is a long wait, not an overflow.
+        h.insert(
+            "retry-after",
+            "18446744073709551615"
+                .parse()
+                .unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(retry_after(&h, now), Some(MAX_RETRY_AFTER));
+        h.insert(
+            "retry-after",
+            "Fri, 31 Dec 9999 23:59:59 GMT"
+                .parse()
+                .unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(retry_after(&h, now), Some(MAX_RETRY_AFTER));
     }
 
     /// A webhook that refuses connections, on tokio's paused clock: each
@@ -274,7 +319,9 @@ mod tests {
         };
         let started = Instant::now();
         let far = started + Duration::from_secs(60);
-        let Err((failure, attempts)) = call(&client, &tool, &input, "k", "t", far, count).await
+        let Err(Failed {
+            failure, attempts, ..
+        }) = call(&client, &tool, &input, "k", "t", far, count).await
         else {
             panic!("nothing listens there");
         };
@@ -285,7 +332,9 @@ mod tests {
 
         let started = Instant::now();
         let near = started + Duration::from_millis(1500);
-        let Err((_, attempts)) = call(&client, &tool, &input, "k", "t", near, || {}).await else {
+        let Err(Failed { attempts, .. }) =
+            call(&client, &tool, &input, "k", "t", near, || {}).await
+        else {
             panic!("nothing listens there");
         };
         assert!(attempts >= 1);

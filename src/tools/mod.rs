@@ -38,7 +38,11 @@ pub struct Toolbox {
 impl Toolbox {
     /// The tools of `config` (MCP servers' join as they are listed).
     pub fn new(config: &crate::config::Config) -> Result<Self, String> {
+        // A webhook's redirect is its answer, not an instruction: followed,
+        // it would take the auth header to another host (reqwest strips
+        // only `Authorization`) and turn the POST into a bodiless GET.
         let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(std::time::Duration::from_secs(10))
             .tcp_nodelay(true)
             .build()

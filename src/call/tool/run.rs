@@ -50,10 +50,10 @@ pub(crate) async fn run(
             match called {
                 Ok(a) => (Ok(a.output), a.attempts, a.execution_id),
                 // Out of time, whatever the last POST said.
-                Err((_, attempts)) if Instant::now() >= deadline => {
-                    (Err(timed_out()), attempts, None)
+                Err(f) if Instant::now() >= deadline => {
+                    (Err(timed_out()), f.attempts, f.execution_id)
                 }
-                Err((f, attempts)) => (Err(f), attempts, None),
+                Err(f) => (Err(f.failure), f.attempts, f.execution_id),
             }
         }
     }

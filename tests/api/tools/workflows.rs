@@ -292,8 +292,24 @@ async fn retries_back_off_honour_retry_after_and_never_pass_the_deadline() {
     assert_eq!(inv.error.unwrap().code, "HTTP_429");
     assert_eq!(hook.count(), 4);
 
-    // A 4xx is the workflow's answer: no retry.
-    hook.script([Answer::status(422).body(r#"{"error": "lead is closed"}"#)]);
+    // A Retry-After no clock can add: a long wait, so the last answer.
+    hook.script([Answer::status(503).header("retry-after", "18446744073709551615")]);
+    let inv = run(
+        &app,
+        CALLER,
+        "retry-after-absurd",
+        "crm.add_note",
+        json!({"lead_id": "L-2", "note": "m"}),
+    )
+    .await;
+    assert_eq!(inv.status(), pb::InvocationStatus::Failed);
+    assert_eq!(inv.error.unwrap().code, "HTTP_503");
+    assert_eq!(hook.count(), 5);
+
+    // A 4xx is the workflow's answer: no retry. Its execution is kept.
+    hook.script([Answer::status(422)
+        .header("x-n8n-execution-id", "e-422")
+        .body(r#"{"error": "lead is closed"}"#)]);
     let inv = run(
         &app,
         CALLER,
@@ -303,8 +319,24 @@ async fn retries_back_off_honour_retry_after_and_never_pass_the_deadline() {
     )
     .await;
     assert_eq!(inv.status(), pb::InvocationStatus::Failed);
+    assert_eq!(inv.execution_id, "e-422");
     assert_eq!(inv.error.unwrap().code, "HTTP_422");
-    assert_eq!(hook.count(), 5);
+    assert_eq!(hook.count(), 6);
+
+    // A redirect is an answer too: not followed (it would carry the
+    // secret elsewhere, as a GET without the input).
+    hook.script([Answer::status(302).header("location", &format!("{}/elsewhere", hook.url()))]);
+    let inv = run(
+        &app,
+        CALLER,
+        "redirected",
+        "crm.add_note",
+        json!({"lead_id": "L-4", "note": "n"}),
+    )
+    .await;
+    assert_eq!(inv.status(), pb::InvocationStatus::Failed);
+    assert_eq!(inv.error.unwrap().code, "HTTP_302");
+    assert_eq!(hook.count(), 7);
 
     // Slower than its timeout: TIMED_OUT, within the timeout.
     hook.script([
