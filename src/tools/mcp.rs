@@ -5,12 +5,22 @@
 //! `refresh_interval`, and registered as `<server>.<tool>@<server
 //! version>`; `tools/call` runs under the tool's timeout, and an `isError`
 //! result is a failure.
+//!
+//! A server is not ours: every wait on it is bounded (`mcp_limits`), and
+//! no way a session ends may reconnect without the backoff.
 
-use super::{Failure, Registry, registry};
+use super::{
+    Failure, Registry,
+    mcp_limits::{self, Backoff, CONNECT_TIMEOUT},
+    registry,
+};
 use crate::config::McpServerConfig;
 use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
-    model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation},
+    model::{
+        CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation,
+        PaginatedRequestParams,
+    },
     service::{NotificationContext, RunningService},
     transport::{
         ConfigureCommandExt, StreamableHttpClientTransport, TokioChildProcess,
@@ -45,12 +55,16 @@ pub struct McpTool {
 /// Tells the server's task that its tool list changed.
 #[derive(Clone)]
 struct Handler {
-    changed: mpsc::UnboundedSender<()>,
+    /// Of capacity 1: one pending "list again" stands for any number of
+    /// notifications, so a server sending them in a loop costs no memory.
+    changed: mpsc::Sender<()>,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _ctx: NotificationContext<RoleClient>) {
-        let _ = self.changed.send(());
+        // Full: a listing is already due, which will see this change too.
+        // Closed: the session is ending.
+        let _ = self.changed.try_send(());
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -148,7 +162,7 @@ async fn connect(
     name: &str,
     config: &McpServerConfig,
     env: &(dyn Fn(&str) -> Option<String> + Send + Sync),
-    changed: mpsc::UnboundedSender<()>,
+    changed: mpsc::Sender<()>,
 ) -> Result<Client, String> {
     let handler = Handler { changed };
     if let Some(url) = &config.url {
@@ -185,23 +199,38 @@ fn version_of(client: &Client) -> Version {
         .unwrap_or_else(|| Version::new(0, 0, 0))
 }
 
-/// Every tool `client` lists (following `nextCursor`).
-async fn list(client: &Client) -> Result<Vec<McpTool>, String> {
-    let tools = client.list_all_tools().await.map_err(|e| e.to_string())?;
-    Ok(tools
-        .into_iter()
-        .map(|t| McpTool {
-            name: t.name.to_string(),
-            description: t.description.map(|d| d.to_string()).unwrap_or_default(),
-            input_schema: Value::Object((*t.input_schema).clone()),
-            output_schema: t.output_schema.map(|s| Value::Object((*s).clone())),
-        })
-        .collect())
+/// Every tool `client` lists, following `nextCursor` within the bounds of
+/// [`mcp_limits::list_pages`] and `timeout` for the whole listing (rmcp's
+/// `list_all_tools` follows it without end).
+async fn list(name: &str, client: &Client, timeout: Duration) -> Result<Vec<McpTool>, String> {
+    mcp_limits::list_pages(name, timeout, move |cursor| async move {
+        let params = PaginatedRequestParams::default().with_cursor(cursor);
+        client
+            .list_tools(Some(params))
+            .await
+            .map_err(|e| e.to_string())
+            .map(|page| {
+                let tools: Vec<McpTool> = page.tools.into_iter().map(tool_of).collect();
+                (tools, page.next_cursor)
+            })
+    })
+    .await
+}
+
+/// A listed tool as we keep it.
+fn tool_of(t: rmcp::model::Tool) -> McpTool {
+    McpTool {
+        name: t.name.to_string(),
+        description: t.description.map(|d| d.to_string()).unwrap_or_default(),
+        input_schema: Value::Object((*t.input_schema).clone()),
+        output_schema: t.output_schema.map(|s| Value::Object((*s).clone())),
+    }
 }
 
 /// Keeps `name` connected and its tools in `registry` until `stop`:
-/// reconnects with backoff after a failure, lists again on a change
-/// notification or every `refresh_interval`.
+/// lists again on a change notification or every `refresh_interval`, and
+/// after any end of a session (failed connection, failed listing, closed
+/// session) waits out the backoff before connecting again.
 pub async fn maintain(
     name: String,
     config: McpServerConfig,
@@ -210,50 +239,85 @@ pub async fn maintain(
     servers: Servers,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = Backoff::default();
     while !*stop.borrow() {
-        let (changed_tx, mut changed) = mpsc::unbounded_channel();
-        let client = match connect(&name, &config, env.as_ref(), changed_tx).await {
-            Ok(c) => Arc::new(c),
-            Err(e) => {
-                tracing::warn!(server = %name, error = %e, "MCP server not connected; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    _ = stop.wait_for(|s| *s) => break,
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(60));
-                continue;
-            }
+        // Stopping drops the session wherever it is (connecting, listing,
+        // waiting): shutdown waits for this task.
+        let ended = tokio::select! {
+            healthy = session(&name, &config, env.as_ref(), &registry, &servers) => Some(healthy),
+            _ = stop.wait_for(|s| *s) => None,
         };
-        backoff = Duration::from_secs(1);
-        let version = version_of(&client);
-        servers.set(&name, Some(client.clone()));
-        loop {
-            match list(&client).await {
-                Ok(tools) => {
-                    let n = tools.len();
-                    let tools = tools
-                        .into_iter()
-                        .filter_map(|t| registry::mcp_tool(&name, &version, &config, t))
-                        .collect();
-                    registry.set_mcp_tools(&name, tools);
-                    tracing::info!(server = %name, tools = n, %version, "MCP tools listed");
-                }
-                Err(e) => {
-                    tracing::warn!(server = %name, error = %e, "listing MCP tools failed; reconnecting");
-                    break;
-                }
+        // However it ended, its tools leave the registry and calls find it
+        // gone (dropping our handle to the session ends it).
+        servers.set(&name, None);
+        registry.set_mcp_tools(&name, Vec::new());
+        let Some(healthy) = ended else { break };
+        let wait = backoff.after(healthy);
+        tracing::debug!(server = %name, ?wait, "MCP server: reconnecting after the backoff");
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+}
+
+/// One session with `name`: connects, lists its tools into `registry`, and
+/// lists again on a change or every `refresh_interval`, until connecting or
+/// listing fails or the session closes. Whether it was healthy
+/// ([`mcp_limits::healthy`]), for the backoff.
+async fn session(
+    name: &str,
+    config: &McpServerConfig,
+    env: &(dyn Fn(&str) -> Option<String> + Send + Sync),
+    registry: &Registry,
+    servers: &Servers,
+) -> bool {
+    // Capacity 1: see `Handler::changed`.
+    let (changed_tx, mut changed) = mpsc::channel(1);
+    let client = match tokio::time::timeout(CONNECT_TIMEOUT, connect(name, config, env, changed_tx))
+        .await
+    {
+        Ok(Ok(c)) => Arc::new(c),
+        Ok(Err(e)) => {
+            tracing::warn!(server = %name, error = %e, "MCP server not connected; retrying");
+            return false;
+        }
+        Err(_) => {
+            tracing::warn!(server = %name, timeout = ?CONNECT_TIMEOUT, "MCP server did not connect in time; retrying");
+            return false;
+        }
+    };
+    let started = tokio::time::Instant::now();
+    let version = version_of(&client);
+    servers.set(name, Some(client.clone()));
+    let mut listed = false;
+    loop {
+        // Under the server's own timeout (its calls', 30 s by default).
+        match list(name, &client, config.timeout).await {
+            Ok(tools) => {
+                listed = true;
+                let n = tools.len();
+                let tools = tools
+                    .into_iter()
+                    .filter_map(|t| registry::mcp_tool(name, &version, config, t))
+                    .collect();
+                registry.set_mcp_tools(name, tools);
+                tracing::info!(server = %name, tools = n, %version, "MCP tools listed");
             }
-            tokio::select! {
-                got = changed.recv() => if got.is_none() { break },
-                () = tokio::time::sleep(config.refresh_interval) => {}
-                _ = stop.wait_for(|s| *s) => break,
-            }
-            if client.is_closed() {
+            Err(e) => {
+                tracing::warn!(server = %name, error = %e, "listing MCP tools failed; reconnecting");
                 break;
             }
         }
-        servers.set(&name, None);
-        registry.set_mcp_tools(&name, Vec::new());
+        tokio::select! {
+            got = changed.recv() => if got.is_none() { break },
+            () = tokio::time::sleep(config.refresh_interval) => {}
+        }
+        // rmcp leaves `is_closed` false when the server hangs up (its token
+        // is cancelled only by us); the closed transport tells.
+        if client.is_closed() || client.is_transport_closed() {
+            break;
+        }
     }
+    mcp_limits::healthy(listed, started.elapsed())
 }

@@ -13,6 +13,7 @@ pub mod http;
 pub mod idempotency;
 pub mod invocations;
 pub mod mcp;
+mod mcp_limits;
 pub mod policy;
 pub mod quota;
 pub mod registry;

@@ -2,7 +2,9 @@
 //! keeps the reference server's tools (`server-everything`, over stdio and
 //! over Streamable HTTP) in the registry and calls them through the entry
 //! point; the official Python SDK's client lists and calls our tools
-//! through our MCP endpoint, as three different keys.
+//! through our MCP endpoint, as three different keys. And a misbehaving
+//! server (built on the official Rust SDK's server) is reconnected with
+//! backoff, not in a loop.
 
 use super::{
     CALLER, MULTI, VIEWER, counterparts, events, invoke, output, spawn, tools, webhook::Webhook,
@@ -13,8 +15,24 @@ use crate::{
     observability::free_port,
 };
 use ai_orchestrator::api::pb;
+use rmcp::{
+    ErrorData, RoleServer, ServerHandler,
+    model::{
+        Implementation, ListToolsRequestMethod, ListToolsResult, PaginatedRequestParams,
+        ServerCapabilities, ServerConfig,
+    },
+    service::RequestContext,
+    transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    },
+};
 use serde_json::{Value, json};
-use std::{path::Path, process::Stdio, time::Duration};
+use std::{
+    path::Path,
+    process::Stdio,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -317,5 +335,71 @@ async fn the_python_sdk_client_lists_and_calls_our_tools_through_the_entry_point
         .await
         .unwrap();
     assert_eq!(wrong_team.status(), 403);
+    app.stop().await;
+}
+
+/// An MCP server that completes the handshake and then refuses every
+/// `tools/list` with -32601 (as a server without the tools capability
+/// does), recording when each was asked: one per session.
+#[derive(Clone, Default)]
+struct RefusesToList {
+    asked: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl ServerHandler for RefusesToList {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("refuses-to-list", "1.0.0"))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.asked.lock().unwrap().push(Instant::now());
+        Err(ErrorData::method_not_found::<ListToolsRequestMethod>())
+    }
+}
+
+/// Serves `handler` over Streamable HTTP on 127.0.0.1:0; its URL.
+async fn serve_mcp(handler: RefusesToList) -> String {
+    let service = StreamableHttpService::new(
+        move || Ok(handler.clone()),
+        LocalSessionManager::default().into(),
+        StreamableHttpServerConfig::default(),
+    );
+    let app = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/mcp")
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_tools_list_is_reconnected_with_backoff() {
+    let server = RefusesToList::default();
+    let asked = server.asked.clone();
+    let url = serve_mcp(server).await;
+    let hook = Webhook::start().await;
+    let app = spawn(
+        &hook.url(),
+        &format!("[mcp_servers.refuses]\nurl = \"{url}\"\n"),
+    )
+    .await;
+
+    // Each failed listing ends the session; the next one comes only after
+    // the backoff (1 s, then 2 s), not at once.
+    wait_for(|| async { asked.lock().unwrap().len() >= 3 }).await;
+    let at = asked.lock().unwrap().clone();
+    assert!(at[1] - at[0] >= Duration::from_secs(1), "{at:?}");
+    assert!(at[2] - at[1] >= Duration::from_secs(2), "{at:?}");
+    assert!(
+        !listed(&app, CALLER)
+            .await
+            .iter()
+            .any(|t| t.starts_with("refuses.")),
+        "nothing listed, nothing registered"
+    );
     app.stop().await;
 }
