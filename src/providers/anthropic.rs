@@ -19,7 +19,7 @@ mod tests;
 
 use super::{
     Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError,
-    StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema,
+    StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema, tool_calls,
     turns::{self, Part},
 };
 use crate::config::ProviderConfig;
@@ -95,7 +95,11 @@ impl Provider for AnthropicProvider {
         let response = self.send(&lease, &req, false).await?;
         let message: MessagesResponse =
             lease.checked(http::json(response, req.deadline, self.max_response).await)?;
-        message.into_completion()
+        let answer = message.into_completion()?;
+        // The body cap bounds the parsing; this bounds what is handed on,
+        // as for a stream.
+        tool_calls::check_count(answer.tool_calls.len(), self.max_response)?;
+        Ok(answer)
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {

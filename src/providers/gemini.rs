@@ -28,6 +28,7 @@ mod tests;
 use super::{
     Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError, Role,
     StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema,
+    tool_calls::check_count,
     turns::{self, Part},
 };
 use crate::config::ProviderConfig;
@@ -347,10 +348,14 @@ struct StreamState {
     usage: TokenUsage,
     finish: Option<FinishReason>,
     model: Option<String>,
-    /// Most bytes of text it may accumulate.
+    /// Most bytes of text it may accumulate, and apart, of tool-call IDs,
+    /// names and arguments.
     limit: usize,
-    /// The tool calls so far.
+    /// The tool calls so far (at most [`super::tool_calls::MAX_TOOL_CALLS`]).
     calls: Vec<ToolCall>,
+    /// Bytes of IDs, names and arguments in `calls`, kept as a running
+    /// total so each call costs the same however many came before it.
+    call_bytes: usize,
 }
 
 impl Default for StreamState {
@@ -368,6 +373,7 @@ impl StreamState {
             model: None,
             limit,
             calls: Vec::new(),
+            call_bytes: 0,
         }
     }
 
@@ -412,6 +418,7 @@ impl StreamState {
                         "a functionCall has no name".into(),
                     ));
                 }
+                check_count(self.calls.len().saturating_add(1), self.limit)?;
                 // Gemini's calls have no ID (newer models may send one):
                 // ours is the call's place in the answer.
                 let id = call
@@ -419,10 +426,16 @@ impl StreamState {
                     .filter(|id| !id.is_empty())
                     .unwrap_or_else(|| format!("call_{}", self.calls.len()));
                 let arguments = call.args.map_or_else(String::new, |a| a.to_string());
-                let bytes = self.calls.iter().map(|c| c.arguments.len()).sum::<usize>();
-                if bytes.saturating_add(arguments.len()) > self.limit {
+                // Everything kept counts, so calls without `args` are not free.
+                let bytes = self
+                    .call_bytes
+                    .saturating_add(id.len())
+                    .saturating_add(call.name.len())
+                    .saturating_add(arguments.len());
+                if bytes > self.limit {
                     return Err(ProviderError::TooLarge { limit: self.limit });
                 }
+                self.call_bytes = bytes;
                 self.calls.push(ToolCall {
                     id,
                     name: call.name,

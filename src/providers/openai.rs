@@ -17,7 +17,7 @@
 use super::{
     ChatMessage, Citation, Completion, CompletionRequest, CompletionStream, FinishReason, Provider,
     ProviderError, Role, StreamEvent, TokenUsage, ToolCall, http, perplexity, sse,
-    system_with_schema,
+    system_with_schema, tool_calls,
 };
 use crate::config::{Config, ProviderConfig, ProviderKind, Secret};
 use futures::StreamExt;
@@ -135,7 +135,11 @@ impl Provider for OpenAiProvider {
         let response = self.send(&lease, &req, false).await?;
         let wire: WireResponse =
             lease.checked(http::json(response, req.deadline, self.max_response).await)?;
-        completion(self.flavor, wire)
+        let answer = completion(self.flavor, wire)?;
+        // The body cap bounds the parsing; this bounds what is handed on,
+        // as for a stream.
+        tool_calls::check_count(answer.tool_calls.len(), self.max_response)?;
+        Ok(answer)
     }
 
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError> {

@@ -9,6 +9,7 @@
 
 use super::Citation;
 use serde_json::Value;
+use std::collections::{HashMap, HashSet};
 
 /// The sources of a Perplexity answer: every `citations` URL in order (with
 /// the title of the search result for that URL, when there is one), then the
@@ -21,22 +22,29 @@ pub(super) fn citations(
         .and_then(Value::as_array)
         .map(|all| all.iter().filter_map(search_result).collect())
         .unwrap_or_default();
+    // Lookups by URL go through sets and maps, not scans: a 4 MiB answer can
+    // list hundreds of thousands of short URLs, and scanning the list for
+    // each would stall a runtime worker for minutes. The first search result
+    // for a URL gives its title, as a scan from the front would.
+    let mut titles: HashMap<&str, Option<&str>> = HashMap::with_capacity(results.len());
+    for r in &results {
+        titles.entry(r.url.as_str()).or_insert(r.title.as_deref());
+    }
     let cited = citations
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(Value::as_str)
-        .map(|url| Citation {
-            url: url.to_owned(),
-            title: results
-                .iter()
-                .find(|r| r.url == url)
-                .and_then(|r| r.title.clone()),
-        });
+        .filter_map(Value::as_str);
+    let uncited = results.iter().map(|r| r.url.as_str());
+    let mut seen: HashSet<&str> = HashSet::new();
     let mut out: Vec<Citation> = Vec::new();
-    for c in cited.chain(results.iter().cloned()) {
-        if !c.url.is_empty() && !out.iter().any(|seen| seen.url == c.url) {
-            out.push(c);
+    for url in cited.chain(uncited) {
+        // First-seen order; `insert` is false for a URL already kept.
+        if !url.is_empty() && seen.insert(url) {
+            out.push(Citation {
+                url: url.to_owned(),
+                title: titles.get(url).copied().flatten().map(str::to_owned),
+            });
         }
     }
     out
@@ -100,5 +108,22 @@ mod tests {
             citations(Some(&json!([1, "https://e.example/"])), None),
             vec![c("https://e.example/", None)]
         );
+    }
+
+    #[test]
+    fn many_sources_keep_first_seen_order_once_each() {
+        // Enough URLs that a pairwise scan would be slow; each cited twice.
+        let url = |i: usize| format!("https://s{i}.example/");
+        let cites: Vec<String> = (0..50_000).map(|i| url(i % 25_000)).collect();
+        // Half already cited (their titles go to the citation), half new.
+        let results: Vec<Value> = (12_500..37_500)
+            .map(|i| json!({"title": format!("t{i}"), "url": url(i)}))
+            .collect();
+        let out = citations(Some(&json!(cites)), Some(&Value::Array(results)));
+        assert_eq!(out.len(), 37_500);
+        for (i, got) in out.iter().enumerate() {
+            let title = (i >= 12_500).then(|| format!("t{i}"));
+            assert_eq!(got, &c(&url(i), title.as_deref()), "source {i}");
+        }
     }
 }

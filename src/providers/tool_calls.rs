@@ -9,7 +9,7 @@
 //! `system__echo` and mapped back, unambiguously.
 
 use serde_json::{Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A tool offered to the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,19 +138,45 @@ fn encode(name: &str) -> String {
     out
 }
 
+/// Most tool calls one answer may make. Far above what a model asks for in
+/// one turn (parallel calls come in handfuls, and an agent runs at most its
+/// `max_tool_calls` anyway), yet small enough that a provider streaming a new
+/// call index in every chunk cannot make us hold, or later dispatch, an
+/// unbounded list. More is refused like an answer past its byte limit.
+pub const MAX_TOOL_CALLS: usize = 128;
+
+/// `Err(TooLarge)` when an answer holds more than [`MAX_TOOL_CALLS`] calls;
+/// `limit` is the provider's `max_response_bytes`, which the error reports.
+pub fn check_count(calls: usize, limit: usize) -> Result<(), super::ProviderError> {
+    if calls > MAX_TOOL_CALLS {
+        return Err(super::ProviderError::TooLarge { limit });
+    }
+    Ok(())
+}
+
 /// Tool calls assembled from a stream's pieces, by the index the provider
 /// gives each call. Arguments arrive as text fragments split anywhere (mid
 /// key, mid escape sequence): they are only parsed once the call is
 /// complete.
+///
+/// Everything it keeps (IDs, names, arguments) counts against one byte
+/// limit, and it holds at most [`MAX_TOOL_CALLS`] calls, so a stream of
+/// ever new call indexes cannot grow it without bound.
 #[derive(Debug, Default)]
 pub struct CallBuffer {
     calls: Vec<Partial>,
+    /// Where each index's call is in `calls`. Indexes need not arrive in
+    /// order or be dense (Anthropic's are content-block indexes, shared
+    /// with text blocks), so a map rather than arithmetic; a map rather than
+    /// a scan so that each piece costs the same however many calls came
+    /// before it.
+    positions: HashMap<u64, usize>,
+    /// Bytes of IDs, names and arguments kept, over all calls.
     bytes: usize,
 }
 
 #[derive(Debug, Default)]
 struct Partial {
-    key: u64,
     id: String,
     name: String,
     arguments: String,
@@ -158,8 +184,10 @@ struct Partial {
 
 impl CallBuffer {
     /// Adds a piece of call `key`: its ID and name when this piece has
-    /// them, and a fragment of its arguments. `Err` once the arguments of
-    /// all calls pass `limit` bytes.
+    /// them (replacing earlier ones), and a fragment of its arguments.
+    /// `Err(TooLarge)`, keeping nothing of the piece, once the IDs, names
+    /// and arguments of all calls would pass `limit` bytes, or when the
+    /// piece would begin call number [`MAX_TOOL_CALLS`] + 1.
     pub fn add(
         &mut self,
         key: u64,
@@ -168,28 +196,38 @@ impl CallBuffer {
         fragment: &str,
         limit: usize,
     ) -> Result<(), super::ProviderError> {
-        let index = match self.calls.iter().position(|c| c.key == key) {
-            Some(i) => i,
-            None => {
-                self.calls.push(Partial {
-                    key,
-                    ..Partial::default()
-                });
-                self.calls.len() - 1
-            }
-        };
-        let call = &mut self.calls[index];
-        if let Some(id) = id.filter(|s| !s.is_empty()) {
-            id.clone_into(&mut call.id);
+        let id = id.filter(|s| !s.is_empty());
+        let name = name.filter(|s| !s.is_empty());
+        let existing = self.positions.get(&key).map(|&i| &self.calls[i]);
+        if existing.is_none() {
+            check_count(self.calls.len().saturating_add(1), limit)?;
         }
-        if let Some(name) = name.filter(|s| !s.is_empty()) {
-            name.clone_into(&mut call.name);
-        }
-        self.bytes = self.bytes.saturating_add(fragment.len());
-        if self.bytes > limit {
+        // A repeated ID or name replaces the one kept (some servers repeat
+        // them in every chunk), so only the difference counts.
+        let (old_id, old_name) = existing.map_or((0, 0), |c| (c.id.len(), c.name.len()));
+        let bytes = self
+            .bytes
+            .saturating_sub(old_id.saturating_add(old_name))
+            .saturating_add(id.map_or(old_id, str::len))
+            .saturating_add(name.map_or(old_name, str::len))
+            .saturating_add(fragment.len());
+        if bytes > limit {
             return Err(super::ProviderError::TooLarge { limit });
         }
+        let calls = &mut self.calls;
+        let index = *self.positions.entry(key).or_insert_with(|| {
+            calls.push(Partial::default());
+            calls.len() - 1
+        });
+        let call = &mut self.calls[index];
+        if let Some(id) = id {
+            id.clone_into(&mut call.id);
+        }
+        if let Some(name) = name {
+            name.clone_into(&mut call.name);
+        }
         call.arguments.push_str(fragment);
+        self.bytes = bytes;
         Ok(())
     }
 
@@ -303,5 +341,67 @@ mod tests {
             .add(0, Some("a"), Some("t"), "0123456789", 16)
             .unwrap();
         assert!(buffer.add(0, None, None, "0123456789", 16).is_err());
+    }
+
+    #[test]
+    fn ids_and_names_count_toward_the_limit() {
+        // Every piece begins a new call with no arguments: only its ID and
+        // name can fill the buffer.
+        let mut buffer = CallBuffer::default();
+        let name = "n".repeat(100);
+        let refused = (0..64u64)
+            .map(|key| buffer.add(key, Some("call_0123"), Some(&name), "", 1024))
+            .enumerate()
+            .find(|(_, r)| r.is_err());
+        // 109 bytes a call: the tenth would pass 1024.
+        assert_eq!(
+            refused,
+            Some((
+                9,
+                Err(crate::providers::ProviderError::TooLarge { limit: 1024 })
+            ))
+        );
+        assert_eq!(buffer.finish().map(|c| c.len()), Ok(9));
+    }
+
+    #[test]
+    fn a_repeated_id_or_name_replaces_rather_than_adds() {
+        let mut buffer = CallBuffer::default();
+        for _ in 0..100 {
+            buffer.add(0, Some("call_1"), Some("echo"), "", 16).unwrap();
+        }
+        // 10 bytes kept: 6 more fit, a 7th does not.
+        assert!(
+            buffer
+                .add(0, Some("call_1"), None, "{\"a\":1}", 16)
+                .is_err()
+        );
+        buffer.add(0, None, Some("echo"), "{}", 16).unwrap();
+        buffer.add(0, None, None, "[]", 16).unwrap();
+        buffer.add(0, None, None, "()", 16).unwrap();
+        assert!(buffer.add(0, None, None, "!", 16).is_err());
+    }
+
+    #[test]
+    fn one_answer_holds_at_most_max_tool_calls() {
+        let mut buffer = CallBuffer::default();
+        // Sparse, out-of-order keys, as Anthropic's block indexes can be.
+        let keys: Vec<u64> = (0..MAX_TOOL_CALLS as u64).rev().map(|k| k * 3).collect();
+        for &key in &keys {
+            buffer.add(key, Some("c"), Some("t"), "{", 1 << 20).unwrap();
+        }
+        assert_eq!(
+            buffer.add(1, Some("c"), Some("t"), "", 1 << 20),
+            Err(crate::providers::ProviderError::TooLarge { limit: 1 << 20 })
+        );
+        // Pieces of calls already begun still find their call.
+        for &key in &keys {
+            buffer.add(key, None, None, "}", 1 << 20).unwrap();
+        }
+        let calls = buffer.finish().unwrap();
+        assert_eq!(calls.len(), MAX_TOOL_CALLS);
+        assert!(calls.iter().all(|c| c.arguments == "{}"));
+        assert_eq!(check_count(MAX_TOOL_CALLS, 1), Ok(()));
+        assert!(check_count(MAX_TOOL_CALLS + 1, 1).is_err());
     }
 }

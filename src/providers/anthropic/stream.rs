@@ -32,10 +32,11 @@ pub(super) struct State {
     stop_reason: Option<String>,
     /// The answering model, from `message_start`.
     model: Option<String>,
-    /// Most bytes of text (and, apart, of tool-call arguments) it may
-    /// accumulate.
+    /// Most bytes of text (and, apart, of tool-call IDs, names and
+    /// arguments) it may accumulate.
     limit: usize,
-    /// `tool_use` blocks in pieces, by block index.
+    /// `tool_use` blocks in pieces, by block index (bounded in count and
+    /// bytes, IDs and names included).
     calls: CallBuffer,
 }
 

@@ -214,9 +214,28 @@ fn undecodable_events_are_malformed_without_quoting_them() {
     assert!(!err.to_string().contains("canary"));
 }
 
-#[tokio::test]
-async fn sends_anthropic_headers_trace_and_body_to_messages() {
-    let server = MockServer::start().await;
+#[test]
+fn tool_use_ids_and_names_count_toward_the_response_limit() {
+    // No input at all: only IDs and names can fill the answer.
+    let mut state = State::new(4096);
+    let first_error = (0..100)
+        .map(|i| {
+            let event = json!({"type": "content_block_start", "index": i,
+                "content_block": {"type": "tool_use", "id": format!("toolu_{i:02}"),
+                    "name": "n".repeat(200), "input": {}}});
+            state.on_event(&event.to_string())
+        })
+        .enumerate()
+        .find_map(|(i, step)| step.err().map(|e| (i, e)));
+    // 208 bytes a call: the twentieth passes 4096.
+    assert_eq!(
+        first_error,
+        Some((19, ProviderError::TooLarge { limit: 4096 }))
+    );
+}
+
+/// The provider, sending to `server` with key `sk-ant-test`.
+fn provider(server: &MockServer) -> AnthropicProvider {
     let config = Config::from_toml_str(
         r#"[providers.anthropic]
 kind = "anthropic"
@@ -224,11 +243,41 @@ api_key_env = "ANTHROPIC_API_KEY""#,
         |_| Some("sk-ant-test".into()),
     )
     .unwrap();
-    let provider = AnthropicProvider::new(
+    AnthropicProvider::new(
         &config.providers["anthropic"],
         &format!("{}/v1/", server.uri()),
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_response_with_too_many_tool_calls_is_too_large() {
+    use crate::providers::tool_calls::MAX_TOOL_CALLS;
+    let server = MockServer::start().await;
+    let blocks: Vec<Value> = (0..=MAX_TOOL_CALLS)
+        .map(|i| json!({"type": "tool_use", "id": format!("toolu_{i}"), "name": "f", "input": {}}))
+        .collect();
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "msg_01", "type": "message", "role": "assistant",
+            "content": blocks, "stop_reason": "tool_use",
+            "usage": {"input_tokens": 5, "output_tokens": 1}
+        })))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let err = provider(&server)
+        .complete(request(vec![msg(Role::User, "hi")]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ProviderError::TooLarge { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn sends_anthropic_headers_trace_and_body_to_messages() {
+    let server = MockServer::start().await;
+    let provider = provider(&server);
     Mock::given(method("POST"))
         .and(path("/v1/messages"))
         .and(header("x-api-key", "sk-ant-test"))

@@ -115,6 +115,46 @@ fn chunks_fold_text_skip_thoughts_and_keep_the_last_usage() {
     );
 }
 
+/// A chunk of one candidate whose parts are `parts`.
+fn parts_chunk(parts: Vec<Value>) -> GenerateResponse {
+    serde_json::from_value(json!({"candidates": [{"content": {"role": "model", "parts": parts}}]}))
+        .unwrap()
+}
+
+#[test]
+fn function_calls_without_args_still_count_toward_the_limit() {
+    // No `args` at all: only our IDs and the names can fill the answer.
+    let mut state = StreamState::new(4096);
+    let first_error = (0..100)
+        .map(|_| {
+            state.on_chunk(parts_chunk(vec![
+                json!({"functionCall": {"name": "n".repeat(200)}}),
+            ]))
+        })
+        .enumerate()
+        .find_map(|(i, step)| step.err().map(|e| (i, e)));
+    // `call_0`.. IDs plus 200-byte names: the twentieth call passes 4096.
+    assert_eq!(
+        first_error,
+        Some((19, ProviderError::TooLarge { limit: 4096 }))
+    );
+}
+
+#[test]
+fn one_answer_holds_at_most_max_tool_calls() {
+    use crate::providers::tool_calls::MAX_TOOL_CALLS;
+    let call = json!({"functionCall": {"name": "f"}});
+    let mut state = StreamState::default();
+    state
+        .on_chunk(parts_chunk(vec![call.clone(); MAX_TOOL_CALLS]))
+        .unwrap();
+    assert_eq!(state.calls.len(), MAX_TOOL_CALLS);
+    assert!(matches!(
+        state.on_chunk(parts_chunk(vec![call])),
+        Err(ProviderError::TooLarge { .. })
+    ));
+}
+
 #[test]
 fn finish_reasons_map() {
     for (reason, expected) in [

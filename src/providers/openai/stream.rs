@@ -29,10 +29,10 @@ pub(super) struct StreamState {
     search_results: Option<Value>,
     /// The answering model, as the chunks name it.
     model: Option<String>,
-    /// Most bytes of text (and, apart, of tool-call arguments) it may
-    /// accumulate.
+    /// Most bytes of text (and, apart, of tool-call IDs, names and
+    /// arguments) it may accumulate.
     limit: usize,
-    /// Tool calls in pieces, by index.
+    /// Tool calls in pieces, by index (bounded in count and bytes).
     calls: CallBuffer,
 }
 
@@ -95,7 +95,9 @@ impl StreamState {
         let Some(delta) = choice.delta else {
             return Ok(Step::Nothing);
         };
-        // Argument pieces are only parsed once the call is whole.
+        // Argument pieces are only parsed once the call is whole. Each
+        // index is a call of its own; the buffer refuses more calls or bytes
+        // than one answer may hold, whatever indexes the server makes up.
         for (i, piece) in delta.tool_calls.into_iter().enumerate() {
             let index = piece.index.unwrap_or(i as u64);
             let (name, arguments) = piece

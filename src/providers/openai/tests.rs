@@ -187,3 +187,40 @@ fn truncation_bad_json_and_in_stream_errors() {
         assert!(!format!("{err:?}{err}").contains("canary"), "{err:?}");
     }
 }
+
+/// A chunk beginning tool call `index`, with a name of `name_len` bytes.
+fn new_call_chunk(index: usize, name_len: usize) -> String {
+    json!({"choices": [{"index": 0, "delta": {"tool_calls": [{
+        "index": index, "id": format!("call_{index}"), "type": "function",
+        "function": {"name": "n".repeat(name_len), "arguments": ""}}]},
+        "finish_reason": null}]})
+    .to_string()
+}
+
+#[test]
+fn tool_call_ids_and_names_count_toward_the_response_limit() {
+    // No arguments at all: only IDs and names can fill the answer.
+    let mut state = StreamState::new(Flavor::Openai, 4096);
+    let first_error = (0..100)
+        .map(|i| state.on_data(&new_call_chunk(i, 200)))
+        .enumerate()
+        .find_map(|(i, step)| step.err().map(|e| (i, e)));
+    // About 206 bytes a call: the twentieth passes 4096.
+    assert_eq!(
+        first_error,
+        Some((19, ProviderError::TooLarge { limit: 4096 }))
+    );
+}
+
+#[test]
+fn a_stream_may_make_at_most_max_tool_calls() {
+    use crate::providers::tool_calls::MAX_TOOL_CALLS;
+    let mut state = StreamState::new(Flavor::Openai, crate::config::DEFAULT_MAX_RESPONSE_BYTES);
+    for i in 0..MAX_TOOL_CALLS {
+        assert_eq!(state.on_data(&new_call_chunk(i, 8)), Ok(Step::Nothing));
+    }
+    assert!(matches!(
+        state.on_data(&new_call_chunk(MAX_TOOL_CALLS, 8)),
+        Err(ProviderError::TooLarge { .. })
+    ));
+}
