@@ -6,14 +6,15 @@
 //! `config/local.toml` for a value the deployment injected would look in
 //! vain). An `AIO_` variable that starts like a config section but uses a
 //! single `_` (`AIO_SERVER_LISTEN`) is refused: it would otherwise be
-//! ignored without a word.
+//! ignored without a word. So is a variable the config reads whose name or
+//! value is not UTF-8; any other such variable is skipped, never a panic.
 
 use super::{Config, ConfigError, Invalid, Secret, validate};
 use figment::{
     Figment, Metadata,
     providers::{Env, Format, Toml},
 };
-use std::path::Path;
+use std::{ffi::OsString, path::Path};
 
 /// The prefix of configuration variables.
 const PREFIX: &str = "AIO_";
@@ -116,12 +117,14 @@ impl Config {
             file: Some(path),
             database_url_from_env: database_url.is_some(),
         };
+        // `vars_os`: `std::env::vars` panics on a variable that is not UTF-8.
+        let (names, mut problems) = environment(std::env::vars_os());
         let config = Self::from_figment(&figment, &env, require_keys, &origins)?;
-        let typos = misspelled_variables(std::env::vars().map(|(name, _)| name), &config);
-        if typos.is_empty() {
+        problems.extend(misspelled_variables(names.into_iter(), &config));
+        if problems.is_empty() {
             Ok(config)
         } else {
-            Err(ConfigError::Invalid(typos))
+            Err(ConfigError::Invalid(problems))
         }
     }
 
@@ -182,6 +185,56 @@ impl Config {
         }
         Err(ConfigError::Invalid(problems))
     }
+}
+
+/// The names of the variables in `vars` that are UTF-8, for
+/// [`misspelled_variables`], and a problem for each variable the config
+/// reads (an `AIO_` one with a `__` path, `DATABASE_URL`) whose name or
+/// value is not: figment and `std::env::var` pass over such a variable
+/// without a word, so the override it was meant to be would be lost unseen.
+/// Any other variable that is not UTF-8 (another program's, or a path in
+/// `AIO_CONFIG`) is none of the config's business and is skipped.
+fn environment(
+    vars: impl IntoIterator<Item = (OsString, OsString)>,
+) -> (Vec<String>, Vec<Invalid>) {
+    let mut names = Vec::new();
+    let mut problems = Vec::new();
+    for (name, value) in vars {
+        let shown = name.to_string_lossy().into_owned();
+        let what = match (name.into_string(), value.to_str().is_some()) {
+            (Ok(name), true) => {
+                names.push(name);
+                continue;
+            }
+            (Ok(name), false) => {
+                names.push(name);
+                "its value"
+            }
+            (Err(_), _) => "its name",
+        };
+        if let Some(path) = key_read_from(&shown) {
+            problems.push(Invalid {
+                origin: Some(format!("environment variable {shown}")),
+                path,
+                message: format!("{what} is not valid UTF-8, so it would be ignored"),
+            });
+        }
+    }
+    problems.sort_by(|a, b| a.origin.cmp(&b.origin));
+    (names, problems)
+}
+
+/// The key the variable `name` sets (`server.listen` for
+/// `AIO_SERVER__LISTEN`, as figment reads it), or `None` when the config
+/// does not read it.
+fn key_read_from(name: &str) -> Option<String> {
+    if name == "DATABASE_URL" {
+        return Some("database.url".to_owned());
+    }
+    let lower = name.to_ascii_lowercase();
+    let rest = lower.strip_prefix(&PREFIX.to_ascii_lowercase())?;
+    rest.contains(SPLIT)
+        .then(|| rest.split(SPLIT).collect::<Vec<_>>().join("."))
 }
 
 /// `AIO_` variables among `names` that look meant for the config but map to
@@ -321,6 +374,49 @@ mod tests {
                  segments are separated by `__` (did you mean AIO_SERVER__LISTEN?)",
                 "environment variable aio_metering_enabled: metering: maps to no config key: \
                  path segments are separated by `__` (did you mean AIO_METERING__ENABLED?)",
+            ]
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn variables_that_are_not_utf8_never_panic_and_are_named_when_the_config_reads_them() {
+        use std::os::unix::ffi::OsStringExt;
+        fn raw(b: &[u8]) -> OsString {
+            OsString::from_vec(b.to_vec())
+        }
+        let vars = [
+            (raw(b"PATH"), raw(b"/usr/bin")),
+            // Other programs' variables, and the CLI's own: skipped.
+            (raw(b"OTHER"), raw(b"\xff")),
+            (raw(b"\xffNAME"), raw(b"x")),
+            (raw(b"AIO_CONFIG"), raw(b"/etc/\xff.toml")),
+            // Read by the config: each named.
+            (raw(b"AIO_SERVER__LISTEN"), raw(b"\xff")),
+            (raw(b"aio_x\xff__y"), raw(b"1")),
+            (raw(b"DATABASE_URL"), raw(b"sqlite://\xff")),
+        ];
+        let (names, problems) = environment(vars);
+        assert_eq!(
+            names,
+            [
+                "PATH",
+                "OTHER",
+                "AIO_CONFIG",
+                "AIO_SERVER__LISTEN",
+                "DATABASE_URL"
+            ]
+        );
+        let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "environment variable AIO_SERVER__LISTEN: server.listen: its value is not \
+                 valid UTF-8, so it would be ignored",
+                "environment variable DATABASE_URL: database.url: its value is not valid \
+                 UTF-8, so it would be ignored",
+                "environment variable aio_x\u{fffd}__y: x\u{fffd}.y: its name is not valid \
+                 UTF-8, so it would be ignored",
             ]
         );
     }

@@ -31,6 +31,7 @@ pub use tools::{
 pub use auth::{ApiKeyConfig, AuthConfig};
 pub use database::{DatabaseConfig, SqliteDurability};
 pub use secret::Secret;
+pub use validate::MAX_OUTPUT_TOKENS;
 
 use serde::Deserialize;
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};

@@ -8,8 +8,9 @@ use std::time::Duration;
 /// million), and would make every call's cost absurd.
 pub const MAX_PRICE_PER_MTOK: f64 = 10_000.0;
 
-/// Largest accepted `max_tokens` of a task: above every model's output
-/// window, and it bounds the output tokens a provider may plausibly report.
+/// Largest accepted `max_tokens` of a task (and of a stored prompt
+/// version's override): above every model's output window, and it bounds
+/// the output tokens a provider may plausibly report.
 pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
 
 /// Checks that a database URL names a SQLite file or a PostgreSQL
@@ -43,6 +44,7 @@ fn database_url(url: &str) -> Result<(), &'static str> {
 }
 
 pub mod agents;
+pub mod bounds;
 pub mod tools;
 
 /// Most teams `telemetry.team_labels` may list.
@@ -351,6 +353,7 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     }
     tools::check(config, &mut bad);
     agents::check(config, &mut bad);
+    bounds::check(config, &mut bad);
     out
 }
 

@@ -7,7 +7,7 @@
 //! through this process invalidate the cache at once, other replicas see them
 //! within the TTL.
 
-use super::{Prompt, builtin, template};
+use super::{Prompt, builtin, check::check, template};
 use crate::{
     on_store,
     store::{Store, StoreError},
@@ -217,45 +217,7 @@ impl PromptStore {
 
     /// Adds the next version of (team, key); returns its number.
     pub async fn add(&self, new: NewPrompt, actor: &str, now_ms: i64) -> Result<u32, PromptError> {
-        if new.key.trim().is_empty() {
-            return Err(PromptError::Invalid {
-                field: "prompt_key",
-                why: "is required".into(),
-            });
-        }
-        if new.user_template.trim().is_empty() {
-            return Err(PromptError::Invalid {
-                field: "user_prompt_template",
-                why: "is required".into(),
-            });
-        }
-        let user_vars = template::variables(&new.user_template)?;
-        let system_vars = template::variables(&new.system)?;
-        // A typed task provides a fixed set of variables: refuse a version
-        // that could never render rather than fail every call later.
-        if let Some(provided) = super::typed_variables(&new.key) {
-            for (field, used) in [
-                ("user_prompt_template", &user_vars),
-                ("system_prompt", &system_vars),
-            ] {
-                if let Some(name) = used.iter().find(|v| !provided.contains(&v.as_str())) {
-                    return Err(PromptError::Invalid {
-                        field,
-                        why: format!(
-                            "unknown template variable `{name}`; `{}` provides: {}",
-                            new.key,
-                            provided.join(", ")
-                        ),
-                    });
-                }
-            }
-        }
-        if let Some(t) = new.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
-            return Err(PromptError::Invalid {
-                field: "temperature",
-                why: format!("{t} is outside [0, 2]"),
-            });
-        }
+        check(&new)?;
         let postgres = matches!(self.store, Store::Postgres(_));
         let version = on_store!(&self.store, |pool| {
             let mut tx = match &self.store {

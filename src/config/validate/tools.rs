@@ -2,6 +2,7 @@
 //! `[auth.roles]`: a tool whose schema does not compile, a webhook without
 //! a URL or an unknown role stops the server at start-up, naming the key.
 
+use super::bounds::{MAX_WAIT, at_most};
 use crate::config::{
     Config, McpServerConfig, ToolKind,
     tools::{CostConfig, CostUnit, MAX_TOOL_TIMEOUT, name_and_version},
@@ -150,6 +151,19 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                         "must not exceed retry.max_backoff",
                     );
                 }
+                // The webhook's retry loop draws its pause as a share of the
+                // cap (`Duration::mul_f64`, which panics near 2^64 s) and
+                // doubles the cap; a zero cap retries without a pause. A
+                // tool's deadline is at most 60 s, so an hour is plenty.
+                if t.retry.initial_backoff.is_zero() {
+                    bad(
+                        at("retry.initial_backoff"),
+                        "must be greater than zero (zero retries without a pause)",
+                    );
+                }
+                if t.retry.max_backoff > MAX_WAIT {
+                    bad(at("retry.max_backoff"), &at_most(MAX_WAIT));
+                }
                 if t.idempotency_window.is_zero() {
                     bad(at("idempotency_window"), "must be greater than zero");
                 }
@@ -262,6 +276,35 @@ capabilities = ["*"]
                 "mcp_servers.s",
                 "auth.roles.superuser",
             ]
+        );
+    }
+
+    #[test]
+    fn a_webhooks_backoff_is_above_zero_and_bounded() {
+        let tool = |retry: &str| {
+            format!(
+                "[tools.\"crm.add_note\"]\nkind = \"http\"\nurl = \"https://n8n.example.com/hook\"\n\
+                 retry = {{ {retry} }}\n"
+            )
+        };
+        let at = |k: &str| format!(r#"tools."crm.add_note".retry.{k}"#);
+        assert!(paths(&tool(r#"initial_backoff = "1ms", max_backoff = "1h""#)).is_empty());
+        // Where the retry loop's arithmetic would overflow.
+        let huge = r#""18446744073709551615s""#;
+        assert_eq!(
+            paths(&tool(&format!(
+                "initial_backoff = {huge}, max_backoff = {huge}"
+            ))),
+            [at("max_backoff")]
+        );
+        assert_eq!(
+            paths(&tool(&format!("initial_backoff = {huge}"))),
+            [at("initial_backoff")]
+        );
+        assert_eq!(paths(&tool(r#"max_backoff = "61m""#)), [at("max_backoff")]);
+        assert_eq!(
+            paths(&tool(r#"initial_backoff = "0s""#)),
+            [at("initial_backoff")]
         );
     }
 }

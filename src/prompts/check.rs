@@ -1,0 +1,92 @@
+//! What a new prompt version must be before it is stored: every field
+//! able to serve a call.
+
+use super::{
+    store::{NewPrompt, PromptError},
+    template,
+};
+use crate::config::MAX_OUTPUT_TOKENS;
+
+/// Refuses a version whose fields could never serve a call, before
+/// anything is stored: every later call would fail otherwise (a template
+/// that cannot render, an output cap the provider rejects).
+pub(super) fn check(new: &NewPrompt) -> Result<(), PromptError> {
+    if new.key.trim().is_empty() {
+        return Err(PromptError::Invalid {
+            field: "prompt_key",
+            why: "is required".into(),
+        });
+    }
+    if new.user_template.trim().is_empty() {
+        return Err(PromptError::Invalid {
+            field: "user_prompt_template",
+            why: "is required".into(),
+        });
+    }
+    let user_vars = template::variables(&new.user_template)?;
+    let system_vars = template::variables(&new.system)?;
+    // A typed task provides a fixed set of variables: refuse a version
+    // that could never render rather than fail every call later.
+    if let Some(provided) = super::typed_variables(&new.key) {
+        for (field, used) in [
+            ("user_prompt_template", &user_vars),
+            ("system_prompt", &system_vars),
+        ] {
+            if let Some(name) = used.iter().find(|v| !provided.contains(&v.as_str())) {
+                return Err(PromptError::Invalid {
+                    field,
+                    why: format!(
+                        "unknown template variable `{name}`; `{}` provides: {}",
+                        new.key,
+                        provided.join(", ")
+                    ),
+                });
+            }
+        }
+    }
+    if let Some(t) = new.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
+        return Err(PromptError::Invalid {
+            field: "temperature",
+            why: format!("{t} is outside [0, 2]"),
+        });
+    }
+    // `optional` in the API and the CLI: absent is "use the task's cap",
+    // so an explicit 0 is a mistake (the provider answers 400), and a cap
+    // past the config's bound would escape it.
+    if let Some(m) = new
+        .max_tokens
+        .filter(|m| !(1..=MAX_OUTPUT_TOKENS).contains(m))
+    {
+        return Err(PromptError::Invalid {
+            field: "max_tokens",
+            why: format!("{m} is outside [1, {MAX_OUTPUT_TOKENS}]"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_with_an_unusable_output_cap_is_refused() {
+        let new = |max_tokens| NewPrompt {
+            key: "sms_classify".into(),
+            user_template: "{{message}}".into(),
+            max_tokens,
+            ..NewPrompt::default()
+        };
+        for ok in [None, Some(1), Some(MAX_OUTPUT_TOKENS)] {
+            assert!(check(&new(ok)).is_ok(), "{ok:?}");
+        }
+        for refused in [Some(0), Some(MAX_OUTPUT_TOKENS + 1), Some(u32::MAX)] {
+            let err = check(&new(refused)).err();
+            let field = match err {
+                Some(PromptError::Invalid { field, .. }) => field,
+                other => panic!("{refused:?}: {other:?}"),
+            };
+            assert_eq!(field, "max_tokens");
+        }
+    }
+}
