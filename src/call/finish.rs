@@ -9,7 +9,7 @@ use crate::{
     tools::Denial,
     usage::{MeterError, UsageRecord, policy::Refusal, pricing::usd},
 };
-use futures::future::{self, Either};
+use futures::future::Either;
 use std::time::Duration;
 
 /// Why a call produced no answer, in the pipeline's terms (the API maps
@@ -120,8 +120,8 @@ impl Call {
     /// called (SPEC §5: no acknowledged call goes unrecorded), unless the
     /// call is one of an agent turn's, whose reply waits on the turn's last
     /// durable operation instead. A call refused before any provider
-    /// attempt spent nothing, and does not wait for the disk. Input, cap
-    /// and budget refusals leave no record.
+    /// attempt spent nothing, and does not wait for the disk. Input, cap,
+    /// budget and quota refusals leave no record and charge nothing.
     ///
     /// The record is built before the returned future is polled; the
     /// future holds only it, the meter session and the answer, not the
@@ -134,10 +134,25 @@ impl Call {
         let answer = match result {
             Ok(value) => Ok(value),
             Err(CallError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => Err(err),
-            Err(CallError::Route(RouteError::UnknownTask(t))) => {
-                return Either::Left(future::ready(Err(CallError::UnknownTask(t))));
+            Err(other) => {
+                let err = match other {
+                    CallError::Route(RouteError::UnknownTask(t)) => CallError::UnknownTask(t),
+                    other => self.refused(other),
+                };
+                let Call {
+                    meter, _slot: slot, ..
+                } = self;
+                // Anything reserved before the refusal (a tool's cost,
+                // reserved before its quota refused it) is given back,
+                // uncharged and unrecorded.
+                return Either::Left(async move {
+                    if let Err(e) = meter.release_refused().await {
+                        tracing::warn!(error = %e, "releasing a refused call's reservation failed; the sweeper will charge it");
+                    }
+                    drop(slot);
+                    Err(err)
+                });
             }
-            Err(other) => return Either::Left(future::ready(Err(self.refused(other)))),
         };
         let outcome = answer.as_ref().map_or_else(RouteError::reason, |_| "ok");
         let (meta, record, prompt_owner, provider_time, reached) = {

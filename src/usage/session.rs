@@ -289,6 +289,36 @@ impl MeterSession {
         Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
     }
 
+    /// Releases what this session reserved, charging nothing and writing
+    /// no record: the call was refused after a reservation (a tool's
+    /// quota, checked after its cost was reserved; a store that failed
+    /// before anything ran). Queued; the refusal does not wait for it.
+    pub fn release_refused(&self) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
+        let reservations = {
+            let mut state = self.lock();
+            state.settled = true;
+            std::mem::take(&mut state.reservations)
+        };
+        let writer = match &self.meter.writer {
+            Some(writer) if !reservations.is_empty() => writer,
+            _ => return Either::Left(future::ready(Ok(()))),
+        };
+        let settle = Settle {
+            reservations: reservations.into_iter().map(|h| h.reservation).collect(),
+            charge: false,
+            recorded: false,
+            record: UsageRecord {
+                created_at_ms: self.started_at_ms,
+                team_id: self.who.team_id.clone(),
+                trace_id: self.who.trace_id.clone(),
+                ..UsageRecord::default()
+            },
+            month_start_ms: self.month_start_ms,
+            prompt_owner: None,
+        };
+        Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
+    }
+
     /// The settlement of this session with `record`; `None` when metering
     /// is off. Marks the session settled. `prompt_owner` names the team of
     /// the stored prompt version the call used (`''` global; `None` for a
@@ -303,6 +333,7 @@ impl MeterSession {
         record.created_at_ms = self.started_at_ms;
         Some(Settle {
             charge: !reservations.is_empty(),
+            recorded: true,
             reservations: reservations.into_iter().map(|h| h.reservation).collect(),
             record,
             month_start_ms: self.month_start_ms,
@@ -359,6 +390,7 @@ impl Drop for MeterSession {
         let op = Op::Settle(Settle {
             reservations: reservations.into_iter().map(|h| h.reservation).collect(),
             charge: true,
+            recorded: true,
             record,
             month_start_ms: self.month_start_ms,
             prompt_owner: None,

@@ -480,6 +480,7 @@ async fn both_backends_apply_a_batch_alike() {
             },
         ],
         charge: true,
+        recorded: true,
         record: record::UsageRecord {
             team_id: "ta".into(),
             task: "meeting_brief".into(),

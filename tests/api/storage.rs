@@ -418,6 +418,7 @@ async fn sqlite_durability_is_the_configured_synchronous_level() {
         let settle = Settle {
             reservations: vec![Reservation::from(&reserve)],
             charge: true,
+            recorded: true,
             record: UsageRecord {
                 team_id: "t".into(),
                 trace_id: "r1".into(),

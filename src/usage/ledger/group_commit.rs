@@ -206,6 +206,7 @@ mod tests {
         Op::Settle(Settle {
             reservations: Vec::new(),
             charge: false,
+            recorded: true,
             record: UsageRecord {
                 team_id: team.into(),
                 ..Default::default()

@@ -116,6 +116,10 @@ pub struct Settle {
     pub charge: bool,
     /// The usage record (team, month via `created_at_ms`, actuals).
     pub record: UsageRecord,
+    /// Whether `record` is written: false for a call refused after its
+    /// reservation (a tool's quota is checked after its cost is
+    /// reserved), which like every refusal leaves no record.
+    pub recorded: bool,
     /// Month the call was admitted in.
     pub month_start_ms: i64,
     /// Team owning the stored prompt version used ('' = global), to fold

@@ -124,7 +124,11 @@ pub(super) async fn apply<B: Backend>(
         }
     }
 
-    let records: Vec<_> = settles.iter().map(|s| &s.record).collect();
+    let records: Vec<_> = settles
+        .iter()
+        .filter(|s| s.recorded)
+        .map(|s| &s.record)
+        .collect();
     if !records.is_empty() {
         b.insert_records(&records).await?;
     }
@@ -132,6 +136,7 @@ pub(super) async fn apply<B: Backend>(
     // (and writer) using a global prompt.
     let mut stats: Vec<(&Settle, &str, f64)> = settles
         .iter()
+        .filter(|s| s.recorded)
         .filter_map(|s| {
             s.prompt_stats()
                 .map(|(owner, success)| (*s, owner, success))

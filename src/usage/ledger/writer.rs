@@ -346,6 +346,7 @@ mod tests {
         Op::Settle(Settle {
             reservations: Vec::new(),
             charge: false,
+            recorded: true,
             record: crate::usage::UsageRecord {
                 team_id: team.into(),
                 ..Default::default()

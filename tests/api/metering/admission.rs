@@ -45,6 +45,7 @@ fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
     Settle {
         reservations: vec![Reservation::from(r)],
         charge: true,
+        recorded: true,
         record: UsageRecord {
             team_id: r.team_id.clone(),
             task: r.task.clone(),
@@ -295,6 +296,7 @@ async fn a_failed_batch_keeps_its_reservations_counted_until_they_settle() {
     let barrier = Settle {
         reservations: Vec::new(),
         charge: false,
+        recorded: true,
         ..settle(&reserve("barrier", "t2", month), 0, 0)
     };
     writer.submit(Op::Settle(barrier)).await.unwrap();

@@ -275,6 +275,7 @@ async fn get_usage_across_months(postgres: bool) {
                 amount: ai_orchestrator::usage::Amount::new(200, 1, 50),
             }],
             charge: true,
+            recorded: true,
             record: UsageRecord {
                 created_at_ms: this_month - 60_000,
                 team_id: "t1".into(),
@@ -410,6 +411,7 @@ async fn rollups_and_partial_days_agree_with_the_records(postgres: bool) {
             Op::Settle(Settle {
                 reservations: Vec::new(),
                 charge: false,
+                recorded: true,
                 record: UsageRecord {
                     created_at_ms: *at,
                     team_id: "t1".into(),

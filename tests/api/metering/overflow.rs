@@ -157,6 +157,7 @@ fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
     Settle {
         reservations: vec![Reservation::from(r)],
         charge: true,
+        recorded: true,
         record: UsageRecord {
             team_id: r.team_id.clone(),
             task: r.task.clone(),

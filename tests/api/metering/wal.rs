@@ -70,6 +70,7 @@ async fn wal_stays_bounded(durability: SqliteDurability) {
                     amount: Amount::new(150, 1, 10),
                 }],
                 charge: true,
+                recorded: true,
                 record: UsageRecord {
                     team_id: format!("team-{}", i % 8),
                     task: "meeting_brief".into(),

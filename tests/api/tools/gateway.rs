@@ -249,12 +249,42 @@ async fn every_denial_has_its_code_reason_details_and_audit_event() {
             .await
             .unwrap();
     }
+    let requests = || async {
+        ai_orchestrator::api::pb::orchestrator_client::OrchestratorClient::new(app.channel.clone())
+            .get_usage(with_key(
+                ADMIN,
+                "usage",
+                pb::GetUsageRequest {
+                    team_id: "t1".into(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .totals
+            .unwrap()
+            .requests
+    };
+    let before = requests().await;
     let err = call(CALLER, "deny-7", invoke("system.health", json!({})))
         .await
         .unwrap_err();
     denied(&err, Code::ResourceExhausted, "QUOTA_EXCEEDED");
     let quota = err.get_details_quota_failure().expect("QuotaFailure");
     assert_eq!(quota.violations[0].subject, "max_per_hour");
+    // Refused after its cost was reserved (the quota comes after the
+    // estimate): the reservation is given back, nothing is charged. The
+    // next call's settlement is durable before its reply, and commits
+    // after anything the refusal queued.
+    call(
+        CALLER,
+        "after-quota",
+        invoke("system.echo", json!({"text": "x"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(requests().await, before + 1);
 
     assert_eq!(hook.count(), 0, "no denied invocation reaches the webhook");
 

@@ -259,6 +259,7 @@ mod tests {
         Settle {
             reservations: vec![Reservation::from(of)],
             charge: true,
+            recorded: true,
             record: crate::usage::UsageRecord {
                 team_id: "t".into(),
                 trace_id: of.id.clone(),
