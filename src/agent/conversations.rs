@@ -379,30 +379,20 @@ pub fn complete_turn(
     statements
 }
 
-/// Releases a failed turn's lease; nothing of the turn is stored. A new
-/// conversation whose first turn failed is erased with it.
-pub async fn release(store: &Store, c: &Conversation, token: &str) -> Result<(), StoreError> {
-    on_store!(store, |pool| {
-        if c.turns == 0 {
-            sqlx::query(
-                "DELETE FROM conversations WHERE id = $1 AND busy_token = $2 AND turns = 0",
-            )
-            .bind(&c.id)
-            .bind(token)
-            .execute(pool)
-            .await?;
-        } else {
-            sqlx::query(
-                "UPDATE conversations SET busy_until_ms = NULL, busy_token = NULL \
-                 WHERE id = $1 AND busy_token = $2",
-            )
-            .bind(&c.id)
-            .bind(token)
-            .execute(pool)
-            .await?;
-        }
-    });
-    Ok(())
+/// The statement that gives conversation `id` back after a turn holding
+/// it by `token` ended unstored (it failed, or its caller went away):
+/// nothing of the turn is kept. A conversation the turn was to be the
+/// first of (`first_turn`) is erased with it; any other's lease is
+/// cleared. It changes nothing once the lease was lost or given back, so
+/// it is safe to run whether or not the lease was ever taken.
+pub fn release(id: &str, token: &str, first_turn: bool) -> Statement {
+    let sql = if first_turn {
+        "DELETE FROM conversations WHERE id = $1 AND busy_token = $2 AND turns = 0"
+    } else {
+        "UPDATE conversations SET busy_until_ms = NULL, busy_token = NULL \
+         WHERE id = $1 AND busy_token = $2"
+    };
+    Statement::new(sql, vec![id.into(), token.into()])
 }
 
 /// Erases conversation `id` of `team`: its row, messages and turns.

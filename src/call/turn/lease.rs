@@ -8,30 +8,86 @@ use crate::{
     agent::conversations,
     audit::AuditEvent,
     providers::ChatMessage,
-    usage::ledger::{Done, Op, Write},
+    usage::ledger::{Done, LedgerWriter, Op, Write},
 };
 
-/// A turn's hold on its conversation while it runs: dropped with the turn
-/// unfinished (the caller cancelled or disconnected), it gives the
-/// conversation back at once instead of leaving the lease to run out.
+/// A turn's hold on its conversation, from before its lease is asked for
+/// until the turn is stored: dropped unstored (the caller cancelled or
+/// went away, in `prepare` or mid-turn), it gives the conversation back at
+/// once instead of leaving the lease to run out.
+///
+/// The release goes through the ledger's queue like the lease did, so it
+/// is applied after the lease's own write whenever that was queued: a
+/// team's operations keep their order. It is guarded by the lease's
+/// token, so releasing a lease never taken changes nothing.
 pub(super) struct Held {
-    pub pipeline: Pipeline,
-    pub conversation: Option<conversations::Conversation>,
-    pub token: String,
+    ledger: LedgerWriter,
+    team: String,
+    id: String,
+    token: String,
+    /// Whether there is anything to give back.
+    armed: bool,
+    /// The conversation had no completed turn: releasing erases it.
+    first_turn: bool,
+}
+
+impl Held {
+    /// A hold on conversation `id` of `team` by `token`, armed before the
+    /// lease's write is queued.
+    pub fn new(pipeline: &Pipeline, team: &str, id: &str, token: &str, first_turn: bool) -> Self {
+        Self {
+            ledger: pipeline.ledger().clone(),
+            team: team.to_owned(),
+            id: id.to_owned(),
+            token: token.to_owned(),
+            armed: true,
+            first_turn,
+        }
+    }
+
+    /// The lease was taken on `c`, as it stands.
+    pub fn holds(&mut self, c: &conversations::Conversation) {
+        self.first_turn = c.turns == 0;
+    }
+
+    /// Nothing to give back: the lease was not taken, or the turn was
+    /// stored (which released it).
+    pub fn let_go(&mut self) {
+        self.armed = false;
+    }
+
+    fn op(&mut self) -> Option<Op> {
+        std::mem::take(&mut self.armed).then(|| {
+            Op::Write(Write {
+                team_id: self.team.clone(),
+                statements: vec![conversations::release(
+                    &self.id,
+                    &self.token,
+                    self.first_turn,
+                )],
+                durable: false,
+                audit: Vec::new(),
+            })
+        })
+    }
+
+    /// Gives the conversation back after a failed turn and waits until
+    /// that is committed; nothing of the turn is stored.
+    pub async fn release(&mut self, ctx: &CallContext) {
+        let Some(op) = self.op() else { return };
+        if let Err(e) = self.ledger.submit(op).await {
+            tracing::warn!(trace_id = %ctx.trace_id, error = %e, "releasing a conversation failed");
+        }
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let Some(conversation) = self.conversation.take() else {
-            return;
-        };
-        let (store, token) = (
-            self.pipeline.store().clone(),
-            std::mem::take(&mut self.token),
-        );
+        let Some(op) = self.op() else { return };
+        let ledger = self.ledger.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(e) = conversations::release(&store, &conversation, &token).await {
+                if let Err(e) = ledger.enqueue(op).await {
                     tracing::warn!(error = %e, "releasing an abandoned turn's conversation failed");
                 }
             });
@@ -113,18 +169,5 @@ pub(super) async fn store_turn(
         Some(_) => Err(CallError::Storage(
             "the turn's hold on its conversation ran out before it completed".into(),
         )),
-    }
-}
-
-/// Gives the conversation back after a failed turn; nothing of the turn
-/// is stored.
-pub(super) async fn release(
-    pipeline: &Pipeline,
-    ctx: &CallContext,
-    conversation: &conversations::Conversation,
-    token: &str,
-) {
-    if let Err(e) = conversations::release(pipeline.store(), conversation, token).await {
-        tracing::warn!(trace_id = %ctx.trace_id, error = %e, "releasing a conversation failed");
     }
 }

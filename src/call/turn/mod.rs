@@ -27,13 +27,13 @@ use super::{CallContext, CallError, CallMeta, Pipeline, tool::AgentScope};
 use crate::{
     agent::{StopReason, conversations, memory},
     auth::Principal,
-    providers::{ChatMessage, CompletionRequest, Role, ToolCall, WireNames},
+    providers::{ChatMessage, CompletionRequest, Role, ToolCall, ToolOutcome, ToolSpec, WireNames},
     router::{RouteError, RouteEvent},
     telemetry::metrics,
 };
 use calls::Opener;
 use futures::{Stream, StreamExt, stream::FuturesUnordered};
-use lease::{Completed, Held, release, store_turn};
+use lease::{Completed, store_turn};
 use prepare::Prepared;
 use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 use wire::{on_wire, ours};
@@ -171,6 +171,29 @@ impl Totals {
     }
 }
 
+/// The event of a tool call's `outcome`, counted in the agent's metrics
+/// (a tool not `offered` counted as `other`: the model names it).
+fn tool_result(
+    agent: &str,
+    offered: &[ToolSpec],
+    outcome: &ToolOutcome,
+    report: tools::Report,
+) -> TurnEvent {
+    let tool = if offered.iter().any(|t| t.name == outcome.name) {
+        outcome.name.as_str()
+    } else {
+        "other"
+    };
+    metrics::agent_tool_call(agent, tool, report.status);
+    TurnEvent::ToolResult {
+        call_id: outcome.call_id.clone(),
+        tool: outcome.name.clone(),
+        status: report.status,
+        duration_ms: report.duration_ms,
+        error_code: report.error_code,
+    }
+}
+
 fn run(
     pipeline: Pipeline,
     ctx: CallContext,
@@ -191,10 +214,9 @@ fn run(
     );
     let stream = async_stream::stream! {
         let _slot = slot;
-        let Prepared { name, agent, conversation, token, system, mut messages, tools, known, prompt } = turn;
-        // Gives the conversation back if the turn is dropped unfinished
-        // (the caller went away).
-        let mut held = Held { pipeline: pipeline.clone(), conversation: Some(conversation.clone()), token: token.clone() };
+        // `held` gives the conversation back if the turn is dropped
+        // unfinished (the caller went away).
+        let Prepared { name, agent, conversation, token, mut held, system, mut messages, tools, known, prompt } = turn;
         let started = Instant::now();
         yield TurnEvent::Started { conversation_id: conversation.id.clone() };
         audit::start(&pipeline, &ctx, &principal, &name, &conversation.id, messages.last()).await;
@@ -315,7 +337,7 @@ fn run(
                 Ok(((), meta)) => totals.add(&meta, true),
                 Err(err) => break 'turn Err(err),
             }
-            let calls = ours(&names, &completion.tool_calls, &messages, totals.iterations);
+            let calls = ours(&names, &completion.tool_calls, &messages, conversation.turns + 1, totals.iterations);
             if calls.is_empty() {
                 let text = if agent.memory_suggestions {
                     let parsed = memory::parse(&completion.text);
@@ -344,6 +366,11 @@ fn run(
             // metered with what is left of the budget, their time not
             // counted as our overhead.
             let Some(left) = totals.budget_left(ctx.budget_usd) else {
+                for c in &calls {
+                    let (outcome, report) = tools::refused_over_budget(c);
+                    yield tool_result(&name, &tools, &outcome, report);
+                    stored.push(ChatMessage { role: Role::Tool, content: String::new(), tool_calls: Vec::new(), tool_result: Some(outcome) });
+                }
                 break 'turn Ok(StopReason::Budget);
             };
             let tool_call = opener.open(totals.iterations, left);
@@ -379,15 +406,7 @@ fn run(
                     // may send: the model is told instead.
                     outcome = tools::over_output_budget(&outcome);
                 }
-                let tool = if tools.iter().any(|t| t.name == outcome.name) { outcome.name.as_str() } else { "other" };
-                metrics::agent_tool_call(&name, tool, report.status);
-                yield TurnEvent::ToolResult {
-                    call_id: outcome.call_id.clone(),
-                    tool: outcome.name.clone(),
-                    status: report.status,
-                    duration_ms: report.duration_ms,
-                    error_code: report.error_code,
-                };
+                yield tool_result(&name, &tools, &outcome, report);
                 if let Some(slot) = results.get_mut(i) { *slot = Some(outcome); }
             }
             drop(running);
@@ -419,8 +438,7 @@ fn run(
                     _ => None,
                 });
                 audit::failed(&pipeline, &ctx, &principal, &name, reason.unwrap_or("INTERNAL"), started).await;
-                held.conversation = None;
-            release(&pipeline, &ctx, &conversation, &token).await;
+                held.release(&ctx).await;
                 yield TurnEvent::Failed(err);
                 return;
             }
@@ -439,13 +457,12 @@ fn run(
         let end = audit::complete(&ctx, &principal, &name, &record, &text, started);
         let completed = Completed { messages: &stored, record: &record, end };
         let stored_turn = store_turn(&pipeline, &ctx, &agent, &conversation, &token, completed).await;
-        held.conversation = None;
         if let Err(err) = stored_turn {
-            held.conversation = None;
-            release(&pipeline, &ctx, &conversation, &token).await;
+            held.release(&ctx).await;
             yield TurnEvent::Failed(err);
             return;
         }
+        held.let_go();
         metrics::agent_turn(&name, stop.as_str(), totals.iterations);
         tracing::Span::current().record("stop_reason", stop.as_str());
         tracing::Span::current().record("iterations", totals.iterations);

@@ -3,7 +3,10 @@
 //! the layered prompt assembled and the tools it may offer listed. Every
 //! failure here is a gRPC error, and gives the conversation back.
 
-use super::super::{CallContext, CallError, Pipeline};
+use super::{
+    super::{CallContext, CallError, Pipeline},
+    lease::Held,
+};
 use crate::{
     agent::{
         AgentError,
@@ -43,6 +46,8 @@ pub(super) struct Prepared {
     pub conversation: Conversation,
     /// The lease's holder.
     pub token: String,
+    /// Gives the conversation back unless the turn is stored.
+    pub held: Held,
     /// The system prompt: layers 1-4 (and the memory instruction).
     pub system: String,
     /// Layer 5: the kept history and the new message, last.
@@ -90,7 +95,7 @@ impl Pipeline {
         let storage = |e: crate::store::StoreError| CallError::Storage(e.to_string());
         // The conversation's row and lease are written in the ledger's
         // group commit; nobody waits for the disk (the turn's end does).
-        let conversation = match &req.conversation_id {
+        let (conversation, mut held) = match &req.conversation_id {
             None => {
                 let (conversation, insert) = conversations::create(
                     &ctx.team_id,
@@ -100,15 +105,19 @@ impl Pipeline {
                     lease_until,
                     &token,
                 );
+                // Armed before the write is queued: a caller gone from
+                // here on still gives the conversation back.
+                let held = Held::new(self, &ctx.team_id, &conversation.id, &token, true);
                 if !super::lease::write(self, &ctx.team_id, vec![insert], false, Vec::new()).await?
                 {
                     return Err(CallError::Storage(
                         "a new conversation's row was not written".into(),
                     ));
                 }
-                conversation
+                (conversation, held)
             }
             Some(id) => {
+                let mut held = Held::new(self, &ctx.team_id, id, &token, false);
                 let lease = conversations::acquire(&ctx.team_id, id, now, lease_until, &token);
                 let taken =
                     super::lease::write(self, &ctx.team_id, vec![lease], false, Vec::new()).await?;
@@ -116,9 +125,16 @@ impl Pipeline {
                     .await
                     .map_err(storage)?
                 {
-                    Acquired::Held(c) => c,
-                    Acquired::Busy => return Err(AgentError::ConversationBusy(id.clone()).into()),
+                    Acquired::Held(c) => {
+                        held.holds(&c);
+                        (c, held)
+                    }
+                    Acquired::Busy => {
+                        held.let_go();
+                        return Err(AgentError::ConversationBusy(id.clone()).into());
+                    }
                     Acquired::NotFound => {
+                        held.let_go();
                         return Err(AgentError::ConversationNotFound(id.clone()).into());
                     }
                 }
@@ -141,15 +157,14 @@ impl Pipeline {
                 agent,
                 conversation,
                 token,
+                held,
                 system,
                 messages,
                 tools,
                 prompt,
             }),
             Err(e) => {
-                if let Err(release) = conversations::release(store, &conversation, &token).await {
-                    tracing::warn!(trace_id = %ctx.trace_id, error = %release, "releasing a conversation failed");
-                }
+                held.release(ctx).await;
                 Err(e)
             }
         }

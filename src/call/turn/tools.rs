@@ -68,6 +68,25 @@ pub fn refused_over_cap(call: &ToolCall, cap: u32) -> (ToolOutcome, Report) {
     )
 }
 
+/// A call not run because the turn's budget was spent by the model call
+/// that asked for it: answered all the same, so the stored history pairs
+/// every call with a result (a provider refuses a history that does not).
+pub fn refused_over_budget(call: &ToolCall) -> (ToolOutcome, Report) {
+    (
+        error(
+            call,
+            "BUDGET_EXCEEDED",
+            "not run: this turn's budget is spent",
+        ),
+        Report {
+            status: "DENIED",
+            duration_ms: 0,
+            error_code: "BUDGET_EXCEEDED".into(),
+            executed: false,
+        },
+    )
+}
+
 /// The result of a call whose output would take the turn past what one
 /// model call may send (`server.max_prompt_bytes` of tool output a turn).
 pub fn over_output_budget(outcome: &ToolOutcome) -> ToolOutcome {

@@ -4,29 +4,38 @@
 use crate::providers::{ChatMessage, ToolCall, ToolOutcome, WireNames};
 
 /// The model's tool calls in our terms: our tool names, and IDs unique in
-/// the conversation. Gemini numbers its calls per answer (`call_0`, ...)
-/// and a model may omit an ID; a repeated ID would answer the wrong call
-/// once the history is sent to a provider that matches results by ID.
+/// the conversation. A model may omit an ID or repeat one (Gemini numbers
+/// its calls per answer), and a repeated ID would answer the wrong call
+/// once the history is sent to a provider that matches results by ID. A
+/// provider's ID is kept unless `history` or the answer already has it;
+/// ours are `call_<turn>_<iteration>_<i>` (`turn` counts the
+/// conversation's turns from 1), so no two turns make the same one.
 pub(super) fn ours(
     names: &WireNames,
     calls: &[ToolCall],
     history: &[ChatMessage],
+    turn: u32,
     iteration: u32,
 ) -> Vec<ToolCall> {
-    let seen: std::collections::HashSet<&str> = history
+    let mut taken: std::collections::HashSet<String> = history
         .iter()
-        .flat_map(|m| m.tool_calls.iter().map(|c| c.id.as_str()))
+        .flat_map(|m| m.tool_calls.iter().map(|c| c.id.clone()))
         .collect();
     let mut out: Vec<ToolCall> = Vec::with_capacity(calls.len());
     for (i, c) in calls.iter().enumerate() {
-        let taken =
-            c.id.is_empty() || seen.contains(c.id.as_str()) || out.iter().any(|o| o.id == c.id);
+        let id = if !c.id.is_empty() && !taken.contains(&c.id) {
+            c.id.clone()
+        } else {
+            // A provider may itself have sent an ID of this form.
+            let mut id = format!("call_{turn}_{iteration}_{i}");
+            while taken.contains(&id) {
+                id.push('_');
+            }
+            id
+        };
+        taken.insert(id.clone());
         out.push(ToolCall {
-            id: if taken {
-                format!("call_{iteration}_{i}")
-            } else {
-                c.id.clone()
-            },
+            id,
             name: names.ours(&c.name).unwrap_or(&c.name).to_owned(),
             arguments: c.arguments.clone(),
         });
@@ -85,14 +94,42 @@ mod tests {
                 call("", "made_up"),
             ],
             &history,
+            3,
             2,
         );
         let ids: Vec<&str> = got.iter().map(|c| c.id.as_str()).collect();
-        assert_eq!(ids, ["call_2_0", "call_1", "call_2_2", "call_2_3"]);
+        assert_eq!(ids, ["call_3_2_0", "call_1", "call_3_2_2", "call_3_2_3"]);
         assert_eq!(got[0].name, "system.echo");
         assert_eq!(
             got[3].name, "made_up",
             "a name we did not offer stays as sent"
         );
+    }
+
+    /// The same iteration of another turn makes other IDs, and an ID of
+    /// ours a provider happened to send is not made twice.
+    #[test]
+    fn made_up_ids_differ_between_turns_and_never_repeat_one_sent() {
+        let names = WireNames::new(["system.echo"]);
+        let earlier = ours(&names, &[call("", "system__echo")], &[], 1, 1);
+        let history = [ChatMessage {
+            role: Role::Assistant,
+            tool_calls: earlier,
+            ..ChatMessage::default()
+        }];
+        let got = ours(
+            &names,
+            &[call("call_2_1_1", "system__echo"), call("", "system__echo")],
+            &history,
+            2,
+            1,
+        );
+        let ids: Vec<&str> = history[0]
+            .tool_calls
+            .iter()
+            .chain(&got)
+            .map(|c| c.id.as_str())
+            .collect();
+        assert_eq!(ids, ["call_1_1_0", "call_2_1_1", "call_2_1_1_"]);
     }
 }

@@ -1,6 +1,8 @@
 //! Conversations (SPEC §11.6–11.7): team-scoped reads, erasure (also in
-//! the middle of a turn), a second concurrent turn refused, memory suggestions stored on the turn, the
-//! retention sweeper, and the same store on PostgreSQL.
+//! the middle of a turn), a second concurrent turn refused, a turn whose
+//! caller left (mid-answer or still preparing) giving its conversation
+//! back, memory suggestions stored on the turn, the retention sweeper, and
+//! the same store on PostgreSQL.
 
 use super::{
     agents, completed, conversation_id, converse, spawn, toml, turn,
@@ -488,6 +490,78 @@ async fn a_turn_whose_caller_left_gives_its_conversation_back() {
         .map(|m| m.message.content)
         .collect();
     assert_eq!(texts, ["One", "First.", "Three", "Next."]);
+}
+
+#[tokio::test]
+async fn a_turn_dropped_while_it_prepares_gives_its_conversation_back() {
+    // On PostgreSQL a lock on the history holds the second turn in
+    // `prepare`, after its lease was taken and before any event.
+    let pg = TestPostgres::create().await;
+    // A spare reply: should the held turn outlive its caller after all,
+    // whichever turn asks next still hears "Next.".
+    let openai = Upstream::start([
+        Reply::sse(openai_text(&["First."])),
+        Reply::sse(openai_text(&["Next."])),
+        Reply::sse(openai_text(&["Next."])),
+    ])
+    .await;
+    let app =
+        TestApp::spawn_toml_env(&toml(&pg.url, &openai.url(), &openai.url(), ""), super::env).await;
+    let first = turn(&app, CALLER, "prep-0", converse("helper", "One", None))
+        .await
+        .unwrap();
+    let id = conversation_id(&first);
+
+    let db = sqlx::PgPool::connect(&pg.url).await.unwrap();
+    let mut lock = db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE conversation_messages IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let held = tokio::spawn({
+        let mut client = agents(&app);
+        let request = with_key(CALLER, "prep-1", converse("helper", "Two", Some(&id)));
+        async move { client.converse(request).await.map(|_| ()) }
+    });
+    let db_ref = &db;
+    crate::common::wait_for(|| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query LIKE '%conversation_messages%'",
+        )
+        .fetch_one(db_ref)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    // The caller goes away while the turn waits: the conversation is free
+    // again at once, not when the lease (deadline + 30 s) runs out.
+    held.abort();
+    assert!(held.await.unwrap_err().is_cancelled());
+    lock.rollback().await.unwrap();
+    let (app_ref, id_ref) = (&app, id.as_str());
+    crate::common::wait_for(|| async move {
+        turn(
+            app_ref,
+            CALLER,
+            "prep-2",
+            converse("helper", "Three", Some(id_ref)),
+        )
+        .await
+        .is_ok_and(|events| completed(&events).text == "Next.")
+    })
+    .await;
+    let texts: Vec<String> = conversations::history(&app.store().await, &id, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.message.content)
+        .collect();
+    assert_eq!(texts, ["One", "First.", "Three", "Next."]);
+    db.close().await;
+    app.stop().await;
+    pg.drop_now().await;
 }
 
 #[tokio::test]

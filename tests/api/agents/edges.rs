@@ -1,5 +1,6 @@
 //! The edges of a turn: tool calls that fail in each way the model must
-//! read, the budget and the deadline ending a turn, the history kept in
+//! read, the budget (before a model call, or between one and its tools)
+//! and the deadline ending a turn, the history kept in
 //! the prompt, the metrics of a turn, and `call converse`.
 
 use super::{
@@ -180,6 +181,73 @@ async fn a_budget_too_small_for_the_next_model_call_ends_the_turn() {
     assert_eq!(done.stop_reason, pb::StopReason::Budget as i32);
     assert_eq!((done.iterations, done.text.as_str()), (0, ""));
     assert!(openai.bodies().is_empty(), "no model call past the budget");
+}
+
+/// The budget spent by the model call that asked for tools: each call is
+/// answered as refused, so the stored turn pairs every call with a result
+/// and the next turn's history is one a provider accepts.
+#[tokio::test]
+async fn a_budget_spent_before_the_tools_run_answers_each_call() {
+    let openai = Upstream::start([
+        Reply::sse(openai_tool_calls(&[(
+            "call_B1",
+            "system__echo",
+            &[r#"{"text": "a"}"#],
+        )])),
+        Reply::sse(openai_text(&["Done."])),
+    ])
+    .await;
+    // Unmetered, nothing is reserved: only the turn's own count of what
+    // it spent stops it, after the model call.
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("agents.db").display());
+    let toml = toml_with(
+        &url,
+        &openai.url(),
+        &openai.url(),
+        "http://127.0.0.1:9",
+        EXTRA,
+    ) + "\n[metering]\nenabled = false\n";
+    let mut app = TestApp::spawn_toml_env(&toml, env).await;
+    app.keep(dir);
+    let mut req = converse("helper", "Echo a.", None);
+    req.budget = Some(pb::Budget {
+        max_cost_usd: 0.000_000_001,
+        ..Default::default()
+    });
+    let events = turn(&app, CALLER, "edge-budget-tools", req).await.unwrap();
+    let done = completed(&events);
+    assert_eq!(done.stop_reason, pb::StopReason::Budget as i32);
+    let results: Vec<(String, String, String)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolResult(r) => {
+                Some((r.call_id.clone(), r.status.clone(), r.error_code.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [("call_B1".into(), "DENIED".into(), "BUDGET_EXCEEDED".into())]
+    );
+
+    let id = conversation_id(&events);
+    turn(
+        &app,
+        CALLER,
+        "edge-budget-next",
+        converse("helper", "Again.", Some(&id)),
+    )
+    .await
+    .unwrap();
+    let sent = openai.bodies()[1]["messages"].as_array().unwrap().clone();
+    let call_at = sent
+        .iter()
+        .position(|m| m["tool_calls"][0]["id"] == "call_B1")
+        .expect("the stored call is in the history");
+    assert_eq!(sent[call_at + 1]["role"], "tool");
+    assert_eq!(sent[call_at + 1]["tool_call_id"], "call_B1");
 }
 
 #[tokio::test]
