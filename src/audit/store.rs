@@ -273,25 +273,102 @@ pub struct Verification {
 /// the chain's length.
 const VERIFY_PAGE: i64 = 1000;
 
+/// How many times [`verify`] follows a head that moved while it read: a
+/// team writing without pause would otherwise keep it reading forever.
+const VERIFY_ROUNDS: u32 = 3;
+
 /// Verifies `team`'s chain from its first event to its head.
+///
+/// Events are written with their head in one transaction, so the head is
+/// read first and the events up to it are checked: an event appended
+/// meanwhile is not mistaken for a break. Events past the head are checked
+/// once the head is read again and covers them; past a head that did not
+/// move they are not the chain's (`head`).
 pub async fn verify(store: &Store, team: &str) -> Result<Verification, StoreError> {
     let mut head = Head::default();
     let mut checked = 0_u64;
-    loop {
+    let mut stored = read_head(store, team).await?;
+    for round in 1..=VERIFY_ROUNDS {
+        let target = stored.as_ref().map_or(0, |(seq, _)| *seq);
+        if let Some(broken) = check_until(store, team, target, &mut head, &mut checked).await? {
+            return Ok(broken);
+        }
+        let broken = |reason: &str| Verification {
+            ok: false,
+            events_checked: checked,
+            first_broken_event_id: String::new(),
+            first_broken_seq: head.seq + 1,
+            reason: reason.to_owned(),
+        };
+        match &stored {
+            Some((seq, _)) if *seq > head.seq => return Ok(broken("truncated")),
+            Some((_, hash)) if *hash != head.hash => return Ok(broken("head")),
+            _ => {}
+        }
+        if !any_after(store, team, target).await? || round == VERIFY_ROUNDS {
+            break;
+        }
+        let again = read_head(store, team).await?;
+        if again.as_ref().map_or(0, |(seq, _)| *seq) <= target {
+            return Ok(broken("head"));
+        }
+        stored = again;
+    }
+    Ok(Verification {
+        ok: true,
+        events_checked: checked,
+        ..Verification::default()
+    })
+}
+
+/// `team`'s head row: its last sequence number and hash.
+async fn read_head(store: &Store, team: &str) -> Result<Option<(i64, String)>, StoreError> {
+    Ok(on_store!(store, |pool| {
+        sqlx::query_as(SELECT_HEAD)
+            .bind(team)
+            .fetch_optional(pool)
+            .await?
+    }))
+}
+
+/// Whether `team` has an event after `seq`.
+async fn any_after(store: &Store, team: &str, seq: i64) -> Result<bool, StoreError> {
+    let next = list(
+        store,
+        &Filter {
+            team_id: team.to_owned(),
+            after_seq: seq,
+            limit: 1,
+            ..Filter::default()
+        },
+    )
+    .await?;
+    Ok(!next.is_empty())
+}
+
+/// Checks `team`'s events after `head` up to sequence `target`, moving
+/// `head` along: the first that does not hold, if any.
+async fn check_until(
+    store: &Store,
+    team: &str,
+    target: i64,
+    head: &mut Head,
+    checked: &mut u64,
+) -> Result<Option<Verification>, StoreError> {
+    while head.seq < target {
         let page = list(
             store,
             &Filter {
                 team_id: team.to_owned(),
                 after_seq: head.seq,
-                limit: VERIFY_PAGE,
+                limit: VERIFY_PAGE.min(target - head.seq),
                 ..Filter::default()
             },
         )
         .await?;
-        let Some(last) = page.last() else { break };
-        let last_seq = last.seq;
-        for e in &page {
-            checked += 1;
+        let mut moved = false;
+        for e in page.iter().take_while(|e| e.seq <= target) {
+            *checked += 1;
             let reason = if e.seq != head.seq + 1 {
                 Some("gap")
             } else if e.prev_hash != head.hash {
@@ -302,44 +379,25 @@ pub async fn verify(store: &Store, team: &str) -> Result<Verification, StoreErro
                 None
             };
             if let Some(reason) = reason {
-                return Ok(Verification {
+                return Ok(Some(Verification {
                     ok: false,
-                    events_checked: checked,
+                    events_checked: *checked,
                     first_broken_event_id: e.event.id.clone(),
                     first_broken_seq: if reason == "gap" { head.seq + 1 } else { e.seq },
                     reason: reason.to_owned(),
-                });
+                }));
             }
-            head = Head {
+            *head = Head {
                 seq: e.seq,
                 hash: e.hash.clone(),
             };
+            moved = true;
         }
-        if last_seq != head.seq {
+        if !moved {
+            // Nothing left up to the target: the caller reports the rest
+            // missing.
             break;
         }
     }
-    let stored: Option<(i64, String)> = on_store!(store, |pool| {
-        sqlx::query_as(SELECT_HEAD)
-            .bind(team)
-            .fetch_optional(pool)
-            .await?
-    });
-    let broken = |reason: &str| Verification {
-        ok: false,
-        events_checked: checked,
-        first_broken_event_id: String::new(),
-        first_broken_seq: head.seq + 1,
-        reason: reason.to_owned(),
-    };
-    Ok(match stored {
-        Some((seq, _)) if seq > head.seq => broken("truncated"),
-        Some((seq, hash)) if seq != head.seq || hash != head.hash => broken("head"),
-        None if head.seq > 0 => broken("head"),
-        _ => Verification {
-            ok: true,
-            events_checked: checked,
-            ..Verification::default()
-        },
-    })
+    Ok(None)
 }

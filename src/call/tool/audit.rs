@@ -10,6 +10,21 @@ use crate::{
 };
 use serde_json::Value;
 
+/// The `tool.denied` event of a call of `subject` with `input`, refused
+/// for `reason`: a digest of the input, never the input.
+pub(crate) fn denial(
+    team: &str,
+    principal: &str,
+    trace_id: &str,
+    subject: &str,
+    input: &Value,
+    reason: &str,
+) -> AuditEvent {
+    AuditEvent::new(team, principal, trace_id, Category::Tool, "tool.denied", subject)
+        .decided("deny", reason)
+        .with_input(input)
+}
+
 impl Call {
     /// Audits a denial (durably, before the error goes back) and counts it.
     pub(super) async fn deny(&self, subject: &str, input: &Value, denial: Denial) -> CallError {
@@ -17,18 +32,20 @@ impl Call {
         CallError::ToolDenied(denial)
     }
 
-    pub(super) async fn audit_denial(&self, subject: &str, input: &Value, reason: &'static str) {
+    /// Audits (durably) and counts a refusal of a call of `subject` with
+    /// `input` for `reason`: the entry point's own, or an agent turn's
+    /// before its call could reach the entry point (arguments that are
+    /// not a JSON object, a call past `max_tool_calls`).
+    pub(crate) async fn audit_denial(&self, subject: &str, input: &Value, reason: &'static str) {
         metrics::tool_denial(reason);
-        let event = AuditEvent::new(
+        let event = denial(
             &self.ctx.team_id,
             &self.ctx.principal,
             &self.ctx.trace_id,
-            Category::Tool,
-            "tool.denied",
             subject,
-        )
-        .decided("deny", reason)
-        .with_input(input);
+            input,
+            reason,
+        );
         if let Err(e) = self.audit(vec![event]).await {
             tracing::error!(trace_id = %self.ctx.trace_id, error = ?e, "auditing a tool denial failed");
         }

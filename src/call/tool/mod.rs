@@ -17,6 +17,7 @@
 mod audit;
 mod run;
 
+pub(crate) use audit::denial;
 pub(crate) use run::{judge, run};
 
 use super::{Call, CallError};

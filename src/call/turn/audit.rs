@@ -6,7 +6,7 @@ use crate::{
     agent::conversations,
     audit::{AuditEvent, Category},
     auth::Principal,
-    providers::ChatMessage,
+    providers::{ChatMessage, ToolCall},
 };
 use tokio::time::Instant;
 
@@ -103,6 +103,30 @@ fn turn_end(
     .decided(decision, reason);
     event.duration_ms = Some(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
     event
+}
+
+/// `tool.denied` for a call the turn refused before it could reach the
+/// tools' entry point (its budget spent by the model call that asked for
+/// it), durable and counted like the entry point's own denials.
+pub(super) async fn refused(
+    pipeline: &Pipeline,
+    ctx: &CallContext,
+    principal: &Principal,
+    call: &ToolCall,
+    reason: &'static str,
+) {
+    crate::telemetry::metrics::tool_denial(reason);
+    let event = crate::call::tool::denial(
+        &ctx.team_id,
+        &principal.name,
+        &ctx.trace_id,
+        &call.name,
+        &super::tools::arguments(call),
+        reason,
+    );
+    if let Err(e) = submit(pipeline, event).await {
+        tracing::error!(trace_id = %ctx.trace_id, error = ?e, "auditing a tool denial failed");
+    }
 }
 
 /// Appends `event` to the audit log and waits until it is durable.

@@ -367,6 +367,7 @@ fn run(
             // counted as our overhead.
             let Some(left) = totals.budget_left(ctx.budget_usd) else {
                 for c in &calls {
+                    audit::refused(&pipeline, &ctx, &principal, c, "BUDGET_EXCEEDED").await;
                     let (outcome, report) = tools::refused_over_budget(c);
                     yield tool_result(&name, &tools, &outcome, report);
                     stored.push(ChatMessage { role: Role::Tool, content: String::new(), tool_calls: Vec::new(), tool_result: Some(outcome) });
@@ -379,7 +380,7 @@ fn run(
                 let (principal, scope, cap) = (&principal, &scope, agent.max_tool_calls);
                 let c = c.clone();
                 async move {
-                    let done = if i >= room { Ok(tools::refused_over_cap(&c, cap)) } else { tools::run(tool_call_ref, principal, scope, &c).await };
+                    let done = if i >= room { Ok(tools::refused_over_cap(tool_call_ref, &c, cap).await) } else { tools::run(tool_call_ref, principal, scope, &c).await };
                     (i, done)
                 }
             };

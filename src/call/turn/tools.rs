@@ -39,6 +39,15 @@ fn error(call: &ToolCall, code: &str, message: &str) -> ToolOutcome {
     }
 }
 
+/// A call's arguments as its audit event digests them: the parsed object,
+/// or the text as sent when it is not one.
+pub(super) fn arguments(call: &ToolCall) -> serde_json::Value {
+    call.parsed().map_or_else(
+        |_| serde_json::Value::String(call.arguments.clone()),
+        serde_json::Value::Object,
+    )
+}
+
 fn cut(mut text: String) -> String {
     if text.len() > MAX_RESULT_BYTES {
         let mut end = MAX_RESULT_BYTES;
@@ -51,8 +60,11 @@ fn cut(mut text: String) -> String {
     text
 }
 
-/// A call refused because the turn reached `max_tool_calls`.
-pub fn refused_over_cap(call: &ToolCall, cap: u32) -> (ToolOutcome, Report) {
+/// A call refused because the turn reached `max_tool_calls`: audited as a
+/// denial (SPEC §9.2: every decision is), answered to the model.
+pub async fn refused_over_cap(on: &Call, call: &ToolCall, cap: u32) -> (ToolOutcome, Report) {
+    on.audit_denial(&call.name, &arguments(call), "MAX_TOOL_CALLS")
+        .await;
     (
         error(
             call,
@@ -116,7 +128,10 @@ pub async fn run(
         Ok(map) => serde_json::Value::Object(map),
         Err(why) => {
             // Never reaches the tool: the model gets the reason and may
-            // call again with valid arguments.
+            // call again with valid arguments. The refusal is audited like
+            // the entry point's own.
+            call.audit_denial(&tc.name, &arguments(tc), "ARGUMENTS_INVALID")
+                .await;
             return Ok((
                 error(tc, "ARGUMENTS_INVALID", &why),
                 Report {

@@ -131,6 +131,14 @@ async fn malformed_and_failing_tool_calls_are_results_the_model_reads() {
     );
     // The malformed call never reached the tools; the workflow was posted once.
     assert_eq!(hook.count(), 1);
+    // Its refusal is audited like the entry point's denials.
+    let denied: Vec<(String, String)> = crate::tools::events(&app, "t1")
+        .await
+        .into_iter()
+        .filter(|e| e.trace_id == "edge-fail" && e.action == "tool.denied")
+        .map(|e| (e.subject, e.reason))
+        .collect();
+    assert_eq!(denied, [("system.echo".into(), "ARGUMENTS_INVALID".into())]);
 }
 
 #[tokio::test]
@@ -231,6 +239,13 @@ async fn a_budget_spent_before_the_tools_run_answers_each_call() {
         results,
         [("call_B1".into(), "DENIED".into(), "BUDGET_EXCEEDED".into())]
     );
+    let denied: Vec<(String, String)> = crate::tools::events(&app, "t1")
+        .await
+        .into_iter()
+        .filter(|e| e.trace_id == "edge-budget-tools" && e.action == "tool.denied")
+        .map(|e| (e.subject, e.reason))
+        .collect();
+    assert_eq!(denied, [("system.echo".into(), "BUDGET_EXCEEDED".into())]);
 
     let id = conversation_id(&events);
     turn(

@@ -332,6 +332,14 @@ async fn max_tool_calls_refuses_the_calls_past_it_and_ends_the_turn() {
     let done = completed(&events);
     assert_eq!(done.stop_reason, pb::StopReason::MaxToolCalls as i32);
     assert_eq!((done.iterations, done.tool_calls), (1, 2));
+    // The refusal is a decision like the entry point's: audited.
+    let denied: Vec<(String, String)> = events_of(&app)
+        .await
+        .into_iter()
+        .filter(|e| e.trace_id == "agent-tools-cap" && e.action == "tool.denied")
+        .map(|e| (e.subject, e.reason))
+        .collect();
+    assert_eq!(denied, [("system.echo".into(), "MAX_TOOL_CALLS".into())]);
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! The audit log (SPEC §10): tampering with any stored row, or deleting
 //! one, is found at that row by the RPC and by `audit verify` (non-zero
-//! exit); admin changes made from the CLI are audited; a canary in a tool
+//! exit), and a chain verified while it grows holds; admin changes made from the CLI are audited; a canary in a tool
 //! input never reaches logs, audit rows or metrics.
 
 use super::{
@@ -160,6 +160,41 @@ async fn tampering_with_any_row_is_found_at_that_row_on_sqlite() {
 #[tokio::test]
 async fn tampering_with_any_row_is_found_at_that_row_on_postgres() {
     tampering_is_found_at_the_row(true).await;
+}
+
+/// A chain being written while it is verified holds: an event appended
+/// between the verifier's reads is not a break.
+#[tokio::test]
+async fn a_chain_verified_while_it_grows_holds() {
+    let hook = Webhook::start().await;
+    let app = super::spawn(&hook.url(), "").await;
+    let writer = {
+        let app_channel = app.channel.clone();
+        tokio::spawn(async move {
+            let mut client = pb::tool_service_client::ToolServiceClient::new(app_channel);
+            for i in 0..300 {
+                client
+                    .invoke_tool(with_key(
+                        CALLER,
+                        &format!("grow-{i}"),
+                        invoke("system.echo", json!({"text": "x"})),
+                    ))
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let mut verified = 0;
+    while !writer.is_finished() {
+        let v = verify(&app, "t1").await;
+        assert!(v.ok, "after {verified} good verifications: {v:?}");
+        verified += 1;
+    }
+    writer.await.unwrap();
+    let v = verify(&app, "t1").await;
+    assert!(v.ok, "{v:?}");
+    assert_eq!(v.events_checked, 600, "a call and a result per invocation");
+    assert!(verified > 0);
 }
 
 #[tokio::test]
