@@ -140,7 +140,9 @@ impl Router {
                         let elapsed = call.end(Some(&err));
                         permit.record_error(&err);
                         attempts.push(AttemptRecord::failed(target, 0, elapsed, &err));
-                        if let Some(next) = chain.get(index + 1) {
+                        // Announced only when the next target will be tried:
+                        // past the deadline the loop ends instead.
+                        if let Some(next) = chain.get(index + 1).filter(|_| Instant::now() < deadline) {
                             yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: err.code() };
                         }
                         continue;
@@ -200,7 +202,7 @@ impl Router {
                                 });
                                 return;
                             }
-                            if let Some(next) = chain.get(index + 1) {
+                            if let Some(next) = chain.get(index + 1).filter(|_| Instant::now() < deadline) {
                                 yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: err.code() };
                             }
                             break;

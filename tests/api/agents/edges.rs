@@ -265,6 +265,33 @@ async fn a_budget_spent_before_the_tools_run_answers_each_call() {
     assert_eq!(sent[call_at + 1]["tool_call_id"], "call_B1");
 }
 
+/// A deadline that cuts the first target before its first delta ends the
+/// turn: no fallback is announced to a target that will not be tried.
+#[tokio::test]
+async fn a_deadline_before_the_first_delta_announces_no_fallback() {
+    let never = Arc::new(Notify::new());
+    // The role chunk, then nothing.
+    let openai = Upstream::start([Reply::sse(openai_text(&["Never"])).gated(1, never)]).await;
+    let app = spawn(&openai, "http://127.0.0.1:9", None).await;
+    let mut req = converse("helper", "Hi", None);
+    req.budget = Some(pb::Budget {
+        max_latency_ms: 500,
+        ..Default::default()
+    });
+    let events = turn(&app, CALLER, "edge-deadline-first", req)
+        .await
+        .unwrap();
+    assert_eq!(
+        completed(&events).stop_reason,
+        pb::StopReason::Deadline as i32
+    );
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Fallback(_))),
+        "{events:?}"
+    );
+    assert_eq!(openai.bodies().len(), 1, "the second target was not called");
+}
+
 #[tokio::test]
 async fn the_deadline_ends_the_turn_with_the_text_streamed_so_far() {
     // The rest of the answer never comes.
