@@ -13,6 +13,12 @@
 //! whole stream. Streams that do not (health `Watch`, reflection) are
 //! recorded at their start, as `OK`.
 //!
+//! A call whose response future is dropped before it resolves (the client
+//! cancelled or went away while a unary handler was still working, or while
+//! a streaming one was still preparing its stream) is recorded at that drop
+//! as `CANCELLED`, the convention's code for it: otherwise it would be
+//! started and never handled, and leave no access line.
+//!
 //! This layer runs before authentication: its labels must never echo what a
 //! caller sent. Methods come from a fixed list, codes from the gRPC set.
 
@@ -129,13 +135,16 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// Who records a call.
+/// Who records a call. Every recording moves the phase to `Done` under its
+/// lock first, so a call is recorded once whoever gets there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// The layer, when the response head is out.
+    /// The layer, when the response head is out (or, as `CANCELLED`, when
+    /// its future is dropped before that).
     Head,
     /// A handler asked to record a stream's end; the layer has not yet seen
-    /// the response (if the handler fails, the layer records after all).
+    /// the response (if the handler fails, or its future is dropped, the
+    /// layer records after all).
     Deferred,
     /// The stream is running: its [`StreamEnd`] records.
     Streaming,
@@ -195,6 +204,25 @@ impl GrpcCall {
                 drop(phase);
                 self.observe(status.unwrap_or(Code::Ok));
             }
+        }
+    }
+
+    /// The response future was dropped before it resolved: nobody will
+    /// answer this call, so it is recorded now as `CANCELLED`. Once the
+    /// future has resolved the phase is `Streaming` or `Done`, and this does
+    /// nothing: a dropped resolved future is not a cancelled call.
+    fn abandoned(&self) {
+        let mut phase = self.phase();
+        match *phase {
+            // `Deferred`: the handler's guard, if still alive, is inside the
+            // future being dropped and drops after this; it then finds
+            // `Done` and records nothing.
+            Phase::Head | Phase::Deferred => {
+                *phase = Phase::Done;
+                drop(phase);
+                self.observe(Code::Cancelled);
+            }
+            Phase::Streaming | Phase::Done => {}
         }
     }
 
@@ -278,7 +306,8 @@ where
 
 pin_project_lite::pin_project! {
     /// The response future of [`GrpcMetrics`]: the inner service's, which it
-    /// records when it resolves.
+    /// records when it resolves, or as `CANCELLED` when dropped before (the
+    /// transport drops it when the client resets the stream or hangs up).
     ///
     /// A named future rather than `Box::pin(async move { inner.await })`:
     /// an async block keeps the captured inner future and the one it awaits
@@ -288,6 +317,14 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: F,
         call: GrpcCall,
+    }
+
+    // Runs before the fields drop: a deferred call's guard, inside `inner`,
+    // is still alive here (see `GrpcCall::abandoned`).
+    impl<F> PinnedDrop for ResponseFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            this.project().call.abandoned();
+        }
     }
 }
 
@@ -317,7 +354,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use prost::Message;
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     /// Every `service/method` of an encoded descriptor set.
     fn methods_of(set: &[u8]) -> Vec<String> {
@@ -430,5 +467,101 @@ mod tests {
         assert_eq!(phase(&call), Phase::Done);
         drop(end);
         assert_eq!(phase(&call), Phase::Done);
+    }
+
+    /// The `grpc_server_handled_total` counts by code that `f` records, into
+    /// a recorder of its own (the process-wide one is shared by all tests).
+    fn handled_by(f: impl FnOnce()) -> BTreeMap<String, u64> {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        ::metrics::with_local_recorder(&recorder, f);
+        handle
+            .render()
+            .lines()
+            .filter(|l| l.starts_with("grpc_server_handled_total{"))
+            .map(|l| {
+                let code = l.split("grpc_code=\"").nth(1).unwrap();
+                let code = code.split('"').next().unwrap().to_owned();
+                (code, l.rsplit(' ').next().unwrap().parse().unwrap())
+            })
+            .collect()
+    }
+
+    type Answer = Result<http::Response<()>, ()>;
+
+    /// `call`'s response future, around a handler that never answers.
+    fn unanswered(call: &GrpcCall) -> ResponseFuture<std::future::Pending<Answer>> {
+        ResponseFuture {
+            inner: std::future::pending(),
+            call: call.clone(),
+        }
+    }
+
+    /// `call`'s response future, around a handler that answers a head
+    /// without `grpc-status` (a unary success, or a stream's start).
+    fn answered(call: &GrpcCall) -> ResponseFuture<std::future::Ready<Answer>> {
+        ResponseFuture {
+            inner: std::future::ready(Ok(http::Response::new(()))),
+            call: call.clone(),
+        }
+    }
+
+    #[test]
+    fn a_call_dropped_before_its_response_is_counted_cancelled_once() {
+        use futures::FutureExt;
+        let only = |code: &str| BTreeMap::from([(code.to_owned(), 1_u64)]);
+
+        // A unary handler still working when the client went away.
+        let handled = handled_by(|| {
+            let call = GrpcCall::new((OTHER, OTHER));
+            drop(unanswered(&call));
+            assert_eq!(*call.phase(), Phase::Done);
+        });
+        assert_eq!(handled, only("CANCELLED"));
+
+        // A stream still being prepared: the handler's guard lives in the
+        // dropped future and drops after the layer has recorded.
+        let handled = handled_by(|| {
+            let call = GrpcCall::new((OTHER, OTHER));
+            let end = call.defer();
+            let inner = async move {
+                let _end = end;
+                std::future::pending::<Answer>().await
+            };
+            drop(ResponseFuture {
+                inner,
+                call: call.clone(),
+            });
+            assert_eq!(*call.phase(), Phase::Done);
+        });
+        assert_eq!(handled, only("CANCELLED"));
+
+        // The guard already gone (the handler failed after deferring).
+        let handled = handled_by(|| {
+            let call = GrpcCall::new((OTHER, OTHER));
+            drop(call.defer());
+            drop(unanswered(&call));
+        });
+        assert_eq!(handled, only("CANCELLED"));
+
+        // Resolved, then dropped (as the transport always does): recorded
+        // at the head, not again at the drop.
+        let handled = handled_by(|| {
+            let call = GrpcCall::new((OTHER, OTHER));
+            assert!(answered(&call).now_or_never().is_some());
+        });
+        assert_eq!(handled, only("OK"));
+
+        // A deferred stream whose head went out: the future's drop leaves
+        // the recording to the guard.
+        let handled = handled_by(|| {
+            let call = GrpcCall::new((OTHER, OTHER));
+            let mut end = call.defer();
+            assert!(answered(&call).now_or_never().is_some());
+            assert_eq!(*call.phase(), Phase::Streaming);
+            end.finish(Code::Unavailable);
+            drop(end);
+        });
+        assert_eq!(handled, only("UNAVAILABLE"));
     }
 }
