@@ -5,9 +5,18 @@
 //!
 //! Authentication is the gRPC API's: `authorization: Bearer <key>` (or
 //! `x-api-key`). The team is the key's when it has one; a key for several
-//! teams names it in `x-team-id`.
+//! teams names it in `x-team-id`, checked as gRPC checks `context.team_id`.
+//! A call's arguments obey the request limits of every gRPC request.
 
-use super::auth::trace_of;
+use super::{
+    auth::trace_of,
+    error::{
+        Failure,
+        reason::{INTERNAL, INVALID_INPUT},
+    },
+    request::check_id,
+    tools::{check_tool_input, output_object},
+};
 use crate::{
     auth::{Authenticator, Principal},
     call::{CallContext, CallError, Pipeline, tool::ToolRequest},
@@ -15,7 +24,12 @@ use crate::{
     domain::{Channel, Priority, instant_after},
     tools::{Denial, Status, invocations::Mode},
 };
-use axum::{extract::Request, http::StatusCode, middleware::Next, response::Response};
+use axum::{
+    extract::Request,
+    http::StatusCode,
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
 use rmcp::{
     ErrorData as McpError, RoleServer, ServerHandler,
     model::{
@@ -59,6 +73,10 @@ impl Endpoint {
 fn denied(err: CallError) -> McpError {
     let reason = err.reason().unwrap_or("INTERNAL");
     match err {
+        CallError::Invalid(v) => {
+            let what: Vec<String> = v.iter().map(|(at, why)| format!("{at}: {why}")).collect();
+            McpError::invalid_params(format!("{INVALID_INPUT}: {}", what.join("; ")), None)
+        }
         CallError::ToolDenied(Denial::NotFound) => {
             McpError::invalid_params(format!("{reason}: no such tool"), None)
         }
@@ -73,6 +91,16 @@ fn denied(err: CallError) -> McpError {
             McpError::internal_error("OVERLOADED: too many calls in flight; retry", None)
         }
         other => McpError::internal_error(format!("{other:?}"), None),
+    }
+}
+
+/// Arguments refused by the request limits: INVALID_INPUT, as gRPC's
+/// INVALID_ARGUMENT carries it.
+fn refused(failure: Failure) -> McpError {
+    match failure {
+        Failure::Invalid(v) => denied(CallError::Invalid(v)),
+        // The limits refuse nothing else.
+        _ => McpError::internal_error(INTERNAL, None),
     }
 }
 
@@ -111,6 +139,13 @@ impl ServerHandler for Endpoint {
     ) -> Result<CallToolResponse, McpError> {
         let who = Self::caller(&ctx)?;
         let config = self.pipeline.config();
+        let name = request.name.to_string();
+        let input = serde_json::Value::Object(request.arguments.unwrap_or_default());
+        // gRPC's limits, measured as gRPC measures a tool input (as compact
+        // JSON), checked before the call is opened: a refused input takes
+        // no slot under `server.max_concurrent_requests`.
+        check_tool_input("arguments", &input, &[("name", name.len())], &config.server)
+            .map_err(refused)?;
         let started = tokio::time::Instant::now();
         let call_ctx = CallContext {
             team_id: who.team.clone(),
@@ -125,12 +160,10 @@ impl ServerHandler for Endpoint {
             traceparent: None,
             principal: who.principal.name.clone(),
         };
-        let name = request.name.to_string();
         let call = self
             .pipeline
             .open(call_ctx, &format!("tool:{name}"))
             .map_err(denied)?;
-        let input = serde_json::Value::Object(request.arguments.unwrap_or_default());
         let invoked = call
             .invoke_tool(
                 &who.principal,
@@ -145,7 +178,12 @@ impl ServerHandler for Endpoint {
             .await;
         let (result, _meta) = call.finish(invoked).await.map_err(denied)?;
         Ok(match (result.status, result.output, result.error) {
-            (Status::Succeeded, Some(output), _) => CallToolResult::structured(output).into(),
+            // `structuredContent` must be an object: a non-object output is
+            // wrapped as on gRPC, so both edges show the same shape.
+            (Status::Succeeded, Some(output), _) => {
+                let output = serde_json::Value::Object(output_object(output));
+                CallToolResult::structured(output).into()
+            }
             (_, _, error) => {
                 let text = error.map_or_else(
                     || "the tool failed".to_owned(),
@@ -157,17 +195,31 @@ impl ServerHandler for Endpoint {
     }
 }
 
-/// The team a key acts for on the MCP endpoint: `x-team-id` when sent (and
-/// allowed), else the key's only team, else none (tenant tools refuse).
-fn team_of(principal: &Principal, headers: &http::HeaderMap) -> Result<String, StatusCode> {
-    if let Some(team) = headers.get("x-team-id").and_then(|v| v.to_str().ok()) {
-        return if principal.may_act_for(team) {
-            Ok(team.to_owned())
-        } else {
-            Err(StatusCode::FORBIDDEN)
-        };
+/// The team a key acts for on the MCP endpoint: `x-team-id` when sent (a
+/// valid ID, 400 `INVALID_INPUT` otherwise, and one the key may act for,
+/// 403 otherwise), else the key's only team, else none (tenant tools
+/// refuse).
+fn team_of(
+    principal: &Principal,
+    headers: &http::HeaderMap,
+) -> Result<String, (StatusCode, String)> {
+    let Some(value) = headers.get("x-team-id") else {
+        return Ok(principal.teams.single().unwrap_or_default());
+    };
+    // The ID is checked before the key's teams, as gRPC checks
+    // `context.team_id`: a key for every team (`*`) would otherwise take any
+    // text as a team, and a team ID ends up in logs, metric labels and SQL.
+    // Bytes that are not UTF-8 become U+FFFD, which the check refuses.
+    let team = String::from_utf8_lossy(value.as_bytes()).into_owned();
+    if let Err(why) = check_id(&team, true) {
+        let message = format!("{INVALID_INPUT}: x-team-id: {why}");
+        return Err((StatusCode::BAD_REQUEST, message));
     }
-    Ok(principal.teams.single().unwrap_or_default())
+    if principal.may_act_for(&team) {
+        Ok(team)
+    } else {
+        Err((StatusCode::FORBIDDEN, String::new()))
+    }
 }
 
 /// Serves the endpoint on `listener` until `stop`.
@@ -179,8 +231,11 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let cancel = tokio_util::sync::CancellationToken::new();
-    let mut server_config =
-        StreamableHttpServerConfig::default().with_cancellation_token(cancel.child_token());
+    // A body is bounded like a gRPC message (413 past it), before any of
+    // it is parsed; the arguments then meet the input limits in call_tool.
+    let mut server_config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(cancel.child_token())
+        .with_max_request_body_bytes(pipeline.config().server.max_message_bytes);
     server_config = if config.allowed_hosts.is_empty() {
         server_config
     } else {
@@ -198,15 +253,15 @@ pub async fn serve(
             let metadata = tonic::metadata::MetadataMap::from_headers(req.headers().clone());
             let principal = auth
                 .authenticate(&metadata)
-                .map_err(|_| StatusCode::UNAUTHORIZED)?;
-            let team = team_of(&principal, req.headers())?;
+                .map_err(|_| StatusCode::UNAUTHORIZED.into_response())?;
+            let team = team_of(&principal, req.headers()).map_err(IntoResponse::into_response)?;
             let caller = McpCaller {
                 principal,
                 team,
                 trace_id: trace_of(&metadata),
             };
             req.extensions_mut().insert(caller);
-            Ok::<Response, StatusCode>(next.run(req).await)
+            Ok::<Response, Response>(next.run(req).await)
         }
     };
     let app = axum::Router::new()

@@ -220,6 +220,26 @@ pub(crate) fn json_depth(value: &serde_json::Value) -> usize {
     deepest
 }
 
+/// Bytes of `value` as compact JSON text, counted without building the
+/// text: the size of a JSON input whichever encoding brought it.
+pub(crate) fn json_bytes(value: &serde_json::Value) -> usize {
+    /// A writer that keeps nothing but the count.
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // A `Value` always serializes (its keys are strings) and counting never
+    // fails; were it ever to, the input counts as too large, not as empty.
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
+}
+
 /// Nesting depth of a protobuf `Struct` (an empty one is 1), walked
 /// without recursion; lists and structs count alike, as in JSON.
 pub(crate) fn struct_depth(s: &prost_types::Struct) -> usize {
@@ -345,6 +365,13 @@ mod tests {
         assert!(v[0].1.contains("120 bytes"), "{}", v[0].1);
         assert!(check_history(101, &ServerConfig::default()).is_err());
         assert!(check_history(100, &ServerConfig::default()).is_ok());
+    }
+
+    #[test]
+    fn json_bytes_is_the_length_of_the_compact_text() {
+        let value = serde_json::json!({"a": [1, "é", null], "b": {"c": true}});
+        assert_eq!(json_bytes(&value), value.to_string().len());
+        assert_eq!(json_bytes(&serde_json::json!({})), 2);
     }
 
     #[test]

@@ -14,12 +14,14 @@ use crate::{
         Pipeline,
         tool::{ToolRequest, ToolResult},
     },
-    config::Config,
+    config::{Config, ServerConfig},
     tools::{
         Kind, Status as InvocationStatus,
         invocations::{self, Mode},
     },
 };
+use prost::Message;
+use serde_json::{Map, Value};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -61,6 +63,49 @@ fn status(s: InvocationStatus) -> pb::InvocationStatus {
     }
 }
 
+/// The key a tool output that is not a JSON object is carried under.
+pub const OUTPUT_KEY: &str = "result";
+
+/// A tool's output as both edges carry it (docs/tools.md): an object as it
+/// is, any other JSON value (an array such as n8n's "All Entries" answer, a
+/// string, a number, a boolean, `null`) as `{"result": <value>}`. Neither a
+/// `google.protobuf.Struct` nor MCP's `structuredContent` can hold anything
+/// but an object, and dropping the value would report a success with
+/// nothing in it. Only the edges wrap: the stored invocation, the audit
+/// digest, `output_schema` and the agent loop see the value as it came.
+pub(super) fn output_object(output: Value) -> Map<String, Value> {
+    match output {
+        Value::Object(object) => object,
+        other => {
+            let mut wrapped = Map::new();
+            wrapped.insert(OUTPUT_KEY.to_owned(), other);
+            wrapped
+        }
+    }
+}
+
+/// The request limits every RPC obeys (`server.max_input_depth`, then
+/// `server.max_input_bytes`), for a tool input (`field`) and the request's
+/// `other` fields with their sizes. The input counts as its compact JSON
+/// text, whichever transport brought it (a gRPC `Struct`, MCP `arguments`):
+/// one measure on both, not the transport's framing.
+pub(super) fn check_tool_input(
+    field: &str,
+    input: &Value,
+    other: &[(&str, usize)],
+    server: &ServerConfig,
+) -> Result<(), Failure> {
+    // Depth first: it is walked without recursion, and it bounds the
+    // recursion of the serializer that measures the size.
+    request::check_depth(field, request::json_depth(input), server)?;
+    let mut fields = vec![(field, request::json_bytes(input))];
+    fields.extend_from_slice(other);
+    let total = fields
+        .iter()
+        .fold(0_usize, |sum, (_, bytes)| sum.saturating_add(*bytes));
+    request::check_input(total, &fields, server)
+}
+
 /// An invocation in proto terms.
 pub fn invocation(r: &ToolResult) -> pb::ToolInvocation {
     pb::ToolInvocation {
@@ -70,8 +115,8 @@ pub fn invocation(r: &ToolResult) -> pb::ToolInvocation {
         status: status(r.status) as i32,
         output: r
             .output
-            .as_ref()
-            .and_then(|o| o.as_object().cloned())
+            .clone()
+            .map(output_object)
             .map(convert::json_to_struct),
         error: r.error.as_ref().map(|e| pb::ToolError {
             code: e.code.clone(),
@@ -147,20 +192,27 @@ impl ToolService for ToolServiceApi {
         if req.tool.is_empty() {
             return Err(fail(Failure::invalid("tool", "is required")));
         }
-        let input = req.input.map(convert::struct_to_json).unwrap_or_default();
-        request::check_depth(
-            "input",
-            1 + input.values().map(request::json_depth).max().unwrap_or(0),
-            &self.config.server,
-        )
-        .map_err(fail)?;
+        let input = Value::Object(req.input.map(convert::struct_to_json).unwrap_or_default());
+        let other = [
+            ("tool", req.tool.len()),
+            ("idempotency_key", req.idempotency_key.len()),
+            (
+                "context",
+                req.context.as_ref().map_or(0, Message::encoded_len),
+            ),
+            (
+                "budget",
+                req.budget.as_ref().map_or(0, Message::encoded_len),
+            ),
+        ];
+        check_tool_input("input", &input, &other, &self.config.server).map_err(fail)?;
         let mode = match pb::InvocationMode::try_from(req.mode) {
             Ok(pb::InvocationMode::Async) => Mode::Async,
             _ => Mode::Sync,
         };
         let tool_request = ToolRequest {
             tool: req.tool,
-            input: serde_json::Value::Object(input),
+            input,
             mode,
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
             agent: None,
