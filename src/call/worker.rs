@@ -5,6 +5,11 @@
 //! the first POST can tell). A SYNC invocation whose process died is
 //! marked FAILED (`INTERRUPTED`): its caller is gone. Nothing is left
 //! RUNNING for ever, nothing is lost.
+//!
+//! A tool's `quota.max_concurrent` holds here as at the entry point: an
+//! invocation runs only with a concurrency slot of its (team, tool). One
+//! whose tool is at its limit goes back to PENDING for a later round; it
+//! is never refused (its hour was counted when it was accepted).
 
 use super::{
     Pipeline,
@@ -12,55 +17,152 @@ use super::{
 };
 use crate::{
     audit::{AuditEvent, Category},
+    config::tools::ToolWorkerConfig,
     telemetry::metrics,
     tools::{
-        Kind, Status,
+        Kind, Status, Tool,
         invocations::{self, Invocation, Outcome},
+        quota::Slot,
     },
     usage::ledger::Op,
 };
-use std::time::Duration;
-use tokio::{sync::watch, time::Instant};
+use std::{sync::Arc, time::Duration};
+use tokio::{
+    sync::watch,
+    task::{JoinError, JoinSet},
+    time::Instant,
+};
 
-/// Invocations taken at once.
-const BATCH: i64 = 16;
+/// Invocations running at once on this replica.
+const BATCH: usize = 16;
 
-/// Runs until `stop`.
+/// Invocations one round may take and put back because their tool is at
+/// its `max_concurrent`: enough to reach past a busy tool's backlog to the
+/// work of others, few enough to bound a round's writes. A busy backlog
+/// deeper than this at the head of the queue delays other tools until it
+/// has drained below it (docs/tools.md).
+const MAX_WAITING: usize = 4 * BATCH;
+
+/// Runs until `stop`, then lets the runs under way record their ends.
 pub async fn run_worker(pipeline: Pipeline, mut stop: watch::Receiver<bool>) {
     let settings = pipeline.config().tool_worker.clone();
+    // Each run is its own task: one slow webhook does not hold up the
+    // others, and a slot that comes free is used without waiting for them.
+    let mut running = JoinSet::new();
     loop {
-        let now = chrono::Utc::now().timestamp_millis();
-        let slack = duration_ms(settings.lease_slack);
-        let store = pipeline.store();
-        match invocations::fail_interrupted(store, now).await {
-            Ok(failed) => {
-                for inv in failed {
-                    tracing::warn!(invocation = %inv.id, tool = %inv.tool, trace_id = %inv.trace_id, "a SYNC tool invocation was interrupted by a stop; marked FAILED");
-                    audit(&pipeline, &inv, "error", "INTERRUPTED", None, None).await;
+        if *stop.borrow() {
+            break;
+        }
+        fail_interrupted(&pipeline).await;
+        start_work(&pipeline, &settings, &mut running).await;
+        // The next round when a run ends (room, maybe a slot, came free)
+        // or new work may have come: never at once, so invocations waiting
+        // for a slot are not taken again in a busy loop.
+        tokio::select! {
+            Some(ended) = running.join_next(), if !running.is_empty() => {
+                report(ended);
+                while let Some(ended) = running.try_join_next() {
+                    report(ended);
                 }
             }
-            Err(e) => {
-                tracing::error!(error = %e, "looking for interrupted tool invocations failed")
+            () = tokio::time::sleep(settings.poll_interval) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    while let Some(ended) = running.join_next().await {
+        report(ended);
+    }
+}
+
+/// Marks FAILED the SYNC invocations whose process died mid-run.
+async fn fail_interrupted(pipeline: &Pipeline) {
+    let now = chrono::Utc::now().timestamp_millis();
+    match invocations::fail_interrupted(pipeline.store(), now).await {
+        Ok(failed) => {
+            for inv in failed {
+                tracing::warn!(invocation = %inv.id, tool = %inv.tool, trace_id = %inv.trace_id, "a SYNC tool invocation was interrupted by a stop; marked FAILED");
+                audit(pipeline, &inv, "error", "INTERRUPTED", None, None).await;
             }
         }
-        let work = match invocations::take_work(store, now, slack, BATCH).await {
+        Err(e) => {
+            tracing::error!(error = %e, "looking for interrupted tool invocations failed")
+        }
+    }
+}
+
+/// Takes work into the room `running` leaves. Each invocation starts with
+/// a concurrency slot of its (team, tool), or waits for one: taken rows
+/// stay leased until the round ends, so each take reaches further down the
+/// queue past a busy tool; then the waiting ones go back to PENDING.
+async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &mut JoinSet<()>) {
+    let slack = duration_ms(settings.lease_slack);
+    let toolbox = pipeline.toolbox();
+    let mut waiting = Vec::new();
+    while running.len() < BATCH && waiting.len() < MAX_WAITING {
+        let room = BATCH - running.len();
+        let now = chrono::Utc::now().timestamp_millis();
+        let limit = i64::try_from(room).unwrap_or(i64::MAX);
+        let work = match invocations::take_work(pipeline.store(), now, slack, limit).await {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!(error = %e, "taking ASYNC tool invocations failed");
-                Vec::new()
+                break;
             }
         };
-        let idle = work.is_empty();
-        let runs = work.into_iter().map(|inv| execute(&pipeline, inv));
-        futures::future::join_all(runs).await;
-        if idle {
-            tokio::select! {
-                () = tokio::time::sleep(settings.poll_interval) => {}
-                _ = stop.wait_for(|s| *s) => return,
+        let drained = work.len() < room;
+        for inv in work {
+            match toolbox
+                .registry
+                .lookup(&format!("{}@{}", inv.tool, inv.version))
+            {
+                // Recorded as such: nothing to wait for.
+                Err(_) => {
+                    running.spawn(execute(pipeline.clone(), inv, None));
+                }
+                Ok(tool) => match toolbox
+                    .quotas
+                    .try_running(&inv.team_id, &tool.id(), &tool.quota)
+                {
+                    Some(slot) => {
+                        running.spawn(execute(pipeline.clone(), inv, Some((tool, slot))));
+                    }
+                    None => waiting.push(inv),
+                },
             }
-        } else if *stop.borrow() {
-            return;
         }
+        if drained {
+            break;
+        }
+    }
+    put_back(pipeline, waiting).await;
+}
+
+/// Returns invocations taken but not started to PENDING, their lease
+/// released, for a later round.
+async fn put_back(pipeline: &Pipeline, waiting: Vec<Invocation>) {
+    if waiting.is_empty() {
+        return;
+    }
+    tracing::debug!(
+        waiting = waiting.len(),
+        "ASYNC tool invocations wait for a concurrency slot"
+    );
+    let writes = waiting.iter().map(|inv| async move {
+        if let Err(e) = invocations::release(pipeline.store(), &inv.id).await {
+            // Its lease runs out and a later round takes it.
+            tracing::error!(invocation = %inv.id, error = %e, "putting back an ASYNC tool invocation failed");
+        }
+    });
+    futures::future::join_all(writes).await;
+}
+
+/// Logs a run's task that did not end normally (its lease expires and it
+/// runs again).
+fn report(ended: Result<(), JoinError>) {
+    if let Err(e) = ended
+        && e.is_panic()
+    {
+        tracing::error!(error = %e, "an ASYNC tool invocation's run panicked");
     }
 }
 
@@ -68,11 +170,13 @@ fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Runs one taken invocation and records how it ended.
-async fn execute(pipeline: &Pipeline, inv: Invocation) {
-    let tool_id = format!("{}@{}", inv.tool, inv.version);
-    let outcome = match pipeline.toolbox().registry.lookup(&tool_id) {
-        Err(_) => Outcome {
+/// Runs one taken invocation with its tool and the concurrency slot it
+/// holds while it runs (`None`: the tool left the registry), and records
+/// how it ended.
+async fn execute(pipeline: Pipeline, inv: Invocation, ready: Option<(Arc<Tool>, Slot)>) {
+    let pipeline = &pipeline;
+    let outcome = match ready {
+        None => Outcome {
             status: Status::Failed,
             output: None,
             error: Some(crate::tools::Failure::new(
@@ -84,7 +188,7 @@ async fn execute(pipeline: &Pipeline, inv: Invocation) {
             execution_id: None,
             attempts: inv.attempts,
         },
-        Ok(tool) => {
+        Some((tool, slot)) => {
             let started = Instant::now();
             let key = matches!(tool.kind, Kind::Http(_)).then_some(inv.idempotency_key.as_str());
             let (result, attempts, execution_id) = run(
@@ -96,6 +200,8 @@ async fn execute(pipeline: &Pipeline, inv: Invocation) {
                 started + tool.timeout,
             )
             .await;
+            // The tool is done with: the next of its (team, tool) may run.
+            drop(slot);
             let took = started.elapsed();
             let (status, output, error) = judge(&tool, result);
             metrics::tool_invocation(&tool.name, status.as_str(), took);

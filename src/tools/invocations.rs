@@ -279,6 +279,24 @@ pub async fn finish(store: &Store, id: &str, o: &Outcome) -> Result<(), StoreErr
     Ok(())
 }
 
+/// Gives back invocation `id`, taken by [`take_work`] but not started
+/// (its tool was at its `max_concurrent`): PENDING again, unleased, for a
+/// later round. Nothing else of the row changes.
+pub async fn release(store: &Store, id: &str) -> Result<(), StoreError> {
+    let now = chrono::Utc::now().timestamp_millis();
+    on_store!(store, |pool| {
+        sqlx::query(
+            "UPDATE tool_invocations SET status = 'PENDING', lease_until_ms = NULL, \
+             updated_at_ms = $2 WHERE id = $1 AND status = 'RUNNING'",
+        )
+        .bind(id)
+        .bind(now)
+        .execute(pool)
+        .await?;
+    });
+    Ok(())
+}
+
 /// Invocation `id` of `team` (another team's is not found).
 pub async fn get(store: &Store, team: &str, id: &str) -> Result<Option<Invocation>, StoreError> {
     let sql = format!("SELECT {COLUMNS} FROM tool_invocations WHERE id = $1 AND team_id = $2");

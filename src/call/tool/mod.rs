@@ -239,12 +239,21 @@ impl Call {
             }
             return Err(err);
         }
-        // 5. The quota.
+        // 5. The quota. An ASYNC invocation counts against the hour here;
+        // its concurrency slot is the worker's to take when it runs, so a
+        // busy tool queues it rather than refusing it.
         let now_ms = chrono::Utc::now().timestamp_millis();
-        let slot = match tools
-            .quotas
-            .acquire(&self.ctx.team_id, &id, &tool.quota, now_ms)
-        {
+        let taken = match req.mode {
+            Mode::Sync => tools
+                .quotas
+                .acquire(&self.ctx.team_id, &id, &tool.quota, now_ms)
+                .map(Some),
+            Mode::Async => tools
+                .quotas
+                .admit(&self.ctx.team_id, &id, &tool.quota, now_ms)
+                .map(|()| None),
+        };
+        let slot = match taken {
             Ok(slot) => slot,
             Err(d) => return Err(self.deny(&id, &req.input, d).await),
         };
@@ -309,11 +318,11 @@ impl Call {
         };
         if req.mode == Mode::Async {
             // Accepted: durable before the reply, charged its estimate; a
-            // worker runs it (`tools::worker`).
+            // worker runs it (`call::worker`), under a concurrency slot it
+            // takes then (`slot` is `None` here: nothing held meanwhile).
             self.audit(vec![called]).await?;
             self.log()
                 .add_tool(tool.kind.as_str(), id.clone(), estimate, Duration::ZERO);
-            drop(slot);
             let Some(inv) = stored else {
                 return Err(CallError::Storage(
                     "an ASYNC invocation was not stored".into(),

@@ -1,5 +1,6 @@
 //! A fake workflow webhook (n8n-like) on 127.0.0.1:0 that records every
-//! POST and answers from a script, then with a default success.
+//! POST and answers from a script, then with a default success; it counts
+//! the POSTs it is answering at once, and the most it ever answered at once.
 
 use axum::{
     body::Bytes,
@@ -9,7 +10,7 @@ use axum::{
 use std::{
     collections::VecDeque,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 use tokio::time::Instant;
@@ -63,6 +64,19 @@ struct State {
     received: Vec<Received>,
     script: VecDeque<Answer>,
     default_delay: Duration,
+    in_flight: usize,
+    peak_in_flight: usize,
+}
+
+/// One POST being answered; counted out when its answer is sent (or its
+/// caller gave up).
+struct InFlight(Arc<Mutex<State>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut s = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        s.in_flight -= 1;
+    }
 }
 
 /// The running webhook.
@@ -89,6 +103,8 @@ impl Webhook {
                             body: serde_json::from_slice(&body).unwrap_or_default(),
                             at: Instant::now(),
                         });
+                        s.in_flight += 1;
+                        s.peak_in_flight = s.peak_in_flight.max(s.in_flight);
                         let n = s.received.len();
                         let default = Answer::status(200)
                             .header("x-n8n-execution-id", &format!("exec-{n}"))
@@ -96,6 +112,7 @@ impl Webhook {
                             .after(s.default_delay);
                         s.script.pop_front().unwrap_or(default)
                     };
+                    let _answering = InFlight(state.clone());
                     tokio::time::sleep(answer.delay).await;
                     let mut response = (
                         StatusCode::from_u16(answer.status).unwrap(),
@@ -138,5 +155,10 @@ impl Webhook {
     /// How many POSTs so far.
     pub fn count(&self) -> usize {
         self.state.lock().unwrap().received.len()
+    }
+
+    /// The most POSTs it was answering at once.
+    pub fn peak_in_flight(&self) -> usize {
+        self.state.lock().unwrap().peak_in_flight
     }
 }

@@ -412,3 +412,75 @@ async fn an_async_invocation_returns_at_once_and_is_polled_to_its_end() {
     .await;
     app.stop().await;
 }
+
+/// A workflow a team may run once at a time.
+const ONE_AT_A_TIME: &str = r#"
+[tools."crm.serial"]
+kind = "http"
+url = "WEBHOOK/webhook/crm-serial"
+quota = { max_concurrent = 1 }
+"#;
+
+#[tokio::test]
+async fn async_invocations_wait_for_their_tools_concurrency_slot() {
+    let hook = Webhook::start().await;
+    hook.slow(Duration::from_millis(300));
+    let app = spawn(&hook.url(), &ONE_AT_A_TIME.replace("WEBHOOK", &hook.url())).await;
+    // Five at once, each its own input: all accepted, none refused for the
+    // tool being busy (the worker may already be running the first).
+    let calls = (0..5).map(|i| {
+        let mut client = tools(&app);
+        let mut req = invoke("crm.serial", json!({"lead_id": format!("L-{i}")}));
+        req.mode = pb::InvocationMode::Async as i32;
+        async move {
+            client
+                .invoke_tool(with_key(CALLER, &format!("serial-{i}"), req))
+                .await
+                .unwrap_or_else(|e| panic!("ASYNC call {i} refused: {e:?}"))
+                .into_inner()
+                .invocation
+                .unwrap()
+        }
+    });
+    let accepted = futures::future::join_all(calls).await;
+    assert!(
+        accepted
+            .iter()
+            .all(|inv| inv.status() == pb::InvocationStatus::Pending),
+        "{accepted:?}"
+    );
+    let status = |id: String| {
+        let mut client = tools(&app);
+        async move {
+            client
+                .get_tool_invocation(with_key(
+                    CALLER,
+                    "poll",
+                    pb::GetToolInvocationRequest {
+                        context: crate::common::ctx(),
+                        invocation_id: id,
+                    },
+                ))
+                .await
+                .unwrap()
+                .into_inner()
+                .status()
+        }
+    };
+    wait_for(|| async {
+        for inv in &accepted {
+            if status(inv.invocation_id.clone()).await != pb::InvocationStatus::Succeeded {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert_eq!(hook.count(), 5, "each ran once");
+    assert_eq!(
+        hook.peak_in_flight(),
+        1,
+        "one at a time, as max_concurrent = 1"
+    );
+    app.stop().await;
+}
