@@ -20,9 +20,16 @@ pub(crate) fn denial(
     input: &Value,
     reason: &str,
 ) -> AuditEvent {
-    AuditEvent::new(team, principal, trace_id, Category::Tool, "tool.denied", subject)
-        .decided("deny", reason)
-        .with_input(input)
+    AuditEvent::new(
+        team,
+        principal,
+        trace_id,
+        Category::Tool,
+        "tool.denied",
+        subject,
+    )
+    .decided("deny", reason)
+    .with_input(input)
 }
 
 impl Call {
