@@ -139,16 +139,30 @@ impl Call {
                     CallError::Route(RouteError::UnknownTask(t)) => CallError::UnknownTask(t),
                     other => self.refused(other),
                 };
+                // A refusal gives back anything reserved before it (a
+                // tool's cost, reserved before its quota refused it),
+                // uncharged and unrecorded. Any other failure (a store
+                // that failed after a tool ran) may have spent what was
+                // reserved: the session, dropped unsettled, charges it as
+                // a CANCELLED record.
+                let refused = matches!(
+                    err,
+                    CallError::Invalid(_)
+                        | CallError::UnknownTask(_)
+                        | CallError::Quota(_)
+                        | CallError::Budget { .. }
+                        | CallError::ToolBudget { .. }
+                        | CallError::ToolDenied(_)
+                        | CallError::Overloaded
+                );
                 let Call {
                     meter, _slot: slot, ..
                 } = self;
-                // Anything reserved before the refusal (a tool's cost,
-                // reserved before its quota refused it) is given back,
-                // uncharged and unrecorded.
                 return Either::Left(async move {
-                    if let Err(e) = meter.release_refused().await {
+                    if refused && let Err(e) = meter.release_refused().await {
                         tracing::warn!(error = %e, "releasing a refused call's reservation failed; the sweeper will charge it");
                     }
+                    drop(meter);
                     drop(slot);
                     Err(err)
                 });
