@@ -91,7 +91,7 @@ impl Router {
                     Err(rejected) => {
                         let outcome = if rejected.is_cooldown() { AttemptOutcome::SkippedRateLimited } else { AttemptOutcome::SkippedCircuitOpen };
                         attempts.push(AttemptRecord::skipped(target, outcome, rejected.code()));
-                        if let Some(next) = chain.get(index + 1) {
+                        if let Some(next) = chain.get(index + 1).filter(|_| Instant::now() < deadline) {
                             yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: rejected.code().to_owned() };
                         }
                         continue;
@@ -104,7 +104,8 @@ impl Router {
                 let Ok(_slot) = slot else {
                     drop(permit);
                     attempts.push(AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED"));
-                    if let Some(next) = chain.get(index + 1) {
+                    // A background call waits for room until the deadline.
+                    if let Some(next) = chain.get(index + 1).filter(|_| Instant::now() < deadline) {
                         yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: "SATURATED".to_owned() };
                     }
                     continue;
