@@ -36,11 +36,9 @@ use tokio::{
 /// Invocations running at once on this replica.
 const BATCH: usize = 16;
 
-/// Invocations one round may take and put back because their tool is at
-/// its `max_concurrent`: enough to reach past a busy tool's backlog to the
-/// work of others, few enough to bound a round's writes. A busy backlog
-/// deeper than this at the head of the queue delays other tools until it
-/// has drained below it (docs/tools.md).
+/// Invocations one round may take and put back: those whose (team, tool)
+/// reached its `max_concurrent` between the look at the quotas and the
+/// take (a SYNC call took the slot). Bounds a round's writes.
 const MAX_WAITING: usize = 4 * BATCH;
 
 /// Runs until `stop`, then lets the runs under way record their ends.
@@ -90,19 +88,21 @@ async fn fail_interrupted(pipeline: &Pipeline) {
     }
 }
 
-/// Takes work into the room `running` leaves. Each invocation starts with
-/// a concurrency slot of its (team, tool), or waits for one: taken rows
-/// stay leased until the round ends, so each take reaches further down the
-/// queue past a busy tool; then the waiting ones go back to PENDING.
+/// Takes work into the room `running` leaves. Invocations of a (team,
+/// tool) at its `max_concurrent` are passed over in the queue, so a busy
+/// tool's backlog never holds up others; one that got there between the
+/// look and the take waits: taken rows stay leased until the round ends,
+/// then the waiting ones go back to PENDING.
 async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &mut JoinSet<()>) {
     let slack = duration_ms(settings.lease_slack);
     let toolbox = pipeline.toolbox();
+    let mut busy = busy(pipeline);
     let mut waiting = Vec::new();
     while running.len() < BATCH && waiting.len() < MAX_WAITING {
         let room = BATCH - running.len();
         let now = chrono::Utc::now().timestamp_millis();
         let limit = i64::try_from(room).unwrap_or(i64::MAX);
-        let work = match invocations::take_work(pipeline.store(), now, slack, limit).await {
+        let work = match invocations::take_work(pipeline.store(), now, slack, limit, &busy).await {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!(error = %e, "taking ASYNC tool invocations failed");
@@ -126,7 +126,15 @@ async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &
                     Some(slot) => {
                         running.spawn(execute(pipeline.clone(), inv, Some((tool, slot))));
                     }
-                    None => waiting.push(inv),
+                    None => {
+                        let pair = (inv.team_id.clone(), inv.tool.clone(), inv.version.clone());
+                        if !busy.contains(&pair) {
+                            busy.push(pair);
+                        }
+                        // The lease `take_work` gave it.
+                        let lease = now.saturating_add(inv.timeout_ms).saturating_add(slack);
+                        waiting.push((inv, lease));
+                    }
                 },
             }
         }
@@ -137,9 +145,24 @@ async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &
     put_back(pipeline, waiting).await;
 }
 
+/// The `(team, tool, version)` pairs running at their `max_concurrent`.
+fn busy(pipeline: &Pipeline) -> Vec<(String, String, String)> {
+    let toolbox = pipeline.toolbox();
+    toolbox
+        .quotas
+        .running()
+        .into_iter()
+        .filter_map(|(team, id, running)| {
+            let tool = toolbox.registry.lookup(&id).ok()?;
+            let full = tool.quota.max_concurrent.is_some_and(|max| running >= max);
+            full.then(|| (team, tool.name.clone(), tool.version.to_string()))
+        })
+        .collect()
+}
+
 /// Returns invocations taken but not started to PENDING, their lease
 /// released, for a later round.
-async fn put_back(pipeline: &Pipeline, waiting: Vec<Invocation>) {
+async fn put_back(pipeline: &Pipeline, waiting: Vec<(Invocation, i64)>) {
     if waiting.is_empty() {
         return;
     }
@@ -147,13 +170,12 @@ async fn put_back(pipeline: &Pipeline, waiting: Vec<Invocation>) {
         waiting = waiting.len(),
         "ASYNC tool invocations wait for a concurrency slot"
     );
-    let writes = waiting.iter().map(|inv| async move {
-        if let Err(e) = invocations::release(pipeline.store(), &inv.id).await {
+    for (inv, lease) in &waiting {
+        if let Err(e) = invocations::release(pipeline.store(), &inv.id, *lease).await {
             // Its lease runs out and a later round takes it.
             tracing::error!(invocation = %inv.id, error = %e, "putting back an ASYNC tool invocation failed");
         }
-    });
-    futures::future::join_all(writes).await;
+    }
 }
 
 /// Logs a run's task that did not end normally (its lease expires and it

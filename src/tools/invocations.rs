@@ -279,18 +279,21 @@ pub async fn finish(store: &Store, id: &str, o: &Outcome) -> Result<(), StoreErr
     Ok(())
 }
 
-/// Gives back invocation `id`, taken by [`take_work`] but not started
-/// (its tool was at its `max_concurrent`): PENDING again, unleased, for a
-/// later round. Nothing else of the row changes.
-pub async fn release(store: &Store, id: &str) -> Result<(), StoreError> {
+/// Gives back invocation `id`, taken by [`take_work`] with a lease until
+/// `lease_until_ms` but not started (its tool was at its
+/// `max_concurrent`): PENDING again, unleased, for a later round. Nothing
+/// else of the row changes, and nothing at all once the lease is not that
+/// one any more (it ran out, and another runner took the row).
+pub async fn release(store: &Store, id: &str, lease_until_ms: i64) -> Result<(), StoreError> {
     let now = chrono::Utc::now().timestamp_millis();
     on_store!(store, |pool| {
         sqlx::query(
             "UPDATE tool_invocations SET status = 'PENDING', lease_until_ms = NULL, \
-             updated_at_ms = $2 WHERE id = $1 AND status = 'RUNNING'",
+             updated_at_ms = $2 WHERE id = $1 AND status = 'RUNNING' AND lease_until_ms = $3",
         )
         .bind(id)
         .bind(now)
+        .bind(lease_until_ms)
         .execute(pool)
         .await?;
     });
@@ -311,18 +314,35 @@ pub async fn get(store: &Store, team: &str, id: &str) -> Result<Option<Invocatio
     Ok(found)
 }
 
+/// Most (team, tool) pairs [`take_work`] passes over in one statement.
+pub const MAX_BUSY: usize = 64;
+
 /// Takes up to `limit` invocations to run: ASYNC ones PENDING, and ASYNC
 /// ones RUNNING whose lease expired (their runner died: they run again,
-/// under the same idempotency key, so a webhook that saw the first POST
-/// can tell). Each is leased for its timeout and `slack_ms`.
+/// with the same idempotency key), oldest first, leased until `now_ms` +
+/// their timeout + `slack_ms`. Invocations of the `(team, tool, version)`
+/// in `busy` (at their `max_concurrent`; the first [`MAX_BUSY`]) are
+/// passed over, so a busy tool's backlog never stands in front of other
+/// work.
 pub async fn take_work(
     store: &Store,
     now_ms: i64,
     slack_ms: i64,
     limit: i64,
+    busy: &[(String, String, String)],
 ) -> Result<Vec<Invocation>, StoreError> {
-    let due = "(status = 'PENDING' OR (status = 'RUNNING' AND lease_until_ms < $1)) \
-               AND mode = 'ASYNC'";
+    let busy = &busy[..busy.len().min(MAX_BUSY)];
+    let mut due = String::from(
+        "(status = 'PENDING' OR (status = 'RUNNING' AND lease_until_ms < $1)) AND mode = 'ASYNC'",
+    );
+    for i in 0..busy.len() {
+        let n = 4 + 3 * i;
+        due.push_str(&format!(
+            " AND NOT (team_id = ${n} AND tool = ${} AND version = ${})",
+            n + 1,
+            n + 2
+        ));
+    }
     let sql = match store {
         // One statement; SKIP LOCKED lets several replicas' workers share
         // the queue without taking the same row.
@@ -339,12 +359,14 @@ pub async fn take_work(
         ),
     };
     let taken = on_store!(store, |pool| {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
             .bind(now_ms)
             .bind(slack_ms)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?;
+            .bind(limit);
+        for (team, tool, version) in busy {
+            query = query.bind(team).bind(tool).bind(version);
+        }
+        let rows = query.fetch_all(pool).await?;
         rows.iter()
             .map(decode)
             .collect::<Result<Vec<_>, sqlx::Error>>()?

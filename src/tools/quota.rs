@@ -185,6 +185,16 @@ impl Quotas {
         })
     }
 
+    /// Every `(team, tool)` with invocations running, and how many.
+    pub fn running(&self) -> Vec<(String, String, u32)> {
+        self.lock()
+            .counts
+            .iter()
+            .filter(|(_, c)| c.running > 0)
+            .map(|((team, tool), c)| (team.clone(), tool.clone(), c.running))
+            .collect()
+    }
+
     /// The (team, tool) entries kept.
     #[cfg(test)]
     fn len(&self) -> usize {

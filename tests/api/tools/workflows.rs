@@ -484,3 +484,56 @@ async fn async_invocations_wait_for_their_tools_concurrency_slot() {
     );
     app.stop().await;
 }
+
+/// A busy tool's backlog deeper than a worker round never holds up other
+/// work queued behind it.
+#[tokio::test]
+async fn a_busy_tools_backlog_does_not_hold_up_other_async_work() {
+    let hook = Webhook::start().await;
+    hook.slow(Duration::from_secs(2));
+    let app = spawn(&hook.url(), &ONE_AT_A_TIME.replace("WEBHOOK", &hook.url())).await;
+    let mut client = tools(&app);
+    let asynchronous = |tool: &str, input: Value| {
+        let mut req = invoke(tool, input);
+        req.mode = pb::InvocationMode::Async as i32;
+        req
+    };
+    // 150 of the one-at-a-time workflow: 300 s of work at the queue's head,
+    // more than a worker round could look past.
+    for i in 0..150 {
+        let req = asynchronous("crm.serial", json!({"lead_id": format!("B-{i}")}));
+        client
+            .invoke_tool(with_key(CALLER, &format!("backlog-{i}"), req))
+            .await
+            .unwrap();
+    }
+    let req = asynchronous("system.echo", json!({"text": "behind"}));
+    let behind = client
+        .invoke_tool(with_key(CALLER, "behind-backlog", req))
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap();
+    let poll = || {
+        let mut client = tools(&app);
+        let id = behind.invocation_id.clone();
+        async move {
+            client
+                .get_tool_invocation(with_key(
+                    CALLER,
+                    "poll",
+                    pb::GetToolInvocationRequest {
+                        context: crate::common::ctx(),
+                        invocation_id: id,
+                    },
+                ))
+                .await
+                .unwrap()
+                .into_inner()
+                .status()
+        }
+    };
+    wait_for(|| async { poll().await == pb::InvocationStatus::Succeeded }).await;
+    assert!(hook.peak_in_flight() <= 1);
+}
