@@ -279,7 +279,7 @@ fn default_mcp_path() -> String {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolWorkerConfig {
-    /// How often the worker looks for work when there was none.
+    /// How often the worker looks for work, unless a run ends first.
     #[serde(with = "humantime_serde", default = "default_poll")]
     pub poll_interval: Duration,
     /// How long past the tool's timeout an invocation is held by the

@@ -16,8 +16,9 @@ use std::time::Duration;
 /// where SQLite's busy timeout (an `i32` of milliseconds, ~24 days) does.
 pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 
-/// Shortest pause of the ASYNC tool worker between looks for work when it
-/// found none: below it an idle worker queries the database in a tight loop.
+/// Shortest pause of the ASYNC tool worker between looks for work (unless
+/// a run ends first): below it the worker queries the database in a tight
+/// loop.
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Most calls in flight one provider may be configured for. Its HTTP
@@ -116,7 +117,7 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
         }
     }
     let w = &config.tool_worker;
-    // An idle worker sleeps this long between queries (src/call/worker.rs).
+    // The worker's pause between looks for work (src/call/worker.rs).
     if w.poll_interval < MIN_POLL_INTERVAL {
         bad(
             "tool_worker.poll_interval".into(),
