@@ -139,12 +139,12 @@ impl Call {
                     CallError::Route(RouteError::UnknownTask(t)) => CallError::UnknownTask(t),
                     other => self.refused(other),
                 };
-                // A refusal gives back anything reserved before it (a
-                // tool's cost, reserved before its quota refused it),
-                // uncharged and unrecorded. Any other failure (a store
-                // that failed after a tool ran) may have spent what was
-                // reserved: the session, dropped unsettled, charges it as
-                // a CANCELLED record.
+                // A refusal before anything ran gives back anything
+                // reserved before it (a tool's cost, reserved before its
+                // quota refused it), uncharged and unrecorded. Any other
+                // failure (a store that failed after a tool ran) may have
+                // spent what was reserved: the session, dropped unsettled,
+                // charges it as a CANCELLED record.
                 let refused = matches!(
                     err,
                     CallError::Invalid(_)
@@ -153,8 +153,16 @@ impl Call {
                         | CallError::Budget { .. }
                         | CallError::ToolBudget { .. }
                         | CallError::ToolDenied(_)
+                        | CallError::Agent(_)
                         | CallError::Overloaded
-                );
+                ) && {
+                    // Refused before anything ran: a call refused after an
+                    // earlier model call of its own was served (a second
+                    // SMS draft) spent what it reserved.
+                    let log = self.log();
+                    log.tools.is_empty()
+                        && !log.attempts.iter().any(AttemptRecord::reached_provider)
+                };
                 let Call {
                     meter, _slot: slot, ..
                 } = self;

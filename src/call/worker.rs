@@ -128,8 +128,10 @@ async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &
                     }
                     None => {
                         let pair = (inv.team_id.clone(), inv.tool.clone(), inv.version.clone());
+                        // First: past `MAX_BUSY` pairs the newest found
+                        // are the ones to pass over now.
                         if !busy.contains(&pair) {
-                            busy.push(pair);
+                            busy.insert(0, pair);
                         }
                         // The lease `take_work` gave it.
                         let lease = now.saturating_add(inv.timeout_ms).saturating_add(slack);

@@ -314,8 +314,10 @@ pub async fn get(store: &Store, team: &str, id: &str) -> Result<Option<Invocatio
     Ok(found)
 }
 
-/// Most (team, tool) pairs [`take_work`] passes over in one statement.
-pub const MAX_BUSY: usize = 64;
+/// Most (team, tool) pairs [`take_work`] passes over in one statement:
+/// three parameters each, far below either backend's limit (SQLite
+/// 32,766, PostgreSQL 65,535).
+pub const MAX_BUSY: usize = 1000;
 
 /// Takes up to `limit` invocations to run: ASYNC ones PENDING, and ASYNC
 /// ones RUNNING whose lease expired (their runner died: they run again,

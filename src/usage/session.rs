@@ -290,9 +290,9 @@ impl MeterSession {
     }
 
     /// Releases what this session reserved, charging nothing and writing
-    /// no record: the call was refused after a reservation (a tool's
-    /// quota, checked after its cost was reserved; a store that failed
-    /// before anything ran). Queued; the refusal does not wait for it.
+    /// no record: the call was refused after a reservation and before
+    /// anything ran (a tool's quota, checked after its cost was reserved).
+    /// Queued; the refusal does not wait for it.
     pub fn release_refused(&self) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
         let reservations = {
             let mut state = self.lock();
