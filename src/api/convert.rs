@@ -25,7 +25,8 @@ fn value_to_json(v: PbValue) -> Value {
     match v.kind {
         None | Some(Kind::NullValue(_)) => Value::Null,
         Some(Kind::BoolValue(b)) => Value::Bool(b),
-        // JSON has no NaN/Infinity; such numbers become null.
+        // JSON has no NaN/Infinity: the edges refuse such input
+        // (`request::check_finite`); anything else left becomes null.
         Some(Kind::NumberValue(n)) => Number::from_f64(n).map_or(Value::Null, Value::Number),
         Some(Kind::StringValue(s)) => Value::String(s),
         Some(Kind::ListValue(l)) => Value::Array(l.values.into_iter().map(value_to_json).collect()),

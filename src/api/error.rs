@@ -243,11 +243,12 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
                 .collect::<Vec<_>>()
                 .join("; ");
             for (field, description) in violations {
-                details.add_bad_request_violation(field, description);
+                details.add_bad_request_violation(clip(&field, 256), clip(&description, 512));
             }
             (Code::InvalidArgument, reason::INVALID_INPUT, message)
         }
         Failure::UnknownTask(task) => {
+            let task = clip(&task, MAX_ECHO);
             details.add_bad_request_violation("task", format!("unknown task `{task}`"));
             info.insert("task".into(), task.clone());
             (
@@ -414,10 +415,28 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             trace_id.clone_into(&mut f.trace_id);
         }
     });
+    let info: HashMap<String, String> = info.into_iter().map(|(k, v)| (k, clip(&v, 512))).collect();
     details.set_error_info(reason, DOMAIN, info);
     let mut metadata = MetadataMap::new();
     if let Ok(value) = trace_id.parse() {
         metadata.insert(TRACE_ID_HEADER, value);
     }
-    Status::with_error_details_and_metadata(code, message, details, metadata)
+    Status::with_error_details_and_metadata(code, clip(&message, MAX_MESSAGE), details, metadata)
+}
+
+/// Most characters of a caller's value (a task, an ID) an error repeats.
+const MAX_ECHO: usize = 128;
+
+/// Most characters of an error's message. A status travels in the
+/// response's trailers, and clients refuse trailers past 16 KiB (hyper's
+/// default, gRPC C-core's 8 KiB): an error that echoed a long value would
+/// reach its caller as a protocol error instead of its code.
+const MAX_MESSAGE: usize = 1024;
+
+/// `text` cut to `max` characters, marked when cut.
+fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((end, _)) => format!("{}…", text.get(..end).unwrap_or_default()),
+    }
 }

@@ -105,6 +105,7 @@ fn execute_input(
         None => Ok(serde_json::Map::new()),
         Some(pb::execute_request::Input::InputStruct(s)) => {
             request::check_depth("input_struct", request::struct_depth(&s), server)?;
+            request::check_finite("input_struct", &s)?;
             Ok(convert::struct_to_json(s))
         }
         Some(pb::execute_request::Input::InputJson(json)) => match serde_json::from_str(&json) {

@@ -262,9 +262,53 @@ pub(crate) fn struct_depth(s: &prost_types::Struct) -> usize {
     deepest
 }
 
+/// Refuses a `Struct` holding NaN or ±Infinity: JSON has no such
+/// numbers, and turning them into `null` would change the input unseen
+/// (in a prompt, a webhook's body, an audit digest). Walked without
+/// recursion.
+pub(crate) fn check_finite(field: &str, s: &prost_types::Struct) -> Result<(), Failure> {
+    use prost_types::value::Kind;
+    let mut stack: Vec<&prost_types::Value> = s.fields.values().collect();
+    while let Some(value) = stack.pop() {
+        match &value.kind {
+            Some(Kind::NumberValue(n)) if !n.is_finite() => {
+                return Err(Failure::invalid(
+                    field,
+                    "holds a number that is not finite (NaN or Infinity), which JSON cannot carry",
+                ));
+            }
+            Some(Kind::StructValue(s)) => stack.extend(s.fields.values()),
+            Some(Kind::ListValue(l)) => stack.extend(l.values.iter()),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_json_cannot_carry_are_refused() {
+        use prost_types::{ListValue, Struct, Value, value::Kind};
+        let number = |n: f64| Value {
+            kind: Some(Kind::NumberValue(n)),
+        };
+        let nested = |v: Value| Struct {
+            fields: [(
+                "a".to_owned(),
+                Value {
+                    kind: Some(Kind::ListValue(ListValue { values: vec![v] })),
+                },
+            )]
+            .into(),
+        };
+        assert!(check_finite("input", &nested(number(1.5))).is_ok());
+        for n in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert!(check_finite("input", &nested(number(n))).is_err(), "{n}");
+        }
+    }
 
     #[test]
     fn grpc_timeout_units() {

@@ -192,6 +192,9 @@ impl ToolService for ToolServiceApi {
         if req.tool.is_empty() {
             return Err(fail(Failure::invalid("tool", "is required")));
         }
+        if let Some(input) = &req.input {
+            request::check_finite("input", input).map_err(fail)?;
+        }
         let input = Value::Object(req.input.map(convert::struct_to_json).unwrap_or_default());
         let other = [
             ("tool", req.tool.len()),

@@ -557,6 +557,30 @@ async fn every_input_a_request_can_grow_is_bounded_and_named() {
     );
     assert!(c.execute(execute(as_struct(8))).await.is_ok());
 
+    // A number JSON cannot carry is refused, not turned into null.
+    let mut with_nan = ai_orchestrator::api::convert::json_to_struct(
+        serde_json::json!({"company": "Acme"})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    with_nan.fields.insert(
+        "attendees".into(),
+        prost_types::Value {
+            kind: Some(prost_types::value::Kind::NumberValue(f64::NAN)),
+        },
+    );
+    let status = c
+        .execute(execute(pb::execute_request::Input::InputStruct(with_nan)))
+        .await
+        .unwrap_err();
+    assert_error(
+        &status,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("input_struct"),
+    );
+
     // Under the input limit, but escaping grows the rendered prompt past its
     // own limit: refused before any provider call, naming the input.
     let escaped = serde_json::json!({ "company": "&".repeat(600) }).to_string();

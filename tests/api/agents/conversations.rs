@@ -564,6 +564,27 @@ async fn a_turn_dropped_while_it_prepares_gives_its_conversation_back() {
     pg.drop_now().await;
 }
 
+/// An ID far longer than any real one is still an answer with its code:
+/// the error repeats a bounded part of it (a status rides in the trailers,
+/// which clients refuse past 16 KiB).
+#[tokio::test]
+async fn a_huge_conversation_id_is_not_found_not_a_transport_error() {
+    let openai = Upstream::start([]).await;
+    let app = spawn(&openai.url(), &openai.url(), "").await;
+    let id = "x".repeat(40_000);
+    let err = agents(&app)
+        .get_conversation(with_key(CALLER, "huge-id", get(&id, "t1")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+    assert!(err.message().len() < 2_000, "{}", err.message().len());
+    let err = agents(&app)
+        .delete_conversation(with_key(CALLER, "huge-id-2", delete(&id)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+}
+
 #[tokio::test]
 async fn conversations_round_trip_and_expire_on_sqlite() {
     let openai = Upstream::start(two_turns()).await;
