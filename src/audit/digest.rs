@@ -14,15 +14,19 @@ pub const REDACTED: &str = "[REDACTED]";
 
 /// Whether a key names personal data or a secret: password, secret, token,
 /// API key, credential, email, phone, address, SSN, credit card, and any
-/// key ending in `_secret`, `_token` or `_key`. Case, `-`, `_` and spaces
-/// do not matter (`apiKey`, `api-key`, `API_KEY`).
+/// key whose last word is `secret`, `token` or `key`. Case and the way
+/// words are joined do not matter (`apiKey`, `api-key`, `API_KEY`,
+/// `privateKey`, `stripe.key`). The longer words are found anywhere in the
+/// key (`contactEmail`, `x_api_key`), erring towards redacting; `ssn` and
+/// `key` only as words of their own, so `businessName` and `monkey` are
+/// kept.
 pub fn is_sensitive(key: &str) -> bool {
-    let lower = key.to_ascii_lowercase();
-    let squashed: String = lower
+    let squashed: String = key
         .chars()
-        .filter(|c| !matches!(c, '_' | '-' | ' ' | '.'))
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
         .collect();
-    const WORDS: &[&str] = &[
+    const ANYWHERE: &[&str] = &[
         "password",
         "passwd",
         "secret",
@@ -32,14 +36,47 @@ pub fn is_sensitive(key: &str) -> bool {
         "email",
         "phone",
         "address",
-        "ssn",
         "creditcard",
         "cardnumber",
     ];
-    WORDS.iter().any(|w| squashed.contains(w))
-        || ["_secret", "_token", "_key"]
-            .iter()
-            .any(|s| lower.ends_with(s))
+    if ANYWHERE.iter().any(|w| squashed.contains(w)) {
+        return true;
+    }
+    let words = words(key);
+    words.iter().any(|w| w == "ssn")
+        || (words.len() > 1 && words.last().is_some_and(|w| w == "key" || w == "keys"))
+}
+
+/// The words of a key, lowercase: split at anything not a letter or digit
+/// and where camelCase starts a word (`APIKey` is `api`, `key`).
+fn words(key: &str) -> Vec<String> {
+    let chars: Vec<char> = key.chars().collect();
+    let mut out: Vec<String> = Vec::new();
+    let mut word = String::new();
+    for (i, &c) in chars.iter().enumerate() {
+        if !c.is_ascii_alphanumeric() {
+            if !word.is_empty() {
+                out.push(std::mem::take(&mut word));
+            }
+            continue;
+        }
+        let prev = i.checked_sub(1).and_then(|j| chars.get(j)).copied();
+        let next = chars.get(i + 1).copied();
+        let starts = c.is_ascii_uppercase()
+            && prev.is_some_and(|p| {
+                p.is_ascii_lowercase()
+                    || p.is_ascii_digit()
+                    || (p.is_ascii_uppercase() && next.is_some_and(|n| n.is_ascii_lowercase()))
+            });
+        if starts && !word.is_empty() {
+            out.push(std::mem::take(&mut word));
+        }
+        word.push(c.to_ascii_lowercase());
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
 }
 
 /// `value` with every sensitive key's value replaced by [`REDACTED`].
@@ -113,14 +150,44 @@ mod tests {
             "creditCardNumber",
             "stripe_key",
             "session_token",
+            "privateKey",
+            "private-key",
+            "stripe.key",
+            "signing key",
+            "accessKey",
+            "APIKey",
+            "x-api-key",
+            "SSN",
+            "user_ssn",
+            "userSSN",
+            "ssh_keys",
         ] {
             assert!(is_sensitive(key), "{key}");
         }
         for key in [
-            "text", "lead_id", "note", "name", "keyboard", "monkey", "segments",
+            "text",
+            "lead_id",
+            "note",
+            "name",
+            "keyboard",
+            "monkey",
+            "segments",
+            "key",
+            "businessName",
+            "className",
+            "passenger",
         ] {
             assert!(!is_sensitive(key), "{key}");
         }
+    }
+
+    #[test]
+    fn keys_split_into_words_however_they_are_joined() {
+        assert_eq!(words("APIKey"), ["api", "key"]);
+        assert_eq!(words("privateKey"), ["private", "key"]);
+        assert_eq!(words("x-api_key.v2"), ["x", "api", "key", "v2"]);
+        assert_eq!(words("userSSN"), ["user", "ssn"]);
+        assert_eq!(words("  "), Vec::<String>::new());
     }
 
     #[test]
