@@ -29,6 +29,7 @@ use axum::{
     http::StatusCode,
     middleware::Next,
     response::{IntoResponse, Response},
+    serve::ListenerExt,
 };
 use rmcp::{
     ErrorData as McpError, RoleServer, ServerHandler,
@@ -57,6 +58,25 @@ struct McpCaller {
 #[derive(Clone)]
 struct Endpoint {
     pipeline: Pipeline,
+    /// `tools/call`s under way: shutdown waits for them, not for idle
+    /// sessions.
+    calls: Arc<watch::Sender<usize>>,
+}
+
+/// One `tools/call` counted in [`Endpoint::calls`] while it lives.
+struct Counted(Arc<watch::Sender<usize>>);
+
+impl Counted {
+    fn new(calls: &Arc<watch::Sender<usize>>) -> Self {
+        calls.send_modify(|n| *n += 1);
+        Self(Arc::clone(calls))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl Endpoint {
@@ -137,6 +157,7 @@ impl ServerHandler for Endpoint {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let _counted = Counted::new(&self.calls);
         let who = Self::caller(&ctx)?;
         let config = self.pipeline.config();
         let name = request.name.to_string();
@@ -228,8 +249,9 @@ pub async fn serve(
     config: McpEndpointConfig,
     pipeline: Pipeline,
     auth: Authenticator,
-    mut stop: watch::Receiver<bool>,
+    draining: watch::Receiver<bool>,
 ) {
+    let grace = pipeline.config().server.shutdown_grace;
     let cancel = tokio_util::sync::CancellationToken::new();
     // A body is bounded like a gRPC message (413 past it), before any of
     // it is parsed; the arguments then meet the input limits in call_tool.
@@ -241,7 +263,11 @@ pub async fn serve(
     } else {
         server_config.with_allowed_hosts(config.allowed_hosts.clone())
     };
-    let endpoint = Endpoint { pipeline };
+    let calls = Arc::new(watch::Sender::new(0_usize));
+    let endpoint = Endpoint {
+        pipeline,
+        calls: Arc::clone(&calls),
+    };
     let service = StreamableHttpService::new(
         move || Ok(endpoint.clone()),
         LocalSessionManager::default().into(),
@@ -267,14 +293,33 @@ pub async fn serve(
     let app = axum::Router::new()
         .nest_service(&config.path, service)
         .layer(axum::middleware::from_fn(authenticate));
-    let stopping = async move {
-        let _ = stop.wait_for(|s| *s).await;
+    // When shutdown starts no connection is accepted any more; the calls
+    // in flight get the grace gRPC's get, then every session is ended
+    // (a Streamable HTTP session's event stream would otherwise hold its
+    // connection open for ever; an idle one is not waited for).
+    let mut stop_accepting = draining.clone();
+    let mut end_sessions = draining;
+    let ending = async move {
+        let _ = end_sessions.wait_for(|d| *d).await;
+        let mut under_way = calls.subscribe();
+        let _ = tokio::time::timeout(grace, under_way.wait_for(|n| *n == 0)).await;
         cancel.cancel();
+        std::future::pending::<()>().await;
     };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(stopping)
-        .await
-    {
-        tracing::error!(error = %e, "MCP endpoint failed");
+    // Nagle off, as on the gRPC listener: a small reply on a kept-alive
+    // connection would wait for the client's delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY on an MCP connection");
+        }
+    });
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = stop_accepting.wait_for(|d| *d).await;
+    });
+    tokio::select! {
+        served = server => if let Err(e) = served {
+            tracing::error!(error = %e, "MCP endpoint failed");
+        },
+        () = ending => {}
     }
 }

@@ -93,6 +93,9 @@ impl App {
                 ))
             })
             .collect();
+        // Turns true when shutdown starts: gRPC and the MCP endpoint stop
+        // taking calls and drain those in flight.
+        let (draining_tx, mut draining) = watch::channel(false);
         let mcp_endpoint = match (mcp_listener, &config.mcp_endpoint) {
             (Some(listener), Some(endpoint)) => {
                 if let Ok(addr) = listener.local_addr() {
@@ -103,7 +106,7 @@ impl App {
                     endpoint.clone(),
                     pipeline.clone(),
                     auth.clone(),
-                    background_stopped.clone(),
+                    draining.clone(),
                 )))
             }
             _ => None,
@@ -133,7 +136,6 @@ impl App {
         // Nagle off on accepted sockets: with it on, small gRPC frames on
         // kept-alive connections wait ~40 ms for delayed ACKs.
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let (draining_tx, mut draining) = watch::channel(false);
         let signal_health = health.clone();
         let signal = async move {
             shutdown.await;
