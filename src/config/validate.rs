@@ -308,26 +308,6 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be at least 1",
         );
     }
-    // Read when the listener starts, after the other tasks: a file that is
-    // missing or not PEM is refused at load (and by check-config) instead.
-    if let Some(tls) = &config.server.tls {
-        for (key, path, marker) in [
-            ("cert", Some(&tls.cert), "-----BEGIN CERTIFICATE-----"),
-            ("key", Some(&tls.key), "PRIVATE KEY-----"),
-            (
-                "client_ca",
-                tls.client_ca.as_ref(),
-                "-----BEGIN CERTIFICATE-----",
-            ),
-        ] {
-            let Some(path) = path else { continue };
-            match std::fs::read_to_string(path) {
-                Ok(pem) if pem.contains(marker) => {}
-                Ok(_) => bad(format!("server.tls.{key}"), "holds no PEM of that kind"),
-                Err(e) => bad(format!("server.tls.{key}"), &format!("cannot be read: {e}")),
-            }
-        }
-    }
     if config.server.max_message_bytes < config.server.max_input_bytes {
         bad(
             "server.max_message_bytes".into(),
@@ -431,39 +411,5 @@ mod tests {
             ),
             ["tasks.u.max_tokens"]
         );
-    }
-
-    #[test]
-    fn server_tls_files_are_read_at_load() {
-        let dir = std::env::temp_dir().join(format!("aio-tls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cert = dir.join("cert.pem");
-        let key = dir.join("key.pem");
-        std::fs::write(
-            &cert,
-            "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
-        )
-        .unwrap();
-        std::fs::write(&key, "not a key").unwrap();
-        let config = |cert: &std::path::Path, key: &std::path::Path| {
-            let toml = format!(
-                "[providers.p]\nkind = \"mock\"\n[tasks.t]\nchain = [{{ provider = \"p\", model = \"m\" }}]\n\
-                 [server.tls]\ncert = {cert:?}\nkey = {key:?}\n"
-            );
-            let paths = crate::config::Config::from_toml_str(&toml, |_| None)
-                .err()
-                .map(|e| e.paths())
-                .unwrap_or_default();
-            paths
-                .into_iter()
-                .filter(|p| p.starts_with("server.tls"))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(config(&cert, &key), ["server.tls.key"]);
-        assert_eq!(
-            config(&dir.join("missing.pem"), &key),
-            ["server.tls.cert", "server.tls.key"]
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
