@@ -45,6 +45,15 @@ impl App {
             writer_done,
             key_store,
         } = self;
+        // Read before anything starts: a missing certificate fails the
+        // start with nothing left running. (`check-config` does not read
+        // them: a rendered config is checked where the secrets are not.)
+        let server_tls = config
+            .server
+            .tls
+            .as_ref()
+            .map(super::build::server_tls)
+            .transpose()?;
         let (stop_background, background_stopped) = watch::channel(false);
         let probe = tokio::spawn(background::probe_database(
             store.clone(),
@@ -150,9 +159,9 @@ impl App {
             let _ = draining_tx.send(true);
         };
         let mut builder = Server::builder();
-        if let Some(tls) = &config.server.tls {
+        if let Some(tls) = server_tls {
             builder = builder
-                .tls_config(super::build::server_tls(tls)?)
+                .tls_config(tls)
                 .context("configuring TLS for the gRPC port")?;
         }
         let server = builder
