@@ -12,7 +12,6 @@ use super::{
 use crate::{
     auth::Authenticator,
     prompts::store::{NewPrompt, PromptError, PromptStore, StoredPrompt},
-    telemetry::trace_id,
 };
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 
@@ -58,10 +57,6 @@ pub(crate) fn actor(metadata: &MetadataMap) -> String {
         .filter(|a| check_id(a, true).is_ok())
         .unwrap_or("anonymous")
         .to_owned()
-}
-
-fn trace(metadata: &MetadataMap) -> String {
-    trace_id::resolve("", metadata).map_or_else(|_| trace_id::generate(), |(t, _)| t)
 }
 
 fn failure(e: PromptError) -> Failure {
@@ -127,7 +122,7 @@ impl PromptAdmin for PromptAdminApi {
         &self,
         request: Request<pb::ListPromptsRequest>,
     ) -> Result<Response<pb::ListPromptsResponse>, Status> {
-        let trace_id = trace(request.metadata());
+        let trace_id = super::request::metadata_trace(request.metadata())?;
         let (_, extensions, req) = request.into_parts();
         self.admin(&extensions, &req.team_id)
             .map_err(|f| to_status(f, &trace_id))?;
@@ -145,16 +140,19 @@ impl PromptAdmin for PromptAdminApi {
             .list(team, key)
             .await
             .map_err(|e| to_status(failure(e), &trace_id))?;
-        Ok(Response::new(pb::ListPromptsResponse {
-            prompts: prompts.into_iter().map(to_pb).collect(),
-        }))
+        Ok(super::reply(
+            &trace_id,
+            pb::ListPromptsResponse {
+                prompts: prompts.into_iter().map(to_pb).collect(),
+            },
+        ))
     }
 
     async fn create_prompt_version(
         &self,
         request: Request<pb::CreatePromptVersionRequest>,
     ) -> Result<Response<pb::CreatePromptVersionResponse>, Status> {
-        let trace_id = trace(request.metadata());
+        let trace_id = super::request::metadata_trace(request.metadata())?;
         let (metadata, extensions, req) = request.into_parts();
         let result = async {
             check_team(&req.team_id)?;
@@ -176,16 +174,19 @@ impl PromptAdmin for PromptAdminApi {
         }
         .await;
         let prompt = result.map_err(|f| to_status(f, &trace_id))?;
-        Ok(Response::new(pb::CreatePromptVersionResponse {
-            prompt: Some(prompt),
-        }))
+        Ok(super::reply(
+            &trace_id,
+            pb::CreatePromptVersionResponse {
+                prompt: Some(prompt),
+            },
+        ))
     }
 
     async fn activate_prompt_version(
         &self,
         request: Request<pb::ActivatePromptVersionRequest>,
     ) -> Result<Response<pb::ActivatePromptVersionResponse>, Status> {
-        let trace_id = trace(request.metadata());
+        let trace_id = super::request::metadata_trace(request.metadata())?;
         let (metadata, extensions, req) = request.into_parts();
         let result = async {
             check_team(&req.team_id)?;
@@ -203,8 +204,11 @@ impl PromptAdmin for PromptAdminApi {
         }
         .await;
         let prompt = result.map_err(|f| to_status(f, &trace_id))?;
-        Ok(Response::new(pb::ActivatePromptVersionResponse {
-            prompt: Some(prompt),
-        }))
+        Ok(super::reply(
+            &trace_id,
+            pb::ActivatePromptVersionResponse {
+                prompt: Some(prompt),
+            },
+        ))
     }
 }

@@ -2,7 +2,7 @@
 //! chain verified. Admin keys over the team only.
 
 use super::{
-    auth::{check_admin, principal, trace_of},
+    auth::{check_admin, principal},
     error::{Failure, to_status},
     pb::{self, audit_service_server::AuditService},
     reply,
@@ -80,7 +80,7 @@ impl AuditService for AuditApi {
         &self,
         request: Request<pb::ListAuditEventsRequest>,
     ) -> Result<Response<pb::ListAuditEventsResponse>, Status> {
-        let trace_id = trace_of(request.metadata());
+        let trace_id = super::request::metadata_trace(request.metadata())?;
         let (_, extensions, req) = request.into_parts();
         let fail = |f: Failure| to_status(f, &trace_id);
         self.admin(&extensions, &req.team_id).map_err(fail)?;
@@ -138,7 +138,7 @@ impl AuditService for AuditApi {
         &self,
         request: Request<pb::VerifyAuditChainRequest>,
     ) -> Result<Response<pb::VerifyAuditChainResponse>, Status> {
-        let trace_id = trace_of(request.metadata());
+        let trace_id = super::request::metadata_trace(request.metadata())?;
         let (_, extensions, req) = request.into_parts();
         let fail = |f: Failure| to_status(f, &trace_id);
         self.admin(&extensions, &req.team_id).map_err(fail)?;

@@ -126,6 +126,20 @@ pub(crate) fn check_id(id: &str, required: bool) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// The trace ID of an RPC without a `context`: the `x-trace-id` header's,
+/// else `traceparent`'s, else a new one. A malformed header is
+/// INVALID_INPUT, as for every RPC, answered under a new ID.
+pub(crate) fn metadata_trace(metadata: &MetadataMap) -> Result<String, tonic::Status> {
+    trace_id::resolve("", metadata)
+        .map(|(t, _)| t)
+        .map_err(|bad| {
+            super::error::to_status(
+                Failure::invalid(bad.field, &bad.to_string()),
+                &trace_id::generate(),
+            )
+        })
+}
+
 /// Parses the `grpc-timeout` header: up to 8 digits and a unit
 /// (`H` hours, `M` minutes, `S` seconds, `m` ms, `u` µs, `n` ns).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {

@@ -17,9 +17,7 @@ impl OrchestratorApi {
         request: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::GetUsageResponse>, Status> {
         let (metadata, extensions, req) = request.into_parts();
-        let trace_id = crate::telemetry::trace_id::resolve("", &metadata)
-            .map(|(t, _)| t)
-            .unwrap_or_else(|_| crate::telemetry::trace_id::generate());
+        let trace_id = request::metadata_trace(&metadata)?;
         let fail = |f: Failure| to_status(f, &trace_id);
         request::check_id(&req.team_id, true)
             .map_err(|why| fail(Failure::invalid("team_id", why)))?;

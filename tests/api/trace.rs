@@ -180,3 +180,29 @@ async fn provider_health_carries_the_trace_id() {
     assert_eq!(generated.len(), 32, "generated when none is given");
     app.stop().await;
 }
+
+/// Admin RPCs answer with the trace ID too, and refuse a malformed one
+/// as every RPC does.
+#[tokio::test]
+async fn admin_rpcs_carry_the_trace_id_and_refuse_a_malformed_one() {
+    let app = TestApp::spawn().await;
+    let mut admin = pb::prompt_admin_client::PromptAdminClient::new(app.channel.clone());
+    let list = |trace: &str| {
+        let mut request = Request::new(pb::ListPromptsRequest {
+            team_id: "t1".into(),
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("x-trace-id", trace.parse().unwrap());
+        request
+    };
+    let response = admin.list_prompts(list("admin-trace-1")).await.unwrap();
+    assert_eq!(
+        response.metadata().get("x-trace-id").unwrap(),
+        "admin-trace-1"
+    );
+    let status = admin.list_prompts(list("has spaces!")).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    app.stop().await;
+}
