@@ -48,6 +48,15 @@ pub async fn keys(config: &Config, action: KeysAction) -> anyhow::Result<String>
                 .ok_or_else(|| anyhow::anyhow!("--role must be viewer, caller or admin"))?;
             crate::api::request::check_id(&name, true)
                 .map_err(|why| anyhow::anyhow!("--name {why}"))?;
+            // The IDs a request's context.team_id may hold, or `*`.
+            for team in teams
+                .split(',')
+                .map(str::trim)
+                .filter(|t| *t != "*" && !t.is_empty())
+            {
+                crate::api::request::check_id(team, true)
+                    .map_err(|why| anyhow::anyhow!("--teams: `{team}` {why}"))?;
+            }
             let scope = TeamScope::from_list(teams.split(','));
             if scope == TeamScope::Only(Default::default()) {
                 anyhow::bail!("--teams needs at least one team ID, or * for all");

@@ -100,6 +100,13 @@ pub async fn limits(config: &Config, action: LimitsAction) -> anyhow::Result<Str
             usd(b.reserved_cost_micros),
         )
     };
+    // A team ID a request could name; another could never be matched.
+    let team = match &action {
+        LimitsAction::Show { team }
+        | LimitsAction::Set { team, .. }
+        | LimitsAction::Clear { team } => team,
+    };
+    crate::api::request::check_id(team, true).map_err(|why| anyhow::anyhow!("--team {why}"))?;
     let out = match action {
         LimitsAction::Show { team } => {
             let caps = ledger::caps_of(&store, &team, defaults).await?;

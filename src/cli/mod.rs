@@ -286,5 +286,15 @@ mod tests {
             "postgres://u:[REDACTED]@h/db"
         );
         assert_eq!(redact_url("sqlite://data/x.db"), "sqlite://data/x.db");
+        // The authority ends at the last `@`, as URL parsers read it.
+        assert_eq!(
+            redact_url("postgres://u:p@ss@h:5432/db"),
+            "postgres://u:[REDACTED]@h:5432/db"
+        );
+        assert_eq!(
+            redact_url("postgres://h/db?sslmode=require&password=s3&user=u"),
+            "postgres://h/db?sslmode=require&password=[REDACTED]&user=u"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
     }
 }

@@ -48,23 +48,41 @@ pub fn check_config(config: &Config) -> String {
     out
 }
 
-/// Hides a password in a database URL.
+/// Hides the passwords in a database URL: the user info's (up to the last
+/// `@` of the authority, as URL parsers read it) and any query parameter
+/// naming a secret (`password=`, `sslpassword=`).
 pub(super) fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.find('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.find(':') {
-                Some(colon) => format!(
-                    "{}{}:[REDACTED]{}",
-                    &url[..scheme + 3],
-                    &creds[..colon],
-                    &url[at..]
-                ),
-                None => url.to_owned(),
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let (head, rest) = url.split_at(scheme_end);
+    let (authority, tail) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
+    let authority = match authority.rfind('@') {
+        Some(at) => {
+            let (creds, host) = authority.split_at(at);
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{user}:[REDACTED]{host}"),
+                None => authority.to_owned(),
             }
         }
-        _ => url.to_owned(),
-    }
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if crate::audit::digest::is_sensitive(k) || k == "pass" => {
+                        format!("{k}=[REDACTED]")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{head}{authority}{tail}")
 }
 
 /// Applies migrations and lists the tables.
