@@ -187,12 +187,13 @@ pub async fn summarize(
         }
     }
     for (from, to) in edges.into_iter().filter(|(from, to)| from < to) {
-        for (key, row) in records(store, team, from, to, &dims).await? {
+        records(store, team, from, to, &dims, |key, row| {
             all.add(&row);
             if grouped {
                 groups.entry(bucket_key(&dims, &key)).or_default().add(&row);
             }
-        }
+        })
+        .await?;
     }
     Ok(Summary {
         totals: all.finish(),

@@ -123,15 +123,18 @@ pub(super) async fn latency_histogram(
     Ok(rows)
 }
 
-/// Every record of `[start_ms, end_ms)` (a partial day at the period's
-/// edge), with its group.
+/// Hands `each` every record of `[start_ms, end_ms)` (a partial day at the
+/// period's edge) with its group, as the rows arrive: a busy team's day is
+/// many records, and only their sums are kept.
 pub(super) async fn records(
     store: &Store,
     team: &str,
     start_ms: i64,
     end_ms: i64,
     dims: &[Dimension],
-) -> Result<Vec<(Vec<String>, SumRow)>, StoreError> {
+    mut each: impl FnMut(Vec<String>, SumRow),
+) -> Result<(), StoreError> {
+    use futures::TryStreamExt;
     let (select, _) = dimension_sql(dims, Dimension::Day.column());
     let sql = format!(
         "SELECT {select}latency_ms, input_tokens, output_tokens, CAST(COALESCE(cost_micros, 0) AS BIGINT), \
@@ -140,17 +143,15 @@ pub(super) async fn records(
          FROM usage_records WHERE team_id = $1 AND created_at_ms >= $2 AND created_at_ms < $3"
     );
     let n = dims.len();
-    let rows = on_store!(store, |pool| {
+    on_store!(store, |pool| {
         use sqlx::Row;
         // Audited: the only dynamic parts are `Dimension::column` constants.
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+        let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
             .bind(team)
             .bind(start_ms)
             .bind(end_ms)
-            .fetch_all(pool)
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
+            .fetch(pool);
+        while let Some(row) = rows.try_next().await? {
             let key = (0..n)
                 .map(|i| row.try_get::<String, _>(i))
                 .collect::<Result<Vec<_>, _>>()?;
@@ -163,9 +164,8 @@ pub(super) async fn records(
                 row.try_get(n + 5)?,
                 row.try_get::<i64, _>(n + 6)?,
             );
-            out.push((key, sums));
+            each(key, sums);
         }
-        Ok::<_, StoreError>(out)
-    })?;
-    Ok(rows)
+    });
+    Ok(())
 }
