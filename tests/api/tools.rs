@@ -183,6 +183,40 @@ pub async fn run(
         .expect("an invocation")
 }
 
+/// `GetToolInvocation` of `id` for team t1, as the caller key.
+pub async fn fetch(app: &TestApp, id: &str) -> pb::ToolInvocation {
+    tools(app)
+        .get_tool_invocation(with_key(
+            CALLER,
+            "poll",
+            pb::GetToolInvocationRequest {
+                context: crate::common::ctx(),
+                invocation_id: id.into(),
+            },
+        ))
+        .await
+        .expect("GetToolInvocation")
+        .into_inner()
+}
+
+/// Team t1's `GetUsage` totals this month, read with the admin key.
+pub async fn usage_totals(app: &TestApp) -> pb::UsageTotals {
+    pb::orchestrator_client::OrchestratorClient::new(app.channel.clone())
+        .get_usage(with_key(
+            ADMIN,
+            "usage",
+            pb::GetUsageRequest {
+                team_id: "t1".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("GetUsage")
+        .into_inner()
+        .totals
+        .expect("totals")
+}
+
 /// An invocation's output as JSON.
 pub fn output(inv: &pb::ToolInvocation) -> Value {
     Value::Object(ai_orchestrator::api::convert::struct_to_json(

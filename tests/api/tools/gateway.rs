@@ -249,24 +249,7 @@ async fn every_denial_has_its_code_reason_details_and_audit_event() {
             .await
             .unwrap();
     }
-    let requests = || async {
-        ai_orchestrator::api::pb::orchestrator_client::OrchestratorClient::new(app.channel.clone())
-            .get_usage(with_key(
-                ADMIN,
-                "usage",
-                pb::GetUsageRequest {
-                    team_id: "t1".into(),
-                    ..Default::default()
-                },
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .totals
-            .unwrap()
-            .requests
-    };
-    let before = requests().await;
+    let before = super::usage_totals(&app).await.requests;
     let err = call(CALLER, "deny-7", invoke("system.health", json!({})))
         .await
         .unwrap_err();
@@ -284,7 +267,7 @@ async fn every_denial_has_its_code_reason_details_and_audit_event() {
     )
     .await
     .unwrap();
-    assert_eq!(requests().await, before + 1);
+    assert_eq!(super::usage_totals(&app).await.requests, before + 1);
 
     assert_eq!(hook.count(), 0, "no denied invocation reaches the webhook");
 

@@ -3,12 +3,13 @@
 //! retries, timeouts, output schemas and ASYNC invocations.
 
 use super::{
-    ADMIN, CALLER, WEBHOOK_SECRET, events, invoke, output, run, spawn, spawn_on, tools,
+    ADMIN, CALLER, WEBHOOK_SECRET, events, fetch, invoke, output, run, spawn, spawn_on, tools,
+    usage_totals,
     webhook::{Answer, Webhook},
     with_key,
 };
 use crate::common::{TestPostgres, wait_for};
-use ai_orchestrator::api::pb::{self, orchestrator_client::OrchestratorClient};
+use ai_orchestrator::api::pb;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
@@ -90,19 +91,7 @@ async fn a_webhook_gets_the_input_its_secret_the_trace_and_the_idempotency_key()
     assert!(traced.iter().all(|e| e.category == "workflow"));
     assert!(traced.iter().all(|e| e.idempotency_key == key));
     assert_eq!(traced[1].actual_cost_usd, Some(0.001));
-    let usage = OrchestratorClient::new(app.channel.clone())
-        .get_usage(with_key(
-            ADMIN,
-            "usage",
-            pb::GetUsageRequest {
-                team_id: "t1".into(),
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let totals = usage.totals.unwrap();
+    let totals = usage_totals(&app).await;
     assert_eq!(totals.requests, 1);
     assert!((totals.cost_usd - 0.001).abs() < 1e-12, "{totals:?}");
 
@@ -379,24 +368,7 @@ async fn an_async_invocation_returns_at_once_and_is_polled_to_its_end() {
         .unwrap();
     assert_eq!(accepted.status(), pb::InvocationStatus::Pending);
     assert!(accepted.output.is_none());
-    let poll = || {
-        let mut client = tools(&app);
-        let id = accepted.invocation_id.clone();
-        async move {
-            client
-                .get_tool_invocation(with_key(
-                    CALLER,
-                    "poll",
-                    pb::GetToolInvocationRequest {
-                        context: crate::common::ctx(),
-                        invocation_id: id,
-                    },
-                ))
-                .await
-                .unwrap()
-                .into_inner()
-        }
-    };
+    let poll = || fetch(&app, &accepted.invocation_id);
     wait_for(|| async { poll().await.status() == pb::InvocationStatus::Succeeded }).await;
     let done = poll().await;
     assert_eq!(output(&done), json!({"ok": true, "note_id": "N-1"}));
@@ -449,27 +421,9 @@ async fn async_invocations_wait_for_their_tools_concurrency_slot() {
             .all(|inv| inv.status() == pb::InvocationStatus::Pending),
         "{accepted:?}"
     );
-    let status = |id: String| {
-        let mut client = tools(&app);
-        async move {
-            client
-                .get_tool_invocation(with_key(
-                    CALLER,
-                    "poll",
-                    pb::GetToolInvocationRequest {
-                        context: crate::common::ctx(),
-                        invocation_id: id,
-                    },
-                ))
-                .await
-                .unwrap()
-                .into_inner()
-                .status()
-        }
-    };
     wait_for(|| async {
         for inv in &accepted {
-            if status(inv.invocation_id.clone()).await != pb::InvocationStatus::Succeeded {
+            if fetch(&app, &inv.invocation_id).await.status() != pb::InvocationStatus::Succeeded {
                 return false;
             }
         }
@@ -515,25 +469,9 @@ async fn a_busy_tools_backlog_does_not_hold_up_other_async_work() {
         .into_inner()
         .invocation
         .unwrap();
-    let poll = || {
-        let mut client = tools(&app);
-        let id = behind.invocation_id.clone();
-        async move {
-            client
-                .get_tool_invocation(with_key(
-                    CALLER,
-                    "poll",
-                    pb::GetToolInvocationRequest {
-                        context: crate::common::ctx(),
-                        invocation_id: id,
-                    },
-                ))
-                .await
-                .unwrap()
-                .into_inner()
-                .status()
-        }
-    };
-    wait_for(|| async { poll().await == pb::InvocationStatus::Succeeded }).await;
+    wait_for(|| async {
+        fetch(&app, &behind.invocation_id).await.status() == pb::InvocationStatus::Succeeded
+    })
+    .await;
     assert!(hook.peak_in_flight() <= 1);
 }
