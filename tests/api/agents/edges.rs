@@ -33,6 +33,12 @@ core_prompt = "You call tools one at a time."
 tools = ["crm.*"]
 parallel_tool_calls = false
 
+[agents.counted]
+chain = [{ provider = "scripted", model = "gpt-4o-mini" }]
+core_prompt = "You call tools."
+tools = ["system.*"]
+max_tool_calls = 2
+
 [agents.forgetful]
 chain = [{ provider = "openai", model = "gpt-4o-mini" }]
 core_prompt = "You forget."
@@ -359,7 +365,8 @@ async fn metrics_count_turns_iterations_and_tool_calls() {
         &app,
         CALLER,
         "edge-metrics",
-        converse("busy_tools", "Go.", None),
+        // An agent no other test runs: the metrics are the process's.
+        converse("counted", "Go.", None),
     )
     .await
     .unwrap();
@@ -371,7 +378,7 @@ async fn metrics_count_turns_iterations_and_tool_calls() {
     let delta = |metric: &str, labels: &[(&str, &str)]| {
         counter(&after, metric, labels) - counter(&before, metric, labels)
     };
-    let agent = ("agent", "busy_tools");
+    let agent = ("agent", "counted");
     assert_eq!(
         delta(
             "agent_turns_total",
