@@ -185,7 +185,12 @@ pub async fn run(
 
 /// `GetToolInvocation` of `id` for team t1, as the caller key.
 pub async fn fetch(app: &TestApp, id: &str) -> pb::ToolInvocation {
-    tools(app)
+    fetch_on(app.channel.clone(), id).await
+}
+
+/// [`fetch`] from the server at the other end of `channel`.
+pub async fn fetch_on(channel: tonic::transport::Channel, id: &str) -> pb::ToolInvocation {
+    pb::tool_service_client::ToolServiceClient::new(channel)
         .get_tool_invocation(with_key(
             CALLER,
             "poll",

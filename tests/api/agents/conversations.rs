@@ -475,15 +475,23 @@ async fn a_turn_whose_caller_left_gives_its_conversation_back() {
     // The caller goes away mid-answer: the conversation is free again at
     // once (not at the lease's end), and the cut turn stored nothing.
     drop(stream);
-    let (app, id) = (&app, id.as_str());
+    the_next_turn_is_served_and_the_cut_one_left_nothing(&app, &id, "left-2").await;
+}
+
+/// Waits until a turn on conversation `id` (opened with "One" / "First.")
+/// is served "Next.", then checks the turn cut before it stored nothing.
+async fn the_next_turn_is_served_and_the_cut_one_left_nothing(
+    app: &TestApp,
+    id: &str,
+    trace: &str,
+) {
     crate::common::wait_for(|| async move {
-        turn(app, CALLER, "left-2", converse("helper", "Three", Some(id)))
+        turn(app, CALLER, trace, converse("helper", "Three", Some(id)))
             .await
             .is_ok_and(|events| completed(&events).text == "Next.")
     })
     .await;
-    let store = app.store().await;
-    let texts: Vec<String> = conversations::history(&store, id, 10)
+    let texts: Vec<String> = conversations::history(&app.store().await, id, 10)
         .await
         .unwrap()
         .into_iter()
@@ -540,25 +548,7 @@ async fn a_turn_dropped_while_it_prepares_gives_its_conversation_back() {
     held.abort();
     assert!(held.await.unwrap_err().is_cancelled());
     lock.rollback().await.unwrap();
-    let (app_ref, id_ref) = (&app, id.as_str());
-    crate::common::wait_for(|| async move {
-        turn(
-            app_ref,
-            CALLER,
-            "prep-2",
-            converse("helper", "Three", Some(id_ref)),
-        )
-        .await
-        .is_ok_and(|events| completed(&events).text == "Next.")
-    })
-    .await;
-    let texts: Vec<String> = conversations::history(&app.store().await, &id, 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| m.message.content)
-        .collect();
-    assert_eq!(texts, ["One", "First.", "Three", "Next."]);
+    the_next_turn_is_served_and_the_cut_one_left_nothing(&app, &id, "prep-2").await;
     db.close().await;
     app.stop().await;
     pg.drop_now().await;

@@ -59,19 +59,7 @@ async fn kill(mut server: Child) {
 }
 
 async fn get(addr: SocketAddr, id: &str) -> pb::ToolInvocation {
-    let mut client = pb::tool_service_client::ToolServiceClient::new(connect(addr).await);
-    client
-        .get_tool_invocation(with_key(
-            CALLER,
-            "poll",
-            pb::GetToolInvocationRequest {
-                context: crate::common::ctx(),
-                invocation_id: id.into(),
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner()
+    super::fetch_on(connect(addr).await, id).await
 }
 
 #[tokio::test]
