@@ -21,7 +21,7 @@ use crate::{
     telemetry::metrics,
     tools::{
         Kind, Status, Tool,
-        invocations::{self, Invocation, Outcome},
+        invocations::{self, Invocation, Outcome, Taken},
         quota::Slot,
     },
     usage::ledger::Op,
@@ -110,21 +110,26 @@ async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &
             }
         };
         let drained = work.len() < room;
-        for inv in work {
+        for Taken {
+            invocation: inv,
+            lease_until_ms: lease,
+        } in work
+        {
             match toolbox
                 .registry
                 .lookup(&format!("{}@{}", inv.tool, inv.version))
             {
                 // Recorded as such: nothing to wait for.
                 Err(_) => {
-                    running.spawn(execute(pipeline.clone(), inv, None));
+                    running.spawn(execute(pipeline.clone(), inv, lease, None));
                 }
                 Ok(tool) => match toolbox
                     .quotas
                     .try_running(&inv.team_id, &tool.id(), &tool.quota)
                 {
                     Some(slot) => {
-                        running.spawn(execute(pipeline.clone(), inv, Some((tool, slot))));
+                        let ready = Some((tool, slot));
+                        running.spawn(execute(pipeline.clone(), inv, lease, ready));
                     }
                     None => {
                         let pair = (inv.team_id.clone(), inv.tool.clone(), inv.version.clone());
@@ -133,8 +138,6 @@ async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &
                         if !busy.contains(&pair) {
                             busy.insert(0, pair);
                         }
-                        // The lease `take_work` gave it.
-                        let lease = now.saturating_add(inv.timeout_ms).saturating_add(slack);
                         waiting.push((inv, lease));
                     }
                 },
@@ -196,8 +199,13 @@ fn duration_ms(d: Duration) -> i64 {
 
 /// Runs one taken invocation with its tool and the concurrency slot it
 /// holds while it runs (`None`: the tool left the registry), and records
-/// how it ended.
-async fn execute(pipeline: Pipeline, inv: Invocation, ready: Option<(Arc<Tool>, Slot)>) {
+/// how it ended unless its lease ran out and another run owns the row.
+async fn execute(
+    pipeline: Pipeline,
+    inv: Invocation,
+    lease: i64,
+    ready: Option<(Arc<Tool>, Slot)>,
+) {
     let pipeline = &pipeline;
     let outcome = match ready {
         None => Outcome {
@@ -241,10 +249,18 @@ async fn execute(pipeline: Pipeline, inv: Invocation, ready: Option<(Arc<Tool>, 
             }
         }
     };
-    if let Err(e) = invocations::finish(pipeline.store(), &inv.id, &outcome).await {
-        // The lease expires and the invocation runs again.
-        tracing::error!(invocation = %inv.id, error = %e, "recording an ASYNC tool invocation failed");
-        return;
+    match invocations::finish(pipeline.store(), &inv.id, lease, &outcome).await {
+        Ok(true) => {}
+        // The run happened, so its result is still audited below; the
+        // row keeps the end of the run that owns it.
+        Ok(false) => {
+            tracing::warn!(invocation = %inv.id, tool = %inv.tool, trace_id = %inv.trace_id, "an ASYNC tool invocation ended after its lease ran out and another run took it; its end is not recorded over that run's");
+        }
+        Err(e) => {
+            // The lease expires and the invocation runs again.
+            tracing::error!(invocation = %inv.id, error = %e, "recording an ASYNC tool invocation failed");
+            return;
+        }
     }
     let decision = if outcome.status == Status::Succeeded {
         "ok"

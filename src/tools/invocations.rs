@@ -9,6 +9,7 @@ use crate::{
     store::{Store, StoreError},
 };
 use serde_json::Value;
+use sqlx::Row as _;
 
 /// SYNC or ASYNC (SPEC §9.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,15 +254,28 @@ pub struct Outcome {
     pub attempts: i64,
 }
 
-/// Records how invocation `id` ended and releases its lease.
-pub async fn finish(store: &Store, id: &str, o: &Outcome) -> Result<(), StoreError> {
+/// Records how invocation `id` ended and releases its lease, when the
+/// runner still owns it: the row is RUNNING under `lease_until_ms`, the
+/// lease the runner was given. A runner whose lease ran out and whose row
+/// another runner took again (ASYNC) or finished has lost it: its end is
+/// not written over the owner's, and `false` says so. One exception: a
+/// SYNC row the sweeper marked `INTERRUPTED` takes the late end, since its
+/// runner was alive after all and its caller got that answer.
+pub async fn finish(
+    store: &Store,
+    id: &str,
+    lease_until_ms: i64,
+    o: &Outcome,
+) -> Result<bool, StoreError> {
     let output = o.output.as_ref().map(Value::to_string);
     let now = chrono::Utc::now().timestamp_millis();
-    on_store!(store, |pool| {
+    let written = on_store!(store, |pool| {
         sqlx::query(
             "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
              error_message = $5, cost_micros = $6, duration_ms = $7, execution_id = $8, \
-             attempts = $9, updated_at_ms = $10, lease_until_ms = NULL WHERE id = $1",
+             attempts = $9, updated_at_ms = $10, lease_until_ms = NULL WHERE id = $1 \
+             AND ((status = 'RUNNING' AND lease_until_ms = $11) \
+              OR (mode = 'SYNC' AND status = 'FAILED' AND error_code = 'INTERRUPTED'))",
         )
         .bind(id)
         .bind(o.status.as_str())
@@ -273,10 +287,12 @@ pub async fn finish(store: &Store, id: &str, o: &Outcome) -> Result<(), StoreErr
         .bind(&o.execution_id)
         .bind(o.attempts)
         .bind(now)
+        .bind(lease_until_ms)
         .execute(pool)
-        .await?;
+        .await?
+        .rows_affected()
     });
-    Ok(())
+    Ok(written == 1)
 }
 
 /// Gives back invocation `id`, taken by [`take_work`] with a lease until
@@ -314,6 +330,18 @@ pub async fn get(store: &Store, team: &str, id: &str) -> Result<Option<Invocatio
     Ok(found)
 }
 
+/// An invocation [`take_work`] leased to this runner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Taken {
+    /// The row as taken: RUNNING.
+    pub invocation: Invocation,
+    /// Its lease: what [`finish`] and [`release`] are guarded by.
+    pub lease_until_ms: i64,
+}
+
+/// The index of `lease_until_ms` after [`COLUMNS`] in `take_work`'s rows.
+const LEASE: usize = 21;
+
 /// Most (team, tool) pairs [`take_work`] passes over in one statement:
 /// three parameters each, far below either backend's limit (SQLite
 /// 32,766, PostgreSQL 65,535).
@@ -332,7 +360,7 @@ pub async fn take_work(
     slack_ms: i64,
     limit: i64,
     busy: &[(String, String, String)],
-) -> Result<Vec<Invocation>, StoreError> {
+) -> Result<Vec<Taken>, StoreError> {
     let busy = &busy[..busy.len().min(MAX_BUSY)];
     let mut due = String::from(
         "(status = 'PENDING' OR (status = 'RUNNING' AND lease_until_ms < $1)) AND mode = 'ASYNC'",
@@ -351,13 +379,14 @@ pub async fn take_work(
         Store::Postgres(_) => format!(
             "UPDATE tool_invocations SET status = 'RUNNING', lease_until_ms = $1 + timeout_ms + $2, \
              updated_at_ms = $1 WHERE id IN (SELECT id FROM tool_invocations WHERE {due} \
-             ORDER BY created_at_ms LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING {COLUMNS}"
+             ORDER BY created_at_ms LIMIT $3 FOR UPDATE SKIP LOCKED) \
+             RETURNING {COLUMNS}, lease_until_ms"
         ),
         // One process per SQLite file: the statement alone decides.
         Store::Sqlite(_) => format!(
             "UPDATE tool_invocations SET status = 'RUNNING', lease_until_ms = $1 + timeout_ms + $2, \
              updated_at_ms = $1 WHERE id IN (SELECT id FROM tool_invocations WHERE {due} \
-             ORDER BY created_at_ms LIMIT $3) RETURNING {COLUMNS}"
+             ORDER BY created_at_ms LIMIT $3) RETURNING {COLUMNS}, lease_until_ms"
         ),
     };
     let taken = on_store!(store, |pool| {
@@ -370,7 +399,12 @@ pub async fn take_work(
         }
         let rows = query.fetch_all(pool).await?;
         rows.iter()
-            .map(decode)
+            .map(|row| {
+                Ok(Taken {
+                    invocation: decode(row)?,
+                    lease_until_ms: row.try_get(LEASE)?,
+                })
+            })
             .collect::<Result<Vec<_>, sqlx::Error>>()?
     });
     Ok(taken)

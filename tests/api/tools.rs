@@ -6,6 +6,7 @@ mod audit;
 pub mod counterparts;
 mod durable;
 mod gateway;
+mod leases;
 mod limits;
 mod mcp;
 pub mod webhook;

@@ -277,6 +277,8 @@ impl Call {
         // a check, decides who runs it.
         let needs_row = matches!(tool.kind, Kind::Http(_)) || req.mode == Mode::Async;
         let mut stored = None;
+        // A SYNC row's lease: `finish` is guarded by it.
+        let mut lease = None;
         if needs_row {
             let (key, window_start) = self.idempotency(&tool, &req, &principal.name, now_ms);
             let inv = Invocation::new(
@@ -293,7 +295,7 @@ impl Call {
                 tool.timeout,
             );
             let slack = self.pipeline.config().tool_worker.lease_slack;
-            let lease = (req.mode == Mode::Sync).then(|| {
+            lease = (req.mode == Mode::Sync).then(|| {
                 now_ms + i64::try_from((tool.timeout + slack).as_millis()).unwrap_or(i64::MAX)
             });
             let claimed = invocations::claim(self.pipeline.store(), &inv, lease)
@@ -366,7 +368,10 @@ impl Call {
                 execution_id: execution_id.clone(),
                 attempts: i64::from(attempts),
             };
-            invocations::finish(self.pipeline.store(), &inv.id, &outcome)
+            // A SYNC row has one runner, this one; the only other writer
+            // is the sweeper's INTERRUPTED, which `finish` replaces.
+            let lease = lease.unwrap_or(i64::MAX);
+            invocations::finish(self.pipeline.store(), &inv.id, lease, &outcome)
                 .await
                 .map_err(|e| CallError::Storage(e.to_string()))?;
         }
