@@ -15,6 +15,9 @@ pub async fn serve(
     if let Some(endpoint) = telemetry::otel::endpoint(&config.telemetry) {
         tracing::info!(%endpoint, "exporting traces over OTLP");
     }
+    for note in &config.notes {
+        tracing::warn!(%note, "config");
+    }
     let addr = listen.unwrap_or(config.server.listen);
     let served = match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => crate::serve(listener, config, shutdown_signal()).await,

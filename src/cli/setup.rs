@@ -45,6 +45,12 @@ pub fn check_config(config: &Config) -> String {
         let _ = writeln!(out, "  {name:<16} {}", chain.join(" -> "));
     }
     let _ = writeln!(out, "\ndatabase: {}", redact_url(&config.database.url));
+    if !config.notes.is_empty() {
+        out.push_str("\nnotes:\n");
+        for note in &config.notes {
+            let _ = writeln!(out, "  {note}");
+        }
+    }
     out
 }
 

@@ -37,6 +37,7 @@ const SECTIONS: &[&str] = &[
     "mcp_servers",
     "mcp_endpoint",
     "tool_worker",
+    "tool_limits",
     "agents",
 ];
 
@@ -176,6 +177,7 @@ impl Config {
                 }
             }
         }
+        super::tools::ToolLimitsConfig::cap(&mut config);
         problems.extend(validate::check(&config));
         if problems.is_empty() {
             return Ok(config);

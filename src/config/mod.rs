@@ -136,6 +136,13 @@ pub struct Config {
     /// The runner of ASYNC tool invocations.
     #[serde(default)]
     pub tool_worker: ToolWorkerConfig,
+    /// Bounds every tool shares.
+    #[serde(default)]
+    pub tool_limits: tools::ToolLimitsConfig,
+    /// What loading changed and an operator should know (a timeout
+    /// capped): logged as warnings at start, shown by `check-config`.
+    #[serde(skip)]
+    pub notes: Vec<String>,
     /// Conversation agents by name.
     #[serde(default)]
     pub agents: BTreeMap<String, agents::AgentConfig>,

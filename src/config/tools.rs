@@ -13,8 +13,64 @@ pub fn name_and_version(key: &str, version: Option<&str>) -> (String, Option<Str
     }
 }
 
-/// Longest timeout a tool may have (SPEC §9.1).
-pub const MAX_TOOL_TIMEOUT: Duration = Duration::from_secs(60);
+/// `tool_limits.max_timeout` unless configured (SPEC §9.1: 60 s).
+pub const DEFAULT_MAX_TOOL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `[tool_limits]`: bounds every tool shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolLimitsConfig {
+    /// Longest a tool invocation may take: a tool's `timeout`, an MCP
+    /// server's `timeout` and an agent's `tool_timeout` past it are capped
+    /// to it at load (with a note), not refused.
+    #[serde(with = "humantime_serde", default = "default_max_timeout")]
+    pub max_timeout: Duration,
+}
+
+impl Default for ToolLimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_timeout: DEFAULT_MAX_TOOL_TIMEOUT,
+        }
+    }
+}
+
+fn default_max_timeout() -> Duration {
+    DEFAULT_MAX_TOOL_TIMEOUT
+}
+
+impl ToolLimitsConfig {
+    /// Caps the timeouts of `config`'s tools, MCP servers and agents at
+    /// `max_timeout`, and says which in `config.notes`. Nothing is capped
+    /// while `max_timeout` itself is out of bounds (a load error).
+    pub fn cap(config: &mut super::Config) {
+        let max = config.tool_limits.max_timeout;
+        if max.is_zero() || max > super::validate::bounds::MAX_WAIT {
+            return;
+        }
+        let notes = &mut config.notes;
+        let mut cap = |key: String, timeout: &mut Duration| {
+            if *timeout > max {
+                let show = humantime_serde::re::humantime::format_duration;
+                notes.push(format!(
+                    "{key} = {} is over tool_limits.max_timeout: capped to {}",
+                    show(*timeout),
+                    show(max)
+                ));
+                *timeout = max;
+            }
+        };
+        for (key, t) in &mut config.tools {
+            cap(format!("tools.\"{key}\".timeout"), &mut t.timeout);
+        }
+        for (name, s) in &mut config.mcp_servers {
+            cap(format!("mcp_servers.{name}.timeout"), &mut s.timeout);
+        }
+        for (name, a) in &mut config.agents {
+            cap(format!("agents.{name}.tool_timeout"), &mut a.tool_timeout);
+        }
+    }
+}
 
 /// How a configured tool runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -51,7 +107,8 @@ pub struct ToolConfig {
     /// Acts on the caller's team's data: refused without a team.
     #[serde(default = "yes")]
     pub tenant_scoped: bool,
-    /// How long one invocation may take (at most 60 s).
+    /// How long one invocation may take (capped by
+    /// `tool_limits.max_timeout`, 60 s).
     #[serde(with = "humantime_serde", default = "default_timeout")]
     pub timeout: Duration,
     /// JSON Schema (draft 2020-12) of the input: a TOML table or a JSON
@@ -100,15 +157,15 @@ fn default_timeout() -> Duration {
     Duration::from_secs(30)
 }
 
-fn default_idempotency_window() -> Duration {
+pub(crate) fn default_idempotency_window() -> Duration {
     Duration::from_secs(300)
 }
 
-fn default_execution_header() -> String {
+pub(crate) fn default_execution_header() -> String {
     "x-n8n-execution-id".into()
 }
 
-fn any_object() -> serde_json::Value {
+pub(crate) fn any_object() -> serde_json::Value {
     serde_json::json!({"type": "object"})
 }
 
@@ -194,7 +251,8 @@ pub struct QuotaConfig {
     pub max_concurrent: Option<u32>,
 }
 
-/// `retry = { max_attempts, initial_backoff, max_backoff }` of a webhook.
+/// `retry = { max_attempts, initial_backoff, max_backoff, attempt_timeout }`
+/// of a webhook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ToolRetryConfig {
@@ -206,6 +264,11 @@ pub struct ToolRetryConfig {
     /// Largest backoff cap.
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
+    /// How long one POST may take before it is given up and retried;
+    /// unset, a POST may take the rest of the tool's timeout (a workflow
+    /// still working is not interrupted by a second POST).
+    #[serde(with = "humantime_serde")]
+    pub attempt_timeout: Option<Duration>,
 }
 
 impl Default for ToolRetryConfig {
@@ -214,6 +277,7 @@ impl Default for ToolRetryConfig {
             max_attempts: 3,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(30),
+            attempt_timeout: None,
         }
     }
 }
@@ -234,7 +298,7 @@ pub struct McpServerConfig {
     /// Tools are listed again this often (and on `tools/list_changed`).
     #[serde(with = "humantime_serde", default = "default_refresh")]
     pub refresh_interval: Duration,
-    /// Timeout of its tools' calls (each tool's own, at most 60 s).
+    /// Timeout of its tools' calls (capped by `tool_limits.max_timeout`).
     #[serde(with = "humantime_serde", default = "default_timeout")]
     pub timeout: Duration,
     /// Its tools write or send (a `viewer` may never call them).

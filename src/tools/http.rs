@@ -202,7 +202,22 @@ pub async fn call(
     let mut execution_id = None;
     loop {
         attempt += 1;
-        let sent = send(client, tool, &bytes, idempotency_key, trace_id, deadline).await;
+        // A POST that outlives `attempt_timeout` is given up and retried
+        // while the invocation's time allows.
+        let attempt_deadline = tool
+            .retry
+            .attempt_timeout
+            .and_then(|t| Instant::now().checked_add(t))
+            .map_or(deadline, |d| d.min(deadline));
+        let sent = send(
+            client,
+            tool,
+            &bytes,
+            idempotency_key,
+            trace_id,
+            attempt_deadline,
+        )
+        .await;
         let tried = match sent {
             Err(tried) => tried,
             Ok(response) => {
@@ -213,7 +228,7 @@ pub async fn call(
                 {
                     execution_id = Some(id.to_owned());
                 }
-                answered(response, execution_id.clone(), deadline, attempt).await
+                answered(response, execution_id.clone(), attempt_deadline, attempt).await
             }
         };
         let failed = |failure| Failed {
@@ -307,6 +322,7 @@ mod tests {
                 max_attempts: 4,
                 initial_backoff: Duration::from_secs(1),
                 max_backoff: Duration::from_secs(3),
+                attempt_timeout: None,
             },
             idempotency_window: Duration::from_secs(300),
             execution_id_header: "x-n8n-execution-id".into(),

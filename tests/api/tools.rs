@@ -9,6 +9,7 @@ mod gateway;
 mod leases;
 mod limits;
 mod mcp;
+mod retries;
 pub mod webhook;
 mod workflows;
 

@@ -5,7 +5,7 @@
 use super::bounds::{MAX_WAIT, at_most};
 use crate::config::{
     Config, McpServerConfig, ToolKind,
-    tools::{CostConfig, CostUnit, MAX_TOOL_TIMEOUT, name_and_version},
+    tools::{CostConfig, CostUnit, name_and_version},
 };
 use std::time::Duration;
 
@@ -69,13 +69,60 @@ fn cost_problems(
     }
 }
 
-fn timeout_problem(timeout: Duration) -> Option<&'static str> {
+/// A timeout past `tool_limits.max_timeout` was capped at load; one left
+/// past an hour means the cap itself was refused.
+fn timeout_problem(timeout: Duration) -> Option<String> {
     if timeout.is_zero() {
-        Some("must be greater than zero")
-    } else if timeout > MAX_TOOL_TIMEOUT {
-        Some("must be at most 60s")
+        Some("must be greater than zero".into())
+    } else if timeout > MAX_WAIT {
+        Some(at_most(MAX_WAIT))
     } else {
         None
+    }
+}
+
+/// Keys a built-in's section may not set: its code decides them (or they
+/// are a webhook's), and a key accepted but ignored would mislead.
+fn builtin_problems(
+    t: &crate::config::ToolConfig,
+    version: Option<&str>,
+    at: &dyn Fn(&str) -> String,
+    bad: &mut dyn FnMut(String, &str),
+) {
+    let ours = "a built-in's own: it cannot be configured";
+    // Not semver at all is refused as such, once.
+    if version.is_some_and(|v| semver::Version::parse(v).is_ok() && v != "1.0.0") {
+        bad(at("version"), "the built-ins are version 1.0.0");
+    }
+    if t.side_effects {
+        bad(at("side_effects"), ours);
+    }
+    if t.input_schema != any_object() {
+        bad(at("input_schema"), ours);
+    }
+    if t.output_schema.is_some() {
+        bad(at("output_schema"), ours);
+    }
+    use crate::config::tools::{
+        ToolRetryConfig, any_object, default_execution_header, default_idempotency_window,
+    };
+    for (key, set) in [
+        ("url", t.url.is_some()),
+        ("auth_header", t.auth_header.is_some()),
+        ("auth_env", t.auth_env.is_some()),
+        ("retry", t.retry != ToolRetryConfig::default()),
+        (
+            "idempotency_window",
+            t.idempotency_window != default_idempotency_window(),
+        ),
+        (
+            "execution_id_header",
+            t.execution_id_header != default_execution_header(),
+        ),
+    ] {
+        if set {
+            bad(at(key), "only for kind http");
+        }
     }
 }
 
@@ -100,7 +147,7 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
             bad(at("version"), "must be a semantic version (1.2.0)");
         }
         if let Some(problem) = timeout_problem(t.timeout) {
-            bad(at("timeout"), problem);
+            bad(at("timeout"), &problem);
         }
         if let Some(problem) = schema_problem(&t.input_schema) {
             bad(at("input_schema"), &problem);
@@ -130,6 +177,7 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                         ),
                     );
                 }
+                builtin_problems(t, version.as_deref(), &at, bad);
             }
             ToolKind::Http => {
                 match &t.url {
@@ -164,6 +212,9 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                 if t.retry.max_backoff > MAX_WAIT {
                     bad(at("retry.max_backoff"), &at_most(MAX_WAIT));
                 }
+                if let Some(problem) = t.retry.attempt_timeout.and_then(timeout_problem) {
+                    bad(at("retry.attempt_timeout"), &problem);
+                }
                 if t.idempotency_window.is_zero() {
                     bad(at("idempotency_window"), "must be greater than zero");
                 }
@@ -172,6 +223,13 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
     for (name, s) in &config.mcp_servers {
         server(name, s, bad);
+    }
+    let max = config.tool_limits.max_timeout;
+    if max.is_zero() || max > MAX_WAIT {
+        bad(
+            "tool_limits.max_timeout".into(),
+            &format!("must be greater than zero and {}", at_most(MAX_WAIT)),
+        );
     }
     if let Some(e) = &config.mcp_endpoint
         && !e.path.starts_with('/')
@@ -206,7 +264,7 @@ fn server(name: &str, s: &McpServerConfig, bad: &mut dyn FnMut(String, &str)) {
         _ => {}
     }
     if let Some(problem) = timeout_problem(s.timeout) {
-        bad(at("timeout"), problem);
+        bad(at("timeout"), &problem);
     }
     if s.refresh_interval.is_zero() {
         bad(at("refresh_interval"), "must be greater than zero");
@@ -217,6 +275,7 @@ fn server(name: &str, s: &McpServerConfig, bad: &mut dyn FnMut(String, &str)) {
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
+    use std::time::Duration;
 
     fn paths(toml: &str) -> Vec<String> {
         Config::from_toml_str(toml, |_| Some("x".into()))
@@ -244,11 +303,50 @@ quota = { max_per_hour = 1000, max_concurrent = 10 }
         assert_eq!(paths(&broken), [r#"tools."crm.add_note".input_schema"#]);
         // As a JSON string too.
         let as_json = r#"
-[tools."system.echo"]
-kind = "builtin"
+[tools."crm.echo"]
+kind = "http"
+url = "https://n8n.example.com/hook"
 input_schema = '{"type": "object", "properties": {"text": {"minLength": -1}}}'
 "#;
-        assert_eq!(paths(as_json), [r#"tools."system.echo".input_schema"#]);
+        assert_eq!(paths(as_json), [r#"tools."crm.echo".input_schema"#]);
+    }
+
+    #[test]
+    fn a_builtins_section_sets_only_what_applies_to_it() {
+        let ok = r#"
+[tools."system.echo"]
+kind = "builtin"
+enabled = false
+timeout = "2s"
+capability = "tool:echo"
+description = "Echo."
+cost = { fixed_usd = 0.001 }
+quota = { max_per_hour = 10 }
+"#;
+        assert!(paths(ok).is_empty(), "{:?}", paths(ok));
+        let ignored = r#"
+[tools."system.echo@2.0.0"]
+kind = "builtin"
+side_effects = true
+input_schema = { type = "object", required = ["x"] }
+output_schema = { type = "object" }
+url = "https://example.com"
+retry = { max_attempts = 1 }
+idempotency_window = "1m"
+"#;
+        let at = |k: &str| format!(r#"tools."system.echo@2.0.0".{k}"#);
+        assert_eq!(
+            paths(ignored),
+            [
+                at("version"),
+                at("side_effects"),
+                at("input_schema"),
+                at("output_schema"),
+                at("url"),
+                at("retry"),
+                at("idempotency_window"),
+            ]
+        );
     }
 
     #[test]
@@ -256,7 +354,7 @@ input_schema = '{"type": "object", "properties": {"text": {"minLength": -1}}}'
         let toml = r#"
 [tools."a b"]
 kind = "http"
-timeout = "90s"
+timeout = "0s"
 cost = { per_unit = { unit = "token", usd = 0.1 } }
 [tools."x@nope"]
 kind = "builtin"
@@ -277,6 +375,41 @@ capabilities = ["*"]
                 "auth.roles.superuser",
             ]
         );
+    }
+
+    #[test]
+    fn timeouts_past_max_timeout_are_capped_with_a_note() {
+        let toml = r#"
+[tools."crm.slow"]
+kind = "http"
+url = "https://n8n.example.com/hook"
+timeout = "90s"
+[tools."crm.quick"]
+kind = "http"
+url = "https://n8n.example.com/hook"
+timeout = "5s"
+"#;
+        let load =
+            |toml: &str| Config::from_toml_str(toml, |_| None).unwrap_or_else(|e| panic!("{e}"));
+        let config = load(toml);
+        assert_eq!(config.tools["crm.slow"].timeout, Duration::from_secs(60));
+        assert_eq!(config.tools["crm.quick"].timeout, Duration::from_secs(5));
+        assert_eq!(
+            config.notes,
+            [r#"tools."crm.slow".timeout = 1m 30s is over tool_limits.max_timeout: capped to 1m"#]
+        );
+        // A cap of one's own.
+        let lower = load(&format!("[tool_limits]\nmax_timeout = \"2s\"\n{toml}"));
+        assert_eq!(lower.tools["crm.slow"].timeout, Duration::from_secs(2));
+        assert_eq!(lower.tools["crm.quick"].timeout, Duration::from_secs(2));
+        assert_eq!(lower.notes.len(), 2);
+        // The cap itself is bounded, and then nothing is capped by it.
+        for cap in ["0s", "2h"] {
+            assert_eq!(
+                paths(&format!("[tool_limits]\nmax_timeout = \"{cap}\"\n{toml}")),
+                ["tool_limits.max_timeout"]
+            );
+        }
     }
 
     #[test]
