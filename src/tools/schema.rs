@@ -40,14 +40,22 @@ fn wanted(kind: &ValidationErrorKind) -> String {
 }
 
 /// Every violation of `value` against `validator`: `(JSON pointer,
-/// description)`, the pointer `/` for the whole input.
+/// description)`. The pointer is RFC 6901's: `""` for the whole input, and
+/// for a missing required property the pointer it should be at, so the
+/// caller sees which field to add.
 pub fn violations(validator: &Validator, value: &Value) -> Vec<(String, String)> {
     validator
         .iter_errors(value)
         .take(MAX_VIOLATIONS)
         .map(|e| {
-            let at = e.instance_path().to_string();
-            let at = if at.is_empty() { "/".to_owned() } else { at };
+            let mut at = e.instance_path().to_string();
+            if let ValidationErrorKind::Required { property } = e.kind() {
+                let name = property
+                    .as_str()
+                    .map_or_else(|| property.to_string(), str::to_owned);
+                at.push('/');
+                at.push_str(&name.replace('~', "~0").replace('/', "~1"));
+            }
             (at, wanted(e.kind()))
         })
         .collect()
@@ -60,17 +68,22 @@ mod tests {
 
     #[test]
     fn violations_name_pointers_and_rules_never_values() {
-        let schema = json!({"type": "object", "required": ["lead_id", "note"],
-            "properties": {"lead_id": {"type": "string"},
+        let schema = json!({"type": "object", "required": ["lead_id", "note", "a/b~c"],
+            "additionalProperties": false,
+            "properties": {"lead_id": {"type": "string"}, "a/b~c": {},
                            "note": {"type": "string", "maxLength": 5},
                            "tags": {"type": "array", "items": {"type": "string"}}}});
         let v = jsonschema::draft202012::new(&schema).unwrap();
         let found = violations(
             &v,
-            &json!({"note": "CANARY-SECRET-VALUE", "tags": ["ok", 7]}),
+            &json!({"note": "CANARY-SECRET-VALUE", "tags": ["ok", 7], "extra": 1}),
         );
         let pointers: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
-        assert!(pointers.contains(&"/"), "{found:?}");
+        // The missing properties where they belong; the object itself
+        // (an extra property) as the root, `""`.
+        assert!(pointers.contains(&"/lead_id"), "{found:?}");
+        assert!(pointers.contains(&"/a~1b~0c"), "{found:?}");
+        assert!(pointers.contains(&""), "{found:?}");
         assert!(pointers.contains(&"/note"), "{found:?}");
         assert!(pointers.contains(&"/tags/1"), "{found:?}");
         let text = format!("{found:?}");

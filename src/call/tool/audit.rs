@@ -42,14 +42,22 @@ impl Call {
     /// Audits (durably) and counts a refusal of a call of `subject` with
     /// `input` for `reason`: the entry point's own, or an agent turn's
     /// before its call could reach the entry point (arguments that are
-    /// not a JSON object, a call past `max_tool_calls`).
+    /// not a JSON object, a call past `max_tool_calls`). The subject is
+    /// the tool's `name@version` when the registry knows it, as every
+    /// other event of the tool names it; else as the caller wrote it.
     pub(crate) async fn audit_denial(&self, subject: &str, input: &Value, reason: &'static str) {
         metrics::tool_denial(reason);
+        let subject = self
+            .pipeline
+            .toolbox()
+            .registry
+            .lookup(subject)
+            .map_or_else(|_| subject.to_owned(), |tool| tool.id());
         let event = denial(
             &self.ctx.team_id,
             &self.ctx.principal,
             &self.ctx.trace_id,
-            subject,
+            &subject,
             input,
             reason,
         );

@@ -144,7 +144,10 @@ async fn malformed_and_failing_tool_calls_are_results_the_model_reads() {
         .filter(|e| e.trace_id == "edge-fail" && e.action == "tool.denied")
         .map(|e| (e.subject, e.reason))
         .collect();
-    assert_eq!(denied, [("system.echo".into(), "ARGUMENTS_INVALID".into())]);
+    assert_eq!(
+        denied,
+        [("system.echo@1.0.0".into(), "ARGUMENTS_INVALID".into())]
+    );
 }
 
 #[tokio::test]

@@ -339,7 +339,10 @@ async fn max_tool_calls_refuses_the_calls_past_it_and_ends_the_turn() {
         .filter(|e| e.trace_id == "agent-tools-cap" && e.action == "tool.denied")
         .map(|e| (e.subject, e.reason))
         .collect();
-    assert_eq!(denied, [("system.echo".into(), "MAX_TOOL_CALLS".into())]);
+    assert_eq!(
+        denied,
+        [("system.echo@1.0.0".into(), "MAX_TOOL_CALLS".into())]
+    );
 }
 
 #[tokio::test]

@@ -224,7 +224,7 @@ async fn every_denial_has_its_code_reason_details_and_audit_event() {
         .expect("BadRequest")
         .field_violations;
     let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
-    assert_eq!(fields, ["/", "/note"], "{violations:?}");
+    assert_eq!(fields, ["/lead_id", "/note"], "{violations:?}");
     assert!(
         violations[0].description.contains("lead_id"),
         "{violations:?}"
