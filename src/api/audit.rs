@@ -107,7 +107,7 @@ impl AuditService for AuditApi {
             n => n.min(MAX_PAGE),
         };
         let trace = (!req.trace_id.is_empty()).then_some(req.trace_id.clone());
-        let events = store::list(
+        let mut events = store::list(
             &self.store,
             &store::Filter {
                 team_id: req.team_id.clone(),
@@ -115,12 +115,16 @@ impl AuditService for AuditApi {
                 until_ms,
                 trace_id: trace,
                 after_seq,
-                limit: i64::from(size),
+                // One more than the page: whether another page follows,
+                // so the last page carries no token.
+                limit: i64::from(size) + 1,
             },
         )
         .await
         .map_err(|e| fail(Failure::Storage(e.to_string())))?;
-        let next_page_token = if events.len() == size as usize {
+        let page = usize::try_from(size).unwrap_or(usize::MAX);
+        let next_page_token = if events.len() > page {
+            events.truncate(page);
             events.last().map(|l| l.seq.to_string()).unwrap_or_default()
         } else {
             String::new()

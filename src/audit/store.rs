@@ -240,12 +240,16 @@ pub async fn list(store: &Store, filter: &Filter) -> Result<Vec<Linked>, StoreEr
     Ok(rows)
 }
 
-/// Every team with a chain.
+/// Every team with a chain: a head or events. A team whose head row is
+/// gone but whose events are not is listed too, and its verification
+/// reports the missing head.
 pub async fn teams(store: &Store) -> Result<Vec<String>, StoreError> {
     let teams: Vec<String> = on_store!(store, |pool| {
-        sqlx::query_scalar("SELECT team_id FROM audit_heads ORDER BY team_id")
-            .fetch_all(pool)
-            .await?
+        sqlx::query_scalar(
+            "SELECT team_id FROM audit_heads UNION SELECT team_id FROM audit_events ORDER BY 1",
+        )
+        .fetch_all(pool)
+        .await?
     });
     Ok(teams)
 }
