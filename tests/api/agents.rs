@@ -6,6 +6,7 @@
 mod conversations;
 mod edges;
 mod golden;
+mod layers;
 mod upstream;
 
 use crate::{

@@ -10,7 +10,9 @@ mod gateway;
 mod leases;
 mod limits;
 mod mcp;
+mod mcp_counterpart;
 mod retries;
+mod versions;
 pub mod webhook;
 mod workflows;
 
