@@ -6,6 +6,33 @@ pub mod conversations;
 pub mod memory;
 pub mod prompt;
 
+use crate::config::agents::AgentConfig;
+
+/// Layer 1 as a turn sends it: the core prompt, and for an agent asking for
+/// memory suggestions the structured-answer instruction, which is the
+/// agent's own (above the quoted data, counted against the window).
+pub fn core_layer(agent: &AgentConfig) -> String {
+    if agent.memory_suggestions {
+        format!("{}\n\n{}", agent.core_prompt, memory::instruction())
+    } else {
+        agent.core_prompt.clone()
+    }
+}
+
+/// Tokens every turn of `agent` needs before any caller data: layers 1 and
+/// 2 (`system`, the governed prompt), counted with the primary model's
+/// tokenizer as a turn counts them, plus the layer budgets and
+/// `max_tokens`. Past `context_window` every turn is refused.
+pub fn fixed_need(agent: &AgentConfig, system: Option<&str>) -> u64 {
+    let model = agent.chain.first().map_or("", |t| t.model.as_str());
+    let core = core_layer(agent);
+    let text = match system {
+        Some(governed) => format!("{core}\n\n{governed}"),
+        None => core,
+    };
+    prompt::tokens(model, &text).saturating_add(agent.variable_tokens())
+}
+
 /// Why a turn ended (`completed.stop_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
@@ -72,6 +99,10 @@ pub enum AgentError {
 }
 
 impl AgentError {
+    /// The reason of [`AgentError::WindowExceeded`], also given when a
+    /// prompt version that would cause it is refused activation.
+    pub const PROMPT_EXCEEDS_WINDOW: &str = "PROMPT_EXCEEDS_WINDOW";
+
     /// The stable reason (`ErrorInfo.reason`).
     pub fn reason(&self) -> &'static str {
         match self {
@@ -79,7 +110,7 @@ impl AgentError {
             AgentError::ConversationNotFound(_) => "CONVERSATION_NOT_FOUND",
             AgentError::ConversationBusy(_) => "CONVERSATION_BUSY",
             AgentError::AgentMismatch { .. } => "CONVERSATION_AGENT_MISMATCH",
-            AgentError::WindowExceeded { .. } => "PROMPT_EXCEEDS_WINDOW",
+            AgentError::WindowExceeded { .. } => Self::PROMPT_EXCEEDS_WINDOW,
             AgentError::Prompt(p) => p.reason(),
         }
     }

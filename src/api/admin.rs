@@ -64,6 +64,7 @@ fn failure(e: PromptError) -> Failure {
         PromptError::Template(t) => Failure::invalid("user_prompt_template", &t.to_string()),
         PromptError::Invalid { field, why } => Failure::invalid(field, &why),
         e @ PromptError::NoSuchVersion { .. } => Failure::NotFound(e.to_string()),
+        PromptError::ExceedsWindow(why) => Failure::PromptExceedsWindow(why),
         PromptError::Store(s) => Failure::Storage(s.to_string()),
     }
 }

@@ -106,6 +106,9 @@ pub(crate) enum Failure {
     ToolDenied(Denial),
     /// An agent turn could not start.
     Agent(AgentError),
+    /// A prompt version may not become active: an agent using its key
+    /// would have no room in its window.
+    PromptExceedsWindow(String),
     /// A tool invocation's estimate exceeds the request budget.
     ToolBudget {
         /// Estimated cost, micro-USD.
@@ -290,6 +293,12 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             )
         }
         Failure::NotFound(what) => (Code::NotFound, reason::NOT_FOUND, what),
+        // The turn's own refusal of the same state has the same reason.
+        Failure::PromptExceedsWindow(why) => (
+            Code::FailedPrecondition,
+            AgentError::PROMPT_EXCEEDS_WINDOW,
+            why,
+        ),
         Failure::Overloaded => {
             details.set_retry_info(Some(Duration::from_millis(200)));
             (

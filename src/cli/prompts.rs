@@ -71,12 +71,12 @@ pub async fn prompts(
     action: PromptsAction,
     actor: &str,
 ) -> anyhow::Result<String> {
-    use crate::prompts::store::{NewPrompt, PromptStore};
+    use crate::prompts::store::NewPrompt;
     let store = Store::connect(&config.database)
         .await
         .context("connecting to the database")?;
     store.migrate().await.context("migrating")?;
-    let prompts = PromptStore::new(store.clone());
+    let prompts = crate::server::prompt_store(store.clone(), config);
     let now = chrono::Utc::now().timestamp_millis();
     let out = match action {
         PromptsAction::List { team, key } => {

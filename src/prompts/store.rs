@@ -46,10 +46,19 @@ pub enum PromptError {
         /// Why.
         why: String,
     },
+    /// The version may not become active: as an agent's layer 2 it would
+    /// leave the agent no room in its window (SPEC §11.5).
+    #[error("{0}")]
+    ExceedsWindow(String),
     /// Storage failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+/// Checks a system prompt about to become the active one of a prompt key
+/// (`key`, `system`): `Err` says why it may not. Set by the composition
+/// root, which knows the agents using each key.
+pub type ActivationCheck = Arc<dyn Fn(&str, &str) -> Result<(), String> + Send + Sync>;
 
 /// How an owning team reads in messages.
 fn owner_label(team: &str) -> String {
@@ -174,6 +183,7 @@ type PromptCache = HashMap<(String, String), (Prompt, Instant)>;
 pub struct PromptStore {
     store: Store,
     cache: Arc<Mutex<PromptCache>>,
+    check: Option<ActivationCheck>,
 }
 
 impl PromptStore {
@@ -182,6 +192,20 @@ impl PromptStore {
         Self {
             store,
             cache: Arc::default(),
+            check: None,
+        }
+    }
+
+    /// The store, refusing to activate a version `check` refuses.
+    pub fn with_activation_check(mut self, check: ActivationCheck) -> Self {
+        self.check = Some(check);
+        self
+    }
+
+    fn may_activate(&self, key: &str, system: &str) -> Result<(), PromptError> {
+        match &self.check {
+            Some(check) => check(key, system).map_err(PromptError::ExceedsWindow),
+            None => Ok(()),
         }
     }
 
@@ -218,6 +242,9 @@ impl PromptStore {
     /// Adds the next version of (team, key); returns its number.
     pub async fn add(&self, new: NewPrompt, actor: &str, now_ms: i64) -> Result<u32, PromptError> {
         check(&new)?;
+        if new.activate {
+            self.may_activate(&new.key, &new.system)?;
+        }
         let postgres = matches!(self.store, Store::Postgres(_));
         let version = on_store!(&self.store, |pool| {
             let mut tx = match &self.store {
@@ -306,20 +333,21 @@ impl PromptStore {
                 Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
                 Store::Postgres(_) => pool.begin().await?,
             };
-            let exists: Option<i64> =
-                sqlx::query_scalar("SELECT version FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
+            let system: Option<String> =
+                sqlx::query_scalar("SELECT system_prompt FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
                     .bind(team)
                     .bind(key)
                     .bind(i64::from(version))
                     .fetch_optional(&mut *tx)
                     .await?;
-            if exists.is_none() {
+            let Some(system) = system else {
                 return Err(PromptError::NoSuchVersion {
                     team: team.to_owned(),
                     key: key.to_owned(),
                     version,
                 });
-            }
+            };
+            self.may_activate(key, &system)?;
             // Deactivate first: the unique index allows one active row at a time.
             sqlx::query(
                 "UPDATE ai_prompts SET is_active = 0 WHERE team_id = $1 AND prompt_key = $2",

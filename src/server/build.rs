@@ -10,7 +10,6 @@ use crate::{
     auth::{Authenticator, keys::KeyStore},
     call::{Pipeline, Services},
     config::Config,
-    prompts::store::PromptStore,
     providers::Providers,
     router::Router,
     store::Store,
@@ -56,7 +55,7 @@ impl App {
         }
         let providers = Providers::from_config(&config).context("building providers")?;
         let router = Router::new(config.clone(), providers);
-        let prompts = PromptStore::new(store.clone());
+        let prompts = super::prompt_store(store.clone(), &config);
         let (stop_writer, writer_stopped) = watch::channel(false);
         let (writer, writer_done) = ledger_writer(&store, &config, writer_stopped).await?;
         let meter = Meter::new(

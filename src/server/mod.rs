@@ -6,8 +6,10 @@
 
 mod background;
 mod build;
+mod prompts;
 mod run;
 
+pub use prompts::prompt_store;
 pub use run::reflected_descriptor_sets;
 
 use crate::{

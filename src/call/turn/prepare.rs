@@ -11,7 +11,6 @@ use crate::{
     agent::{
         AgentError,
         conversations::{self, Acquired, Conversation},
-        memory,
         prompt::{self, Assembled, Budgets, Layers, Preferences, Retrieved},
     },
     auth::Principal,
@@ -222,11 +221,7 @@ impl Pipeline {
         // use): off the runtime's threads.
         // The structured-answer instruction is the agent's own: with layer
         // 1, above the quoted data, and counted against the window.
-        let core = if agent.memory_suggestions {
-            format!("{}\n\n{}", agent.core_prompt, memory::instruction())
-        } else {
-            agent.core_prompt.clone()
-        };
+        let core = crate::agent::core_layer(agent);
         let governed_text = governed.as_ref().map(|p| p.system.clone());
         let (preferences, retrieved, message) = (
             req.preferences.clone(),

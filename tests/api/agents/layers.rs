@@ -299,37 +299,83 @@ async fn a_request_whose_layers_cannot_fit_is_refused_before_any_model_call() {
 }
 
 #[tokio::test]
-async fn a_governed_prompt_that_outgrows_the_window_refuses_the_turn() {
-    let openai = Upstream::start([Reply::sse(openai_text(&["Hello."]))]).await;
+async fn a_governed_prompt_that_outgrows_the_window_is_refused_activation_and_turns() {
+    let openai = Upstream::start([]).await;
     let app = spawn(&openai.url(), &openai.url(), EXTRA).await;
-
-    // No active version: the agent runs on its core alone.
-    let events = turn(
-        &app,
-        CALLER,
-        "layers-narrow-1",
-        converse("narrow", "Hi", None),
-    )
-    .await
-    .unwrap();
-    assert_eq!(completed(&events).meta.as_ref().unwrap().prompt_version, 0);
-    assert_eq!(chat(&openai.bodies()[0])[0].1, "You are narrow.");
-
+    let admin = || PromptAdminClient::new(app.channel.clone());
+    let window_refusal = |e: &tonic::Status| {
+        assert_eq!(
+            (e.code(), reason(e).as_str()),
+            (Code::FailedPrecondition, "PROMPT_EXCEEDS_WINDOW"),
+            "{}",
+            e.message()
+        );
+        assert!(e.message().contains("agent `narrow`"), "{}", e.message());
+    };
     // Core and governed prompt: 497 bytes, 166 tokens; with the budgets
     // and max_tokens (300) that is past the window of 400. Layer 2 is
-    // never cut, so the turn is refused.
-    govern(
-        &app,
-        "t1",
-        "narrow_system",
-        &"Follow the house rules. ".repeat(20),
-        true,
-    )
-    .await;
+    // never cut, so such a version never becomes active.
+    let big = "Follow the house rules. ".repeat(20);
+    let created = admin()
+        .create_prompt_version(with_key(
+            ADMIN,
+            "layers-govern",
+            pb::CreatePromptVersionRequest {
+                team_id: "t1".into(),
+                prompt_key: "narrow_system".into(),
+                system_prompt: big.clone(),
+                user_prompt_template: "{{message}}".into(),
+                activate: true,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    window_refusal(&created);
+    // Stored inactive, it is refused activation too.
+    govern(&app, "t1", "narrow_system", &big, false).await;
+    let activated = admin()
+        .activate_prompt_version(with_key(
+            ADMIN,
+            "layers-activate",
+            pb::ActivatePromptVersionRequest {
+                team_id: "t1".into(),
+                prompt_key: "narrow_system".into(),
+                version: 1,
+            },
+        ))
+        .await
+        .unwrap_err();
+    window_refusal(&activated);
+    let listed = admin()
+        .list_prompts(with_key(
+            ADMIN,
+            "layers-list",
+            pb::ListPromptsRequest {
+                team_id: "t1".into(),
+                prompt_key: "narrow_system".into(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .prompts;
+    let versions: Vec<_> = listed.iter().map(|p| (p.version, p.is_active)).collect();
+    assert_eq!(versions, [(1, false)], "one version, never active");
+
+    // Activated all the same (under an earlier config with a wider
+    // window): each turn is refused before any model call.
+    let store = app.store().await;
+    ai_orchestrator::on_store!(&store, |pool| {
+        sqlx::query("UPDATE ai_prompts SET is_active = 1 WHERE prompt_key = 'narrow_system'")
+            .execute(pool)
+            .await
+            .unwrap();
+    });
     let refused = turn(
         &app,
         CALLER,
-        "layers-narrow-2",
+        "layers-narrow",
         converse("narrow", "Hi", None),
     )
     .await
@@ -340,9 +386,5 @@ async fn a_governed_prompt_that_outgrows_the_window_refuses_the_turn() {
         "{}",
         refused.message()
     );
-    assert_eq!(
-        openai.bodies().len(),
-        1,
-        "no model call for the refused turn"
-    );
+    assert!(openai.bodies().is_empty(), "no model call");
 }
