@@ -223,13 +223,17 @@ async fn execute(
         Some((tool, slot)) => {
             let started = Instant::now();
             let key = matches!(tool.kind, Kind::Http(_)).then_some(inv.idempotency_key.as_str());
+            // Within the timeout its lease was sized by, should the tool's
+            // have grown since it was accepted: a run past its lease would
+            // be taken for dead and run again beside it.
+            let accepted = Duration::from_millis(u64::try_from(inv.timeout_ms).unwrap_or(u64::MAX));
             let (result, attempts, execution_id) = run(
                 pipeline,
                 &tool,
                 &inv.input,
                 key,
                 &inv.trace_id,
-                started + tool.timeout,
+                started + tool.timeout.min(accepted),
             )
             .await;
             // The tool is done with: the next of its (team, tool) may run.

@@ -30,9 +30,13 @@ fn free_addr() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
-fn write_config(dir: &Path, addr: SocketAddr, hook: &Webhook) -> std::path::PathBuf {
+/// The config of [`QUICK`], its tool's timeout `timeout`.
+fn write_config(dir: &Path, addr: SocketAddr, hook: &Webhook, timeout: &str) -> std::path::PathBuf {
+    let tool = QUICK
+        .replace("WEBHOOK", &hook.url())
+        .replace("timeout = \"2s\"", &format!("timeout = \"{timeout}\""));
     let url = format!("sqlite://{}", dir.join("tools.db").display());
-    let toml = super::toml(&url, &hook.url(), &QUICK.replace("WEBHOOK", &hook.url()))
+    let toml = super::toml(&url, &hook.url(), &tool)
         .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}\""));
     let path = dir.join("config.toml");
     std::fs::write(&path, toml).unwrap();
@@ -69,7 +73,7 @@ async fn an_async_invocation_in_flight_at_sigkill_runs_again_under_its_key() {
     hook.script([Answer::status(200).after(Duration::from_secs(60))]);
     let dir = tempfile::tempdir().unwrap();
     let addr = free_addr();
-    let config = write_config(dir.path(), addr, &hook);
+    let config = write_config(dir.path(), addr, &hook, "2s");
     let server = start(&config, addr).await;
     let mut client = pb::tool_service_client::ToolServiceClient::new(connect(addr).await);
     let mut req = invoke("crm.quick_note", json!({"lead_id": "L-9", "note": "n"}));
@@ -99,13 +103,53 @@ async fn an_async_invocation_in_flight_at_sigkill_runs_again_under_its_key() {
     kill(server).await;
 }
 
+/// The run after a restart keeps the timeout the invocation's lease was
+/// sized by, though the tool's grew meanwhile: a run past its lease would
+/// be taken for dead and run a third time beside it.
+#[tokio::test]
+async fn a_rerun_keeps_the_timeout_it_was_accepted_with() {
+    let hook = Webhook::start().await;
+    // Neither POST gets an answer in time.
+    hook.script([
+        Answer::status(200).after(Duration::from_secs(60)),
+        Answer::status(200).after(Duration::from_secs(60)),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let config = write_config(dir.path(), addr, &hook, "2s");
+    let server = start(&config, addr).await;
+    let mut client = pb::tool_service_client::ToolServiceClient::new(connect(addr).await);
+    let mut req = invoke("crm.quick_note", json!({"lead_id": "L-11", "note": "n"}));
+    req.mode = pb::InvocationMode::Async as i32;
+    let accepted = client
+        .invoke_tool(with_key(CALLER, "async-grown", req))
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap();
+    wait_for(|| async { hook.count() == 1 }).await;
+    kill(server).await;
+
+    // Restarted with a 60 s timeout: the re-run still ends at 2 s, well
+    // inside `wait_for`'s 10 s (at 60 s it would not).
+    let config = write_config(dir.path(), addr, &hook, "60s");
+    let server = start(&config, addr).await;
+    wait_for(|| async {
+        get(addr, &accepted.invocation_id).await.status() == pb::InvocationStatus::TimedOut
+    })
+    .await;
+    assert_eq!(hook.count(), 2, "run again once");
+    kill(server).await;
+}
+
 #[tokio::test]
 async fn a_sync_invocation_in_flight_at_sigkill_is_marked_failed() {
     let hook = Webhook::start().await;
     hook.script([Answer::status(200).after(Duration::from_secs(60))]);
     let dir = tempfile::tempdir().unwrap();
     let addr = free_addr();
-    let config = write_config(dir.path(), addr, &hook);
+    let config = write_config(dir.path(), addr, &hook, "2s");
     let server = start(&config, addr).await;
     let input = json!({"lead_id": "L-10", "note": "n"});
     let call = {
