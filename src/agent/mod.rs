@@ -22,15 +22,24 @@ pub fn core_layer(agent: &AgentConfig) -> String {
 /// Tokens every turn of `agent` needs before any caller data: layers 1 and
 /// 2 (`system`, the governed prompt), counted with the primary model's
 /// tokenizer as a turn counts them, plus the layer budgets and
-/// `max_tokens`. Past `context_window` every turn is refused.
+/// `max_tokens`. Past `context_window` every turn is refused. Counted with
+/// the free bound first, as a turn does (the tokenizer's tables take tens
+/// of MB): a need within the window may be an over-count, one past it is
+/// exact. CPU work on long prompts: call it off the runtime's threads.
 pub fn fixed_need(agent: &AgentConfig, system: Option<&str>) -> u64 {
+    use crate::domain::tokens::{Precision, count};
     let model = agent.chain.first().map_or("", |t| t.model.as_str());
     let core = core_layer(agent);
     let text = match system {
         Some(governed) => format!("{core}\n\n{governed}"),
         None => core,
     };
-    prompt::tokens(model, &text).saturating_add(agent.variable_tokens())
+    let variable = agent.variable_tokens();
+    let bound = count(model, &text, Precision::Bound).saturating_add(variable);
+    if bound <= u64::from(agent.context_window) {
+        return bound;
+    }
+    prompt::tokens(model, &text).saturating_add(variable)
 }
 
 /// Why a turn ended (`completed.stop_reason`).

@@ -104,9 +104,10 @@ pub struct ToolConfig {
     /// Capability a caller's role needs; default `tool:<name>`.
     #[serde(default)]
     pub capability: Option<String>,
-    /// Acts on the caller's team's data: refused without a team.
-    #[serde(default = "yes")]
-    pub tenant_scoped: bool,
+    /// Acts on the caller's team's data: refused without a team. Default
+    /// true; a built-in's is its own (setting it is a load error).
+    #[serde(default)]
+    pub tenant_scoped: Option<bool>,
     /// How long one invocation may take (capped by
     /// `tool_limits.max_timeout`, 60 s).
     #[serde(with = "humantime_serde", default = "default_timeout")]

@@ -202,10 +202,17 @@ impl PromptStore {
         self
     }
 
-    fn may_activate(&self, key: &str, system: &str) -> Result<(), PromptError> {
-        match &self.check {
-            Some(check) => check(key, system).map_err(PromptError::ExceedsWindow),
-            None => Ok(()),
+    /// Runs the activation check on a blocking thread (it may count
+    /// tokens of a long text), never inside a write transaction.
+    async fn may_activate(&self, key: &str, system: &str) -> Result<(), PromptError> {
+        let Some(check) = self.check.clone() else {
+            return Ok(());
+        };
+        let (key, system) = (key.to_owned(), system.to_owned());
+        match tokio::task::spawn_blocking(move || check(&key, &system)).await {
+            Ok(checked) => checked.map_err(PromptError::ExceedsWindow),
+            // A panic in the check is a bug: it unwinds as it would inline.
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
         }
     }
 
@@ -243,7 +250,7 @@ impl PromptStore {
     pub async fn add(&self, new: NewPrompt, actor: &str, now_ms: i64) -> Result<u32, PromptError> {
         check(&new)?;
         if new.activate {
-            self.may_activate(&new.key, &new.system)?;
+            self.may_activate(&new.key, &new.system).await?;
         }
         let postgres = matches!(self.store, Store::Postgres(_));
         let version = on_store!(&self.store, |pool| {
@@ -328,26 +335,36 @@ impl PromptStore {
         now_ms: i64,
     ) -> Result<(), PromptError> {
         let postgres = matches!(self.store, Store::Postgres(_));
+        let missing = || PromptError::NoSuchVersion {
+            team: team.to_owned(),
+            key: key.to_owned(),
+            version,
+        };
+        // A version's text never changes: checked before the write lock.
+        let system: Option<String> = on_store!(&self.store, |pool| {
+            sqlx::query_scalar("SELECT system_prompt FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
+                .bind(team)
+                .bind(key)
+                .bind(i64::from(version))
+                .fetch_optional(pool)
+                .await?
+        });
+        self.may_activate(key, &system.ok_or_else(missing)?).await?;
         on_store!(&self.store, |pool| {
             let mut tx = match &self.store {
                 Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
                 Store::Postgres(_) => pool.begin().await?,
             };
-            let system: Option<String> =
-                sqlx::query_scalar("SELECT system_prompt FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
+            let exists: Option<i64> =
+                sqlx::query_scalar("SELECT version FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
                     .bind(team)
                     .bind(key)
                     .bind(i64::from(version))
                     .fetch_optional(&mut *tx)
                     .await?;
-            let Some(system) = system else {
-                return Err(PromptError::NoSuchVersion {
-                    team: team.to_owned(),
-                    key: key.to_owned(),
-                    version,
-                });
-            };
-            self.may_activate(key, &system)?;
+            if exists.is_none() {
+                return Err(missing());
+            }
             // Deactivate first: the unique index allows one active row at a time.
             sqlx::query(
                 "UPDATE ai_prompts SET is_active = 0 WHERE team_id = $1 AND prompt_key = $2",

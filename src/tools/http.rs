@@ -37,8 +37,9 @@ pub struct Failed {
 }
 
 /// The longest `Retry-After` taken as given. A tool's timeout is at most
-/// 60 s, so a longer wait is past the deadline either way, and an absurd
-/// value must not overflow the clock.
+/// `tool_limits.max_timeout` (at most an hour), so a longer wait is past
+/// the deadline either way, and an absurd value must not overflow the
+/// clock.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// One POST's outcome.

@@ -270,7 +270,7 @@ fn configured_tool(key: &str, t: &ToolConfig) -> Result<Tool, String> {
         kind: Kind::Http(http),
         enabled: t.enabled,
         side_effects: t.side_effects,
-        tenant_scoped: t.tenant_scoped,
+        tenant_scoped: t.tenant_scoped.unwrap_or(true),
         timeout: t.timeout,
         input: compile(&t.input_schema)
             .map_err(|e| format!("tools.\"{key}\".input_schema: {e}"))?,

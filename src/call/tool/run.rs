@@ -73,7 +73,14 @@ pub(crate) fn judge(
                 None,
                 Some(Failure::new(
                     "OUTPUT_INVALID",
-                    format!("the output breaks the tool's output_schema at {}", v[0].0),
+                    format!(
+                        "the output breaks the tool's output_schema at {}",
+                        if v[0].0.is_empty() {
+                            "its root"
+                        } else {
+                            &v[0].0
+                        }
+                    ),
                 )),
             ),
             _ => (Status::Succeeded, Some(output), None),

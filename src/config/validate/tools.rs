@@ -34,7 +34,11 @@ fn schema_problem(schema: &serde_json::Value) -> Option<String> {
         Ok(_) => None,
         Err(e) => {
             let at = e.instance_path().to_string();
-            let at = if at.is_empty() { "/".to_owned() } else { at };
+            let at = if at.is_empty() {
+                "its root".to_owned()
+            } else {
+                at
+            };
             Some(format!(
                 "not a valid JSON Schema (draft 2020-12) at {at}: {}",
                 e.kind().keyword()
@@ -96,6 +100,9 @@ fn builtin_problems(
     }
     if t.side_effects {
         bad(at("side_effects"), ours);
+    }
+    if t.tenant_scoped.is_some() {
+        bad(at("tenant_scoped"), ours);
     }
     if t.input_schema != any_object() {
         bad(at("input_schema"), ours);
@@ -202,7 +209,8 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                 // The webhook's retry loop draws its pause as a share of the
                 // cap (`Duration::mul_f64`, which panics near 2^64 s) and
                 // doubles the cap; a zero cap retries without a pause. A
-                // tool's deadline is at most 60 s, so an hour is plenty.
+                // tool's deadline is at most `tool_limits.max_timeout` (at
+                // most an hour), so an hour is plenty.
                 if t.retry.initial_backoff.is_zero() {
                     bad(
                         at("retry.initial_backoff"),
@@ -228,7 +236,7 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if max.is_zero() || max > MAX_WAIT {
         bad(
             "tool_limits.max_timeout".into(),
-            &format!("must be greater than zero and {}", at_most(MAX_WAIT)),
+            &format!("must be more than 0 and {}", at_most(MAX_WAIT)),
         );
     }
     if let Some(e) = &config.mcp_endpoint
@@ -328,6 +336,7 @@ quota = { max_per_hour = 10 }
 [tools."system.echo@2.0.0"]
 kind = "builtin"
 side_effects = true
+tenant_scoped = false
 input_schema = { type = "object", required = ["x"] }
 output_schema = { type = "object" }
 url = "https://example.com"
@@ -340,6 +349,7 @@ idempotency_window = "1m"
             [
                 at("version"),
                 at("side_effects"),
+                at("tenant_scoped"),
                 at("input_schema"),
                 at("output_schema"),
                 at("url"),
