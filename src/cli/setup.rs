@@ -44,6 +44,7 @@ pub fn check_config(config: &Config) -> String {
             .collect();
         let _ = writeln!(out, "  {name:<16} {}", chain.join(" -> "));
     }
+    describe_tools_and_agents(config, &mut out);
     let _ = writeln!(out, "\ndatabase: {}", redact_url(&config.database.url));
     if !config.notes.is_empty() {
         out.push_str("\nnotes:\n");
@@ -52,6 +53,62 @@ pub fn check_config(config: &Config) -> String {
         }
     }
     out
+}
+
+/// The configured tools, MCP servers and agents, with the values the
+/// service runs with (a timeout after its cap). Webhook URLs are left out:
+/// their paths are often the webhook's only secret.
+fn describe_tools_and_agents(config: &Config, out: &mut String) {
+    use crate::config::tools::name_and_version;
+    if !config.tools.is_empty() {
+        out.push_str("\ntools:\n");
+        for (key, t) in &config.tools {
+            let (name, version) = name_and_version(key, t.version.as_deref());
+            let _ = writeln!(
+                out,
+                "  {:<28} kind={:<7} enabled={} side_effects={} timeout={:?}",
+                format!("{name}@{}", version.as_deref().unwrap_or("1.0.0")),
+                match t.kind {
+                    crate::config::ToolKind::Builtin => "builtin",
+                    crate::config::ToolKind::Http => "http",
+                },
+                t.enabled,
+                t.side_effects,
+                t.timeout,
+            );
+        }
+    }
+    if !config.mcp_servers.is_empty() {
+        out.push_str("\nmcp servers:\n");
+        for (name, s) in &config.mcp_servers {
+            let transport = if s.url.is_some() { "http" } else { "stdio" };
+            let _ = writeln!(
+                out,
+                "  {name:<16} transport={transport} timeout={:?} refresh={:?}",
+                s.timeout, s.refresh_interval
+            );
+        }
+    }
+    if let Some(e) = &config.mcp_endpoint {
+        let _ = writeln!(out, "\nmcp endpoint: http://{}{}", e.listen, e.path);
+    }
+    if !config.agents.is_empty() {
+        out.push_str("\nagents:\n");
+        for (name, a) in &config.agents {
+            let chain: Vec<String> = a
+                .chain
+                .iter()
+                .map(|c| format!("{}/{}", c.provider, c.model))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  {name:<16} {} tools=[{}] tool_timeout={:?}",
+                chain.join(" -> "),
+                a.tools.join(", "),
+                a.tool_timeout,
+            );
+        }
+    }
 }
 
 /// Hides the passwords in a database URL: the user info's (up to the last
@@ -104,4 +161,44 @@ pub async fn migrate(config: &Config) -> anyhow::Result<String> {
         store.backend(),
         tables.join(", ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_config;
+    use crate::config::Config;
+
+    #[test]
+    fn check_config_describes_tools_and_agents_and_says_what_it_capped() {
+        let toml = r#"
+[tools."crm.add_note@2.1.0"]
+kind = "http"
+url = "https://n8n.example.com/webhook/secret-path"
+side_effects = true
+timeout = "90s"
+
+[providers.mock]
+kind = "mock"
+
+[pricing.m]
+price = "unknown"
+
+[agents.sdr]
+chain = [{ provider = "mock", model = "m" }]
+core_prompt = "You help."
+tools = ["crm.*"]
+"#;
+        let config = Config::from_toml_str(toml, |_| None).unwrap_or_else(|e| panic!("{e}"));
+        let out = check_config(&config);
+        assert!(out.contains("crm.add_note@2.1.0"), "{out}");
+        assert!(out.contains("kind=http"), "{out}");
+        assert!(out.contains("timeout=60s"), "the capped value: {out}");
+        assert!(!out.contains("secret-path"), "no webhook URL: {out}");
+        assert!(out.contains("sdr"), "{out}");
+        assert!(out.contains("mock/m tools=[crm.*]"), "{out}");
+        assert!(
+            out.contains("notes:\n  tools.\"crm.add_note@2.1.0\".timeout = 1m 30s is over"),
+            "{out}"
+        );
+    }
 }
