@@ -19,6 +19,33 @@ pub struct TestPostgres {
     pub url: String,
 }
 
+/// Runs `check` on a migrated store over a fresh SQLite file, then over a
+/// fresh PostgreSQL database: what must hold on both backends.
+pub async fn on_both_databases<F, Fut>(check: F)
+where
+    F: Fn(ai_orchestrator::store::Store) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().unwrap();
+    let db = TestPostgres::create().await;
+    for url in [
+        format!("sqlite://{}", dir.path().join("both.db").display()),
+        db.url.clone(),
+    ] {
+        let store =
+            ai_orchestrator::store::Store::connect(&ai_orchestrator::config::DatabaseConfig {
+                url,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        check(store.clone()).await;
+        store.close().await;
+    }
+    db.drop_now().await;
+}
+
 impl TestPostgres {
     pub async fn create() -> Self {
         use sqlx::Connection;

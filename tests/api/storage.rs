@@ -46,19 +46,7 @@ async fn migrations_apply_on_a_fresh_postgres_database() {
 
 #[tokio::test]
 async fn one_active_prompt_version_is_enforced_by_both_databases() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = TestPostgres::create().await;
-    for url in [
-        format!("sqlite://{}", dir.path().join("p.db").display()),
-        db.url.clone(),
-    ] {
-        let store = Store::connect(&DatabaseConfig {
-            url,
-            ..DatabaseConfig::default()
-        })
-        .await
-        .unwrap();
-        store.migrate().await.unwrap();
+    crate::common::on_both_databases(|store| async move {
         let insert = "INSERT INTO ai_prompts (team_id, prompt_key, version, system_prompt, user_prompt_template, is_active, created_at_ms) \
                       VALUES ('t1', 'sms_classify', $1, 's', 'u', 1, 0)";
         let second = ai_orchestrator::on_store!(&store, |pool| {
@@ -74,9 +62,8 @@ async fn one_active_prompt_version_is_enforced_by_both_databases() {
             "{}: a second active version must be refused",
             store.backend()
         );
-        store.close().await;
-    }
-    db.drop_now().await;
+    })
+    .await;
 }
 
 fn invalid_paths(toml: &str) -> Vec<String> {

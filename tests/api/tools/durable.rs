@@ -66,6 +66,31 @@ async fn get(addr: SocketAddr, id: &str) -> pb::ToolInvocation {
     super::fetch_on(connect(addr).await, id).await
 }
 
+/// Starts the server on `config`, has it accept an ASYNC invocation for
+/// `lead` traced `trace`, and kills it (SIGKILL) once its run has POSTed.
+async fn accept_then_die(
+    config: &Path,
+    addr: SocketAddr,
+    hook: &Webhook,
+    lead: &str,
+    trace: &str,
+) -> pb::ToolInvocation {
+    let server = start(config, addr).await;
+    let mut client = pb::tool_service_client::ToolServiceClient::new(connect(addr).await);
+    let mut req = invoke("crm.quick_note", json!({"lead_id": lead, "note": "n"}));
+    req.mode = pb::InvocationMode::Async as i32;
+    let accepted = client
+        .invoke_tool(with_key(CALLER, trace, req))
+        .await
+        .unwrap()
+        .into_inner()
+        .invocation
+        .unwrap();
+    wait_for(|| async { hook.count() == 1 }).await;
+    kill(server).await;
+    accepted
+}
+
 #[tokio::test]
 async fn an_async_invocation_in_flight_at_sigkill_runs_again_under_its_key() {
     let hook = Webhook::start().await;
@@ -74,19 +99,7 @@ async fn an_async_invocation_in_flight_at_sigkill_runs_again_under_its_key() {
     let dir = tempfile::tempdir().unwrap();
     let addr = free_addr();
     let config = write_config(dir.path(), addr, &hook, "2s");
-    let server = start(&config, addr).await;
-    let mut client = pb::tool_service_client::ToolServiceClient::new(connect(addr).await);
-    let mut req = invoke("crm.quick_note", json!({"lead_id": "L-9", "note": "n"}));
-    req.mode = pb::InvocationMode::Async as i32;
-    let accepted = client
-        .invoke_tool(with_key(CALLER, "async-crash", req))
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
-    wait_for(|| async { hook.count() == 1 }).await;
-    kill(server).await;
+    let accepted = accept_then_die(&config, addr, &hook, "L-9", "async-crash").await;
 
     let server = start(&config, addr).await;
     wait_for(|| async {
@@ -117,19 +130,7 @@ async fn a_rerun_keeps_the_timeout_it_was_accepted_with() {
     let dir = tempfile::tempdir().unwrap();
     let addr = free_addr();
     let config = write_config(dir.path(), addr, &hook, "2s");
-    let server = start(&config, addr).await;
-    let mut client = pb::tool_service_client::ToolServiceClient::new(connect(addr).await);
-    let mut req = invoke("crm.quick_note", json!({"lead_id": "L-11", "note": "n"}));
-    req.mode = pb::InvocationMode::Async as i32;
-    let accepted = client
-        .invoke_tool(with_key(CALLER, "async-grown", req))
-        .await
-        .unwrap()
-        .into_inner()
-        .invocation
-        .unwrap();
-    wait_for(|| async { hook.count() == 1 }).await;
-    kill(server).await;
+    let accepted = accept_then_die(&config, addr, &hook, "L-11", "async-grown").await;
 
     // Restarted with a 60 s timeout: the re-run still ends at 2 s, well
     // inside `wait_for`'s 10 s (at 60 s it would not).

@@ -3,9 +3,8 @@
 //! again; a SYNC row the sweeper marked INTERRUPTED takes its runner's late
 //! end; the worker passes over busy tools in the same statement.
 
-use crate::common::TestPostgres;
+use crate::common::on_both_databases as on_both;
 use ai_orchestrator::{
-    config::DatabaseConfig,
     store::Store,
     tools::{
         Failure, Status,
@@ -14,31 +13,6 @@ use ai_orchestrator::{
 };
 use serde_json::json;
 use std::time::Duration;
-
-/// Runs `check` on a fresh SQLite file and a fresh PostgreSQL database.
-async fn on_both<F, Fut>(check: F)
-where
-    F: Fn(Store) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let dir = tempfile::tempdir().unwrap();
-    let db = TestPostgres::create().await;
-    for url in [
-        format!("sqlite://{}", dir.path().join("leases.db").display()),
-        db.url.clone(),
-    ] {
-        let store = Store::connect(&DatabaseConfig {
-            url,
-            ..DatabaseConfig::default()
-        })
-        .await
-        .unwrap();
-        store.migrate().await.unwrap();
-        check(store.clone()).await;
-        store.close().await;
-    }
-    db.drop_now().await;
-}
 
 /// A one-second invocation of `tool` with its own key.
 fn invocation(tool: &str, mode: Mode) -> Invocation {
