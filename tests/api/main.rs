@@ -10,6 +10,7 @@ mod crash;
 mod deadlines;
 mod errors;
 mod health;
+mod interop;
 mod metering;
 mod observability;
 mod routing;

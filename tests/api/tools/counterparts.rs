@@ -1,8 +1,10 @@
 //! Reference implementations nobody here wrote: the official
 //! `@modelcontextprotocol/server-everything` (npm), the official Python MCP
-//! SDK (`mcp` on PyPI) and the `hypercorn` HTTP/2 server (PyPI, for the
-//! provider connection tests), installed under `target/test-deps` from the
-//! package registries on first use (`.ci/run` installs them up front).
+//! SDK (`mcp` on PyPI), the `hypercorn` HTTP/2 server (PyPI, for the
+//! provider connection tests) and Python's official gRPC client (`grpcio`
+//! and its tools, for the API interop test), installed under
+//! `target/test-deps` from the package registries on first use (`.ci/run`
+//! installs them up front).
 
 use std::{path::PathBuf, process::Command, sync::Mutex};
 
@@ -10,6 +12,14 @@ use std::{path::PathBuf, process::Command, sync::Mutex};
 pub const SERVER_EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
 pub const PYTHON_MCP: &str = "mcp==2.3.0";
 pub const PYTHON_HYPERCORN: &str = "hypercorn==0.17.3";
+// Python's gRPC client, its code generator (`grpc_tools.protoc`) and its
+// rich-status decoder, with the protobuf runtime and `google.rpc` types
+// they need: one release line (grpcio-tools 1.85.1 wants protobuf >= 7.35.1).
+pub const PYTHON_GRPCIO: &str = "grpcio==1.85.1";
+pub const PYTHON_GRPCIO_TOOLS: &str = "grpcio-tools==1.85.1";
+pub const PYTHON_GRPCIO_STATUS: &str = "grpcio-status==1.85.1";
+pub const PYTHON_PROTOBUF: &str = "protobuf==7.36.2";
+pub const PYTHON_COMMON_PROTOS: &str = "googleapis-common-protos==1.76.0";
 
 static INSTALL: Mutex<()> = Mutex::new(());
 
@@ -84,6 +94,36 @@ pub fn python_with_hypercorn() -> PathBuf {
         run(
             "pip install hypercorn",
             Command::new(&python).args(["-m", "pip", "install", "-q", PYTHON_HYPERCORN]),
+        );
+    }
+    python
+}
+
+/// A Python with `grpcio`, `grpcio-tools` and `grpcio-status` (the same
+/// venv, made when missing).
+pub fn python_with_grpc() -> PathBuf {
+    let python = python_with_mcp();
+    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let ready = Command::new(&python)
+        .args([
+            "-c",
+            "import grpc, grpc_tools.protoc, grpc_status.rpc_status",
+        ])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        run(
+            "pip install grpcio",
+            Command::new(&python)
+                .args(["-m", "pip", "install", "-q"])
+                .args([
+                    PYTHON_GRPCIO,
+                    PYTHON_GRPCIO_TOOLS,
+                    PYTHON_GRPCIO_STATUS,
+                    PYTHON_PROTOBUF,
+                    PYTHON_COMMON_PROTOS,
+                ]),
         );
     }
     python
