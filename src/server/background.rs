@@ -1,7 +1,7 @@
 //! The server's background work: the orphan sweeper, API key reloads, the
 //! database probe behind the health service.
 
-use super::{Health, SERVICE_NAME};
+use super::{Health, SERVICE_NAMES};
 use crate::{
     auth::{Authenticator, keys::KeyStore},
     config::Config,
@@ -97,10 +97,10 @@ pub(super) async fn refresh_keys_periodically(
 
 pub(super) async fn set_health(health: &Health, status: ServingStatus) {
     health.reporter.set_service_status("", status).await;
-    health
-        .reporter
-        .set_service_status(SERVICE_NAME, status)
-        .await;
+    // Every service shares the one database: they turn together.
+    for service in SERVICE_NAMES {
+        health.reporter.set_service_status(service, status).await;
+    }
     let _ = health.ready.send(status == ServingStatus::Serving);
 }
 

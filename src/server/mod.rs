@@ -25,6 +25,16 @@ use tonic_health::server::HealthReporter;
 /// Fully-qualified name of the main service, as reported by health checks.
 pub const SERVICE_NAME: &str = "ai.orchestrator.v1.Orchestrator";
 
+/// Every service this server answers, by fully-qualified name: each has a
+/// health status of its own, as the overall one (`""`).
+pub const SERVICE_NAMES: [&str; 5] = [
+    SERVICE_NAME,
+    crate::api::pb::tool_service_server::SERVICE_NAME,
+    crate::api::pb::agent_service_server::SERVICE_NAME,
+    crate::api::pb::audit_service_server::SERVICE_NAME,
+    crate::api::pb::prompt_admin_server::SERVICE_NAME,
+];
+
 /// Serves the orchestrator on `listener` until `shutdown` completes, then
 /// marks health NOT_SERVING, stops accepting, lets in-flight calls finish
 /// (up to `server.shutdown_grace`) and closes the database.

@@ -18,14 +18,26 @@ async fn status(app: &TestApp, service: &str) -> ServingStatus {
     ServingStatus::try_from(response.into_inner().status).expect("known status")
 }
 
+/// The services the server answers, each with a health status of its own.
+const EVERY_SERVICE: [&str; 5] = [
+    "ai.orchestrator.v1.Orchestrator",
+    "ai.orchestrator.v1.ToolService",
+    "ai.orchestrator.v1.AgentService",
+    "ai.orchestrator.v1.AuditService",
+    "ai.orchestrator.v1.PromptAdmin",
+];
+
 #[tokio::test]
 async fn health_is_serving_overall_and_per_service() {
     let app = TestApp::spawn().await;
     assert_eq!(status(&app, "").await, ServingStatus::Serving);
-    assert_eq!(
-        status(&app, "ai.orchestrator.v1.Orchestrator").await,
-        ServingStatus::Serving
-    );
+    for service in EVERY_SERVICE {
+        assert_eq!(
+            status(&app, service).await,
+            ServingStatus::Serving,
+            "{service}"
+        );
+    }
     app.stop().await;
 }
 
@@ -62,6 +74,13 @@ async fn health_is_not_serving_while_the_database_is_unreachable() {
     .expect("status changes within 10 s");
     assert!(flipped);
     assert_eq!(status(&app, "").await, ServingStatus::NotServing);
+    for service in EVERY_SERVICE {
+        assert_eq!(
+            status(&app, service).await,
+            ServingStatus::NotServing,
+            "{service}"
+        );
+    }
     app.stop().await;
 }
 
