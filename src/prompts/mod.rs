@@ -81,6 +81,8 @@ Answer with JSON only: {{\"intent\": ..., \"confidence\": ..., \"reason\": ...}}
                 "You write short, friendly SMS replies to sales leads on behalf of the team. \
 Plain text, no emoji, no links unless given, at most {{{{max_chars}}}} characters. If the lead asks \
 for a human, is angry, or the request needs a person, set escalate to true and give the reason. \
+If the lead asks to stop being contacted in any way, reply with an empty string and set escalate \
+to true with the reason \"opt-out\". \
 Answer with JSON only: {{\"reply\": ..., \"escalate\": ..., \"escalate_reason\": ...}}. {DATA_RULE}"
             ),
             "Goal: <goal>{{goal}}</goal>\nLead: <lead>{{lead}}</lead>\nConversation so far:\n<history>\n{{history}}\n</history>\n\nInbound message to answer:\n<message>\n{{message}}\n</message>",

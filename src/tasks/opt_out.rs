@@ -1,5 +1,8 @@
 //! Carrier opt-out keywords. A message that is nothing but one of these is an
 //! opt-out by law in the US (CTIA / FCC rules), so it never needs a model.
+//! And plain requests to stop being contacted ("please stop texting me"),
+//! which GenerateSms must never answer (SPEC §6.2) whatever a model makes
+//! of them.
 
 /// Keywords after normalisation (upper-case, letters and digits only), so
 /// "Stop.", "stop!!", "Opt-Out" and "STOP ALL" all match.
@@ -28,9 +31,90 @@ pub fn is_opt_out(message: &str) -> bool {
     KEYWORDS.contains(&normalized.as_str())
 }
 
+/// Requests to stop being contacted, as whole words after normalisation
+/// (lower-case, apostrophes dropped, any other non-alphanumeric run one
+/// space). Clear phrasings only: a negated one ("don't stop texting me")
+/// also matches, and errs on the safe side: a person decides.
+const STOP_REQUESTS: &[&str] = &[
+    "stop texting",
+    "stop text",
+    "stop txting",
+    "stop messaging",
+    "stop message",
+    "stop sending",
+    "stop contacting",
+    "stop calling",
+    "unsubscribe",
+    "remove me",
+    "take me off",
+    "opt me out",
+    "opt out",
+    "optout",
+    "do not text",
+    "dont text",
+    "do not message",
+    "dont message",
+    "do not contact",
+    "dont contact",
+    "no more texts",
+    "no more messages",
+    "lose my number",
+    "delete my number",
+    "leave me alone",
+];
+
+/// True when `message` is an opt-out keyword or asks, in words, to stop
+/// being contacted: the inbound GenerateSms never answers.
+pub fn asks_to_stop(message: &str) -> bool {
+    if is_opt_out(message) {
+        return true;
+    }
+    let mut words = String::with_capacity(message.len() + 2);
+    words.push(' ');
+    for c in message.chars().filter(|c| !matches!(c, '\'' | '’')) {
+        if c.is_alphanumeric() {
+            words.extend(c.to_lowercase());
+        } else if !words.ends_with(' ') {
+            words.push(' ');
+        }
+    }
+    if !words.ends_with(' ') {
+        words.push(' ');
+    }
+    STOP_REQUESTS
+        .iter()
+        .any(|phrase| words.contains(&format!(" {phrase} ")))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::is_opt_out;
+    use super::{asks_to_stop, is_opt_out};
+
+    #[test]
+    fn requests_to_stop_in_words() {
+        let cases = [
+            ("STOP", true),
+            ("Please stop texting me.", true),
+            ("pls STOP TEXTING ME!!!", true),
+            ("Don't text me again", true),
+            ("don’t contact me", true),
+            ("Unsubscribe me please", true),
+            ("Remove me from your list", true),
+            ("take me off this list", true),
+            ("opt-out", true),
+            ("I want to opt out", true),
+            ("Lose my number", true),
+            ("no more texts thanks", true),
+            ("Sure, text me tomorrow", false),
+            ("What does it cost?", false),
+            ("stopped by your store today", false),
+            ("I removed the app", false),
+            ("", false),
+        ];
+        for (message, expected) in cases {
+            assert_eq!(asks_to_stop(message), expected, "{message:?}");
+        }
+    }
 
     #[test]
     fn keyword_table() {

@@ -89,7 +89,9 @@ pub async fn generate(
         }
         n => n,
     };
-    if opt_out::is_opt_out(&input.inbound_message) {
+    // A keyword, or a plain request to stop: never answered, whatever a
+    // model would make of it (SPEC §6.2).
+    if opt_out::asks_to_stop(&input.inbound_message) {
         session.answered_by_rule(super::sms_classify::OPT_OUT_RULE_KEY);
         return Ok(escalation(
             "inbound message is an opt-out; no reply may be sent",

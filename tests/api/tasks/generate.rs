@@ -157,3 +157,48 @@ async fn typographic_characters_do_not_cost_segments() {
         app.stop().await;
     }
 }
+
+/// An opt-out is never answered (SPEC §6.2): a carrier keyword, or a plain
+/// request to stop, escalates without a model call. A sentence that only
+/// mentions stopping still gets a reply.
+#[tokio::test]
+async fn a_request_to_stop_is_never_answered_and_never_reaches_a_model() {
+    let upstream = MockServer::start().await;
+    let body = json!({"reply": "Glad you stopped by!", "escalate": false, "escalate_reason": ""});
+    Mock::given(method("POST"))
+        .respond_with(completion(&body.to_string()))
+        .mount(&upstream)
+        .await;
+    let (app, _url, _dir) = spawn(&upstream, "").await;
+    let generate = |message: &str| {
+        let mut client = app.client.clone();
+        let request = pb::GenerateSmsRequest {
+            context: crate::common::ctx(),
+            inbound_message: message.into(),
+            ..Default::default()
+        };
+        async move { client.generate_sms(request).await.unwrap().into_inner() }
+    };
+    for message in [
+        "STOP",
+        "Please stop texting me.",
+        "Don't contact me again",
+        "remove me from this list",
+    ] {
+        let r = generate(message).await;
+        assert!(r.escalate, "{message}: {r:?}");
+        assert!(r.response.is_empty(), "{message}: {r:?}");
+        assert!(r.escalate_reason.contains("opt-out"), "{message}: {r:?}");
+        assert_eq!(r.meta.unwrap().prompt_key, "opt_out_keyword", "{message}");
+    }
+    assert!(
+        upstream.received_requests().await.unwrap().is_empty(),
+        "no model call"
+    );
+
+    let r = generate("I stopped by your store today").await;
+    assert_eq!(r.response, "Glad you stopped by!");
+    assert!(!r.escalate);
+    assert_eq!(upstream.received_requests().await.unwrap().len(), 1);
+    app.stop().await;
+}
