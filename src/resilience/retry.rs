@@ -165,7 +165,13 @@ impl RetryPolicy {
         if !err.is_retryable() || attempt >= self.max_attempts {
             return move_on;
         }
-        let wait = self.backoff(attempt, err.retry_after(), jitter);
+        // A 429 without `Retry-After` still puts the provider in its
+        // default cooldown; a retry inside it would only be skipped.
+        let retry_after = err.retry_after().or_else(|| {
+            err.is_rate_limited()
+                .then_some(super::breaker::DEFAULT_COOLDOWN)
+        });
+        let wait = self.backoff(attempt, retry_after, jitter);
         if wait >= deadline.saturating_duration_since(now) {
             return move_on;
         }

@@ -276,6 +276,52 @@ async fn breaker_opens_after_five_failures_and_skips_without_calling() {
     app.stop().await;
 }
 
+/// A 429 without `Retry-After` cools the primary down for a second; a
+/// BACKGROUND call waits that out and retries it, rather than have the
+/// retry skipped and the fallback serve.
+#[tokio::test]
+async fn background_retries_a_429_without_retry_after_once_the_cooldown_ends() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(error(429))
+        .up_to_n_times(1)
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(classification())
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(classification())
+        .mount(&fallback)
+        .await;
+    let app = spawn(&primary, &fallback, "").await;
+    let meta = app
+        .client
+        .clone()
+        .classify_sms(classify(pb::Priority::Background))
+        .await
+        .unwrap()
+        .into_inner()
+        .meta
+        .unwrap();
+    let summary: Vec<(String, u32, String)> = meta
+        .attempts
+        .iter()
+        .map(|a| (a.provider.clone(), a.retry, a.error_code.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("primary".into(), 0, "RATE_LIMITED".into()),
+            ("primary".into(), 1, String::new()),
+        ]
+    );
+    assert!(!meta.degraded);
+    assert_eq!((calls(&primary).await, calls(&fallback).await), (2, 0));
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn rate_limited_provider_cools_down_until_retry_after() {
     let (primary, fallback) = (MockServer::start().await, MockServer::start().await);

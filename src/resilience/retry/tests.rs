@@ -108,6 +108,50 @@ fn backoff_is_never_shorter_than_retry_after() {
     assert_eq!(w, Duration::from_millis(500));
 }
 
+/// A 429 without `Retry-After` cools the provider down for
+/// `DEFAULT_COOLDOWN`: the retry waits that long at least, or it would be
+/// skipped as still cooling down. Other errors keep their full jitter.
+#[test]
+fn a_429_without_retry_after_waits_out_the_default_cooldown() {
+    use crate::resilience::breaker::DEFAULT_COOLDOWN;
+    for jitter in [0.0, 0.3] {
+        assert_eq!(
+            decide(
+                &status(429, None),
+                1,
+                Priority::Background,
+                true,
+                60 * SEC,
+                jitter
+            ),
+            Decision::RetryAfter(DEFAULT_COOLDOWN)
+        );
+        assert_eq!(
+            decide(
+                &server_error(),
+                1,
+                Priority::Background,
+                true,
+                60 * SEC,
+                jitter
+            ),
+            Decision::RetryAfter(SEC.mul_f64(jitter))
+        );
+    }
+    // INTERACTIVE with a fallback does not wait for it.
+    assert_eq!(
+        decide(
+            &status(429, None),
+            1,
+            Priority::Interactive,
+            true,
+            60 * SEC,
+            0.0
+        ),
+        Decision::NextTarget
+    );
+}
+
 #[test]
 fn no_retry_for_non_retryable_errors() {
     let errors = [
