@@ -50,11 +50,13 @@ impl Session for Call {
         let router = self.pipeline.router();
         let chain = router.chain(task)?;
         let request = self.request(task, prompt, format);
-        self.reserve(task, chain, &request).await?;
         let options = RouteOptions {
             priority: self.ctx.priority,
             primary_model: prompt.prompt.model.clone(),
         };
+        // Priced as called: a prompt's model override at the primary.
+        self.reserve(task, &options.chain_as_called(chain), &request)
+            .await?;
         let routed = router
             .run(chain, &request, self.ctx.deadline, &options, parse)
             .await;

@@ -58,13 +58,14 @@ impl Call {
             .chain(task)
             .map_err(|e| self.refused(TaskError::from(e)))?;
         let request = self.request(task, prompt, format);
-        self.reserve(task, chain, &request)
-            .await
-            .map_err(|e| self.refused(e))?;
         let options = RouteOptions {
             priority: self.ctx.priority,
             primary_model: prompt.prompt.model.clone(),
         };
+        // Priced as called: a prompt's model override at the primary.
+        self.reserve(task, &options.chain_as_called(chain), &request)
+            .await
+            .map_err(|e| self.refused(e))?;
         let events = router.stream(chain.to_vec(), request, self.ctx.deadline, &options);
         Ok(async_stream::stream! {
             futures::pin_mut!(events);

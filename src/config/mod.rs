@@ -457,4 +457,16 @@ impl Config {
             .clone()
             .or_else(|| p.kind.default_base_url().map(str::to_owned))
     }
+
+    /// Whether `[pricing]` prices `model` at `provider`: its
+    /// provider-qualified entry or its own (`price = "unknown"` counts, as
+    /// a price written down).
+    pub fn priced(&self, provider: &str, model: &str) -> bool {
+        is_priced(&self.pricing, provider, model)
+    }
+}
+
+/// Whether `pricing` prices `model` at `provider` (see [`Config::priced`]).
+pub fn is_priced(pricing: &BTreeMap<String, PriceConfig>, provider: &str, model: &str) -> bool {
+    pricing.contains_key(&format!("{provider}/{model}")) || pricing.contains_key(model)
 }

@@ -196,10 +196,7 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     if config.metering.enabled {
         for (name, t) in &config.tasks {
             for (i, target) in t.chain.iter().enumerate() {
-                let qualified = format!("{}/{}", target.provider, target.model);
-                if !config.pricing.contains_key(&qualified)
-                    && !config.pricing.contains_key(&target.model)
-                {
+                if !config.priced(&target.provider, &target.model) {
                     bad(
                         format!("tasks.{name}.chain[{i}].model"),
                         &format!(

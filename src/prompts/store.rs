@@ -60,6 +60,10 @@ pub enum PromptError {
 /// root, which knows the agents using each key.
 pub type ActivationCheck = Arc<dyn Fn(&str, &str) -> Result<(), String> + Send + Sync>;
 
+/// Checks a new version's model override for its prompt key (`key`,
+/// `model`): `Err` says why the model cannot be used.
+pub type ModelCheck = Arc<dyn Fn(&str, &str) -> Result<(), String> + Send + Sync>;
+
 /// How an owning team reads in messages.
 fn owner_label(team: &str) -> String {
     if team.is_empty() {
@@ -184,6 +188,7 @@ pub struct PromptStore {
     store: Store,
     cache: Arc<Mutex<PromptCache>>,
     check: Option<ActivationCheck>,
+    model_check: Option<ModelCheck>,
 }
 
 impl PromptStore {
@@ -193,7 +198,15 @@ impl PromptStore {
             store,
             cache: Arc::default(),
             check: None,
+            model_check: None,
         }
+    }
+
+    /// The store, refusing a new version whose model override `check`
+    /// refuses.
+    pub fn with_model_check(mut self, check: ModelCheck) -> Self {
+        self.model_check = Some(check);
+        self
     }
 
     /// The store, refusing to activate a version `check` refuses.
@@ -249,6 +262,12 @@ impl PromptStore {
     /// Adds the next version of (team, key); returns its number.
     pub async fn add(&self, new: NewPrompt, actor: &str, now_ms: i64) -> Result<u32, PromptError> {
         check(&new)?;
+        if let (Some(check), Some(model)) = (&self.model_check, &new.model) {
+            check(&new.key, model).map_err(|why| PromptError::Invalid {
+                field: "model",
+                why,
+            })?;
+        }
         if new.activate {
             self.may_activate(&new.key, &new.system).await?;
         }

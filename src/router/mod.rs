@@ -116,6 +116,28 @@ pub struct RouteOptions {
     pub primary_model: Option<String>,
 }
 
+impl RouteOptions {
+    /// `chain` as these options walk it: the primary's model overridden.
+    /// What a reservation must price, since it is what gets called.
+    pub fn chain_as_called<'a>(
+        &self,
+        chain: &'a [TargetConfig],
+    ) -> std::borrow::Cow<'a, [TargetConfig]> {
+        match (&self.primary_model, chain.split_first()) {
+            (Some(model), Some((primary, rest))) if *model != primary.model => {
+                let mut called = Vec::with_capacity(chain.len());
+                called.push(TargetConfig {
+                    model: model.clone(),
+                    ..primary.clone()
+                });
+                called.extend_from_slice(rest);
+                std::borrow::Cow::Owned(called)
+            }
+            _ => std::borrow::Cow::Borrowed(chain),
+        }
+    }
+}
+
 /// Walks task chains, guarded per provider by `resilience`.
 #[derive(Clone)]
 pub struct Router {

@@ -67,16 +67,14 @@ impl Router {
     /// upstream call.
     pub fn stream(
         &self,
-        mut chain: Vec<TargetConfig>,
+        chain: Vec<TargetConfig>,
         request: CompletionRequest,
         deadline: Instant,
         options: &RouteOptions,
     ) -> impl Stream<Item = RouteEvent> + Send + use<> {
         let router = self.clone();
         let priority = options.priority;
-        if let (Some(model), Some(primary)) = (&options.primary_model, chain.first_mut()) {
-            primary.model = model.clone();
-        }
+        let chain = options.chain_as_called(&chain).into_owned();
         async_stream::stream! {
             let mut attempts: Vec<AttemptRecord> = Vec::new();
             for (index, target) in chain.iter().enumerate() {

@@ -1,19 +1,45 @@
 //! The prompt store as the service and the CLI open it: refusing to
 //! activate a system prompt that would leave an agent using its key no room
-//! in its window (SPEC §11.5: layers 1–2 are never cut). A turn checks the
-//! same again, for versions activated under an earlier config.
+//! in its window (SPEC §11.5: layers 1–2 are never cut; a turn checks the
+//! same again, for versions activated under an earlier config), and, with
+//! metering on, a model override that has no price (SPEC §5: a call whose
+//! cost is unknown could never count against a cost cap).
 
 use crate::{
     agent,
-    config::Config,
-    prompts::store::{ActivationCheck, PromptStore},
+    config::{Config, is_priced},
+    prompts::store::{ActivationCheck, ModelCheck, PromptStore},
     store::Store,
 };
 use std::sync::Arc;
 
 /// The prompt store over `store`, guarded by `config`'s agents.
 pub fn prompt_store(store: Store, config: &Config) -> PromptStore {
-    PromptStore::new(store).with_activation_check(activation_check(config))
+    PromptStore::new(store)
+        .with_activation_check(activation_check(config))
+        .with_model_check(model_check(config))
+}
+
+/// A model override replaces the primary target's model of the task named
+/// by the prompt key; with metering on it must be priced there, as the
+/// chain's own models must be at load.
+fn model_check(config: &Config) -> ModelCheck {
+    let metered = config.metering.enabled;
+    // A task's primary provider, and whether it prices a model: all the
+    // check needs of the config.
+    let primaries: std::collections::BTreeMap<String, String> = config
+        .tasks
+        .iter()
+        .filter_map(|(task, t)| Some((task.clone(), t.chain.first()?.provider.clone())))
+        .collect();
+    let pricing = config.pricing.clone();
+    Arc::new(move |key: &str, model: &str| match primaries.get(key) {
+        Some(provider) if metered && !is_priced(&pricing, provider, model) => Err(format!(
+            "no price for `{model}` (the primary of task `{key}` is `{provider}`): add \
+             [pricing.\"{model}\"] to the config (or price = \"unknown\")"
+        )),
+        _ => Ok(()),
+    })
 }
 
 fn activation_check(config: &Config) -> ActivationCheck {

@@ -342,3 +342,66 @@ async fn setting_one_cap_keeps_the_others_in_force() {
     assert!(show.contains("max_tokens   900000"), "{show}");
     db.cleanup().await;
 }
+
+/// A prompt version's model override is what the primary calls, so it must
+/// have a price, and it is what is reserved: gpt-4o at 1,000 output tokens
+/// (~$0.011) does not fit a $0.005 budget, though the chain's own models
+/// (gpt-4o-mini, haiku) do. Priced as the chain, concurrent calls on an
+/// override would overshoot a cost cap.
+#[tokio::test]
+async fn a_prompt_model_override_must_be_priced_and_is_reserved_at_its_price() {
+    use ai_orchestrator::api::pb::prompt_admin_client::PromptAdminClient;
+    let db = Db::new(false).await;
+    let app = TestApp::spawn_toml(&config_toml_with(&db.url(), FAST, FAST, "")).await;
+    let version = |model: &str| pb::CreatePromptVersionRequest {
+        team_id: "t2".into(),
+        prompt_key: "sms_classify".into(),
+        system_prompt: "Classify the reply. Answer with JSON.".into(),
+        user_prompt_template: "{{message}}".into(),
+        model: model.into(),
+        max_tokens: Some(1000),
+        activate: true,
+        ..Default::default()
+    };
+    let mut admin = PromptAdminClient::new(app.channel.clone());
+    // A model with no price could never count against a cost cap.
+    let unpriced = admin
+        .create_prompt_version(version("mystery-model"))
+        .await
+        .unwrap_err();
+    assert_eq!(unpriced.code(), Code::InvalidArgument, "{unpriced:?}");
+    let field = &unpriced.get_details_bad_request().unwrap().field_violations[0];
+    assert_eq!(field.field, "model");
+    assert!(
+        field.description.contains("no price for `mystery-model`"),
+        "{field:?}"
+    );
+    // Team t2 classifies with gpt-4o; t1 with the chain.
+    admin
+        .create_prompt_version(version("gpt-4o"))
+        .await
+        .unwrap();
+    let request = |team: &str| {
+        let mut context = ctx().unwrap();
+        context.team_id = team.into();
+        pb::ClassifySmsRequest {
+            context: Some(context),
+            message: "What does it cost?".into(),
+            budget: Some(pb::Budget {
+                max_cost_usd: 0.005,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    };
+    let mut c = app.client.clone();
+    c.classify_sms(request("t1")).await.expect("the chain fits");
+    let refused = c.classify_sms(request("t2")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    let info = refused.get_details_error_info().unwrap();
+    assert_eq!(info.reason, "BUDGET_EXCEEDED");
+    let estimate: f64 = info.metadata["estimated_cost_usd"].parse().unwrap();
+    assert!(estimate > 0.01, "gpt-4o's price: {estimate}");
+    app.stop().await;
+    db.cleanup().await;
+}
