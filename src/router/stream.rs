@@ -1,8 +1,8 @@
 //! The streaming walk: like [`Router::run`], but output is passed through as
-//! it arrives. Falling back is only possible until the first piece of output
-//! has been handed to the caller; after that a failure ends the stream.
-//! Each target gets one attempt (breaker and limits apply as in `run`):
-//! a stream is not retried in place, it falls back.
+//! it arrives. Until the first piece of output has been handed to the
+//! caller a failed attempt is retried in place or falls back exactly as in
+//! `run` (breaker, limits, the retry policy: BACKGROUND's full schedule,
+//! INTERACTIVE failing over); after it a failure ends the stream.
 
 use super::{
     AttemptOutcome, AttemptRecord, RouteError, RouteOptions, Router,
@@ -10,18 +10,22 @@ use super::{
     span,
 };
 use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent, TokenUsage};
-use crate::{config::TargetConfig, domain::Priority, resilience::Outcome};
+use crate::{
+    config::TargetConfig,
+    domain::Priority,
+    resilience::{Outcome, retry::Decision},
+};
 use futures::{Stream, StreamExt};
+use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 /// Records a failed attempt on its span (a stream's is a child of the span
-/// the stream is polled in, the request's, and is never retried in place:
-/// `retry` 0) and in the log (code only).
-fn failed(span: &tracing::Span, target: &TargetConfig, err: &ProviderError) {
+/// the stream is polled in, the request's) and in the log (code only).
+fn failed(span: &tracing::Span, target: &TargetConfig, retry: u32, err: &ProviderError) {
     let code = err.code();
     span::failed(span, err);
-    tracing::warn!(provider = %target.provider, model = %target.model, retry = 0_u32, code = %code, summary = err.summary(), "provider attempt failed");
+    tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %code, summary = err.summary(), "provider attempt failed");
 }
 
 /// What the streaming walk reports, in order.
@@ -78,122 +82,144 @@ impl Router {
         async_stream::stream! {
             let mut attempts: Vec<AttemptRecord> = Vec::new();
             for (index, target) in chain.iter().enumerate() {
-                let now = Instant::now();
-                if now >= deadline {
-                    yield RouteEvent::Failed(RouteError::DeadlineExceeded { attempts });
-                    return;
-                }
-                let (Some(provider), Some(guards)) = (router.providers.get(&target.provider), router.resilience.get(&target.provider)) else { continue };
-                let permit = match guards.breaker.try_acquire() {
-                    Ok(permit) => permit,
-                    Err(rejected) => {
-                        let outcome = if rejected.is_cooldown() { AttemptOutcome::SkippedRateLimited } else { AttemptOutcome::SkippedCircuitOpen };
-                        attempts.push(AttemptRecord::skipped(target, outcome, rejected.code()));
-                        if let Some(next) = chain.get(index + 1).filter(|_| Instant::now() < deadline) {
-                            yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: rejected.code().to_owned() };
-                        }
-                        continue;
-                    }
+                let has_next = index + 1 < chain.len();
+                // Announced only when the next target will be tried: past
+                // the deadline the walk ends instead.
+                let fallback = |reason: String| {
+                    chain.get(index + 1).filter(|_| Instant::now() < deadline).map(|next| RouteEvent::Fallback {
+                        from: target.provider.clone(),
+                        to: next.provider.clone(),
+                        reason,
+                    })
                 };
-                let slot = match priority {
-                    Priority::Interactive => guards.limits.try_acquire(),
-                    Priority::Background => guards.limits.acquire_until(deadline).await,
-                };
-                let Ok(_slot) = slot else {
-                    drop(permit);
-                    attempts.push(AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED"));
-                    // A background call waits for room until the deadline.
-                    if let Some(next) = chain.get(index + 1).filter(|_| Instant::now() < deadline) {
-                        yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: "SATURATED".to_owned() };
-                    }
-                    continue;
-                };
-                // Timed from here, as in `run`: a rate-limiter wait is not provider time.
-                let mut call = InFlight::start(guards, target);
-                let attempt_deadline = router.attempt_deadline(&target.provider, call.started(), deadline);
-                let req = CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() };
-                let span = span::attempt(target, router.kind(&target.provider), &req.trace_id, 0);
-                yield RouteEvent::Started { provider: target.provider.clone(), model: target.model.clone() };
-
-                // Opened inside the attempt span: the upstream `traceparent` names it.
-                let mut req = Some(req);
-                let opened = loop {
-                    let req = req.take().unwrap_or_else(|| CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() });
-                    let opened = match tokio::time::timeout_at(attempt_deadline, provider.stream(req))
-                        .instrument(span.clone())
-                        .await
-                    {
-                        Ok(opened) => opened.map_err(|e| attribute(e, deadline)),
-                        Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
-                    };
-                    match opened {
-                        // Never reached the provider: the same call again, at once.
-                        Err(e) if call.resend(&e, attempt_deadline) => continue,
-                        opened => break opened,
-                    }
-                };
-                let mut upstream = match opened {
-                    Ok(s) => s,
-                    Err(err) => {
-                        failed(&span, target, &err);
-                        let elapsed = call.end(Some(&err));
-                        permit.record_error(&err);
-                        attempts.push(AttemptRecord::failed(target, 0, elapsed, &err));
-                        // Announced only when the next target will be tried:
-                        // past the deadline the loop ends instead.
-                        if let Some(next) = chain.get(index + 1).filter(|_| Instant::now() < deadline) {
-                            yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: err.code() };
-                        }
-                        continue;
-                    }
-                };
-                let mut sent_output = false;
+                let mut retry = 0_u32;
+                // Backoff slept before this attempt (credited to it).
+                let mut slept = Duration::ZERO;
                 loop {
-                    let next = tokio::time::timeout_at(attempt_deadline, upstream.next());
-                    let item = match next.instrument(span.clone()).await {
-                        Ok(Some(item)) => item.map_err(|e| attribute(e, deadline)),
-                        Ok(None) => Err(ProviderError::Malformed("stream ended without completion".into())),
-                        Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
-                    };
-                    // Absurd token counts make the answer malformed; it is
-                    // charged their plausible part.
-                    let mut charged = TokenUsage::default();
-                    let item = match item {
-                        Ok(StreamEvent::Done(completion)) => match implausible(&completion, &request) {
-                            Some((err, capped)) => {
-                                charged = capped;
-                                Err(err)
+                    if Instant::now() >= deadline {
+                        if let Some(last) = attempts.last_mut() {
+                            last.waited += slept;
+                        }
+                        yield RouteEvent::Failed(RouteError::DeadlineExceeded { attempts });
+                        return;
+                    }
+                    let (Some(provider), Some(guards)) = (router.providers.get(&target.provider), router.resilience.get(&target.provider)) else { break };
+                    let permit = match guards.breaker.try_acquire() {
+                        Ok(permit) => permit,
+                        Err(rejected) => {
+                            let outcome = if rejected.is_cooldown() { AttemptOutcome::SkippedRateLimited } else { AttemptOutcome::SkippedCircuitOpen };
+                            attempts.push(AttemptRecord::skipped(target, outcome, rejected.code()));
+                            if let Some(event) = fallback(rejected.code().to_owned()) {
+                                yield event;
                             }
-                            None => Ok(StreamEvent::Done(completion)),
-                        },
-                        other => other,
+                            break;
+                        }
                     };
-                    match item {
-                        Ok(StreamEvent::Delta(text)) => {
-                            sent_output = true;
-                            yield RouteEvent::Delta(text);
+                    let slot = match priority {
+                        Priority::Interactive => guards.limits.try_acquire(),
+                        Priority::Background => guards.limits.acquire_until(deadline).await,
+                    };
+                    let Ok(slot) = slot else {
+                        drop(permit);
+                        attempts.push(AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED"));
+                        // A background call waits for room until the deadline.
+                        if let Some(event) = fallback("SATURATED".to_owned()) {
+                            yield event;
                         }
-                        Ok(StreamEvent::Done(completion)) => {
-                            span::answered(&span, &completion);
-                            drop(span);
-                            let elapsed = call.end(None);
-                            permit.record(Outcome::Success);
-                            attempts.push(AttemptRecord::succeeded(target, 0, elapsed, completion.usage));
-                            yield RouteEvent::Completed {
-                                completion,
-                                provider: target.provider.clone(),
-                                model: target.model.clone(),
-                                degraded: index > 0,
-                                attempts,
-                            };
-                            return;
+                        break;
+                    };
+                    // Timed from here, as in `run`: a rate-limiter wait is not provider time.
+                    let mut call = InFlight::start(guards, target);
+                    let attempt_deadline = router.attempt_deadline(&target.provider, call.started(), deadline);
+                    let req = CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() };
+                    let span = span::attempt(target, router.kind(&target.provider), &req.trace_id, retry);
+                    yield RouteEvent::Started { provider: target.provider.clone(), model: target.model.clone() };
+
+                    // Opened inside the attempt span: the upstream `traceparent` names it.
+                    let mut req = Some(req);
+                    let opened = loop {
+                        let req = req.take().unwrap_or_else(|| CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() });
+                        let opened = match tokio::time::timeout_at(attempt_deadline, provider.stream(req))
+                            .instrument(span.clone())
+                            .await
+                        {
+                            Ok(opened) => opened.map_err(|e| attribute(e, deadline)),
+                            Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
+                        };
+                        match opened {
+                            // Never reached the provider: the same call again, at once.
+                            Err(e) if call.resend(&e, attempt_deadline) => continue,
+                            opened => break opened,
                         }
+                    };
+                    // The error that ended this attempt before any output:
+                    // retried here or moved on from, as `run` does.
+                    let err = match opened {
                         Err(err) => {
-                            failed(&span, target, &err);
+                            failed(&span, target, retry, &err);
                             let elapsed = call.end(Some(&err));
                             permit.record_error(&err);
-                            attempts.push(AttemptRecord::failed(target, 0, elapsed, &err).with_usage(charged));
+                            attempts.push(AttemptRecord::failed(target, retry, elapsed, &err));
+                            err
+                        }
+                        Ok(mut upstream) => {
+                            let mut sent_output = false;
+                            let err = loop {
+                                let next = tokio::time::timeout_at(attempt_deadline, upstream.next());
+                                let item = match next.instrument(span.clone()).await {
+                                    Ok(Some(item)) => item.map_err(|e| attribute(e, deadline)),
+                                    Ok(None) => Err(ProviderError::Malformed("stream ended without completion".into())),
+                                    Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
+                                };
+                                // Absurd token counts make the answer malformed; it is
+                                // charged their plausible part.
+                                let mut charged = TokenUsage::default();
+                                let item = match item {
+                                    Ok(StreamEvent::Done(completion)) => match implausible(&completion, &request) {
+                                        Some((err, capped)) => {
+                                            charged = capped;
+                                            Err(err)
+                                        }
+                                        None => Ok(StreamEvent::Done(completion)),
+                                    },
+                                    other => other,
+                                };
+                                match item {
+                                    Ok(StreamEvent::Delta(text)) => {
+                                        sent_output = true;
+                                        yield RouteEvent::Delta(text);
+                                    }
+                                    Ok(StreamEvent::Done(completion)) => {
+                                        span::answered(&span, &completion);
+                                        let elapsed = call.end(None);
+                                        permit.record(Outcome::Success);
+                                        let mut record = AttemptRecord::succeeded(target, retry, elapsed, completion.usage);
+                                        record.waited += slept;
+                                        attempts.push(record);
+                                        yield RouteEvent::Completed {
+                                            completion,
+                                            provider: target.provider.clone(),
+                                            model: target.model.clone(),
+                                            degraded: index > 0,
+                                            attempts,
+                                        };
+                                        return;
+                                    }
+                                    Err(err) => {
+                                        failed(&span, target, retry, &err);
+                                        let elapsed = call.end(Some(&err));
+                                        permit.record_error(&err);
+                                        attempts.push(AttemptRecord::failed(target, retry, elapsed, &err).with_usage(charged));
+                                        break err;
+                                    }
+                                }
+                            };
+                            // Output already reached the caller: no retry,
+                            // no fallback, the stream ends.
                             if sent_output {
+                                if let Some(last) = attempts.last_mut() {
+                                    last.waited += slept;
+                                }
                                 yield RouteEvent::Failed(if matches!(err, ProviderError::Deadline) {
                                     RouteError::DeadlineExceeded { attempts }
                                 } else {
@@ -201,8 +227,26 @@ impl Router {
                                 });
                                 return;
                             }
-                            if let Some(next) = chain.get(index + 1).filter(|_| Instant::now() < deadline) {
-                                yield RouteEvent::Fallback { from: target.provider.clone(), to: next.provider.clone(), reason: err.code() };
+                            err
+                        }
+                    };
+                    if let Some(last) = attempts.last_mut() {
+                        last.waited += std::mem::take(&mut slept);
+                    }
+                    // Both permits go before any sleep.
+                    drop(slot);
+                    let mut jitter = router.jitter;
+                    let decision = router.resilience.retry.decide(&err, retry + 1, priority, has_next, Instant::now(), deadline, &mut jitter);
+                    match decision {
+                        Decision::RetryAfter(wait) => {
+                            let before = Instant::now();
+                            tokio::time::sleep(wait).await;
+                            slept = before.elapsed();
+                            retry += 1;
+                        }
+                        Decision::NextTarget | Decision::GiveUp => {
+                            if let Some(event) = fallback(err.code()) {
+                                yield event;
                             }
                             break;
                         }

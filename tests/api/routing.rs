@@ -517,13 +517,9 @@ async fn all_down_is_all_providers_failed_without_upstream_bodies() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn execute_stream_falls_back_before_the_first_delta_and_passes_sse_through() {
-    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
-    Mock::given(method("POST"))
-        .respond_with(error(503))
-        .mount(&primary)
-        .await;
+/// A Chat Completions stream answering "Meet Ann at 10." in two deltas,
+/// with its usage (6 output tokens) and `[DONE]`.
+fn streamed_answer() -> ResponseTemplate {
     let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
         json!({"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1_732_000_000, "model": "llama3",
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
@@ -543,12 +539,89 @@ async fn execute_stream_falls_back_before_the_first_delta_and_passes_sse_through
                "choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 6, "total_tokens": 56}})
     ));
     sse.push_str("data: [DONE]\n\n");
+    ResponseTemplate::new(200)
+        .insert_header("content-type", "text/event-stream")
+        .set_body_string(sse)
+}
+
+/// BACKGROUND uses the full retry schedule in a stream too: a primary that
+/// fails before any output is retried in place (each try a `started`), not
+/// left for the fallback.
+#[tokio::test]
+async fn execute_stream_background_retries_the_primary_before_any_output() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
     Mock::given(method("POST"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .insert_header("content-type", "text/event-stream")
-                .set_body_string(sse),
-        )
+        .respond_with(error(500))
+        .up_to_n_times(1)
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(streamed_answer())
+        .mount(&primary)
+        .await;
+    let app = spawn(&primary, &fallback, "").await;
+    let mut context = ctx().unwrap();
+    context.priority = pb::Priority::Background as i32;
+    let mut stream = app
+        .client
+        .clone()
+        .execute_stream(pb::ExecuteRequest {
+            context: Some(context),
+            task: "meeting_brief".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    use pb::execute_event::Event;
+    let mut events = Vec::new();
+    while let Some(e) = stream.message().await.unwrap() {
+        events.push(e.event.unwrap());
+    }
+    let kinds: Vec<String> = events
+        .iter()
+        .map(|e| match e {
+            Event::Started(s) => format!("started {}", s.provider),
+            Event::Fallback(f) => format!("fallback {}", f.to),
+            Event::Delta(_) => "delta".into(),
+            Event::Completed(_) => "completed".into(),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "started primary",
+            "started primary",
+            "delta",
+            "delta",
+            "completed"
+        ]
+    );
+    let Some(Event::Completed(done)) = events.last() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(done.text, "Meet Ann at 10.");
+    let meta = done.meta.as_ref().unwrap();
+    assert!(!meta.degraded);
+    let tries: Vec<(u32, String)> = meta
+        .attempts
+        .iter()
+        .map(|a| (a.retry, a.error_code.clone()))
+        .collect();
+    assert_eq!(tries, [(0, "HTTP_500".into()), (1, String::new())]);
+    assert_eq!((calls(&primary).await, calls(&fallback).await), (2, 0));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn execute_stream_falls_back_before_the_first_delta_and_passes_sse_through() {
+    let (primary, fallback) = (MockServer::start().await, MockServer::start().await);
+    Mock::given(method("POST"))
+        .respond_with(error(503))
+        .mount(&primary)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(streamed_answer())
         .mount(&fallback)
         .await;
     let app = spawn(&primary, &fallback, "max_attempts = 1").await;

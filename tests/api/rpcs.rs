@@ -184,6 +184,15 @@ async fn execute_stream_emits_started_deltas_and_completed() {
     while let Some(event) = stream.message().await.unwrap() {
         events.push(event.event.unwrap());
     }
+    // INTERACTIVE retries the primary in place when the backoff drawn is
+    // within `interactive_max_wait` (250 ms), else fails over at once:
+    // each try is a `started`, before any output.
+    let tries = events
+        .iter()
+        .take_while(|e| matches!(e, Event::Started(s) if s.provider == "primary"))
+        .count();
+    assert!((1..=3).contains(&tries), "{events:?}");
+    let events = events.split_off(tries - 1);
     assert!(
         matches!(&events[0], Event::Started(s) if s.provider == "primary" && s.trace_id.len() == 32)
     );
@@ -208,7 +217,7 @@ async fn execute_stream_emits_started_deltas_and_completed() {
     assert_eq!(done.text, "one two three");
     let meta = done.meta.as_ref().unwrap();
     assert!(meta.degraded);
-    assert_eq!(meta.attempts.len(), 2);
+    assert_eq!(meta.attempts.len(), tries + 1);
     app.stop().await;
 }
 
