@@ -484,6 +484,6 @@ impl Orchestrator for OrchestratorApi {
         &self,
         request: Request<pb::GetProviderHealthRequest>,
     ) -> Result<Response<pb::GetProviderHealthResponse>, Status> {
-        Ok(self.provider_health(&request))
+        self.provider_health(&request)
     }
 }

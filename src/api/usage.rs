@@ -110,11 +110,10 @@ impl OrchestratorApi {
     pub(super) fn provider_health(
         &self,
         request: &Request<pb::GetProviderHealthRequest>,
-    ) -> Response<pb::GetProviderHealthResponse> {
-        // No context here: the trace ID comes from the metadata or is new.
-        let trace_id = crate::telemetry::trace_id::resolve("", request.metadata())
-            .map(|(t, _)| t)
-            .unwrap_or_else(|_| crate::telemetry::trace_id::generate());
+    ) -> Result<Response<pb::GetProviderHealthResponse>, tonic::Status> {
+        // No context here: the trace ID comes from the metadata or is new;
+        // a malformed one is refused, as on every RPC.
+        let trace_id = super::request::metadata_trace(request.metadata())?;
         let resilience = self.pipeline.router().resilience();
         let providers = self
             .config
@@ -136,6 +135,6 @@ impl OrchestratorApi {
                 )
             })
             .collect();
-        reply(&trace_id, pb::GetProviderHealthResponse { providers })
+        Ok(reply(&trace_id, pb::GetProviderHealthResponse { providers }))
     }
 }

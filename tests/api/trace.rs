@@ -178,6 +178,19 @@ async fn provider_health_carries_the_trace_id() {
         .to_str()
         .unwrap();
     assert_eq!(generated.len(), 32, "generated when none is given");
+
+    // A malformed one is refused, as on every RPC.
+    let mut request = Request::new(pb::GetProviderHealthRequest {});
+    request
+        .metadata_mut()
+        .insert("x-trace-id", "has spaces!".parse().unwrap());
+    let refused = app
+        .client
+        .clone()
+        .get_provider_health(request)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     app.stop().await;
 }
 
