@@ -135,6 +135,9 @@ impl OrchestratorApi {
                 )
             })
             .collect();
-        Ok(reply(&trace_id, pb::GetProviderHealthResponse { providers }))
+        Ok(reply(
+            &trace_id,
+            pb::GetProviderHealthResponse { providers },
+        ))
     }
 }

@@ -2,7 +2,7 @@
 //! saturated) is written without its reply waiting for the disk; a call
 //! that reached a provider is still recorded durably before its reply.
 //! Shown with the ledger writer stalled behind another connection's write
-//! lock on the SQLite file.
+//! lock on the SQLite file; and the queued records written at shutdown.
 
 use super::Db;
 use crate::common::wait_for;
@@ -83,5 +83,59 @@ failure_threshold = 1
     .await;
     store.close().await;
     app.stop().await;
+    db.cleanup().await;
+}
+
+/// SPEC §7: shutdown flushes usage. Records queued for calls refused at
+/// once (their replies never waited for the disk) are written by the stop,
+/// even when the disk could take none of them before it began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_writes_the_records_of_refused_calls_still_queued() {
+    let db = Db::new(false).await;
+    let extra = r#"
+[tasks.solo]
+chain = [{ provider = "primary", model = "gpt-4o-mini" }]
+[providers.primary.breaker]
+failure_threshold = 1
+"#;
+    let mut app = TestApp::spawn_toml(&config_toml_with(
+        &db.url(),
+        "failure_rate = 1.0",
+        "latency = \"1ms\"",
+        extra,
+    ))
+    .await;
+    let mut client = app.client.clone();
+    client.execute(execute("solo")).await.unwrap_err();
+
+    // Nothing can be written meanwhile: another connection holds the lock.
+    let mut lock = sqlx::SqliteConnection::connect(&db.url()).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let mut traces = Vec::new();
+    for _ in 0..5 {
+        let refused = client.execute(execute("solo")).await.unwrap_err();
+        let info = refused.get_details_error_info().unwrap();
+        assert!(
+            info.metadata["attempts"].ends_with("CIRCUIT_OPEN"),
+            "{info:?}"
+        );
+        traces.push(info.metadata["trace_id"].clone());
+    }
+    // The stop begins with all five still queued; the disk frees up after.
+    app.trigger_shutdown();
+    let stopping = tokio::spawn(app.stop());
+    sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
+    drop(lock);
+    stopping.await.unwrap();
+
+    let store = db.store().await;
+    for trace in &traces {
+        let records = record::by_trace(&store, trace).await.unwrap();
+        assert_eq!(records.len(), 1, "{trace}");
+    }
+    store.close().await;
     db.cleanup().await;
 }
