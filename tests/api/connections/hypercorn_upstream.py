@@ -5,11 +5,15 @@ GOAWAY and then closes the connection, cutting the streams still in flight
 (nginx's `keepalive_requests` does the same, 1,000 by default in both).
 
 Usage: python hypercorn_upstream.py MAX_REQUESTS_PER_CONNECTION
-Prints the port it listens on (127.0.0.1), then serves until killed."""
+Prints the port it listens on (127.0.0.1), then serves until killed.
+`GET /stats` answers `{"busiest_connection": N}`: the most requests one
+connection (client address and port) was served, so a test can tell
+whether any connection reached the limit and was ended."""
 import asyncio
 import json
 import socket
 import sys
+from collections import Counter
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
@@ -23,11 +27,22 @@ BODY = json.dumps({
 }).encode()
 
 
+# Requests served per connection (client address and port).
+served = Counter()
+
+
 async def app(scope, receive, send):
     if scope["type"] != "http":
         return
     while (await receive()).get("more_body"):
         pass
+    if scope["path"] == "/stats":
+        stats = json.dumps({"busiest_connection": max(served.values(), default=0)})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": stats.encode()})
+        return
+    served[tuple(scope.get("client") or ())] += 1
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json")]})
     # The body in two parts, as a provider's arrives: a connection ended
