@@ -31,59 +31,77 @@ pub fn is_opt_out(message: &str) -> bool {
     KEYWORDS.contains(&normalized.as_str())
 }
 
-/// Requests to stop being contacted, as whole words after normalisation
-/// (lower-case, apostrophes dropped, any other non-alphanumeric run one
-/// space). Clear phrasings only: a negated one ("don't stop texting me")
-/// also matches, and errs on the safe side: a person decides.
-const STOP_REQUESTS: &[&str] = &[
-    "stop texting",
-    "stop text",
-    "stop txting",
-    "stop messaging",
-    "stop message",
-    "stop sending",
-    "stop contacting",
-    "stop calling",
-    "unsubscribe",
-    "remove me",
-    "take me off",
-    "opt me out",
-    "opt out",
-    "optout",
-    "do not text",
-    "dont text",
-    "do not message",
-    "dont message",
-    "do not contact",
-    "dont contact",
-    "no more texts",
-    "no more messages",
-    "lose my number",
-    "delete my number",
-    "leave me alone",
+/// Phrases that ask to stop being contacted, as whole words after
+/// normalisation (lower-case, apostrophes dropped, any other run of
+/// non-alphanumerics one space), padded with the spaces they match with.
+const STOP_PHRASES: &[&str] = &[
+    " unsubscribe ",
+    " remove me ",
+    " take me off ",
+    " opt me out ",
+    " opt out ",
+    " optout ",
+    " lose my number ",
+    " delete my number ",
+    " leave me alone ",
+    " please stop ",
+    " pls stop ",
+    " plz stop ",
+    " stop it ",
+    " stop now ",
 ];
 
+/// Words that, a few words before a way of contacting, ask for it to stop:
+/// "stop texting", "don't ever text me", "no more messages", "never call".
+const STOP_WORDS: &[&str] = &["stop", "quit", "cease", "dont", "never", "no", "not"];
+
+/// Ways of contacting, as word prefixes ("text" covers texting, texts).
+const CONTACT_WORDS: &[&str] = &[
+    "text", "txt", "messag", "msg", "sms", "contact", "call", "email", "spam",
+];
+
+/// How many words after a stop word a contact word may come.
+const WINDOW: usize = 3;
+
 /// True when `message` is an opt-out keyword or asks, in words, to stop
-/// being contacted: the inbound GenerateSms never answers.
+/// being contacted: the inbound GenerateSms never answers. Errs on the
+/// safe side: "don't call before 9" matches too, and a person decides.
 pub fn asks_to_stop(message: &str) -> bool {
     if is_opt_out(message) {
         return true;
     }
-    let mut words = String::with_capacity(message.len() + 2);
-    words.push(' ');
-    for c in message.chars().filter(|c| !matches!(c, '\'' | '’')) {
+    let mut normal = String::with_capacity(message.len() + 2);
+    normal.push(' ');
+    for c in message.chars() {
+        if matches!(c, '\'' | '\u{2019}' | '\u{2018}' | '\u{02BC}' | '`') {
+            continue;
+        }
         if c.is_alphanumeric() {
-            words.extend(c.to_lowercase());
-        } else if !words.ends_with(' ') {
-            words.push(' ');
+            normal.extend(c.to_lowercase());
+        } else if !normal.ends_with(' ') {
+            normal.push(' ');
         }
     }
-    if !words.ends_with(' ') {
-        words.push(' ');
+    if !normal.ends_with(' ') {
+        normal.push(' ');
     }
-    STOP_REQUESTS
-        .iter()
-        .any(|phrase| words.contains(&format!(" {phrase} ")))
+    if STOP_PHRASES.iter().any(|p| normal.contains(p)) {
+        return true;
+    }
+    let words: Vec<&str> = normal.split_whitespace().collect();
+    words.iter().enumerate().any(|(i, word)| {
+        // "no" and "not" only as "no more ..." and "do not ...".
+        let stops = match *word {
+            "no" => words.get(i + 1) == Some(&"more"),
+            "not" => i > 0 && words[i - 1] == "do",
+            w => STOP_WORDS.contains(&w),
+        };
+        stops
+            && words[i + 1..]
+                .iter()
+                .take(WINDOW)
+                .any(|w| CONTACT_WORDS.iter().any(|c| w.starts_with(c)))
+    })
 }
 
 #[cfg(test)]
@@ -99,6 +117,15 @@ mod tests {
             ("Don't text me again", true),
             ("don’t contact me", true),
             ("Unsubscribe me please", true),
+            ("stop texts please", true),
+            ("Stop messages", true),
+            ("please stop", true),
+            ("stop these texts", true),
+            ("don\u{2018}t ever text me", true),
+            ("never text me again", true),
+            ("quit texting me", true),
+            ("do not call this number", true),
+            ("no more msgs", true),
             ("Remove me from your list", true),
             ("take me off this list", true),
             ("opt-out", true),
@@ -109,6 +136,9 @@ mod tests {
             ("What does it cost?", false),
             ("stopped by your store today", false),
             ("I removed the app", false),
+            ("no, text me the price", false),
+            ("I can not make it, text me later", false),
+            ("stop by at 5, call me first", false),
             ("", false),
         ];
         for (message, expected) in cases {

@@ -93,9 +93,7 @@ pub async fn generate(
     // model would make of it (SPEC §6.2).
     if opt_out::asks_to_stop(&input.inbound_message) {
         session.answered_by_rule(super::sms_classify::OPT_OUT_RULE_KEY);
-        return Ok(escalation(
-            "inbound message is an opt-out; no reply may be sent",
-        ));
+        return Ok(escalation(OPT_OUT_REASON));
     }
 
     let lead = input
@@ -228,6 +226,11 @@ fn parse(text: &str) -> Result<Draft, String> {
 }
 
 fn accept(draft: Draft, size: SmsSize) -> Reply {
+    // The model recognised an opt-out the word rules did not: whatever
+    // text it wrote is not sent (SPEC §6.2: never a reply to an opt-out).
+    if draft.escalate && names_an_opt_out(&draft.escalate_reason) {
+        return escalation(OPT_OUT_REASON);
+    }
     let escalate_reason = match (draft.escalate, draft.escalate_reason.is_empty()) {
         (true, true) => "model asked for a human".to_owned(),
         (true, false) => draft.escalate_reason,
@@ -239,6 +242,17 @@ fn accept(draft: Draft, size: SmsSize) -> Reply {
         escalate: draft.escalate,
         escalate_reason,
     }
+}
+
+/// Why an opt-out is escalated with no reply.
+const OPT_OUT_REASON: &str = "inbound message is an opt-out; no reply may be sent";
+
+/// Whether a model's escalation reason says the lead opted out.
+fn names_an_opt_out(reason: &str) -> bool {
+    let reason = reason.to_lowercase();
+    ["opt-out", "opt out", "optout", "opted out"]
+        .iter()
+        .any(|w| reason.contains(w))
 }
 
 fn escalation(reason: &str) -> Reply {
@@ -268,5 +282,24 @@ mod tests {
         assert!(d.escalate);
         assert!(parse(r#"{"reply":"","escalate":false}"#).is_err());
         assert!(parse("Sure, see you then").is_err());
+    }
+
+    #[test]
+    fn a_model_escalating_an_opt_out_sends_no_text() {
+        let draft = parse(r#"{"reply":"Sorry to see you go!","escalate":true,"escalate_reason":"Opt-out request"}"#)
+            .unwrap();
+        let size = sms_encoding::measure(&draft.reply);
+        let reply = accept(draft, size);
+        assert!(reply.escalate && reply.text.is_empty() && reply.size.is_none());
+        assert_eq!(reply.escalate_reason, OPT_OUT_REASON);
+        // Another escalation keeps its text and reason.
+        let draft = parse(r#"{"reply":"A manager will call.","escalate":true,"escalate_reason":"wants a manager"}"#)
+            .unwrap();
+        let size = sms_encoding::measure(&draft.reply);
+        let reply = accept(draft, size);
+        assert_eq!(
+            (reply.text.as_str(), reply.escalate_reason.as_str()),
+            ("A manager will call.", "wants a manager")
+        );
     }
 }
