@@ -215,6 +215,17 @@ impl PromptStore {
         self
     }
 
+    /// Runs the model check on a version's model override, if any.
+    fn model_may_serve(&self, key: &str, model: Option<&str>) -> Result<(), PromptError> {
+        match (&self.model_check, model.filter(|m| !m.is_empty())) {
+            (Some(check), Some(model)) => check(key, model).map_err(|why| PromptError::Invalid {
+                field: "model",
+                why,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Runs the activation check on a blocking thread (it may count
     /// tokens of a long text), never inside a write transaction.
     async fn may_activate(&self, key: &str, system: &str) -> Result<(), PromptError> {
@@ -262,12 +273,7 @@ impl PromptStore {
     /// Adds the next version of (team, key); returns its number.
     pub async fn add(&self, new: NewPrompt, actor: &str, now_ms: i64) -> Result<u32, PromptError> {
         check(&new)?;
-        if let (Some(check), Some(model)) = (&self.model_check, &new.model) {
-            check(&new.key, model).map_err(|why| PromptError::Invalid {
-                field: "model",
-                why,
-            })?;
-        }
+        self.model_may_serve(&new.key, new.model.as_deref())?;
         if new.activate {
             self.may_activate(&new.key, &new.system).await?;
         }
@@ -359,16 +365,19 @@ impl PromptStore {
             key: key.to_owned(),
             version,
         };
-        // A version's text never changes: checked before the write lock.
-        let system: Option<String> = on_store!(&self.store, |pool| {
-            sqlx::query_scalar("SELECT system_prompt FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
+        // A version never changes: checked before the write lock. Its
+        // model too, for a version stored before metering was on.
+        let stored: Option<(String, Option<String>)> = on_store!(&self.store, |pool| {
+            sqlx::query_as("SELECT system_prompt, model FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
                 .bind(team)
                 .bind(key)
                 .bind(i64::from(version))
                 .fetch_optional(pool)
                 .await?
         });
-        self.may_activate(key, &system.ok_or_else(missing)?).await?;
+        let (system, model) = stored.ok_or_else(missing)?;
+        self.model_may_serve(key, model.as_deref())?;
+        self.may_activate(key, &system).await?;
         on_store!(&self.store, |pool| {
             let mut tx = match &self.store {
                 Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,

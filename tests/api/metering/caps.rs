@@ -376,6 +376,34 @@ async fn a_prompt_model_override_must_be_priced_and_is_reserved_at_its_price() {
         field.description.contains("no price for `mystery-model`"),
         "{field:?}"
     );
+    // Nor can one stored without the check (before metering was on)
+    // become active.
+    {
+        use ai_orchestrator::prompts::store::{NewPrompt, PromptStore};
+        let unchecked = NewPrompt {
+            team_id: "t3".into(),
+            key: "sms_classify".into(),
+            system: "Classify.".into(),
+            user_template: "{{message}}".into(),
+            model: Some("mystery-model".into()),
+            temperature: None,
+            max_tokens: None,
+            activate: false,
+        };
+        let store = db.store().await;
+        let stored = PromptStore::new(store.clone())
+            .add(unchecked, "test", 0)
+            .await;
+        assert_eq!(stored.unwrap(), 1);
+        store.close().await;
+    }
+    let activate = pb::ActivatePromptVersionRequest {
+        team_id: "t3".into(),
+        prompt_key: "sms_classify".into(),
+        version: 1,
+    };
+    let refused = admin.activate_prompt_version(activate).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     // Team t2 classifies with gpt-4o; t1 with the chain.
     admin
         .create_prompt_version(version("gpt-4o"))
