@@ -108,20 +108,24 @@ impl Router {
                         Ok(permit) => permit,
                         Err(rejected) => {
                             let outcome = if rejected.is_cooldown() { AttemptOutcome::SkippedRateLimited } else { AttemptOutcome::SkippedCircuitOpen };
-                            attempts.push(AttemptRecord::skipped(target, outcome, rejected.code()));
+                            attempts.push(AttemptRecord::skipped(target, outcome, rejected.code()).with_retry(retry).with_waited(std::mem::take(&mut slept)));
                             if let Some(event) = fallback(rejected.code().to_owned()) {
                                 yield event;
                             }
                             break;
                         }
                     };
+                    let asked = Instant::now();
                     let slot = match priority {
                         Priority::Interactive => guards.limits.try_acquire(),
                         Priority::Background => guards.limits.acquire_until(deadline).await,
                     };
+                    // The backoff slept before this attempt and its wait
+                    // for a slot, as `run` credits them.
+                    let waited = std::mem::take(&mut slept) + asked.elapsed();
                     let Ok(slot) = slot else {
                         drop(permit);
-                        attempts.push(AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED"));
+                        attempts.push(AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED").with_retry(retry).with_waited(waited));
                         // A background call waits for room until the deadline.
                         if let Some(event) = fallback("SATURATED".to_owned()) {
                             yield event;
@@ -159,7 +163,7 @@ impl Router {
                             failed(&span, target, retry, &err);
                             let elapsed = call.end(Some(&err));
                             permit.record_error(&err);
-                            attempts.push(AttemptRecord::failed(target, retry, elapsed, &err));
+                            attempts.push(AttemptRecord::failed(target, retry, elapsed, &err).with_waited(waited));
                             err
                         }
                         Ok(mut upstream) => {
@@ -193,9 +197,8 @@ impl Router {
                                         span::answered(&span, &completion);
                                         let elapsed = call.end(None);
                                         permit.record(Outcome::Success);
-                                        let mut record = AttemptRecord::succeeded(target, retry, elapsed, completion.usage);
-                                        record.waited += slept;
-                                        attempts.push(record);
+                                        attempts.push(AttemptRecord::succeeded(target, retry, elapsed, completion.usage).with_waited(waited));
+                                        drop(span);
                                         yield RouteEvent::Completed {
                                             completion,
                                             provider: target.provider.clone(),
@@ -209,7 +212,7 @@ impl Router {
                                         failed(&span, target, retry, &err);
                                         let elapsed = call.end(Some(&err));
                                         permit.record_error(&err);
-                                        attempts.push(AttemptRecord::failed(target, retry, elapsed, &err).with_usage(charged));
+                                        attempts.push(AttemptRecord::failed(target, retry, elapsed, &err).with_usage(charged).with_waited(waited));
                                         break err;
                                     }
                                 }
@@ -217,9 +220,6 @@ impl Router {
                             // Output already reached the caller: no retry,
                             // no fallback, the stream ends.
                             if sent_output {
-                                if let Some(last) = attempts.last_mut() {
-                                    last.waited += slept;
-                                }
                                 yield RouteEvent::Failed(if matches!(err, ProviderError::Deadline) {
                                     RouteError::DeadlineExceeded { attempts }
                                 } else {
@@ -230,10 +230,9 @@ impl Router {
                             err
                         }
                     };
-                    if let Some(last) = attempts.last_mut() {
-                        last.waited += std::mem::take(&mut slept);
-                    }
-                    // Both permits go before any sleep.
+                    // The attempt is over: its span ends, and both permits
+                    // go before any sleep.
+                    drop(span);
                     drop(slot);
                     let mut jitter = router.jitter;
                     let decision = router.resilience.retry.decide(&err, retry + 1, priority, has_next, Instant::now(), deadline, &mut jitter);
