@@ -96,11 +96,13 @@ pub(super) async fn refresh_keys_periodically(
 }
 
 pub(super) async fn set_health(health: &Health, status: ServingStatus) {
-    health.reporter.set_service_status("", status).await;
-    // Every service shares the one database: they turn together.
-    for service in SERVICE_NAMES {
+    // Every service shares the one database: they turn together, the main
+    // service and the overall status last, so a watcher of either sees the
+    // others already turned.
+    for service in SERVICE_NAMES.iter().rev() {
         health.reporter.set_service_status(service, status).await;
     }
+    health.reporter.set_service_status("", status).await;
     let _ = health.ready.send(status == ServingStatus::Serving);
 }
 

@@ -75,6 +75,18 @@ def classify_sms(channel, pb, pbg):
     )
 
 
+def error_infos(e):
+    """The google.rpc.ErrorInfo details of a failed call's rich status."""
+    status = rpc_status.from_call(e)
+    infos = []
+    for detail in status.details if status else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            infos.append(info)
+    return infos
+
+
 def unknown_task(channel, pb, pbg):
     stub = pbg.OrchestratorStub(channel)
     request = pb.ExecuteRequest(
@@ -83,13 +95,7 @@ def unknown_task(channel, pb, pbg):
     try:
         stub.Execute(request, timeout=30)
     except grpc.RpcError as e:
-        status = rpc_status.from_call(e)
-        infos = []
-        for detail in status.details if status else ():
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                infos.append(info)
+        infos = error_infos(e)
         info = infos[0] if len(infos) == 1 else None
         emit(
             "unknown_task",
@@ -165,13 +171,26 @@ def converse(channel, pb, apb, apbg):
 
 
 def short_deadline(channel, pb, pbg):
-    # The mock provider answers after 20 ms; the call may wait 1 ms.
+    # The mock provider answers after 20 ms; the request's budget is 1 ms.
+    # The client waits 30 s: the DEADLINE_EXCEEDED is the server's, with its
+    # ErrorInfo, not grpcio's own timer.
     stub = pbg.OrchestratorStub(channel)
-    request = pb.ClassifySmsRequest(context=ctx(pb), message="Yes, call me tomorrow")
+    request = pb.ClassifySmsRequest(
+        context=ctx(pb, "py-interop-6"),
+        message="Yes, call me tomorrow",
+        budget=pb.Budget(max_latency_ms=1),
+    )
     try:
-        stub.ClassifySms(request, timeout=0.001)
+        stub.ClassifySms(request, timeout=30)
     except grpc.RpcError as e:
-        emit("short_deadline", code=e.code().name)
+        infos = error_infos(e)
+        info = infos[0] if len(infos) == 1 else None
+        emit(
+            "short_deadline",
+            code=e.code().name,
+            reason=info and info.reason,
+            trace_id=info and info.metadata.get("trace_id"),
+        )
     else:
         emit("short_deadline", code="OK")
 
@@ -183,7 +202,9 @@ def main():
         pb, pbg = module("orchestrator_pb2"), module("orchestrator_pb2_grpc")
         tpb, tpbg = module("tools_pb2"), module("tools_pb2_grpc")
         apb, apbg = module("agent_pb2"), module("agent_pb2_grpc")
-        with grpc.insecure_channel(address) as channel:
+        # A proxy named in the environment must not carry a loopback call.
+        options = [("grpc.enable_http_proxy", 0)]
+        with grpc.insecure_channel(address, options=options) as channel:
             grpc.channel_ready_future(channel).result(timeout=30)
             classify_sms(channel, pb, pbg)
             unknown_task(channel, pb, pbg)

@@ -165,10 +165,12 @@ async fn pythons_grpcio_client_reads_the_api_as_specified() {
     assert_eq!(turn["trace_id"], json!("py-interop-5"));
     assert_eq!(turn["tool_results"], json!([["system.echo", "SUCCEEDED"]]));
 
-    // A 1 ms deadline against a provider answering after 20 ms.
+    // A 1 ms budget against a provider answering after 20 ms: the
+    // server's DEADLINE_EXCEEDED, its ErrorInfo and the trace ID.
     assert_eq!(
         checks["short_deadline"],
-        json!({"check": "short_deadline", "code": "DEADLINE_EXCEEDED"})
+        json!({"check": "short_deadline", "code": "DEADLINE_EXCEEDED",
+               "reason": "DEADLINE_EXCEEDED", "trace_id": "py-interop-6"})
     );
 
     app.stop().await;
