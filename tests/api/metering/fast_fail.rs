@@ -20,24 +20,28 @@ fn execute(task: &str) -> pb::ExecuteRequest {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_calls_do_not_wait_for_the_disk_but_served_calls_do() {
-    let db = Db::new(false).await;
-    // `solo` has one target, which always fails and opens its breaker on
-    // the first failure.
+/// A server on `db` whose task `solo` has one target, which always fails
+/// and opens its breaker on the first failure.
+async fn solo_app(db: &Db) -> TestApp {
     let extra = r#"
 [tasks.solo]
 chain = [{ provider = "primary", model = "gpt-4o-mini" }]
 [providers.primary.breaker]
 failure_threshold = 1
 "#;
-    let app = TestApp::spawn_toml(&config_toml_with(
+    TestApp::spawn_toml(&config_toml_with(
         &db.url(),
         "failure_rate = 1.0",
         "latency = \"1ms\"",
         extra,
     ))
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_do_not_wait_for_the_disk_but_served_calls_do() {
+    let db = Db::new(false).await;
+    let app = solo_app(&db).await;
     let mut client = app.client.clone();
     let first = client.execute(execute("solo")).await.unwrap_err();
     assert_eq!(first.code(), Code::Unavailable);
@@ -92,19 +96,7 @@ failure_threshold = 1
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_writes_the_records_of_refused_calls_still_queued() {
     let db = Db::new(false).await;
-    let extra = r#"
-[tasks.solo]
-chain = [{ provider = "primary", model = "gpt-4o-mini" }]
-[providers.primary.breaker]
-failure_threshold = 1
-"#;
-    let mut app = TestApp::spawn_toml(&config_toml_with(
-        &db.url(),
-        "failure_rate = 1.0",
-        "latency = \"1ms\"",
-        extra,
-    ))
-    .await;
+    let mut app = solo_app(&db).await;
     let mut client = app.client.clone();
     client.execute(execute("solo")).await.unwrap_err();
 
