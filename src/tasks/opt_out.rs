@@ -51,17 +51,22 @@ const STOP_PHRASES: &[&str] = &[
     " stop now ",
 ];
 
-/// Words that, a few words before a way of contacting, ask for it to stop:
-/// "stop texting", "don't ever text me", "no more messages", "never call".
-const STOP_WORDS: &[&str] = &["stop", "quit", "cease", "dont", "never", "no", "not"];
+/// Words that, a few words before a way of contacting, ask for it to stop
+/// ("stop sending me texts"), with how many words the contact word may
+/// come after them. "dont", "do not" and "never" reach less far, since
+/// "don't forget to call me" and "never mind, call me" ask for a call.
+const STOP_WORDS: &[(&str, usize)] = &[
+    ("stop", 3),
+    ("quit", 3),
+    ("cease", 3),
+    ("dont", 2),
+    ("never", 1),
+];
 
 /// Ways of contacting, as word prefixes ("text" covers texting, texts).
 const CONTACT_WORDS: &[&str] = &[
     "text", "txt", "messag", "msg", "sms", "contact", "call", "email", "spam",
 ];
-
-/// How many words after a stop word a contact word may come.
-const WINDOW: usize = 3;
 
 /// True when `message` is an opt-out keyword or asks, in words, to stop
 /// being contacted: the inbound GenerateSms never answers. Errs on the
@@ -89,18 +94,17 @@ pub fn asks_to_stop(message: &str) -> bool {
         return true;
     }
     let words: Vec<&str> = normal.split_whitespace().collect();
-    words.iter().enumerate().any(|(i, word)| {
-        // "no" and "not" only as "no more ..." and "do not ...".
-        let stops = match *word {
-            "no" => words.get(i + 1) == Some(&"more"),
-            "not" => i > 0 && words[i - 1] == "do",
-            w => STOP_WORDS.contains(&w),
-        };
-        stops
-            && words[i + 1..]
-                .iter()
-                .take(WINDOW)
-                .any(|w| CONTACT_WORDS.iter().any(|c| w.starts_with(c)))
+    let contact = |w: &&str| CONTACT_WORDS.iter().any(|c| w.starts_with(c));
+    let within = |i: usize, reach: usize| words[i + 1..].iter().take(reach).any(contact);
+    words.iter().enumerate().any(|(i, word)| match *word {
+        // "no more texts", the contact word right after: "no more
+        // questions, call me" is a lead asking for a call.
+        "no" => words.get(i + 1) == Some(&"more") && words.get(i + 2).is_some_and(contact),
+        // "do not ...", never "can not ...".
+        "not" => i > 0 && words[i - 1] == "do" && within(i, 2),
+        w => STOP_WORDS
+            .iter()
+            .any(|(stop, reach)| *stop == w && within(i, *reach)),
     })
 }
 
@@ -139,6 +143,9 @@ mod tests {
             ("no, text me the price", false),
             ("I can not make it, text me later", false),
             ("stop by at 5, call me first", false),
+            ("No more questions, call me tomorrow", false),
+            ("Don't forget to call me", false),
+            ("Never mind, call me at 5", false),
             ("", false),
         ];
         for (message, expected) in cases {
