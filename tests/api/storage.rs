@@ -570,3 +570,66 @@ async fn the_slim_ledger_migration_keeps_records_and_reservations() {
     assert_eq!(orphan, (10, 10, 20, "ORPHANED".into()));
     store.close().await;
 }
+
+/// SPEC §4's seed defaults are what `config/example.toml` ships: the task
+/// chains, the provider timeouts, the breaker's numbers (the anthropic and
+/// perplexity providers take the defaults) and the retry schedule.
+#[test]
+fn the_example_config_ships_the_seed_defaults() {
+    use std::time::Duration;
+    let root = env!("CARGO_MANIFEST_DIR");
+    let config = Config::load_with_env(
+        std::path::Path::new(&format!("{root}/config/example.toml")),
+        |name| name.ends_with("_API_KEY").then(|| "key".into()),
+    )
+    .expect("example.toml with keys set");
+    let chain = |task: &str| -> Vec<(String, String)> {
+        config.tasks[task]
+            .chain
+            .iter()
+            .map(|t| (t.provider.clone(), t.model.clone()))
+            .collect()
+    };
+    let pair = |p: &str, m: &str| (p.to_owned(), m.to_owned());
+    let haiku = "claude-3-haiku-20240307";
+    for task in ["sms_classify", "sms_generate"] {
+        assert_eq!(
+            chain(task),
+            [pair("openai", "gpt-4o-mini"), pair("anthropic", haiku)],
+            "{task}"
+        );
+    }
+    for task in ["research_verify", "research_deep"] {
+        assert_eq!(
+            chain(task),
+            [
+                pair("perplexity", "llama-3.1-sonar-small-128k-online"),
+                pair("openai", "gpt-4o")
+            ],
+            "{task}"
+        );
+    }
+    assert_eq!(
+        chain("meeting_brief"),
+        [pair("anthropic", haiku), pair("openai", "gpt-4o-mini")]
+    );
+    let secs = Duration::from_secs;
+    for (provider, timeout) in [("openai", 30), ("anthropic", 30), ("perplexity", 45)] {
+        let p = &config.providers[provider];
+        assert_eq!(p.timeout, secs(timeout), "{provider}");
+        let b = &p.breaker;
+        assert_eq!(
+            (
+                b.failure_threshold,
+                b.open_for,
+                b.success_threshold,
+                b.half_open_max_probes
+            ),
+            (5, secs(30), 2, 1),
+            "{provider}"
+        );
+    }
+    let r = &config.retry;
+    assert_eq!((r.max_attempts, r.base_backoff), (3, secs(1)));
+    assert!(r.max_backoff >= secs(4), "1 s, 2 s, 4 s: {r:?}");
+}
