@@ -117,20 +117,24 @@ pub struct RouteOptions {
 }
 
 impl RouteOptions {
-    /// `chain` as these options walk it: the primary's model overridden.
-    /// What a reservation must price, since it is what gets called.
+    /// Makes `chain` the chain these options walk: the primary's model
+    /// overridden.
+    pub fn call_as(&self, chain: &mut [TargetConfig]) {
+        if let (Some(model), Some(primary)) = (&self.primary_model, chain.first_mut()) {
+            primary.model.clone_from(model);
+        }
+    }
+
+    /// [`Self::call_as`] on a borrowed chain, copied only when it changes:
+    /// what a reservation must price and what `run` calls.
     pub fn chain_as_called<'a>(
         &self,
         chain: &'a [TargetConfig],
     ) -> std::borrow::Cow<'a, [TargetConfig]> {
-        match (&self.primary_model, chain.split_first()) {
-            (Some(model), Some((primary, rest))) if *model != primary.model => {
-                let mut called = Vec::with_capacity(chain.len());
-                called.push(TargetConfig {
-                    model: model.clone(),
-                    ..primary.clone()
-                });
-                called.extend_from_slice(rest);
+        match (&self.primary_model, chain.first()) {
+            (Some(model), Some(primary)) if *model != primary.model => {
+                let mut called = chain.to_vec();
+                self.call_as(&mut called);
                 std::borrow::Cow::Owned(called)
             }
             _ => std::borrow::Cow::Borrowed(chain),
@@ -205,14 +209,6 @@ impl Router {
             .map_or(deadline, |p| deadline.min(instant_after(now, p.timeout)))
     }
 
-    /// The model to send to `target` (the primary may be overridden).
-    fn model_for(target: &TargetConfig, index: usize, options: &RouteOptions) -> String {
-        match (&options.primary_model, index) {
-            (Some(model), 0) => model.clone(),
-            _ => target.model.clone(),
-        }
-    }
-
     /// Calls `chain`'s targets in order until one answers and `parse`
     /// accepts the answer, applying per target (see `resilience`): the
     /// breaker (an open provider is skipped with no call), the rate and
@@ -233,11 +229,8 @@ impl Router {
         parse: impl Fn(&Completion) -> Result<T, String>,
     ) -> Result<Routed<T>, RouteError> {
         let mut attempts: Vec<AttemptRecord> = Vec::new();
-        for (index, chain_target) in chain.iter().enumerate() {
-            let target = TargetConfig {
-                provider: chain_target.provider.clone(),
-                model: Self::model_for(chain_target, index, options),
-            };
+        let chain = options.chain_as_called(chain);
+        for (index, target) in chain.iter().enumerate() {
             let has_next = index + 1 < chain.len();
             let mut retry = 0_u32;
             // Backoff slept before the next attempt (credited to it).
@@ -252,7 +245,7 @@ impl Router {
                 let first_new = attempts.len();
                 let tried = self
                     .try_target(
-                        &target,
+                        target,
                         retry,
                         request,
                         deadline,

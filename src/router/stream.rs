@@ -71,14 +71,14 @@ impl Router {
     /// upstream call.
     pub fn stream(
         &self,
-        chain: Vec<TargetConfig>,
+        mut chain: Vec<TargetConfig>,
         request: CompletionRequest,
         deadline: Instant,
         options: &RouteOptions,
     ) -> impl Stream<Item = RouteEvent> + Send + use<> {
         let router = self.clone();
         let priority = options.priority;
-        let chain = options.chain_as_called(&chain).into_owned();
+        options.call_as(&mut chain);
         async_stream::stream! {
             let mut attempts: Vec<AttemptRecord> = Vec::new();
             for (index, target) in chain.iter().enumerate() {

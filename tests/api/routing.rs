@@ -102,6 +102,14 @@ pub(crate) fn classify(priority: pb::Priority) -> pb::ClassifySmsRequest {
     }
 }
 
+/// Each attempt of a call as `(provider, retry, error code)`.
+fn tries(meta: &pb::ResponseMeta) -> Vec<(String, u32, String)> {
+    meta.attempts
+        .iter()
+        .map(|a| (a.provider.clone(), a.retry, a.error_code.clone()))
+        .collect()
+}
+
 pub(crate) async fn calls(server: &MockServer) -> usize {
     server.received_requests().await.map_or(0, |r| r.len())
 }
@@ -137,13 +145,8 @@ async fn background_retries_the_primary_then_falls_back() {
     );
     assert_eq!(calls(&primary).await, 3, "max_attempts = 3 at the primary");
     assert_eq!(calls(&fallback).await, 1);
-    let summary: Vec<(String, u32, String)> = meta
-        .attempts
-        .iter()
-        .map(|a| (a.provider.clone(), a.retry, a.error_code.clone()))
-        .collect();
     assert_eq!(
-        summary,
+        tries(&meta),
         [
             ("primary".into(), 0, "HTTP_500".into()),
             ("primary".into(), 1, "HTTP_500".into()),
@@ -305,13 +308,8 @@ async fn background_retries_a_429_without_retry_after_once_the_cooldown_ends() {
         .into_inner()
         .meta
         .unwrap();
-    let summary: Vec<(String, u32, String)> = meta
-        .attempts
-        .iter()
-        .map(|a| (a.provider.clone(), a.retry, a.error_code.clone()))
-        .collect();
     assert_eq!(
-        summary,
+        tries(&meta),
         [
             ("primary".into(), 0, "RATE_LIMITED".into()),
             ("primary".into(), 1, String::new()),
@@ -603,12 +601,13 @@ async fn execute_stream_background_retries_the_primary_before_any_output() {
     assert_eq!(done.text, "Meet Ann at 10.");
     let meta = done.meta.as_ref().unwrap();
     assert!(!meta.degraded);
-    let tries: Vec<(u32, String)> = meta
-        .attempts
-        .iter()
-        .map(|a| (a.retry, a.error_code.clone()))
-        .collect();
-    assert_eq!(tries, [(0, "HTTP_500".into()), (1, String::new())]);
+    assert_eq!(
+        tries(meta),
+        [
+            ("primary".into(), 0, "HTTP_500".into()),
+            ("primary".into(), 1, String::new())
+        ]
+    );
     assert_eq!((calls(&primary).await, calls(&fallback).await), (2, 0));
     app.stop().await;
 }
