@@ -27,7 +27,6 @@ pub fn core_layer(agent: &AgentConfig) -> String {
 /// of MB): a need within the window may be an over-count, one past it is
 /// exact. CPU work on long prompts: call it off the runtime's threads.
 pub fn fixed_need(agent: &AgentConfig, system: Option<&str>) -> u64 {
-    use crate::domain::tokens::{Precision, count};
     let model = agent.chain.first().map_or("", |t| t.model.as_str());
     let core = core_layer(agent);
     let text = match system {
@@ -35,11 +34,8 @@ pub fn fixed_need(agent: &AgentConfig, system: Option<&str>) -> u64 {
         None => core,
     };
     let variable = agent.variable_tokens();
-    let bound = count(model, &text, Precision::Bound).saturating_add(variable);
-    if bound <= u64::from(agent.context_window) {
-        return bound;
-    }
-    prompt::tokens(model, &text).saturating_add(variable)
+    let room = u64::from(agent.context_window).saturating_sub(variable);
+    crate::domain::tokens::count_within(model, &text, room).saturating_add(variable)
 }
 
 /// Why a turn ended (`completed.stop_reason`).

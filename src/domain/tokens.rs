@@ -50,6 +50,18 @@ pub fn has_tokenizer(model: &str) -> bool {
     !matches!(tokenizer_for(model), Tokenizer::Approximate)
 }
 
+/// Tokens in `text` for `model` as far as a check against `limit` needs
+/// them: the free bound when it is within `limit` (the text fits whatever
+/// the exact count is), else the exact count.
+pub fn count_within(model: &str, text: &str, limit: u64) -> u64 {
+    let bound = count(model, text, Precision::Bound);
+    if bound <= limit {
+        bound
+    } else {
+        count(model, text, Precision::Exact)
+    }
+}
+
 /// Tokens in `text` for `model`.
 pub fn count(model: &str, text: &str, precision: Precision) -> u64 {
     match (tokenizer_for(model), precision) {

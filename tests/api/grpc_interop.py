@@ -87,6 +87,22 @@ def error_infos(e):
     return infos
 
 
+def emit_error(check, e):
+    """What a failed call said: its code, its one ErrorInfo and the trace
+    ID in the ErrorInfo and in the response metadata."""
+    infos = error_infos(e)
+    info = infos[0] if len(infos) == 1 else None
+    emit(
+        check,
+        code=e.code().name,
+        error_infos=len(infos),
+        reason=info and info.reason,
+        domain=info and info.domain,
+        trace_id=info and info.metadata.get("trace_id"),
+        header_trace_id=trace_header(e),
+    )
+
+
 def unknown_task(channel, pb, pbg):
     stub = pbg.OrchestratorStub(channel)
     request = pb.ExecuteRequest(
@@ -95,17 +111,7 @@ def unknown_task(channel, pb, pbg):
     try:
         stub.Execute(request, timeout=30)
     except grpc.RpcError as e:
-        infos = error_infos(e)
-        info = infos[0] if len(infos) == 1 else None
-        emit(
-            "unknown_task",
-            code=e.code().name,
-            error_infos=len(infos),
-            reason=info and info.reason,
-            domain=info and info.domain,
-            trace_id=info and info.metadata.get("trace_id"),
-            header_trace_id=trace_header(e),
-        )
+        emit_error("unknown_task", e)
     else:
         emit("unknown_task", code="OK")
 
@@ -183,14 +189,7 @@ def short_deadline(channel, pb, pbg):
     try:
         stub.ClassifySms(request, timeout=30)
     except grpc.RpcError as e:
-        infos = error_infos(e)
-        info = infos[0] if len(infos) == 1 else None
-        emit(
-            "short_deadline",
-            code=e.code().name,
-            reason=info and info.reason,
-            trace_id=info and info.metadata.get("trace_id"),
-        )
+        emit_error("short_deadline", e)
     else:
         emit("short_deadline", code="OK")
 

@@ -169,8 +169,15 @@ async fn pythons_grpcio_client_reads_the_api_as_specified() {
     // server's DEADLINE_EXCEEDED, its ErrorInfo and the trace ID.
     assert_eq!(
         checks["short_deadline"],
-        json!({"check": "short_deadline", "code": "DEADLINE_EXCEEDED",
-               "reason": "DEADLINE_EXCEEDED", "trace_id": "py-interop-6"})
+        json!({
+            "check": "short_deadline",
+            "code": "DEADLINE_EXCEEDED",
+            "error_infos": 1,
+            "reason": "DEADLINE_EXCEEDED",
+            "domain": "ai-orchestrator",
+            "trace_id": "py-interop-6",
+            "header_trace_id": "py-interop-6",
+        })
     );
 
     app.stop().await;

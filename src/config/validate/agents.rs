@@ -22,18 +22,6 @@ fn valid_pattern(p: &str) -> bool {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')))
 }
 
-/// Tokens of `text` for `model`: the free bound first, the tokenizer
-/// only when the bound is large (a long core prompt).
-fn core_tokens(model: &str, text: &str) -> u64 {
-    use crate::domain::tokens::{Precision, count};
-    let bound = count(model, text, Precision::Bound);
-    if bound < 4096 {
-        bound
-    } else {
-        count(model, text, Precision::Exact)
-    }
-}
-
 pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (name, a) in &config.agents {
         let at = |key: &str| format!("agents.{name}.{key}");
@@ -102,11 +90,13 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                 "the history layer needs room for the new message",
             );
         }
-        // Layer 1 is fixed here; layer 2 is checked when a turn starts.
+        // Layer 1 is fixed here; layer 2 when a prompt version is
+        // activated, and again when a turn starts.
+        let room = u64::from(a.context_window).saturating_sub(a.variable_tokens());
         let fixed = a
             .chain
             .iter()
-            .map(|t| core_tokens(&t.model, &a.core_prompt))
+            .map(|t| crate::domain::tokens::count_within(&t.model, &a.core_prompt, room))
             .max()
             .unwrap_or(0);
         if fixed.saturating_add(a.variable_tokens()) > u64::from(a.context_window) {

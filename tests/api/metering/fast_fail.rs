@@ -91,8 +91,8 @@ async fn refused_calls_do_not_wait_for_the_disk_but_served_calls_do() {
 }
 
 /// SPEC §7: shutdown flushes usage. Records queued for calls refused at
-/// once (their replies never waited for the disk) are written by the stop,
-/// even when the disk could take none of them before it began.
+/// once (their replies never waited for the disk) are on disk when serve
+/// returns, though the disk could take none of them before the stop began.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_writes_the_records_of_refused_calls_still_queued() {
     let db = Db::new(false).await;
