@@ -6,7 +6,7 @@
 //! `target/test-deps` from the package registries on first use (`.ci/run`
 //! installs them up front).
 
-use std::{path::PathBuf, process::Command, sync::Mutex};
+use std::{fs::File, path::PathBuf, process::Command};
 
 /// The pinned versions.
 pub const SERVER_EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31";
@@ -21,7 +21,21 @@ pub const PYTHON_GRPCIO_STATUS: &str = "grpcio-status==1.85.1";
 pub const PYTHON_PROTOBUF: &str = "protobuf==7.36.2";
 pub const PYTHON_COMMON_PROTOS: &str = "googleapis-common-protos==1.76.0";
 
-static INSTALL: Mutex<()> = Mutex::new(());
+/// Holds the lock on installing counterparts until dropped: across test
+/// processes (nextest runs each test in its own, and two `npm install`s
+/// into one folder leave it broken), and across threads (each call opens
+/// the file anew, and `flock` locks an open file, not a process).
+fn install_lock() -> File {
+    std::fs::create_dir_all(deps()).unwrap();
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(deps().join(".install.lock"))
+        .unwrap();
+    file.lock().unwrap();
+    file
+}
 
 fn deps() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-deps")
@@ -41,7 +55,7 @@ fn run(what: &str, cmd: &mut Command) {
 
 /// `server-everything`'s entry point (installs it when missing).
 pub fn server_everything() -> PathBuf {
-    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let _once = install_lock();
     let dir = deps();
     let entry = dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     if !entry.exists() {
@@ -59,7 +73,7 @@ pub fn server_everything() -> PathBuf {
 
 /// A Python with the MCP SDK (a venv, made when missing).
 pub fn python_with_mcp() -> PathBuf {
-    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let _once = install_lock();
     let venv = deps().join("venv");
     let python = venv.join("bin/python");
     let ready = python.exists()
@@ -84,7 +98,7 @@ pub fn python_with_mcp() -> PathBuf {
 /// A Python with `hypercorn` (the same venv, made when missing).
 pub fn python_with_hypercorn() -> PathBuf {
     let python = python_with_mcp();
-    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let _once = install_lock();
     let ready = Command::new(&python)
         .args(["-c", "import hypercorn"])
         .stderr(std::process::Stdio::null())
@@ -103,7 +117,7 @@ pub fn python_with_hypercorn() -> PathBuf {
 /// venv, made when missing).
 pub fn python_with_grpc() -> PathBuf {
     let python = python_with_mcp();
-    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let _once = install_lock();
     let ready = Command::new(&python)
         .args([
             "-c",
