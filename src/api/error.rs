@@ -246,7 +246,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
                 .collect::<Vec<_>>()
                 .join("; ");
             for (field, description) in violations {
-                details.add_bad_request_violation(clip(&field, 256), clip(&description, 512));
+                details.add_bad_request_violation(field, description);
             }
             (Code::InvalidArgument, reason::INVALID_INPUT, message)
         }
@@ -426,6 +426,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
     });
     let info: HashMap<String, String> = info.into_iter().map(|(k, v)| (k, clip(&v, 512))).collect();
     details.set_error_info(reason, DOMAIN, info);
+    bound_violations(&mut details);
     let mut metadata = MetadataMap::new();
     if let Ok(value) = trace_id.parse() {
         metadata.insert(TRACE_ID_HEADER, value);
@@ -433,19 +434,99 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
     Status::with_error_details_and_metadata(code, clip(&message, MAX_MESSAGE), details, metadata)
 }
 
-/// Most characters of a caller's value (a task, an ID) an error repeats.
+/// Most bytes of a caller's value (a task, an ID) an error repeats.
 const MAX_ECHO: usize = 128;
 
-/// Most characters of an error's message. A status travels in the
-/// response's trailers, and clients refuse trailers past 16 KiB (hyper's
-/// default, gRPC C-core's 8 KiB): an error that echoed a long value would
-/// reach its caller as a protocol error instead of its code.
+/// Most bytes of an error's message. A status travels in the response's
+/// trailers, and clients refuse trailers past 16 KiB (hyper's default,
+/// gRPC C-core's 8 KiB): an error that echoed a long value would reach its
+/// caller as a protocol error instead of its code. The message travels
+/// twice (`grpc-message`, percent-encoded, and inside
+/// `grpc-status-details-bin`, base64), and so do the details below, so
+/// every part has a bound that keeps the whole under 8 KiB.
 const MAX_MESSAGE: usize = 1024;
 
-/// `text` cut to `max` characters, marked when cut.
+/// Most field violations an error lists (a schema check reports up to 20),
+/// and most bytes of each one's field path and description. A path and a
+/// description can repeat what the caller sent (an object's keys) or what
+/// a tool's schema says (an enum's every option).
+const MAX_VIOLATIONS: usize = 5;
+const MAX_VIOLATION_FIELD: usize = 128;
+const MAX_VIOLATION_DESCRIPTION: usize = 192;
+
+/// Keeps the status's `BadRequest` within the bounds above, wherever its
+/// violations came from.
+fn bound_violations(details: &mut ErrorDetails) {
+    let Some(bad) = details.bad_request() else {
+        return;
+    };
+    let bounded: Vec<_> = bad
+        .field_violations
+        .iter()
+        .take(MAX_VIOLATIONS)
+        .map(|v| {
+            let mut v = v.clone();
+            v.field = clip(&v.field, MAX_VIOLATION_FIELD);
+            v.description = clip(&v.description, MAX_VIOLATION_DESCRIPTION);
+            v
+        })
+        .collect();
+    details.set_bad_request(bounded);
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked when
+/// cut (the mark is 3 bytes more).
 fn clip(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_owned(),
-        Some((end, _)) => format!("{}…", text.get(..end).unwrap_or_default()),
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let end = (0..=max)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}…", text.get(..end).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clips_at_a_character_boundary_within_the_bytes() {
+        assert_eq!(clip("short", 8), "short");
+        assert_eq!(clip("abcdef", 3), "abc…");
+        // "é" is 2 bytes: a cut inside it steps back before it.
+        assert_eq!(clip("aébc", 2), "a…");
+        assert_eq!(clip("ééé", 4), "éé…");
+    }
+
+    #[test]
+    fn an_error_lists_a_bounded_number_of_bounded_violations() {
+        // Non-ASCII throughout, the worst case: `grpc-message` carries the
+        // message percent-encoded (3 bytes a byte), and the details carry
+        // it again.
+        let violations: Vec<(String, String)> = (0..20)
+            .map(|i| (format!("/{i}/{}", "ü".repeat(10_000)), "ü".repeat(10_000)))
+            .collect();
+        let status = to_status(Failure::Invalid(violations), "t1");
+        let details = status.get_error_details();
+        let listed = &details.bad_request().unwrap().field_violations;
+        assert_eq!(listed.len(), MAX_VIOLATIONS);
+        for v in listed {
+            assert!(
+                v.field.len() <= MAX_VIOLATION_FIELD + 3,
+                "{}",
+                v.field.len()
+            );
+            assert!(v.description.len() <= MAX_VIOLATION_DESCRIPTION + 3);
+        }
+        assert!(status.message().len() <= MAX_MESSAGE + 3);
+        let mut trailers = tonic::codegen::http::HeaderMap::new();
+        status.add_header(&mut trailers).unwrap();
+        let size: usize = trailers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len())
+            .sum();
+        assert!(size < 8 * 1024, "{size} bytes of trailers");
     }
 }

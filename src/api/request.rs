@@ -13,6 +13,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 
+/// The measures of a JSON input the request limits use.
+pub(crate) use crate::domain::json::{bytes as json_bytes, depth as json_depth};
+
 /// Headroom kept before the caller's `grpc-timeout` (at most 10% of it).
 pub const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -214,44 +217,6 @@ pub(crate) fn check_depth(field: &str, depth: usize, server: &ServerConfig) -> R
         ));
     }
     Ok(())
-}
-
-/// Nesting depth of a JSON value (a scalar is 0, `{}` or `[]` is 1),
-/// walked without recursion.
-pub(crate) fn json_depth(value: &serde_json::Value) -> usize {
-    use serde_json::Value;
-    let mut deepest = 0;
-    let mut stack = vec![(value, 0_usize)];
-    while let Some((value, depth)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match value {
-            Value::Array(a) => Box::new(a.iter()),
-            Value::Object(o) => Box::new(o.values()),
-            _ => continue,
-        };
-        deepest = deepest.max(depth + 1);
-        stack.extend(children.map(|c| (c, depth + 1)));
-    }
-    deepest
-}
-
-/// Bytes of `value` as compact JSON text, counted without building the
-/// text: the size of a JSON input whichever encoding brought it.
-pub(crate) fn json_bytes(value: &serde_json::Value) -> usize {
-    /// A writer that keeps nothing but the count.
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 = self.0.saturating_add(buf.len());
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // A `Value` always serializes (its keys are strings) and counting never
-    // fails; were it ever to, the input counts as too large, not as empty.
-    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
 }
 
 /// Nesting depth of a protobuf `Struct` (an empty one is 1), walked

@@ -66,6 +66,23 @@ fn status(s: InvocationStatus) -> pb::InvocationStatus {
 /// The key a tool output that is not a JSON object is carried under.
 pub const OUTPUT_KEY: &str = "result";
 
+/// Most bytes of a caller's idempotency key.
+const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// A caller's idempotency key is sent as a webhook's `Idempotency-Key`
+/// header, so it must be a header value: visible ASCII, no spaces (a
+/// header's edges would lose them). Refused here, it is the caller's
+/// mistake; sent, it failed every attempt as an unreachable webhook.
+fn check_idempotency_key(key: &str) -> Result<(), &'static str> {
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("may only contain visible ASCII characters, without spaces");
+    }
+    if key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err("must be at most 255 characters");
+    }
+    Ok(())
+}
+
 /// A tool's output as both edges carry it (docs/tools.md): an object as it
 /// is, any other JSON value (an array such as n8n's "All Entries" answer, a
 /// string, a number, a boolean, `null`) as `{"result": <value>}`. Neither a
@@ -192,6 +209,8 @@ impl ToolService for ToolServiceApi {
         if req.tool.is_empty() {
             return Err(fail(Failure::invalid("tool", "is required")));
         }
+        check_idempotency_key(&req.idempotency_key)
+            .map_err(|why| fail(Failure::invalid("idempotency_key", why)))?;
         if let Some(input) = &req.input {
             request::check_finite("input", input).map_err(fail)?;
         }

@@ -2,6 +2,7 @@
 //! import from any other module of the crate (this is the ground floor,
 //! beside `config`).
 
+pub mod json;
 pub mod sms;
 pub mod tokens;
 

@@ -7,6 +7,9 @@ use super::{
 };
 use crate::config::MAX_OUTPUT_TOKENS;
 
+/// Most bytes of a prompt key.
+const MAX_KEY_BYTES: usize = 128;
+
 /// Refuses a version whose fields could never serve a call, before
 /// anything is stored: every later call would fail otherwise (a template
 /// that cannot render, an output cap the provider rejects).
@@ -15,6 +18,14 @@ pub(super) fn check(new: &NewPrompt) -> Result<(), PromptError> {
         return Err(PromptError::Invalid {
             field: "prompt_key",
             why: "is required".into(),
+        });
+    }
+    // A key is logged, audited and matched against task names: a bounded
+    // line of text.
+    if new.key.len() > MAX_KEY_BYTES || new.key.chars().any(char::is_control) {
+        return Err(PromptError::Invalid {
+            field: "prompt_key",
+            why: format!("must be at most {MAX_KEY_BYTES} bytes, without control characters"),
         });
     }
     if new.user_template.trim().is_empty() {
@@ -68,6 +79,38 @@ pub(super) fn check(new: &NewPrompt) -> Result<(), PromptError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_a_bounded_line_and_a_template_of_many_names_parses() {
+        let new = |key: &str, user_template: String| NewPrompt {
+            key: key.into(),
+            user_template,
+            ..NewPrompt::default()
+        };
+        let refused = |n: &NewPrompt| {
+            matches!(
+                check(n),
+                Err(PromptError::Invalid {
+                    field: "prompt_key",
+                    ..
+                })
+            )
+        };
+        assert!(refused(&new(&"k".repeat(129), "{{x}}".into())));
+        assert!(refused(&new("two\nlines", "{{x}}".into())));
+        assert!(check(&new(&"k".repeat(128), "{{x}}".into())).is_ok());
+        // Distinct names, each once: every name is kept, in order.
+        let template: String = (0..50_000)
+            .map(|i| format!("{{{{v{i}}}}} {{{{v{i}}}}} "))
+            .collect();
+        let names = template::variables(&template).unwrap();
+        assert_eq!(names.len(), 50_000);
+        assert_eq!(
+            (names[0].as_str(), names[49_999].as_str()),
+            ("v0", "v49999")
+        );
+        assert!(check(&new("custom", template)).is_ok());
+    }
 
     #[test]
     fn a_version_with_an_unusable_output_cap_is_refused() {

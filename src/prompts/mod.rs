@@ -4,6 +4,7 @@
 //! angle brackets escaped so it cannot close the tag, and the system prompts
 //! tell the model that tagged text is never an instruction.
 
+mod cache;
 mod check;
 pub mod store;
 pub mod template;

@@ -7,20 +7,13 @@
 //! through this process invalidate the cache at once, other replicas see them
 //! within the TTL.
 
-use super::{Prompt, builtin, check::check, template};
+pub use super::cache::CACHE_TTL;
+use super::{Prompt, builtin, cache::PromptCache, check::check, template};
 use crate::{
     on_store,
     store::{Store, StoreError},
 };
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
-use tokio::time::Instant;
-
-/// How long a resolved prompt is reused before the database is asked again.
-pub const CACHE_TTL: Duration = Duration::from_secs(5);
+use std::sync::{Arc, Mutex};
 
 /// A prompt store failure.
 #[derive(Debug, thiserror::Error)]
@@ -179,9 +172,6 @@ fn from_row(r: Row) -> StoredPrompt {
     }
 }
 
-/// Resolved prompts by (team, key), with the time they were read.
-type PromptCache = HashMap<(String, String), (Prompt, Instant)>;
-
 /// The store, with a small resolution cache.
 #[derive(Clone)]
 pub struct PromptStore {
@@ -189,6 +179,9 @@ pub struct PromptStore {
     cache: Arc<Mutex<PromptCache>>,
     check: Option<ActivationCheck>,
     model_check: Option<ModelCheck>,
+    /// Most bytes of a version's system prompt and template together,
+    /// variables left out.
+    max_text_bytes: usize,
 }
 
 impl PromptStore {
@@ -199,7 +192,17 @@ impl PromptStore {
             cache: Arc::default(),
             check: None,
             model_check: None,
+            max_text_bytes: usize::MAX,
         }
+    }
+
+    /// The store, refusing a new version whose system prompt and template
+    /// hold more than `bytes` besides their variables: the most a rendered
+    /// prompt may be (`server.max_prompt_bytes`), so such a version could
+    /// serve no call.
+    pub fn with_max_text_bytes(mut self, bytes: usize) -> Self {
+        self.max_text_bytes = bytes;
+        self
     }
 
     /// The store, refusing a new version whose model override `check`
@@ -248,10 +251,8 @@ impl PromptStore {
     /// The prompt to use for `key` on behalf of `team`.
     pub async fn resolve(&self, team: &str, key: &str) -> Result<Prompt, PromptError> {
         let cache_key = (team.to_owned(), key.to_owned());
-        if let Some((prompt, at)) = self.cache().get(&cache_key)
-            && at.elapsed() < CACHE_TTL
-        {
-            return Ok(prompt.clone());
+        if let Some(prompt) = self.cache().fresh(&cache_key) {
+            return Ok(prompt);
         }
         let sql = format!(
             "SELECT {COLUMNS} FROM ai_prompts WHERE prompt_key = $1 AND is_active = 1 AND team_id IN ($2, '') \
@@ -265,13 +266,24 @@ impl PromptStore {
                 .await?
         });
         let prompt = row.map_or_else(|| builtin(key), |r| from_row(r).prompt);
-        self.cache()
-            .insert(cache_key, (prompt.clone(), Instant::now()));
+        self.cache().insert(cache_key, prompt.clone());
         Ok(prompt)
     }
 
     /// Adds the next version of (team, key); returns its number.
     pub async fn add(&self, new: NewPrompt, actor: &str, now_ms: i64) -> Result<u32, PromptError> {
+        let text_bytes = template::literal_len(&new.system)
+            .saturating_add(template::literal_len(&new.user_template));
+        if text_bytes > self.max_text_bytes {
+            return Err(PromptError::Invalid {
+                field: "user_prompt_template",
+                why: format!(
+                    "the system prompt and template hold {text_bytes} bytes besides their \
+                     variables; a rendered prompt may be at most {} (server.max_prompt_bytes)",
+                    self.max_text_bytes
+                ),
+            });
+        }
         check(&new)?;
         self.model_may_serve(&new.key, new.model.as_deref())?;
         if new.activate {

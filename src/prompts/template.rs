@@ -2,7 +2,7 @@
 //! inserted from a variable is never scanned again, so user text containing
 //! `{{...}}` cannot pull in other variables.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// A template problem, naming the variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,16 +58,35 @@ pub fn render_bounded(
     Ok(out)
 }
 
+/// Bytes of `template` outside its `{{variables}}`: what every rendering
+/// of it holds, whatever the values (an unclosed `{{` counts as text).
+pub fn literal_len(template: &str) -> usize {
+    let mut len = 0;
+    let mut rest = template;
+    while let Some(open) = rest.find("{{") {
+        len += open;
+        let after = &rest[open + 2..];
+        let Some(close) = after.find("}}") else {
+            return len + (rest.len() - open);
+        };
+        rest = &after[close + 2..];
+    }
+    len + rest.len()
+}
+
 /// Names of the variables a template uses, in order of first use.
 pub fn variables(template: &str) -> Result<Vec<String>, TemplateError> {
     let mut names: Vec<String> = Vec::new();
+    // A set beside the list: an admin's template of many distinct names
+    // must not cost a scan of the list per use.
+    let mut seen: HashSet<&str> = HashSet::new();
     let mut rest = template;
     while let Some(open) = rest.find("{{") {
         let after = &rest[open + 2..];
         let close = after.find("}}").ok_or(TemplateError::Unclosed)?;
-        let name = after[..close].trim().to_owned();
-        if !names.contains(&name) {
-            names.push(name);
+        let name = after[..close].trim();
+        if seen.insert(name) {
+            names.push(name.to_owned());
         }
         rest = &after[close + 2..];
     }
@@ -97,6 +116,9 @@ mod tests {
             Err(TemplateError::Missing("topic".into()))
         );
         assert_eq!(variables(t).unwrap(), vec!["name", "topic"]);
+        assert_eq!(literal_len("Hi {{ name }}, {{x}}!"), "Hi , !".len());
+        assert_eq!(literal_len("no variables"), 12);
+        assert_eq!(literal_len("open {{ never"), 13);
         assert_eq!(render("{{oops", &vars(&[])), Err(TemplateError::Unclosed));
     }
 

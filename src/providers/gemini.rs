@@ -381,8 +381,12 @@ impl StreamState {
     fn on_chunk(&mut self, chunk: GenerateResponse) -> Result<String, ProviderError> {
         if let Some(error) = chunk.error {
             return Err(ProviderError::Status {
-                // An error after a 200 head: take its own code, else a 500.
-                status: error.code.filter(|c| *c >= 400).unwrap_or(500),
+                // An error after a 200 head: take its own code when it is
+                // an HTTP error's (it labels metrics), else a 500.
+                status: error
+                    .code
+                    .filter(|c| (400..=599).contains(c))
+                    .unwrap_or(500),
                 retry_after: None,
                 summary: label(error.status.as_deref().unwrap_or("unknown")),
             });

@@ -3,7 +3,8 @@
 //! in its window (SPEC §11.5: layers 1–2 are never cut; a turn checks the
 //! same again, for versions activated under an earlier config), and, with
 //! metering on, a model override that has no price (SPEC §5: a call whose
-//! cost is unknown could never count against a cost cap).
+//! cost is unknown could never count against a cost cap); and a version
+//! whose texts alone pass `server.max_prompt_bytes`.
 
 use crate::{
     agent,
@@ -18,6 +19,7 @@ pub fn prompt_store(store: Store, config: &Config) -> PromptStore {
     PromptStore::new(store)
         .with_activation_check(activation_check(config))
         .with_model_check(model_check(config))
+        .with_max_text_bytes(config.server.max_prompt_bytes)
 }
 
 /// A model override replaces the primary target's model of the task named

@@ -39,7 +39,7 @@ pub async fn prepare(
             (k.clone(), prompts::as_data(&text))
         })
         .collect();
-    let whole = serde_json::to_string_pretty(&Value::Object(input)).unwrap_or_default();
+    let whole = whole_input(&Value::Object(input), tasks.config.server.max_prompt_bytes);
     vars.insert("input".into(), prompts::as_data(&whole));
     vars.insert("task".into(), task.to_owned());
     let rendered = session.render(task, &vars).await?;
@@ -53,6 +53,39 @@ pub async fn prepare(
             schema,
         });
     Ok((rendered, format))
+}
+
+/// The whole input as the `{{input}}` variable: pretty JSON, or compact
+/// when the pretty form is longer than a prompt may be. Pretty printing
+/// indents every line by its depth, so a deeply nested input within
+/// `max_input_bytes` would grow some 30 times; it could never render, and
+/// every call in flight would hold the copy.
+fn whole_input(input: &Value, limit: usize) -> String {
+    /// A buffer that refuses to grow past `limit`.
+    struct Capped {
+        buf: Vec<u8>,
+        limit: usize,
+    }
+    impl std::io::Write for Capped {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if self.buf.len().saturating_add(bytes.len()) > self.limit {
+                return Err(std::io::Error::other("longer than a prompt may be"));
+            }
+            self.buf.extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut pretty = Capped {
+        buf: Vec::new(),
+        limit,
+    };
+    match serde_json::to_writer_pretty(&mut pretty, input) {
+        Ok(()) => String::from_utf8(pretty.buf).unwrap_or_else(|_| input.to_string()),
+        Err(_) => input.to_string(),
+    }
 }
 
 /// Runs `task` with `input` (see [`prepare`]).
@@ -92,6 +125,26 @@ pub fn parse(text: &str, schema: Option<&jsonschema::Validator>) -> Result<Outpu
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_whole_input_is_pretty_unless_that_passes_the_prompt_limit() {
+        let small = json!({"lead": {"name": "Ann"}});
+        assert_eq!(
+            whole_input(&small, 1024),
+            serde_json::to_string_pretty(&small).unwrap()
+        );
+        // 32 levels deep, ~64 KiB compact: pretty, each `0` is a line
+        // indented by 64 spaces.
+        let mut deep = Value::Array(vec![json!(0); 30_000]);
+        for _ in 0..31 {
+            deep = Value::Array(vec![deep]);
+        }
+        let compact = deep.to_string();
+        assert!(compact.len() < 64 * 1024);
+        let limit = 256 * 1024;
+        assert!(serde_json::to_string_pretty(&deep).unwrap().len() > limit);
+        assert_eq!(whole_input(&deep, limit), compact);
+    }
 
     #[test]
     fn output_schema_is_enforced() {

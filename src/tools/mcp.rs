@@ -135,7 +135,13 @@ impl Servers {
         let result = tokio::time::timeout(timeout, client.call_tool(request))
             .await
             .map_err(|_| Failure::new("TIMED_OUT", "the MCP tool did not answer in time"))?
-            .map_err(|e| Failure::new("TOOL_ERROR", format!("the MCP call failed: {e}")))?;
+            .map_err(|e| {
+                // The server's error message and data, cut as an isError
+                // result's text is: it is stored, returned and shown to
+                // agents' models.
+                let why: String = e.to_string().chars().take(500).collect();
+                Failure::new("TOOL_ERROR", format!("the MCP call failed: {why}"))
+            })?;
         if result.is_error == Some(true) {
             let text: String = result
                 .content

@@ -7,6 +7,8 @@
 use super::super::{Call, CallError, tool::AgentScope, tool::ToolRequest};
 use crate::{
     auth::Principal,
+    config::ServerConfig,
+    domain::json::{bytes as json_bytes, depth as json_depth},
     providers::{ToolCall, ToolOutcome},
     tools::{Status, invocations::Mode},
 };
@@ -114,6 +116,32 @@ pub fn over_output_budget(outcome: &ToolOutcome) -> ToolOutcome {
     }
 }
 
+/// A model's arguments within the limits of a caller's tool input,
+/// measured alike (`server.max_input_depth`, then `server.max_input_bytes`
+/// of compact JSON): a webhook and the invocation store get no more from a
+/// model than from a caller.
+fn within_limits(
+    input: serde_json::Value,
+    server: &ServerConfig,
+) -> Result<serde_json::Value, String> {
+    // Depth first: it bounds the serializer's recursion that counts bytes.
+    let depth = json_depth(&input);
+    if depth > server.max_input_depth {
+        return Err(format!(
+            "the arguments nest {depth} levels deep, more than the {} a tool's input may",
+            server.max_input_depth
+        ));
+    }
+    let bytes = json_bytes(&input);
+    if bytes > server.max_input_bytes {
+        return Err(format!(
+            "the arguments are {bytes} bytes of JSON, more than the {} a tool's input may be",
+            server.max_input_bytes
+        ));
+    }
+    Ok(input)
+}
+
 /// Runs `tc` for `principal` within `scope`. `Err` only when what the
 /// call did could not be recorded or audited: that fails the turn.
 pub async fn run(
@@ -124,8 +152,12 @@ pub async fn run(
 ) -> Result<(ToolOutcome, Report), CallError> {
     let started = Instant::now();
     let took = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let input = match tc.parsed() {
-        Ok(map) => serde_json::Value::Object(map),
+    let parsed = tc
+        .parsed()
+        .map(serde_json::Value::Object)
+        .and_then(|input| within_limits(input, &call.pipeline.config().server));
+    let input = match parsed {
+        Ok(input) => input,
         Err(why) => {
             // Never reaches the tool: the model gets the reason and may
             // call again with valid arguments. The refusal is audited like

@@ -274,6 +274,38 @@ async fn a_response_with_too_many_tool_calls_is_too_large() {
     assert!(matches!(err, ProviderError::TooLarge { .. }), "{err:?}");
 }
 
+/// A redirect from the provider's host is not followed: the key stays
+/// with the host it was configured for, and the attempt fails with the
+/// redirect's status.
+#[tokio::test]
+async fn a_redirect_is_not_followed_and_the_key_stays_home() {
+    let server = MockServer::start().await;
+    let elsewhere = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .respond_with(
+            ResponseTemplate::new(307)
+                .insert_header("location", format!("{}/v1/messages", elsewhere.uri())),
+        )
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .expect(0)
+        .mount(&elsewhere)
+        .await;
+    let err = provider(&server)
+        .complete(request(vec![msg(Role::User, "hi")]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ProviderError::Status { status: 307, .. }),
+        "{err:?}"
+    );
+    assert!(elsewhere.received_requests().await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn sends_anthropic_headers_trace_and_body_to_messages() {
     let server = MockServer::start().await;

@@ -198,6 +198,17 @@ fn an_error_chunk_mid_stream_keeps_its_code_but_not_its_message() {
             summary: "UNAVAILABLE".into()
         }
     );
+    // A code outside HTTP's error range is a 500, not a new metric label.
+    for code in [600, 9_999, 65_535, 399] {
+        let chunk = parse_chunk(&format!(r#"{{"error":{{"code":{code},"status":"X"}}}}"#))
+            .unwrap()
+            .unwrap();
+        let err = StreamState::default().on_chunk(chunk).unwrap_err();
+        assert!(
+            matches!(err, ProviderError::Status { status: 500, .. }),
+            "{code}: {err:?}"
+        );
+    }
     assert!(matches!(
         parse_chunk(r#"{"candidates": "canary"#),
         Err(ProviderError::Malformed(m)) if !m.contains("canary")

@@ -210,6 +210,11 @@ fn client(config: &ProviderConfig, idle: usize) -> Result<reqwest::Client, Provi
         None => builder,
     };
     builder
+        // A provider's redirect is an answer, not an instruction: followed,
+        // it would take the API key to another host (reqwest strips only
+        // `Authorization`, not `x-api-key` or `x-goog-api-key`). It ends
+        // the attempt as an HTTP status error.
+        .redirect(reqwest::redirect::Policy::none())
         // Calls that never reached the provider are resent by the router,
         // which counts and shows them; reqwest would resend protocol NACKs
         // on its own, unseen.

@@ -575,6 +575,32 @@ async fn a_huge_conversation_id_is_not_found_not_a_transport_error() {
     assert_eq!(err.code(), Code::NotFound);
 }
 
+/// An agent name of tens of KiB (within the request's 64 KiB) is still
+/// AGENT_UNKNOWN: the error's violation repeats a bounded part of it, so
+/// the status's trailers stay far below what a client accepts.
+#[tokio::test]
+async fn a_huge_unknown_agent_name_is_invalid_argument_not_a_transport_error() {
+    let openai = Upstream::start([]).await;
+    let app = spawn(&openai.url(), &openai.url(), "").await;
+    let name = "a".repeat(40_000);
+    let err = turn(&app, CALLER, "huge-agent", converse(&name, "hi", None))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert_eq!(
+        err.get_details_error_info().unwrap().reason,
+        "AGENT_UNKNOWN"
+    );
+    let violation = &err.get_details_bad_request().unwrap().field_violations[0];
+    assert_eq!(violation.field, "agent");
+    assert!(
+        violation.description.len() < 300,
+        "{}",
+        violation.description.len()
+    );
+    assert!(err.message().len() < 2_000, "{}", err.message().len());
+}
+
 #[tokio::test]
 async fn conversations_round_trip_and_expire_on_sqlite() {
     let openai = Upstream::start(two_turns()).await;

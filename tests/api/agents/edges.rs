@@ -150,6 +150,55 @@ async fn malformed_and_failing_tool_calls_are_results_the_model_reads() {
     );
 }
 
+/// A model's arguments get the limits a caller's tool input has: past
+/// `server.max_input_bytes` (64 KiB) the call is refused before it reaches
+/// the webhook, and the model reads why.
+#[tokio::test]
+async fn arguments_past_the_input_limit_never_reach_the_tool() {
+    let hook = Webhook::start().await;
+    let huge = format!(
+        r#"{{"lead_id": "L9", "note": "{}"}}"#,
+        "n".repeat(70 * 1024)
+    );
+    let openai = Upstream::start([
+        Reply::sse(openai_tool_calls(&[(
+            "call_huge",
+            "crm__add_note",
+            &[huge.as_str()],
+        )])),
+        Reply::sse(openai_text(&["Too long."])),
+    ])
+    .await;
+    let app = spawn(&openai, &hook.url(), None).await;
+    let events = turn(
+        &app,
+        CALLER,
+        "edge-huge",
+        converse("helper", "Note it.", None),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        results(&events),
+        [(
+            "call_huge".into(),
+            "FAILED".into(),
+            "ARGUMENTS_INVALID".into()
+        )]
+    );
+    assert_eq!(hook.count(), 0, "the webhook got nothing");
+    let sent = openai.bodies()[1]["messages"].as_array().unwrap().clone();
+    let refusal = sent.iter().find(|m| m["role"] == "tool").unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(refusal.contains("more than the 65536"), "{refusal}");
+    assert!(
+        refusal.len() < 1_000,
+        "the refusal does not repeat the arguments"
+    );
+}
+
 #[tokio::test]
 async fn a_slow_tool_times_out_at_the_agents_tool_timeout() {
     let hook = Webhook::start().await;

@@ -53,6 +53,52 @@ fn window_now() -> i64 {
     now - now.rem_euclid(300_000)
 }
 
+/// A caller's key becomes the webhook's `Idempotency-Key` header: one that
+/// no header can carry is the caller's INVALID_ARGUMENT, and nothing is
+/// sent, stored or charged.
+#[tokio::test]
+async fn an_idempotency_key_no_header_can_carry_is_invalid_input() {
+    use tonic_types::StatusExt;
+    let hook = Webhook::start().await;
+    let app = spawn(&hook.url(), "").await;
+    let long = "k".repeat(256);
+    let refused: [&str; 5] = ["line\nbreak", "with space", "nul\0", "caf\u{e9}", &long];
+    for (n, bad) in refused.into_iter().enumerate() {
+        let mut req = invoke("crm.add_note", note());
+        req.idempotency_key = bad.to_owned();
+        let status = tools(&app)
+            .invoke_tool(with_key(CALLER, &format!("bad-key-{n}"), req))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{bad:?}: {status:?}"
+        );
+        let info = status.get_details_error_info().unwrap();
+        assert_eq!(info.reason, "INVALID_INPUT");
+        let bad_request = status.get_details_bad_request().unwrap();
+        assert_eq!(bad_request.field_violations[0].field, "idempotency_key");
+    }
+    let mut req = invoke("crm.add_note", note());
+    req.idempotency_key = "order-42/note=1;v2".into();
+    tools(&app)
+        .invoke_tool(with_key(CALLER, "good-key", req))
+        .await
+        .unwrap();
+    assert_eq!(hook.count(), 1, "only the valid key reached the webhook");
+    assert_eq!(
+        hook.received()[0].headers["idempotency-key"],
+        "order-42/note=1;v2"
+    );
+    let invoked = events(&app, "t1")
+        .await
+        .iter()
+        .filter(|e| e.action == "workflow.invoke")
+        .count();
+    assert_eq!(invoked, 1, "refused keys are not invocations");
+}
+
 #[tokio::test]
 async fn a_webhook_gets_the_input_its_secret_the_trace_and_the_idempotency_key() {
     let hook = Webhook::start().await;
