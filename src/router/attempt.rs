@@ -6,8 +6,9 @@ use crate::{
     resilience::{CutShort, ProviderGuards},
     telemetry::metrics,
 };
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,6 +257,42 @@ impl InFlight<'_> {
         metrics::resend(&self.target.provider, failure.as_str());
         tracing::info!(provider = %self.target.provider, cause = failure.as_str(), "resending a call that never reached the provider");
         true
+    }
+}
+
+impl InFlight<'_> {
+    /// Sends `first` with `send` (`complete` or `stream`) within its
+    /// deadline, and sends the call again at once, built by `again`, while
+    /// it provably never reached the provider ([`Self::resend`]). Errors
+    /// are attributed against the request's `deadline`.
+    pub(super) async fn send<T, Fut>(
+        &mut self,
+        span: &tracing::Span,
+        first: CompletionRequest,
+        again: impl Fn() -> CompletionRequest,
+        deadline: Instant,
+        send: impl Fn(CompletionRequest) -> Fut,
+    ) -> Result<T, ProviderError>
+    where
+        Fut: Future<Output = Result<T, ProviderError>>,
+    {
+        let attempt_deadline = first.deadline;
+        let mut req = Some(first);
+        loop {
+            // A resend is the same call again: built anew only then.
+            let req = req.take().unwrap_or_else(&again);
+            let sent = match tokio::time::timeout_at(attempt_deadline, send(req))
+                .instrument(span.clone())
+                .await
+            {
+                Ok(result) => result.map_err(|e| attribute(e, deadline)),
+                Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
+            };
+            match sent {
+                Err(e) if self.resend(&e, attempt_deadline) => continue,
+                sent => return sent,
+            }
+        }
     }
 }
 

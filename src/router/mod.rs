@@ -11,7 +11,7 @@ mod stream;
 mod tests;
 
 pub use attempt::{AttemptOutcome, AttemptRecord, CANCELLED, total_usage};
-use attempt::{InFlight, attribute, implausible};
+use attempt::{InFlight, implausible};
 pub use stream::RouteEvent;
 
 use crate::{
@@ -22,7 +22,6 @@ use crate::{
 };
 use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
-use tracing::Instrument;
 
 /// Why a routed call produced no answer.
 #[derive(Debug, thiserror::Error)]
@@ -364,26 +363,14 @@ impl Router {
             ..request.clone()
         };
         let span = span::attempt(target, self.kind(&target.provider), &req.trace_id, retry);
-        let mut req = Some(req);
-        let called = loop {
-            // A resend is the same call again: built anew only then.
-            let req = req.take().unwrap_or_else(|| CompletionRequest {
-                model: target.model.clone(),
-                deadline: attempt_deadline,
-                ..request.clone()
-            });
-            let called = match tokio::time::timeout_at(attempt_deadline, provider.complete(req))
-                .instrument(span.clone())
-                .await
-            {
-                Ok(result) => result.map_err(|e| attribute(e, deadline)),
-                Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
-            };
-            match called {
-                Err(e) if call.resend(&e, attempt_deadline) => continue,
-                called => break called,
-            }
+        let again = || CompletionRequest {
+            model: target.model.clone(),
+            deadline: attempt_deadline,
+            ..request.clone()
         };
+        let called = call
+            .send(&span, req, again, deadline, |req| provider.complete(req))
+            .await;
         match &called {
             Ok(c) => span::answered(&span, c),
             Err(e) => span::failed(&span, e),

@@ -140,22 +140,8 @@ impl Router {
                     yield RouteEvent::Started { provider: target.provider.clone(), model: target.model.clone() };
 
                     // Opened inside the attempt span: the upstream `traceparent` names it.
-                    let mut req = Some(req);
-                    let opened = loop {
-                        let req = req.take().unwrap_or_else(|| CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() });
-                        let opened = match tokio::time::timeout_at(attempt_deadline, provider.stream(req))
-                            .instrument(span.clone())
-                            .await
-                        {
-                            Ok(opened) => opened.map_err(|e| attribute(e, deadline)),
-                            Err(_) => Err(attribute(ProviderError::Timeout, deadline)),
-                        };
-                        match opened {
-                            // Never reached the provider: the same call again, at once.
-                            Err(e) if call.resend(&e, attempt_deadline) => continue,
-                            opened => break opened,
-                        }
-                    };
+                    let again = || CompletionRequest { model: target.model.clone(), deadline: attempt_deadline, ..request.clone() };
+                    let opened = call.send(&span, req, again, deadline, |req| provider.stream(req)).await;
                     // The error that ended this attempt before any output:
                     // retried here or moved on from, as `run` does.
                     let err = match opened {

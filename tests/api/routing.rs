@@ -2,7 +2,7 @@
 //! wire format over real HTTP, exact upstream call counts.
 
 use crate::common::{TestApp, ctx};
-use ai_orchestrator::api::pb;
+use ai_orchestrator::api::pb::{self, execute_event::Event};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tonic::Code;
@@ -542,6 +542,26 @@ fn streamed_answer() -> ResponseTemplate {
         .set_body_string(sse)
 }
 
+/// Every event of an `ExecuteStream` of `meeting_brief` under `context`.
+async fn brief_events(app: &TestApp, context: pb::RequestContext) -> Vec<Event> {
+    let mut stream = app
+        .client
+        .clone()
+        .execute_stream(pb::ExecuteRequest {
+            context: Some(context),
+            task: "meeting_brief".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(e) = stream.message().await.unwrap() {
+        events.push(e.event.unwrap());
+    }
+    events
+}
+
 /// BACKGROUND uses the full retry schedule in a stream too: a primary that
 /// fails before any output is retried in place (each try a `started`), not
 /// left for the fallback.
@@ -560,22 +580,7 @@ async fn execute_stream_background_retries_the_primary_before_any_output() {
     let app = spawn(&primary, &fallback, "").await;
     let mut context = ctx().unwrap();
     context.priority = pb::Priority::Background as i32;
-    let mut stream = app
-        .client
-        .clone()
-        .execute_stream(pb::ExecuteRequest {
-            context: Some(context),
-            task: "meeting_brief".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    use pb::execute_event::Event;
-    let mut events = Vec::new();
-    while let Some(e) = stream.message().await.unwrap() {
-        events.push(e.event.unwrap());
-    }
+    let events = brief_events(&app, context).await;
     let kinds: Vec<String> = events
         .iter()
         .map(|e| match e {
@@ -624,22 +629,7 @@ async fn execute_stream_falls_back_before_the_first_delta_and_passes_sse_through
         .mount(&fallback)
         .await;
     let app = spawn(&primary, &fallback, "max_attempts = 1").await;
-    let mut stream = app
-        .client
-        .clone()
-        .execute_stream(pb::ExecuteRequest {
-            context: ctx(),
-            task: "meeting_brief".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    use pb::execute_event::Event;
-    let mut events = Vec::new();
-    while let Some(e) = stream.message().await.unwrap() {
-        events.push(e.event.unwrap());
-    }
+    let events = brief_events(&app, ctx().unwrap()).await;
     assert!(matches!(&events[0], Event::Started(s) if s.provider == "primary"));
     assert!(
         matches!(&events[1], Event::Fallback(f) if f.to == "fallback" && f.reason == "HTTP_503")
