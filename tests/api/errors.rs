@@ -601,5 +601,31 @@ async fn every_input_a_request_can_grow_is_bounded_and_named() {
             .contains("max_prompt_bytes"),
         "{bad:?}"
     );
+
+    // A prompt version whose own text passes the rendered limit could
+    // serve no call: refused when created. Its variables do not count, as
+    // a value may be shorter than its placeholder.
+    let version = |system: String| pb::CreatePromptVersionRequest {
+        prompt_key: "meeting_brief".into(),
+        system_prompt: system,
+        user_prompt_template: "{{company}}".into(),
+        ..Default::default()
+    };
+    let mut admin = pb::prompt_admin_client::PromptAdminClient::new(app.channel.clone());
+    let status = admin
+        .create_prompt_version(version("s".repeat(1501)))
+        .await
+        .unwrap_err();
+    assert_error(
+        &status,
+        Code::InvalidArgument,
+        "INVALID_INPUT",
+        Some("user_prompt_template"),
+    );
+    let placeholders = format!("{}{}", "s".repeat(1400), "{{company}}".repeat(20));
+    admin
+        .create_prompt_version(version(placeholders))
+        .await
+        .unwrap();
     app.stop().await;
 }
