@@ -202,7 +202,7 @@ impl Bench {
                 rpc,
                 "meeting_brief",
                 Expect::Primary,
-                self.settings.timeout,
+                self.settings.sending(),
             );
             loadgen::run(self.plan(rate.min(200.0), self.settings.warmup), make).await?;
         }
@@ -289,7 +289,7 @@ impl Bench {
             rpc,
             "meeting_brief",
             Expect::Primary,
-            self.settings.timeout,
+            self.settings.sending(),
         );
         let step = Step {
             kind: kind.into(),

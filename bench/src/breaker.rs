@@ -57,8 +57,8 @@ pub async fn run(bench: &mut Bench) -> anyhow::Result<()> {
 }
 
 fn calls(bench: &Bench, live: &Live, task: &str, expect: Expect) -> loadgen::MakeRequest {
-    let timeout = bench.settings.timeout;
-    target::grpc(live.clients.clone(), Rpc::Execute, task, expect, timeout)
+    let sending = bench.settings.sending();
+    target::grpc(live.clients.clone(), Rpc::Execute, task, expect, sending)
 }
 
 fn step(kind: &str, live: &Live, task: &str) -> Step {

@@ -156,4 +156,9 @@ pub struct Args {
     /// bench makes at start.
     #[arg(long, default_value = "tls-1.1", value_parser = ["1.1", "2", "tls-1.1", "tls-2"])]
     pub upstream_http: String,
+    /// Send each call with its own random `x-trace-id`, as callers that
+    /// carry their own trace do. Without it the server makes a
+    /// time-ordered trace ID for each call.
+    #[arg(long)]
+    pub caller_trace_ids: bool,
 }

@@ -38,6 +38,8 @@ pub struct Settings {
     pub max_inflight: usize,
     /// Client-side timeout of one request.
     pub timeout: Duration,
+    /// Each call sends its own random `x-trace-id`.
+    pub caller_trace_ids: bool,
     /// First saturation rate.
     pub sat_start: f64,
     /// Rate multiplier between saturation steps.
@@ -91,6 +93,14 @@ fn pick<T>(value: Option<T>, smoke: bool, smoke_default: T, full_default: T) -> 
 }
 
 impl Settings {
+    /// How each gRPC call is sent.
+    pub fn sending(&self) -> crate::target::Sending {
+        crate::target::Sending {
+            timeout: self.timeout,
+            caller_trace_ids: self.caller_trace_ids,
+        }
+    }
+
     /// `args` with the defaults of a full or a smoke run; `dir` is the
     /// scratch folder.
     pub fn new(args: &Args, dir: PathBuf) -> anyhow::Result<Self> {
@@ -157,6 +167,7 @@ impl Settings {
             connections: args.connections.max(1),
             max_inflight: args.max_inflight.max(1),
             timeout: Duration::from_secs(10),
+            caller_trace_ids: args.caller_trace_ids,
             sat_start: pick(args.saturation_start, s, 50.0, 1000.0),
             sat_factor: args.saturation_factor.max(1.01),
             sat_max_steps: pick(args.saturation_steps, s, 2, 25),
@@ -198,6 +209,7 @@ impl Settings {
             "connections": self.connections,
             "max_inflight": self.max_inflight,
             "request_timeout_s": self.timeout.as_secs_f64(),
+            "caller_trace_ids": self.caller_trace_ids,
             "saturation": {
                 "start_rps": self.sat_start, "factor": self.sat_factor,
                 "max_steps": self.sat_max_steps, "refine_steps": self.sat_refine,

@@ -13,7 +13,10 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::{
     net::SocketAddr,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -169,6 +172,46 @@ fn context(i: u64) -> Option<pb::RequestContext> {
     })
 }
 
+/// How each gRPC call is sent.
+#[derive(Debug, Clone, Copy)]
+pub struct Sending {
+    /// Client-side timeout of one request.
+    pub timeout: Duration,
+    /// Each call carries its own random `x-trace-id`, as callers that
+    /// propagate their own trace do. Without it none is sent and the server
+    /// makes a time-ordered one (UUIDv7), which lands at the right edge of
+    /// every index on `trace_id` instead of anywhere in it.
+    pub caller_trace_ids: bool,
+}
+
+impl Sending {
+    fn prepare<T>(self, request: &mut tonic::Request<T>) {
+        request.set_timeout(self.timeout);
+        if self.caller_trace_ids
+            && let Ok(id) = random_trace_id().parse()
+        {
+            request.metadata_mut().insert("x-trace-id", id);
+        }
+    }
+}
+
+/// An ID shaped as the server's own (32 hex digits), new for each call of
+/// the process and spread uniformly: a counter through SplitMix64, a
+/// bijection, so the first 16 digits alone never repeat.
+fn random_trace_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let high = splitmix64(NEXT.fetch_add(1, Ordering::Relaxed));
+    format!("{high:016x}{:016x}", splitmix64(high))
+}
+
+/// SplitMix64's output function (Steele, Lea and Flood, 2014).
+fn splitmix64(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 fn status_code(status: &tonic::Status) -> String {
     format!("GRPC_{:?}", status.code()).to_uppercase()
 }
@@ -208,7 +251,7 @@ pub fn grpc(
     rpc: Rpc,
     task: &str,
     expect: Expect,
-    timeout: Duration,
+    sending: Sending,
 ) -> MakeRequest {
     let task = task.to_owned();
     Arc::new(move |i| {
@@ -225,7 +268,7 @@ pub fn grpc(
                             BRIEF_INPUT.to_owned(),
                         )),
                     });
-                    request.set_timeout(timeout);
+                    sending.prepare(&mut request);
                     match client.execute(request).await {
                         Ok(r) => check_meta(r.get_ref().meta.as_ref(), expect),
                         Err(status) => check_status(&status, expect),
@@ -243,7 +286,7 @@ pub fn grpc(
                             sent_at: None,
                         }],
                     });
-                    request.set_timeout(timeout);
+                    sending.prepare(&mut request);
                     match client.classify_sms(request).await {
                         Ok(r) if r.get_ref().intent == pb::SmsIntent::Interested as i32 => {
                             check_meta(r.get_ref().meta.as_ref(), expect)
@@ -262,7 +305,7 @@ pub fn grpc(
                         mode: pb::InvocationMode::Sync as i32,
                         ..Default::default()
                     });
-                    request.set_timeout(timeout);
+                    sending.prepare(&mut request);
                     match client.tools.invoke_tool(request).await {
                         Ok(r) => match r.get_ref().invocation.as_ref().map(|i| i.status()) {
                             Some(pb::InvocationStatus::Succeeded) => match expect {
@@ -281,7 +324,7 @@ pub fn grpc(
                         message: format!("Echo \"{ECHO_TEXT}\" back to me, in two calls."),
                         ..Default::default()
                     });
-                    request.set_timeout(timeout);
+                    sending.prepare(&mut request);
                     match client.agents.converse(request).await {
                         Ok(r) => turn(r.into_inner(), expect).await,
                         Err(status) => check_status(&status, expect),
@@ -373,4 +416,27 @@ pub fn direct(client: reqwest::Client, url: String, body: Bytes) -> MakeRequest 
             }
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::random_trace_id;
+
+    #[test]
+    fn caller_trace_ids_are_distinct_shaped_as_the_servers_and_not_ordered() {
+        let ids: Vec<String> = (0..1000).map(|_| random_trace_id()).collect();
+        let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        for id in &ids {
+            assert_eq!(id.len(), 32, "{id}");
+            assert!(
+                id.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                "{id}"
+            );
+        }
+        // Spread, not time-ordered: about half of the neighbours descend.
+        let descending = ids.windows(2).filter(|w| w[0] > w[1]).count();
+        assert!((350..650).contains(&descending), "{descending}");
+    }
 }
