@@ -7,12 +7,15 @@
 //! `x-api-key`). The team is the key's when it has one; a key for several
 //! teams names it in `x-team-id`, checked as gRPC checks `context.team_id`.
 //! A call's arguments obey the request limits of every gRPC request.
+//! Sessions are capped ([`sessions`]).
+
+mod sessions;
 
 use super::{
     auth::trace_of,
     error::{
         Failure,
-        reason::{INTERNAL, INVALID_INPUT},
+        reason::{INTERNAL, INVALID_INPUT, OVERLOADED},
     },
     request::check_id,
     tools::{check_tool_input, output_object},
@@ -39,10 +42,9 @@ use rmcp::{
         Tool as McpTool,
     },
     service::RequestContext,
-    transport::streamable_http_server::{
-        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
-    },
+    transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService},
 };
+use sessions::{Sessions, noting_refusals};
 use std::sync::Arc;
 use tokio::{net::TcpListener, sync::watch};
 
@@ -216,6 +218,24 @@ impl ServerHandler for Endpoint {
     }
 }
 
+/// The answer to an `initialize` past `mcp_endpoint.max_sessions`: 503,
+/// to be retried once a session has closed or gone idle.
+fn session_cap(max: usize) -> Response {
+    // Counted, not logged at warning: a client retrying `initialize`
+    // would fill the log.
+    crate::telemetry::metrics::error_reason(OVERLOADED);
+    tracing::debug!(max, "MCP session refused: the endpoint holds its maximum");
+    let message = format!(
+        "{OVERLOADED}: the MCP endpoint holds its maximum of {max} sessions; close one, or retry later"
+    );
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(http::header::RETRY_AFTER, "5")],
+        message,
+    )
+        .into_response()
+}
+
 /// The team a key acts for on the MCP endpoint: `x-team-id` when sent (a
 /// valid ID, 400 `INVALID_INPUT` otherwise, and one the key may act for,
 /// 403 otherwise), else the key's only team, else none (tenant tools
@@ -268,9 +288,10 @@ pub async fn serve(
         pipeline,
         calls: Arc::clone(&calls),
     };
+    let max_sessions = config.max_sessions;
     let service = StreamableHttpService::new(
         move || Ok(endpoint.clone()),
-        LocalSessionManager::default().into(),
+        Arc::new(Sessions::new(max_sessions)),
         server_config,
     );
     let authenticate = move |mut req: Request, next: Next| {
@@ -287,7 +308,10 @@ pub async fn serve(
                 trace_id: trace_of(&metadata),
             };
             req.extensions_mut().insert(caller);
-            Ok::<Response, Response>(next.run(req).await)
+            match noting_refusals(next.run(req)).await {
+                (_, true) => Err(session_cap(max_sessions)),
+                (answer, false) => Ok::<Response, Response>(answer),
+            }
         }
     };
     let app = axum::Router::new()

@@ -333,10 +333,18 @@ pub struct McpEndpointConfig {
     /// the loopback names.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Sessions open at once; an `initialize` past it is refused (503)
+    /// until one closes or has been idle for 5 minutes.
+    #[serde(default = "default_mcp_max_sessions")]
+    pub max_sessions: usize,
 }
 
 fn default_mcp_path() -> String {
     "/mcp".into()
+}
+
+fn default_mcp_max_sessions() -> usize {
+    1000
 }
 
 /// `[tool_worker]`: the runner of ASYNC invocations, and the leases that

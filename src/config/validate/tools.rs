@@ -15,6 +15,10 @@ pub const BUILTINS: [&str; 3] = ["system.echo", "system.health", "sms.segments"]
 /// The roles a key may hold.
 pub const ROLES: [&str; 3] = ["viewer", "caller", "admin"];
 
+/// Most MCP endpoint sessions `mcp_endpoint.max_sessions` may allow: each
+/// holds a worker task and its buffers, and a cap past this is no cap.
+const MAX_MCP_SESSIONS: usize = 100_000;
+
 /// A tool or server name: letters, digits, `_`, `-` and `.`, from 1 to 64.
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
@@ -239,10 +243,16 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
             &format!("must be more than 0 and {}", at_most(MAX_WAIT)),
         );
     }
-    if let Some(e) = &config.mcp_endpoint
-        && !e.path.starts_with('/')
-    {
-        bad("mcp_endpoint.path".into(), "must start with /");
+    if let Some(e) = &config.mcp_endpoint {
+        if !e.path.starts_with('/') {
+            bad("mcp_endpoint.path".into(), "must start with /");
+        }
+        if !(1..=MAX_MCP_SESSIONS).contains(&e.max_sessions) {
+            bad(
+                "mcp_endpoint.max_sessions".into(),
+                &format!("must be 1 to {MAX_MCP_SESSIONS}"),
+            );
+        }
     }
     for role in config.auth.roles.keys() {
         if !ROLES.contains(&role.as_str()) {

@@ -4,7 +4,8 @@
 //! `{"result": ...}`, never dropped; an input over `server.max_input_bytes`
 //! (2048 in the tests' config) or `server.max_input_depth` (32) is
 //! INVALID_INPUT on both; an `x-team-id` that is not a team ID is refused,
-//! even for a key of every team. The MCP side is driven by the official
+//! even for a key of every team; an `initialize` past
+//! `mcp_endpoint.max_sessions` is 503 until a session closes. The MCP side is driven by the official
 //! Rust SDK's client and, for the HTTP-level refusals, plain HTTP.
 
 use super::{
@@ -31,10 +32,15 @@ use tonic_types::StatusExt;
 
 /// A server with the MCP endpoint on a free port, and the endpoint's URL.
 async fn spawn_with_mcp(hook: &Webhook) -> (TestApp, String) {
+    spawn_with_mcp_lines(hook, "").await
+}
+
+/// [`spawn_with_mcp`] with `more` lines in `[mcp_endpoint]`.
+async fn spawn_with_mcp_lines(hook: &Webhook, more: &str) -> (TestApp, String) {
     let port = free_port();
     let app = spawn(
         &hook.url(),
-        &format!("[mcp_endpoint]\nlisten = \"127.0.0.1:{port}\"\n"),
+        &format!("[mcp_endpoint]\nlisten = \"127.0.0.1:{port}\"\n{more}"),
     )
     .await;
     wait_for(|| async {
@@ -249,5 +255,49 @@ async fn an_x_team_id_that_is_not_a_team_id_is_refused_even_for_a_key_of_every_t
     // A well-formed team: the all-teams key acts for it.
     let accepted = initialize(ADMIN, "t9").await.unwrap();
     assert!(accepted.status().is_success(), "{}", accepted.status());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_initialize_past_max_sessions_is_503_until_a_session_closes() {
+    let hook = Webhook::start().await;
+    let (app, url) = spawn_with_mcp_lines(&hook, "max_sessions = 2\n").await;
+    let first = mcp_session(&url, CALLER).await;
+    let second = mcp_session(&url, CALLER).await;
+    let http = reqwest::Client::new();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "limits", "version": "0"}}});
+    let initialize = || {
+        http.post(&url)
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", format!("Bearer {CALLER}"))
+            .json(&init)
+            .send()
+    };
+
+    let refused = initialize().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "5");
+    let body = refused.text().await.unwrap();
+    assert!(body.starts_with("OVERLOADED: "), "{body}");
+    // The sessions already open go on.
+    let listed = second.list_all_tools().await.expect("tools/list");
+    assert!(
+        listed.iter().any(|t| t.name == "crm.add_note"),
+        "{listed:?}"
+    );
+
+    // A closed session (the client's DELETE) frees its place.
+    first.cancel().await.expect("the session closes");
+    wait_for(|| async {
+        initialize()
+            .await
+            .is_ok_and(|answer| answer.status().is_success())
+    })
+    .await;
+    // And the cap holds again with the new one.
+    assert_eq!(initialize().await.unwrap().status(), 503);
+    let _ = second.cancel().await;
     app.stop().await;
 }

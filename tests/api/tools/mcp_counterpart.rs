@@ -1,6 +1,6 @@
 //! Our MCP client against a server built on the official Python SDK
-//! (`mcp_server.py`, over stdio): an `isError` result is a FAILED
-//! invocation, a `serverInfo.version` that is not semver registers its
+//! (`mcp_server.py`, over stdio): an `isError` result and a JSON-RPC error
+//! are FAILED invocations, with the server's text cut to 500 characters, a `serverInfo.version` that is not semver registers its
 //! tools at `0.0.0`, and a tool the server adds later joins the registry on
 //! `notifications/tools/list_changed` or at the next `refresh_interval`.
 
@@ -111,6 +111,52 @@ async fn an_is_error_result_is_a_failed_invocation_with_tool_error() {
 }
 
 #[tokio::test]
+async fn a_json_rpc_error_is_a_failed_invocation_and_its_text_is_cut() {
+    let hook = super::webhook::Webhook::start().await;
+    let app = spawn(&hook.url(), &server("probe", "1.2.3", "")).await;
+    wait_listed(&app, "probe", "probe.refuse@1.2.3").await;
+
+    let failed = |inv: pb::ToolInvocation| {
+        assert_eq!(inv.status(), pb::InvocationStatus::Failed, "{inv:?}");
+        let error = inv.error.expect("an error");
+        assert_eq!(error.code, "TOOL_ERROR");
+        error.message
+    };
+    let reason = "lead_id is not a lead";
+    let refused = run(
+        &app,
+        ADMIN,
+        "mcp-refused",
+        "probe.refuse",
+        json!({ "reason": reason }),
+    )
+    .await;
+    let message = failed(refused);
+    assert!(message.starts_with("the MCP call failed: "), "{message}");
+    assert!(message.ends_with(reason), "{message}");
+
+    // The server's text is stored, returned and shown to agents' models:
+    // 500 characters of what the client reports are kept, whatever the
+    // server sends (here 40,000 bytes). Two-byte characters, so a cut by
+    // bytes would show.
+    let refused = run(
+        &app,
+        ADMIN,
+        "mcp-refused-long",
+        "probe.refuse",
+        json!({ "reason": "é", "repeat": 20_000 }),
+    )
+    .await;
+    let message = failed(refused);
+    let why = message
+        .strip_prefix("the MCP call failed: ")
+        .expect("the failure's prefix");
+    assert_eq!(why.chars().count(), 500, "{}", why.len());
+    assert!(why.ends_with("ééé"), "{why}");
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_server_version_that_is_not_semver_registers_its_tools_at_0_0_0() {
     let hook = super::webhook::Webhook::start().await;
     // The same script reporting a semver version: the version is read from
@@ -129,7 +175,8 @@ async fn a_server_version_that_is_not_semver_registers_its_tools_at_0_0_0() {
         [
             "devbuild.add_tool@0.0.0",
             "devbuild.echo@0.0.0",
-            "devbuild.fail@0.0.0"
+            "devbuild.fail@0.0.0",
+            "devbuild.refuse@0.0.0"
         ]
     );
     assert!(
@@ -143,7 +190,8 @@ async fn a_server_version_that_is_not_semver_registers_its_tools_at_0_0_0() {
         [
             "release.add_tool@3.1.4",
             "release.echo@3.1.4",
-            "release.fail@3.1.4"
+            "release.fail@3.1.4",
+            "release.refuse@3.1.4"
         ]
     );
 

@@ -6,6 +6,9 @@ which is not semver). Its tools:
 
 - `echo {text}`: answers `{"text": text}` as structured content.
 - `fail {reason}`: answers an `isError: true` result whose text is `reason`.
+- `refuse {reason, repeat}`: answers a JSON-RPC error (invalid params) whose
+  message is `reason` `repeat` times (once when not given), as a server that
+  rejects the call outright does.
 - `add_tool {notify}`: from now on lists `late` too; with `notify` true
   (the default) it sends `notifications/tools/list_changed` before answering.
 - `late {n}`: listed only after `add_tool`; answers `{"doubled": 2 * n}`
@@ -17,6 +20,7 @@ import sys
 import anyio
 import mcp_types as types
 from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.shared.exceptions import MCPError
 from mcp.server.stdio import stdio_server
 
 
@@ -35,6 +39,11 @@ ALWAYS = [
         name="fail",
         description="Always an isError result",
         input_schema=obj({"reason": {"type": "string"}}, ["reason"]),
+    ),
+    types.Tool(
+        name="refuse",
+        description="Always a JSON-RPC error",
+        input_schema=obj({"reason": {"type": "string"}, "repeat": {"type": "number"}}, ["reason"]),
     ),
     types.Tool(
         name="add_tool",
@@ -68,6 +77,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         return text(args["text"], structured={"text": args["text"]})
     if params.name == "fail":
         return text(args["reason"], is_error=True)
+    if params.name == "refuse":
+        raise MCPError(code=types.INVALID_PARAMS, message=args["reason"] * int(args.get("repeat", 1)))
     if params.name == "add_tool":
         state["late"] = True
         if args.get("notify", True):

@@ -1,0 +1,143 @@
+//! The MCP endpoint's sessions, at most `mcp_endpoint.max_sessions` at a
+//! time.
+//!
+//! rmcp's in-memory manager keeps a session (a worker task and its
+//! channels) until the client closes it or it has been idle for 5 minutes,
+//! and has no cap of its own: a client opening sessions without end would
+//! hold memory for each. This wraps it and refuses a new session once the
+//! cap is reached, one creation at a time so the cap is exact.
+//!
+//! rmcp answers any failure to create a session with a 500. The refusal is
+//! therefore also noted in [`REFUSED`], which the endpoint's middleware
+//! scopes around each request ([`noting_refusals`]) and turns into a 503:
+//! only an `initialize` that would really open a session is refused, never
+//! a request that needs none.
+
+use futures::Stream;
+use rmcp::{
+    model::{ClientJsonRpcMessage, ServerJsonRpcMessage},
+    transport::streamable_http_server::{
+        SessionManager,
+        session::{
+            EventStore, ServerSseMessage, SessionId,
+            local::{LocalSessionManager, LocalSessionManagerError},
+        },
+    },
+};
+use std::{cell::Cell, future::Future};
+use tokio::sync::Mutex;
+
+tokio::task_local! {
+    /// Set when this request's session was refused for the cap.
+    static REFUSED: Cell<bool>;
+}
+
+/// Runs `request` (a request's handling by rmcp), and says whether it was
+/// refused a session for the cap.
+pub async fn noting_refusals<T>(request: impl Future<Output = T>) -> (T, bool) {
+    REFUSED
+        .scope(Cell::new(false), async {
+            let answer = request.await;
+            (answer, REFUSED.with(Cell::get))
+        })
+        .await
+}
+
+/// rmcp's in-memory sessions, capped.
+pub struct Sessions {
+    inner: LocalSessionManager,
+    max: usize,
+    /// Held across the count and the insert of a new session.
+    creating: Mutex<()>,
+}
+
+/// Why a session operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionsError {
+    /// The cap is reached; a session must end before another starts.
+    #[error("the MCP endpoint holds its maximum of {0} sessions")]
+    Full(usize),
+    /// rmcp's manager failed.
+    #[error(transparent)]
+    Local(#[from] LocalSessionManagerError),
+}
+
+impl Sessions {
+    /// At most `max` sessions at once.
+    pub fn new(max: usize) -> Self {
+        Self {
+            inner: LocalSessionManager::default(),
+            max,
+            creating: Mutex::new(()),
+        }
+    }
+}
+
+impl SessionManager for Sessions {
+    type Error = SessionsError;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let _one_at_a_time = self.creating.lock().await;
+        if self.inner.sessions.read().await.len() >= self.max {
+            let _ = REFUSED.try_with(|refused| refused.set(true));
+            return Err(SessionsError::Full(self.max));
+        }
+        Ok(self.inner.create_session().await?)
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        Ok(self.inner.initialize_session(id, message).await?)
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        Ok(self.inner.has_session(id).await?)
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        Ok(self.inner.close_session(id).await?)
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.create_stream(id, message).await?)
+    }
+
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
+        Ok(self.inner.accept_message(id, message).await?)
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.create_standalone_stream(id).await?)
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.resume(id, last_event_id).await?)
+    }
+
+    // `restore_session` keeps the trait's default (not supported): the
+    // endpoint configures no session store, so a session is never
+    // re-created from one, nor could a restore bypass the cap.
+
+    fn event_store(&self) -> Option<std::sync::Arc<dyn EventStore>> {
+        self.inner.event_store()
+    }
+}
