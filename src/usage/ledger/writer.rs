@@ -8,7 +8,7 @@
 use super::{
     Done, Op, Reserve,
     group_commit::{Pool, Reply, run},
-    sqlite::{self, Admission, writer::SqliteWriter},
+    sqlite::{self, Admission, admission::Settling, writer::SqliteWriter},
 };
 use crate::{
     config::{DatabaseConfig, SqliteDurability},
@@ -182,12 +182,8 @@ impl LedgerWriter {
         match (self.admission.as_deref(), op) {
             (Some(admission), Op::Reserve(r)) => Either::Left(admit(admission, shard, r, started)),
             (admission, op) => {
-                if let (Some(admission), Op::Settle(s)) = (admission, &op) {
-                    // Counted from now on; should the writer have stopped,
-                    // the process is ending and nothing reads it again.
-                    admission.settling(s);
-                }
-                Either::Right(queue(shard, op, started))
+                let unsent = Unsent::of(admission, &op);
+                Either::Right(queue(shard, op, started, unsent))
             }
         }
     }
@@ -201,9 +197,7 @@ impl LedgerWriter {
     /// the same team will wait for. It is committed in order with
     /// everything queued after it for its team.
     pub fn enqueue(&self, op: Op) -> impl Future<Output = Result<(), WriteError>> + Send + '_ {
-        if let (Some(admission), Op::Settle(s)) = (self.admission.as_deref(), &op) {
-            admission.settling(s);
-        }
+        let unsent = Unsent::of(self.admission.as_deref(), &op);
         let shard = self.shard(&op);
         async move {
             let slot = shard
@@ -213,6 +207,7 @@ impl LedgerWriter {
                 .map_err(|_| WriteError::Stopped)?;
             // Nobody listens for the reply.
             slot.send((op, oneshot::channel().0));
+            unsent.sent();
             Ok(())
         }
     }
@@ -222,11 +217,12 @@ impl LedgerWriter {
 ///
 /// Not an `async fn`: one keeps its argument and a moved copy of it. The
 /// block captures `op` and moves it once, into the queue slot.
-fn queue(
-    shard: Option<&mpsc::Sender<(Op, Reply)>>,
+fn queue<'a>(
+    shard: Option<&'a mpsc::Sender<(Op, Reply)>>,
     op: Op,
     started: Instant,
-) -> impl Future<Output = Result<Done, WriteError>> + Send + '_ {
+    unsent: Unsent<'a>,
+) -> impl Future<Output = Result<Done, WriteError>> + Send + 'a {
     let kind = match op {
         Op::Reserve(_) => "reserve",
         Op::Settle(_) => "settle",
@@ -242,6 +238,7 @@ fn queue(
             .await
             .map_err(|_| WriteError::Stopped)?;
         slot.send((op, reply));
+        unsent.sent();
         let done = done.await;
         metrics::ledger_wait(kind, started.elapsed());
         match done {
@@ -314,6 +311,36 @@ fn admit<'a>(
     }
 }
 
+/// A settlement counted by in-memory admission and not queued yet: taken
+/// back when dropped before [`Unsent::sent`] (its caller was dropped while
+/// the queue was full, or the writer has stopped), so its charge does not
+/// stay counted for ever and its entry can be dropped once idle.
+struct Unsent<'a>(Option<(&'a Admission, Settling)>);
+
+impl<'a> Unsent<'a> {
+    /// Counts `op` if it is a settlement and admission is in memory.
+    fn of(admission: Option<&'a Admission>, op: &Op) -> Self {
+        Self(match (admission, op) {
+            (Some(admission), Op::Settle(s)) => Some((admission, admission.settling(s))),
+            _ => None,
+        })
+    }
+
+    /// The settlement is in the writer's queue: the writer accounts for it
+    /// from now on.
+    fn sent(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        if let Some((admission, settling)) = &self.0 {
+            admission.unsent(settling);
+        }
+    }
+}
+
 /// An admission whose reservation is not queued yet: withdrawn when dropped
 /// while `reserve` is still set.
 struct Unqueued<'a> {
@@ -330,89 +357,4 @@ impl Drop for Unqueued<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::usage::{amount::Amount, ledger::Settle};
-
-    fn reserve(team: &str) -> Op {
-        Op::Reserve(Reserve {
-            team_id: team.into(),
-            requests: 1,
-            ..Reserve::default()
-        })
-    }
-
-    fn settle(team: &str) -> Op {
-        Op::Settle(Settle {
-            reservations: Vec::new(),
-            charge: false,
-            recorded: true,
-            record: crate::usage::UsageRecord {
-                team_id: team.into(),
-                ..Default::default()
-            },
-            month_start_ms: 0,
-            prompt_owner: None,
-        })
-    }
-
-    /// A call dropped while its admitted reservation waits for room in a
-    /// full queue takes its admission back; one that got in stays counted.
-    #[tokio::test]
-    async fn an_admission_dropped_before_it_is_queued_is_withdrawn() {
-        use futures::FutureExt;
-        let dir = tempfile::tempdir().unwrap();
-        let config = DatabaseConfig {
-            url: format!("sqlite://{}", dir.path().join("q.db").display()),
-            ..DatabaseConfig::default()
-        };
-        let store = Store::connect(&config).await.unwrap();
-        store.migrate().await.unwrap();
-        let admission = Arc::new(Admission::new(store.clone(), Duration::from_secs(3600)));
-        // A queue of one that nobody drains.
-        let (tx, _rx) = mpsc::channel(1);
-        let writer = LedgerWriter {
-            shards: vec![tx].into(),
-            admission: Some(admission.clone()),
-            wal_syncs: None,
-        };
-        let first = writer.submit(reserve("t")).await.unwrap();
-        assert_eq!(first, Done::Admitted);
-        let counted = |a: &Admission| a.snapshot("t", 0).map(|(_, pending)| pending);
-        assert_eq!(counted(&admission), Some(Amount::new(0, 1, 0)));
-
-        // Caps and ledger row are known now, so the second call is admitted
-        // at once and then waits for room: dropped there, it is withdrawn.
-        let waiting = writer.submit(reserve("t")).now_or_never();
-        assert!(waiting.is_none(), "waits for room in the queue");
-        assert_eq!(counted(&admission), Some(Amount::new(0, 1, 0)));
-        store.close().await;
-    }
-
-    #[test]
-    fn a_team_always_uses_one_writer_and_teams_spread_over_all() {
-        let (senders, _receivers): (Vec<_>, Vec<_>) = (0..4).map(|_| mpsc::channel(1)).unzip();
-        let writer = LedgerWriter {
-            shards: senders.into(),
-            admission: None,
-            wal_syncs: None,
-        };
-        let index = |op: &Op| {
-            let shard = writer.shard(op).unwrap();
-            writer
-                .shards
-                .iter()
-                .position(|s| s.same_channel(shard))
-                .unwrap()
-        };
-        let mut used = std::collections::HashSet::new();
-        for t in 0..64 {
-            let team = format!("team-{t}");
-            let first = index(&reserve(&team));
-            assert_eq!(index(&settle(&team)), first, "{team}");
-            assert_eq!(index(&reserve(&team)), first, "{team}");
-            used.insert(first);
-        }
-        assert_eq!(used.len(), 4, "64 teams use every writer");
-    }
-}
+mod tests;

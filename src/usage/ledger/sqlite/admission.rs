@@ -23,6 +23,14 @@
 //! again once older than `metering.limits_refresh`: `ai-orchestrator limits`
 //! is another process and cannot tell this one.
 //!
+//! Entries are kept only while they are needed. Once the map holds
+//! [`SWEEP_AT`] of them, those with nothing queued or in flight (no admitted
+//! reservation unsettled, nothing pending) are dropped with their teams'
+//! caps: their rows as committed are the whole ledger again, and are read
+//! back at the team's next call. A caller allowed to name teams therefore
+//! cannot grow this map past that bound, or twice the entries with calls
+//! in flight when that is more.
+//!
 //! PostgreSQL keeps admission in SQL (the guarded `UPDATE` of
 //! [`crate::usage::policy::GUARDED_RESERVE`]): replicas share its ledger,
 //! and none of them alone knows the whole of it.
@@ -36,10 +44,14 @@ use crate::{
     },
 };
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
+
+/// Entries held before those with nothing in flight are dropped: a few
+/// MB, far more teams than one replica serves in a month.
+const SWEEP_AT: usize = 10_000;
 
 /// One (team, month) as this process sees it.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +60,9 @@ struct Entry {
     committed: Balance,
     /// Admitted or charged since, not yet committed.
     pending: Amount,
+    /// Reservations admitted here whose call has not settled (committed
+    /// or rolled back) nor been withdrawn: while any is, the entry stays.
+    open: usize,
 }
 
 impl Entry {
@@ -60,9 +75,16 @@ impl Entry {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     ledgers: HashMap<Key, Entry>,
+    /// The least size at which a sweep runs ([`SWEEP_AT`]).
+    sweep_floor: usize,
+    /// `ledgers`' size at which the next sweep runs.
+    sweep_at: usize,
+    /// Sweeps that dropped an entry so far: a row read before one may be
+    /// older than an entry dropped by it, so such a read is read again.
+    sweeps: u64,
     /// A team's caps, when they were read, and whether a caller is
     /// reading them again.
     caps: HashMap<String, CachedCaps>,
@@ -102,6 +124,25 @@ pub struct Admission {
     store: Store,
     limits_refresh: Duration,
     inner: Mutex<Inner>,
+    /// A test's pause of the next `admit` between its read of a row and
+    /// its use: it says when it got there, then waits.
+    #[cfg(test)]
+    pause: Mutex<
+        Option<(
+            tokio::sync::oneshot::Sender<()>,
+            tokio::sync::oneshot::Receiver<()>,
+        )>,
+    >,
+}
+
+/// What a settlement added to its entry when it was submitted
+/// ([`Admission::settling`]), to be taken back should it never reach the
+/// writer ([`Admission::unsent`]).
+#[derive(Debug)]
+pub struct Settling {
+    key: Key,
+    charged: Amount,
+    reservations: usize,
 }
 
 impl Admission {
@@ -111,8 +152,56 @@ impl Admission {
         Self {
             store,
             limits_refresh,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                ledgers: HashMap::new(),
+                sweep_floor: SWEEP_AT,
+                sweep_at: SWEEP_AT,
+                sweeps: 0,
+                caps: HashMap::new(),
+                held: HashMap::new(),
+            }),
+            #[cfg(test)]
+            pause: Mutex::new(None),
         }
+    }
+
+    /// Sweeps from `n` entries instead of [`SWEEP_AT`].
+    #[cfg(test)]
+    pub fn sweep_at(&self, n: usize) {
+        let mut inner = self.lock();
+        inner.sweep_floor = n;
+        inner.sweep_at = n;
+    }
+
+    /// Entries held now.
+    #[cfg(test)]
+    pub fn entries(&self) -> usize {
+        self.lock().ledgers.len()
+    }
+
+    /// Reservations of a (team, month) admitted and not yet done with.
+    #[cfg(test)]
+    pub fn open(&self, team: &str, month_start_ms: i64) -> Option<usize> {
+        self.lock()
+            .ledgers
+            .get(&(team.to_owned(), month_start_ms))
+            .map(|e| e.open)
+    }
+
+    /// Pauses the next `admit` that reads a row, right after the read: the
+    /// first receiver hears when it is there, and it goes on once the
+    /// sender is used or dropped.
+    #[cfg(test)]
+    pub fn pause_after_read(
+        &self,
+    ) -> (
+        tokio::sync::oneshot::Receiver<()>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (there, heard) = tokio::sync::oneshot::channel();
+        let (resume, resumed) = tokio::sync::oneshot::channel();
+        *self.pause.lock().unwrap_or_else(|e| e.into_inner()) = Some((there, resumed));
+        (heard, resume)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -128,24 +217,56 @@ impl Admission {
         let caps = self.caps(&r.team_id, r.default_caps).await?;
         let key = (r.team_id.clone(), r.month_start_ms);
         // No entry means nothing of this key is queued or in flight here
-        // (entries are never dropped), so the row as committed is the whole
-        // ledger. A concurrent first call may load it too: the first entry
-        // in wins, either is exact.
-        let loaded = if self.lock().ledgers.contains_key(&key) {
-            None
-        } else {
-            Some(ledger::balance_of(&self.store, &r.team_id, r.month_start_ms).await?)
-        };
-        let mut inner = self.lock();
-        let entry = inner.ledgers.entry(key).or_insert(Entry {
-            committed: loaded.unwrap_or_default(),
-            pending: Amount::ZERO,
-        });
-        if let Err(refusal) = policy::check(&entry.seen(), &caps, r.amount()) {
-            return Ok(Err(refusal));
+        // (an entry is dropped only once nothing is), so the row as
+        // committed is the whole ledger. A concurrent first call may load
+        // it too: the first entry in wins, either is exact, unless a sweep
+        // ran meanwhile (the row read may then predate an entry it
+        // dropped, and is read again).
+        let mut loaded = None;
+        loop {
+            let (known, sweeps) = {
+                let inner = self.lock();
+                (inner.ledgers.contains_key(&key), inner.sweeps)
+            };
+            if !known {
+                let row = ledger::balance_of(&self.store, &r.team_id, r.month_start_ms).await?;
+                loaded = Some((row, sweeps));
+                #[cfg(test)]
+                {
+                    let paused = self.pause.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some((there, resume)) = paused {
+                        let _ = there.send(());
+                        let _ = resume.await;
+                    }
+                }
+            }
+            let mut inner = self.lock();
+            let fresh = match loaded {
+                Some((row, read_after)) if read_after == inner.sweeps => Some(row),
+                _ => None,
+            };
+            if !inner.ledgers.contains_key(&key) {
+                let Some(row) = fresh else { continue };
+                inner.make_room(&key.0);
+                inner.ledgers.insert(
+                    key.clone(),
+                    Entry {
+                        committed: row,
+                        pending: Amount::ZERO,
+                        open: 0,
+                    },
+                );
+            }
+            let Some(entry) = inner.ledgers.get_mut(&key) else {
+                continue;
+            };
+            if let Err(refusal) = policy::check(&entry.seen(), &caps, r.amount()) {
+                return Ok(Err(refusal));
+            }
+            entry.pending += r.amount();
+            entry.open += 1;
+            return Ok(Ok(()));
         }
-        entry.pending += r.amount();
-        Ok(Ok(()))
     }
 
     /// Takes back an admission whose reservation never reached the writer.
@@ -156,20 +277,36 @@ impl Admission {
             .get_mut(&(r.team_id.clone(), r.month_start_ms))
         {
             entry.pending -= r.amount();
+            entry.open = entry.open.saturating_sub(1);
         }
     }
 
     /// Counts what `s` charges from now on, before the writer commits it.
-    pub fn settling(&self, s: &Settle) {
-        let charged = s.charged();
-        if charged == Amount::ZERO {
-            return;
-        }
+    pub fn settling(&self, s: &Settle) -> Settling {
+        let settling = Settling {
+            key: (s.record.team_id.clone(), s.month_start_ms),
+            charged: s.charged(),
+            reservations: s.reservations.len(),
+        };
         // A settlement that charges has reservations, so its call was
-        // admitted here and its entry exists (entries are never dropped).
-        let key = (s.record.team_id.clone(), s.month_start_ms);
-        if let Some(entry) = self.lock().ledgers.get_mut(&key) {
-            entry.pending += charged;
+        // admitted here and its entry exists (they are open until it is
+        // done).
+        if settling.charged != Amount::ZERO
+            && let Some(entry) = self.lock().ledgers.get_mut(&settling.key)
+        {
+            entry.pending += settling.charged;
+        }
+        settling
+    }
+
+    /// A settlement counted by [`Admission::settling`] that never reached
+    /// the writer (its caller was dropped while the queue was full): it
+    /// charges nothing, and its call is done with. Its reservations stay in
+    /// the ledger, counted as reserved, for the sweeper to charge.
+    pub fn unsent(&self, s: &Settling) {
+        if let Some(entry) = self.lock().ledgers.get_mut(&s.key) {
+            entry.pending -= s.charged;
+            entry.open = entry.open.saturating_sub(s.reservations);
         }
     }
 
@@ -234,7 +371,8 @@ impl Admission {
         Ok(caps)
     }
 
-    /// `(committed, pending)` of a (team, month), for tests and ops.
+    /// `(committed, pending)` of a (team, month) while it is held, for
+    /// tests and ops.
     pub fn snapshot(&self, team: &str, month_start_ms: i64) -> Option<(Balance, Amount)> {
         self.lock()
             .ledgers
@@ -244,6 +382,29 @@ impl Admission {
 }
 
 impl Inner {
+    /// Before an entry of `team` is added at [`Inner::sweep_at`] entries:
+    /// drops those with nothing queued or in flight, and the caps of teams
+    /// left with none (read again at their next call). The next sweep
+    /// waits until the map holds twice what is left (at least
+    /// `sweep_floor`), so sweeping stays linear in the entries added even
+    /// when most are in flight.
+    fn make_room(&mut self, team: &str) {
+        if self.ledgers.len() < self.sweep_at {
+            return;
+        }
+        let before = self.ledgers.len();
+        self.ledgers
+            .retain(|_, e| e.open > 0 || e.pending != Amount::ZERO);
+        if self.ledgers.len() < before {
+            self.sweeps += 1;
+            let mut teams: HashSet<&str> = self.ledgers.keys().map(|(t, _)| t.as_str()).collect();
+            teams.insert(team);
+            self.caps
+                .retain(|team, c| c.refreshing || teams.contains(team.as_str()));
+        }
+        self.sweep_at = self.sweep_floor.max(self.ledgers.len().saturating_mul(2));
+    }
+
     /// Takes a committed (or rolled back) batch's amounts out of `pending`.
     fn take_out(&mut self, ops: &[Op]) {
         for op in ops {
@@ -266,6 +427,7 @@ impl Inner {
         let key = (s.record.team_id.clone(), s.month_start_ms);
         if let Some(entry) = self.ledgers.get_mut(&key) {
             entry.pending -= s.charged();
+            entry.open = entry.open.saturating_sub(s.reservations.len());
         }
         if self.held.is_empty() {
             return;
