@@ -41,6 +41,8 @@ pub mod reason {
     pub const NOT_FOUND: &str = "NOT_FOUND";
     /// Too many requests in flight on this replica; retry shortly.
     pub const OVERLOADED: &str = "OVERLOADED";
+    /// The MCP endpoint holds `mcp_endpoint.max_sessions` sessions.
+    pub const MCP_SESSIONS_FULL: &str = "MCP_SESSIONS_FULL";
     /// No API key was presented (authentication is on).
     pub const API_KEY_MISSING: &str = "API_KEY_MISSING";
     /// The presented API key is unknown or revoked.

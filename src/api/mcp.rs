@@ -7,7 +7,7 @@
 //! `x-api-key`). The team is the key's when it has one; a key for several
 //! teams names it in `x-team-id`, checked as gRPC checks `context.team_id`.
 //! A call's arguments obey the request limits of every gRPC request.
-//! Sessions are capped ([`sessions`]).
+//! Sessions are capped (`sessions`).
 
 mod sessions;
 
@@ -15,7 +15,7 @@ use super::{
     auth::trace_of,
     error::{
         Failure,
-        reason::{INTERNAL, INVALID_INPUT, OVERLOADED},
+        reason::{INTERNAL, INVALID_INPUT, MCP_SESSIONS_FULL},
     },
     request::check_id,
     tools::{check_tool_input, output_object},
@@ -218,15 +218,34 @@ impl ServerHandler for Endpoint {
     }
 }
 
+/// Whether rmcp would open a session for this request: a POST with no
+/// session ID (as rmcp reads the header) whose JSON-RPC method is
+/// `initialize`.
+fn opens_session(parts: &http::request::Parts, body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method {
+        method: Option<String>,
+    }
+    let no_session = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .is_none();
+    parts.method == http::Method::POST
+        && no_session
+        && serde_json::from_slice::<Method>(body)
+            .is_ok_and(|m| m.method.as_deref() == Some("initialize"))
+}
+
 /// The answer to an `initialize` past `mcp_endpoint.max_sessions`: 503,
 /// to be retried once a session has closed or gone idle.
 fn session_cap(max: usize) -> Response {
     // Counted, not logged at warning: a client retrying `initialize`
     // would fill the log.
-    crate::telemetry::metrics::error_reason(OVERLOADED);
+    crate::telemetry::metrics::error_reason(MCP_SESSIONS_FULL);
     tracing::debug!(max, "MCP session refused: the endpoint holds its maximum");
     let message = format!(
-        "{OVERLOADED}: the MCP endpoint holds its maximum of {max} sessions; close one, or retry later"
+        "{MCP_SESSIONS_FULL}: the MCP endpoint holds its maximum of {max} sessions; close one, or retry later"
     );
     (
         StatusCode::SERVICE_UNAVAILABLE,
@@ -272,6 +291,7 @@ pub async fn serve(
     draining: watch::Receiver<bool>,
 ) {
     let grace = pipeline.config().server.shutdown_grace;
+    let max_body = pipeline.config().server.max_message_bytes;
     let cancel = tokio_util::sync::CancellationToken::new();
     // A body is bounded like a gRPC message (413 past it), before any of
     // it is parsed; the arguments then meet the input limits in call_tool.
@@ -289,13 +309,15 @@ pub async fn serve(
         calls: Arc::clone(&calls),
     };
     let max_sessions = config.max_sessions;
+    let sessions = Arc::new(Sessions::new(max_sessions));
     let service = StreamableHttpService::new(
         move || Ok(endpoint.clone()),
-        Arc::new(Sessions::new(max_sessions)),
+        Arc::clone(&sessions),
         server_config,
     );
     let authenticate = move |mut req: Request, next: Next| {
         let auth = auth.clone();
+        let sessions = Arc::clone(&sessions);
         async move {
             let metadata = tonic::metadata::MetadataMap::from_headers(req.headers().clone());
             let principal = auth
@@ -308,6 +330,18 @@ pub async fn serve(
                 trace_id: trace_of(&metadata),
             };
             req.extensions_mut().insert(caller);
+            // Only while the cap is reached is a body read here, to tell an
+            // `initialize` (refused) from the rest (served).
+            if sessions.full().await {
+                let (req_parts, body) = req.into_parts();
+                let Ok(body) = axum::body::to_bytes(body, max_body).await else {
+                    return Err(StatusCode::PAYLOAD_TOO_LARGE.into_response());
+                };
+                if opens_session(&req_parts, &body) {
+                    return Err(session_cap(max_sessions));
+                }
+                req = Request::from_parts(req_parts, axum::body::Body::from(body));
+            }
             match noting_refusals(next.run(req)).await {
                 (_, true) => Err(session_cap(max_sessions)),
                 (answer, false) => Ok::<Response, Response>(answer),

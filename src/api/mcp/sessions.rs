@@ -7,11 +7,13 @@
 //! hold memory for each. This wraps it and refuses a new session once the
 //! cap is reached, one creation at a time so the cap is exact.
 //!
-//! rmcp answers any failure to create a session with a 500. The refusal is
-//! therefore also noted in [`REFUSED`], which the endpoint's middleware
-//! scopes around each request ([`noting_refusals`]) and turns into a 503:
-//! only an `initialize` that would really open a session is refused, never
-//! a request that needs none.
+//! rmcp answers any failure to create a session with a 500, and logs it as
+//! an error. So while the cap is reached, the endpoint's middleware refuses
+//! an `initialize` itself with a 503 ([`Sessions::full`]), before rmcp sees
+//! it. Two that race for the last place are settled here; the loser is
+//! noted in [`REFUSED`], which the middleware scopes around each request
+//! ([`noting_refusals`]) and also turns into a 503. Requests that open no
+//! session are never refused.
 
 use futures::Stream;
 use rmcp::{
@@ -73,13 +75,20 @@ impl Sessions {
     }
 }
 
+impl Sessions {
+    /// Whether a new session would be refused now.
+    pub async fn full(&self) -> bool {
+        self.inner.sessions.read().await.len() >= self.max
+    }
+}
+
 impl SessionManager for Sessions {
     type Error = SessionsError;
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let _one_at_a_time = self.creating.lock().await;
-        if self.inner.sessions.read().await.len() >= self.max {
+        if self.full().await {
             let _ = REFUSED.try_with(|refused| refused.set(true));
             return Err(SessionsError::Full(self.max));
         }
@@ -139,5 +148,36 @@ impl SessionManager for Sessions {
 
     fn event_store(&self) -> Option<std::sync::Arc<dyn EventStore>> {
         self.inner.event_store()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The manager's own check, for two `initialize`s racing past the
+    /// middleware's: the loser is refused and noted for the 503.
+    #[tokio::test]
+    async fn a_session_past_the_cap_is_refused_and_noted() {
+        let sessions = Sessions::new(1);
+        let (first, refused) = noting_refusals(sessions.create_session()).await;
+        assert!(first.is_ok() && !refused);
+        assert!(sessions.full().await);
+        let (second, refused) = noting_refusals(sessions.create_session()).await;
+        assert!(
+            matches!(second, Err(SessionsError::Full(1))),
+            "{:?}",
+            second.as_ref().err()
+        );
+        assert!(refused);
+        // Outside a request's scope a refusal is still an error, unnoted.
+        assert!(matches!(
+            sessions.create_session().await,
+            Err(SessionsError::Full(1))
+        ));
+        // Once the session closes there is room again.
+        let (id, _transport) = first.unwrap();
+        sessions.close_session(&id).await.unwrap();
+        assert!(!sessions.full().await);
     }
 }

@@ -280,8 +280,18 @@ async fn an_initialize_past_max_sessions_is_503_until_a_session_closes() {
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "5");
     let body = refused.text().await.unwrap();
-    assert!(body.starts_with("OVERLOADED: "), "{body}");
-    // The sessions already open go on.
+    assert!(body.starts_with("MCP_SESSIONS_FULL: "), "{body}");
+    // A request that would open no session gets rmcp's own answer.
+    let sessionless = http
+        .post(&url)
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {CALLER}"))
+        .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(sessionless.status(), 503);
+    // The sessions already open go on (their bodies read and passed on).
     let listed = second.list_all_tools().await.expect("tools/list");
     assert!(
         listed.iter().any(|t| t.name == "crm.add_note"),

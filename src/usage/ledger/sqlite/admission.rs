@@ -143,6 +143,9 @@ pub struct Settling {
     key: Key,
     charged: Amount,
     reservations: usize,
+    /// Its reservations whose batch failed (`Inner::held`): almost always
+    /// none, so nothing is allocated.
+    held: Vec<String>,
 }
 
 impl Admission {
@@ -283,30 +286,53 @@ impl Admission {
 
     /// Counts what `s` charges from now on, before the writer commits it.
     pub fn settling(&self, s: &Settle) -> Settling {
-        let settling = Settling {
-            key: (s.record.team_id.clone(), s.month_start_ms),
-            charged: s.charged(),
-            reservations: s.reservations.len(),
-        };
+        let key = (s.record.team_id.clone(), s.month_start_ms);
         // A settlement that charges has reservations, so its call was
         // admitted here and its entry exists (they are open until it is
-        // done).
-        if settling.charged != Amount::ZERO
-            && let Some(entry) = self.lock().ledgers.get_mut(&settling.key)
-        {
-            entry.pending += settling.charged;
+        // done). Should it not, nothing was added, and nothing is taken
+        // back if the settlement is never sent: an entry made meanwhile
+        // read a row that this settlement is not in.
+        let mut inner = self.lock();
+        let held = if inner.held.is_empty() {
+            Vec::new()
+        } else {
+            s.reservations
+                .iter()
+                .filter(|r| inner.held.contains_key(&r.id))
+                .map(|r| r.id.clone())
+                .collect()
+        };
+        let Some(entry) = inner.ledgers.get_mut(&key) else {
+            return Settling {
+                key,
+                charged: Amount::ZERO,
+                reservations: 0,
+                held,
+            };
+        };
+        let charged = s.charged();
+        entry.pending += charged;
+        Settling {
+            key,
+            charged,
+            reservations: s.reservations.len(),
+            held,
         }
-        settling
     }
 
     /// A settlement counted by [`Admission::settling`] that never reached
     /// the writer (its caller was dropped while the queue was full): it
     /// charges nothing, and its call is done with. Its reservations stay in
-    /// the ledger, counted as reserved, for the sweeper to charge.
+    /// the ledger, counted as reserved, for the sweeper to charge; those
+    /// whose batch failed are in no ledger, and stop counting.
     pub fn unsent(&self, s: &Settling) {
-        if let Some(entry) = self.lock().ledgers.get_mut(&s.key) {
+        let mut inner = self.lock();
+        if let Some(entry) = inner.ledgers.get_mut(&s.key) {
             entry.pending -= s.charged;
             entry.open = entry.open.saturating_sub(s.reservations);
+        }
+        for id in &s.held {
+            inner.release_held(id);
         }
     }
 
@@ -397,11 +423,13 @@ impl Inner {
             .retain(|_, e| e.open > 0 || e.pending != Amount::ZERO);
         if self.ledgers.len() < before {
             self.sweeps += 1;
-            let mut teams: HashSet<&str> = self.ledgers.keys().map(|(t, _)| t.as_str()).collect();
-            teams.insert(team);
-            self.caps
-                .retain(|team, c| c.refreshing || teams.contains(team.as_str()));
         }
+        // Caps are pruned even when no entry went: a team's caps can be
+        // read without an entry following (a failed read of its row).
+        let mut teams: HashSet<&str> = self.ledgers.keys().map(|(t, _)| t.as_str()).collect();
+        teams.insert(team);
+        self.caps
+            .retain(|team, c| c.refreshing || teams.contains(team.as_str()));
         self.sweep_at = self.sweep_floor.max(self.ledgers.len().saturating_mul(2));
     }
 
@@ -433,11 +461,16 @@ impl Inner {
             return;
         }
         for r in &s.reservations {
-            if let Some((key, amount)) = self.held.remove(&r.id)
-                && let Some(entry) = self.ledgers.get_mut(&key)
-            {
-                entry.pending -= amount;
-            }
+            self.release_held(&r.id);
+        }
+    }
+
+    /// A reservation whose batch failed is done with: it stops counting.
+    fn release_held(&mut self, id: &str) {
+        if let Some((key, amount)) = self.held.remove(id)
+            && let Some(entry) = self.ledgers.get_mut(&key)
+        {
+            entry.pending -= amount;
         }
     }
 }

@@ -77,6 +77,43 @@ async fn an_admission_dropped_before_it_is_queued_is_withdrawn() {
     drop(waiting);
     assert_eq!(counted(&admission), Some(Amount::new(0, 1, 0)));
     assert_eq!(admission.open("t", 0), Some(0));
+
+    // The same for one queued without waiting for its commit (a refused
+    // call's settlement).
+    let Op::Settle(mut settle) = settle_of(&admitted) else {
+        unreachable!("a settlement")
+    };
+    settle.record.input_tokens = 5;
+    let mut waiting = Box::pin(writer.enqueue(Op::Settle(settle)));
+    assert!((&mut waiting).now_or_never().is_none(), "waits for room");
+    assert_eq!(counted(&admission), Some(with_charge));
+    drop(waiting);
+    assert_eq!(counted(&admission), Some(Amount::new(0, 1, 0)));
+    store.close().await;
+}
+
+/// A settlement that reached the writer is not also taken back: the
+/// team's other call stays open and counted.
+#[tokio::test]
+async fn a_settlement_sent_is_not_taken_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (writer, admission, store) = on_file(dir.path()).await;
+    let (first, second) = (reserve_for("a", "t"), reserve_for("b", "t"));
+    for r in [&first, &second] {
+        let admitted = writer.submit(Op::Reserve(r.clone())).await.unwrap();
+        assert_eq!(admitted, Done::Admitted);
+    }
+    assert_eq!(admission.open("t", 0), Some(2));
+    assert_eq!(
+        writer.submit(settle_of(&first)).await.unwrap(),
+        Done::Settled
+    );
+    assert_eq!(admission.open("t", 0), Some(1));
+    let (committed, pending) = admission.snapshot("t", 0).unwrap();
+    assert_eq!(committed.spent(), Amount::new(0, 1, 0));
+    let mut counted = committed.reserved();
+    counted += pending;
+    assert_eq!(counted, Amount::new(0, 1, 0), "the second call's request");
     store.close().await;
 }
 
