@@ -276,6 +276,29 @@ pub fn ctx() -> Option<ai_orchestrator::api::pb::RequestContext> {
     })
 }
 
+/// Every event of an `ExecuteStream` of `meeting_brief` under `context`.
+pub async fn brief_events(
+    app: &TestApp,
+    context: ai_orchestrator::api::pb::RequestContext,
+) -> Vec<ai_orchestrator::api::pb::execute_event::Event> {
+    let mut stream = app
+        .client
+        .clone()
+        .execute_stream(ai_orchestrator::api::pb::ExecuteRequest {
+            context: Some(context),
+            task: "meeting_brief".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(e) = stream.message().await.unwrap() {
+        events.push(e.event.unwrap());
+    }
+    events
+}
+
 /// Polls `check` until it holds (10 s at most): for effects of another task.
 pub async fn wait_for<F, Fut>(check: F)
 where

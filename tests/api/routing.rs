@@ -1,7 +1,7 @@
 //! Routing end to end: the real server, fake providers speaking the OpenAI
 //! wire format over real HTTP, exact upstream call counts.
 
-use crate::common::{TestApp, ctx};
+use crate::common::{TestApp, brief_events, ctx};
 use ai_orchestrator::api::pb::{self, execute_event::Event};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -540,26 +540,6 @@ fn streamed_answer() -> ResponseTemplate {
     ResponseTemplate::new(200)
         .insert_header("content-type", "text/event-stream")
         .set_body_string(sse)
-}
-
-/// Every event of an `ExecuteStream` of `meeting_brief` under `context`.
-async fn brief_events(app: &TestApp, context: pb::RequestContext) -> Vec<Event> {
-    let mut stream = app
-        .client
-        .clone()
-        .execute_stream(pb::ExecuteRequest {
-            context: Some(context),
-            task: "meeting_brief".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut events = Vec::new();
-    while let Some(e) = stream.message().await.unwrap() {
-        events.push(e.event.unwrap());
-    }
-    events
 }
 
 /// BACKGROUND uses the full retry schedule in a stream too: a primary that

@@ -1,7 +1,7 @@
 //! Every RPC answers through the real path (handler → task → router →
 //! provider trait → mock) and writes usage that GetUsage reads back.
 
-use crate::common::{TestApp, ctx};
+use crate::common::{TestApp, brief_events, ctx};
 use ai_orchestrator::api::pb;
 
 #[tokio::test]
@@ -168,22 +168,8 @@ async fn fallback_serves_when_the_primary_fails() {
 #[tokio::test]
 async fn execute_stream_emits_started_deltas_and_completed() {
     let app = TestApp::spawn_with_mocks("failure_rate = 1.0", "reply = \"one two three\"").await;
-    let mut stream = app
-        .client
-        .clone()
-        .execute_stream(pb::ExecuteRequest {
-            context: ctx(),
-            task: "meeting_brief".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
     use pb::execute_event::Event;
-    let mut events = Vec::new();
-    while let Some(event) = stream.message().await.unwrap() {
-        events.push(event.event.unwrap());
-    }
+    let mut events = brief_events(&app, ctx().unwrap()).await;
     // INTERACTIVE retries the primary in place when the backoff drawn is
     // within `interactive_max_wait` (250 ms), else fails over at once:
     // each try is a `started`, before any output.

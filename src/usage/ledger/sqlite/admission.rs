@@ -24,10 +24,10 @@
 //! is another process and cannot tell this one.
 //!
 //! Entries are kept only while they are needed. Once the map holds
-//! [`SWEEP_AT`] of them, those with nothing queued or in flight (no admitted
-//! reservation unsettled, nothing pending) are dropped with their teams'
-//! caps: their rows as committed are the whole ledger again, and are read
-//! back at the team's next call. A caller allowed to name teams therefore
+//! [`SWEEP_AT`] of them, those with nothing queued or in flight (every
+//! admitted reservation's call done with, nothing pending) are dropped with
+//! their teams' caps: their rows as committed are the whole ledger again,
+//! and are read back at the team's next call. A caller allowed to name teams therefore
 //! cannot grow this map past that bound, or twice the entries with calls
 //! in flight when that is more.
 //!
