@@ -5,7 +5,7 @@ use clap::Parser;
 use std::path::PathBuf;
 
 /// Command line. Unset numbers take the full-run or the smoke default.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(
     name = "bench",
     about = "Load benchmark of ai-orchestrator (docs/benchmarks.md)"
@@ -161,4 +161,13 @@ pub struct Args {
     /// time-ordered trace ID for each call.
     #[arg(long)]
     pub caller_trace_ids: bool,
+    /// A second server binary (B) to compare with `--server-bin` (A): the
+    /// run becomes `--pairs` pairs of whole runs in the order A B B A A B
+    /// …, each in its own folder under `--out`, then `ab.md` and `ab.json`
+    /// with every figure's rounds, medians and B / A.
+    #[arg(long)]
+    pub compare_bin: Option<PathBuf>,
+    /// Pairs of rounds of an A/B run (`--compare-bin`).
+    #[arg(long, default_value_t = 3)]
+    pub pairs: usize,
 }

@@ -11,7 +11,9 @@
 //! fails on timing: only on a broken run or malformed results.
 //!
 //! `--smoke` is the CI mode: seconds long, low rates, any build.
+//! `--compare-bin` makes it an A/B run of two builds in alternated rounds.
 
+mod ab;
 mod bench;
 mod breaker;
 mod cli;
@@ -56,7 +58,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run::run(args)) {
+    match runtime.block_on(ab::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
