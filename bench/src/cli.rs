@@ -167,7 +167,14 @@ pub struct Args {
     /// with every figure's rounds, medians and B / A.
     #[arg(long)]
     pub compare_bin: Option<PathBuf>,
-    /// Pairs of rounds of an A/B run (`--compare-bin`).
-    #[arg(long, default_value_t = 3)]
+    /// Pairs of rounds of an A/B run (`--compare-bin`); an even number
+    /// has each side go first as often as second.
+    #[arg(long, default_value_t = 4)]
     pub pairs: usize,
+    /// The folder name of an A/B run's round, set by the run itself: the
+    /// round gets a scratch folder of its own, so no round opens another's
+    /// database, and its results name no commit, since the bench's
+    /// checkout need not be the source of the server it ran.
+    #[arg(skip)]
+    pub ab_round: Option<String>,
 }

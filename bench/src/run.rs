@@ -23,14 +23,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.wait_idle > 0 {
         wait_for_idle(Duration::from_secs(args.wait_idle)).await;
     }
-    let dir = std::env::temp_dir().join(format!("aio-bench-{}", std::process::id()));
+    let pid = std::process::id();
+    let dir = std::env::temp_dir().join(match &args.ab_round {
+        Some(round) => format!("aio-bench-{pid}-{round}"),
+        None => format!("aio-bench-{pid}"),
+    });
     std::fs::create_dir_all(&dir).context("creating the scratch folder")?;
     let settings = Settings::new(&args, dir.clone())?;
     let mut results = Results {
         schema_version: report::SCHEMA_VERSION,
         started_at: now(),
         smoke: args.smoke,
-        git_commit: git_commit(),
+        git_commit: args.ab_round.is_none().then(git_commit).flatten(),
         server_bin: settings.server_bin.display().to_string(),
         settings: settings.to_json(&args),
         machine: Some(sys::machine()),

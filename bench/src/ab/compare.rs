@@ -30,10 +30,10 @@ impl fmt::Display for Side {
 pub struct Row {
     /// What was measured, and where (RPC, metering, upstream latency, rate).
     pub figure: String,
-    /// A's rounds, in run order.
-    pub a: Vec<f64>,
-    /// B's rounds, in run order.
-    pub b: Vec<f64>,
+    /// A's rounds, in run order; none where a round did not measure it.
+    pub a: Vec<Option<f64>>,
+    /// B's rounds, in run order; none where a round did not measure it.
+    pub b: Vec<Option<f64>>,
     /// Median of `a`.
     pub a_median: Option<f64>,
     /// Median of `b`.
@@ -44,16 +44,26 @@ pub struct Row {
 
 /// Every figure any round measured, in the order first measured.
 pub fn compare(rounds: &[(Side, Results)]) -> Vec<Row> {
+    let count = |side| rounds.iter().filter(|(s, _)| *s == side).count();
+    let (a_rounds, b_rounds) = (count(Side::A), count(Side::B));
     let mut rows: Vec<Row> = Vec::new();
+    let (mut a_seen, mut b_seen) = (0, 0);
     for (side, results) in rounds {
+        // This round's place among its side's rounds.
+        let nth = match side {
+            Side::A => &mut a_seen,
+            Side::B => &mut b_seen,
+        };
+        let n = *nth;
+        *nth += 1;
         for (figure, value) in figures(results) {
             let i = match rows.iter().position(|r| r.figure == figure) {
                 Some(i) => i,
                 None => {
                     rows.push(Row {
                         figure,
-                        a: Vec::new(),
-                        b: Vec::new(),
+                        a: vec![None; a_rounds],
+                        b: vec![None; b_rounds],
                         a_median: None,
                         b_median: None,
                         b_over_a: None,
@@ -61,15 +71,22 @@ pub fn compare(rounds: &[(Side, Results)]) -> Vec<Row> {
                     rows.len() - 1
                 }
             };
-            match side {
-                Side::A => rows[i].a.push(value),
-                Side::B => rows[i].b.push(value),
+            let values = match side {
+                Side::A => &mut rows[i].a,
+                Side::B => &mut rows[i].b,
+            };
+            if let Some(slot) = values.get_mut(n) {
+                *slot = Some(value);
             }
         }
     }
+    let median = |v: &[Option<f64>]| {
+        let present: Vec<f64> = v.iter().flatten().copied().collect();
+        summary(&present).map(|(_, m, _)| m)
+    };
     for row in &mut rows {
-        row.a_median = summary(&row.a).map(|(_, m, _)| m);
-        row.b_median = summary(&row.b).map(|(_, m, _)| m);
+        row.a_median = median(&row.a);
+        row.b_median = median(&row.b);
         row.b_over_a = match (row.a_median, row.b_median) {
             (Some(a), Some(b)) if a != 0.0 => Some(b / a),
             _ => None,
@@ -80,7 +97,9 @@ pub fn compare(rounds: &[(Side, Results)]) -> Vec<Row> {
 
 /// One round's figures: CPU, latency and the ledger's batching of each
 /// fixed-rate step, and each saturation sweep's highest passing rate with
-/// its ratio to the unmetered one (issue #30's metering figure).
+/// its ratio to the unmetered one (issue #30's metering figure). Several
+/// sweeps of one server give their median; a sweep that passed no step
+/// counts as 0, as in the run's own report.
 fn figures(r: &Results) -> Vec<(String, f64)> {
     let mut out = Vec::new();
     for s in r
@@ -146,8 +165,8 @@ pub fn markdown(a: &str, b: &str, order: &[String], rows: &[Row]) -> String {
          |---|---|---|---|---|---|\n",
         order.join(", ")
     );
-    let each = |v: &[f64]| v.iter().map(|x| number(*x)).collect::<Vec<_>>().join(", ");
     let maybe = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), number);
+    let each = |v: &[Option<f64>]| v.iter().map(|x| maybe(*x)).collect::<Vec<_>>().join(", ");
     for r in rows {
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} |\n",
@@ -179,6 +198,15 @@ mod tests {
     use super::*;
     use crate::report::{Quantiles, Saturation, Step};
 
+    fn sweep(metering: &str, rps: Option<f64>) -> Saturation {
+        Saturation {
+            metering: metering.into(),
+            rpc: "Execute".into(),
+            highest_passing_rps: rps,
+            ..Saturation::default()
+        }
+    }
+
     fn round(cpu: f64, p99_us: f64, off_rps: f64, sqlite_rps: f64) -> Results {
         let load = Step {
             kind: "load".into(),
@@ -196,23 +224,30 @@ mod tests {
             server_cpu_s_per_1k: Some(cpu),
             ..Step::default()
         };
-        // A direct step and a saturation step are not fixed-rate figures.
+        // The direct baseline's step is not a figure of the server.
         let direct = Step {
             via: "direct".into(),
             ..load.clone()
         };
-        let sweep = |metering: &str, rps: f64| Saturation {
-            metering: metering.into(),
-            rpc: "Execute".into(),
-            highest_passing_rps: Some(rps),
-            ..Saturation::default()
-        };
         Results {
             steps: vec![load, direct],
-            saturation: vec![sweep("off", off_rps), sweep("sqlite", sqlite_rps)],
+            saturation: vec![
+                sweep("off", Some(off_rps)),
+                sweep("sqlite", Some(sqlite_rps)),
+            ],
             ..Results::default()
         }
     }
+
+    fn row<'a>(rows: &'a [Row], name: &str) -> &'a Row {
+        rows.iter()
+            .find(|r| r.figure == name)
+            .unwrap_or_else(|| panic!("no {name} in {rows:#?}"))
+    }
+
+    const CPU: &str =
+        "Execute, sqlite metering, 0 ms upstream, 1200 rps: server CPU s per 1,000 calls";
+    const SATURATION: &str = "Execute, sqlite metering, 0 ms upstream: saturation rps";
 
     #[test]
     fn each_figure_gets_its_sides_rounds_and_the_ratio_of_medians() {
@@ -223,38 +258,41 @@ mod tests {
             (Side::A, round(0.54, 2200.0, 5000.0, 4000.0)),
         ];
         let rows = compare(&rounds);
-        let row = |name: &str| {
-            rows.iter()
-                .find(|r| r.figure == name)
-                .unwrap_or_else(|| panic!("no {name} in {rows:#?}"))
-        };
-        let cpu =
-            row("Execute, sqlite metering, 0 ms upstream, 1200 rps: server CPU s per 1,000 calls");
-        assert_eq!(cpu.a, [0.50, 0.54]);
-        assert_eq!(cpu.b, [0.40, 0.44]);
+        let cpu = row(&rows, CPU);
+        assert_eq!(cpu.a, [Some(0.50), Some(0.54)]);
+        assert_eq!(cpu.b, [Some(0.40), Some(0.44)]);
         assert!((cpu.a_median.unwrap() - 0.52).abs() < 1e-9);
         assert!((cpu.b_over_a.unwrap() - 0.42 / 0.52).abs() < 1e-9);
-        let p99 = row("Execute, sqlite metering, 0 ms upstream, 1200 rps: p99 ms");
-        assert_eq!(p99.b, [2.5, 2.4]);
-        let errors = row("Execute, sqlite metering, 0 ms upstream, 1200 rps: errors");
-        assert_eq!(errors.a, [0.0, 0.0]);
+        let p99 = row(
+            &rows,
+            "Execute, sqlite metering, 0 ms upstream, 1200 rps: p99 ms",
+        );
+        assert_eq!(p99.b, [Some(2.5), Some(2.4)]);
+        let errors = row(
+            &rows,
+            "Execute, sqlite metering, 0 ms upstream, 1200 rps: errors",
+        );
+        assert_eq!(errors.a, [Some(0.0), Some(0.0)]);
         assert_eq!(errors.b_over_a, None, "no ratio over a zero");
         // Each round's metered saturation over its own unmetered one.
-        let ratio = row("Execute, sqlite metering, 0 ms upstream: saturation / off metering's");
-        assert_eq!(ratio.a, [0.8, 0.8]);
-        assert_eq!(ratio.b, [0.9, 1.0]);
+        let ratio = row(
+            &rows,
+            "Execute, sqlite metering, 0 ms upstream: saturation / off metering's",
+        );
+        assert_eq!(ratio.a, [Some(0.8), Some(0.8)]);
+        assert_eq!(ratio.b, [Some(0.9), Some(1.0)]);
         assert!(
             !rows.iter().any(|r| r
                 .figure
                 .starts_with("Execute, off metering, 0 ms upstream: saturation /")),
             "no ratio of the unmetered sweep to itself"
         );
-        // Only the orchestrator's fixed-rate step: one CPU row.
         assert_eq!(
             rows.iter()
                 .filter(|r| r.figure.ends_with("CPU s per 1,000 calls"))
                 .count(),
-            1
+            1,
+            "only the orchestrator's step"
         );
 
         let md = markdown(
@@ -268,22 +306,62 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("| Execute, sqlite metering, 0 ms upstream: saturation rps | 4800, 4000 | 5400, 5000 | 4400 | 5200 | 1.182 |"),
+            md.contains(&format!(
+                "| {SATURATION} | 4800, 4000 | 5400, 5000 | 4400 | 5200 | 1.182 |"
+            )),
             "{md}"
         );
     }
 
     #[test]
-    fn a_figure_only_one_side_measured_has_no_ratio() {
-        let mut b = round(0.4, 2000.0, 6000.0, 5000.0);
-        b.saturation.clear();
-        let rows = compare(&[(Side::A, round(0.5, 2000.0, 6000.0, 5000.0)), (Side::B, b)]);
-        let sat = rows
-            .iter()
-            .find(|r| r.figure == "Execute, sqlite metering, 0 ms upstream: saturation rps")
-            .unwrap();
-        assert_eq!(sat.b, Vec::<f64>::new());
+    fn a_round_that_did_not_measure_a_figure_leaves_a_gap_in_its_place() {
+        let mut skipped = round(0.45, 2000.0, 6000.0, 5000.0);
+        skipped.steps.clear();
+        skipped.saturation.clear();
+        let rounds = [
+            (Side::A, round(0.5, 2000.0, 6000.0, 4000.0)),
+            (Side::B, skipped),
+            (Side::B, round(0.4, 2000.0, 6000.0, 4500.0)),
+            (Side::A, round(0.6, 2000.0, 6000.0, 5000.0)),
+        ];
+        let rows = compare(&rounds);
+        let cpu = row(&rows, CPU);
+        assert_eq!(cpu.b, [None, Some(0.4)], "B's second round stays second");
+        assert_eq!(cpu.b_median, Some(0.4));
+        let md = markdown("a", "b", &[], &rows);
+        assert!(
+            md.contains(&format!(
+                "| {CPU} | 0.500, 0.600 | –, 0.400 | 0.550 | 0.400 |"
+            )),
+            "{md}"
+        );
+
+        // A side with no round of a figure has no median and no ratio.
+        let mut none = round(0.4, 2000.0, 6000.0, 5000.0);
+        none.saturation.clear();
+        let rows = compare(&[
+            (Side::A, round(0.5, 2000.0, 6000.0, 5000.0)),
+            (Side::B, none),
+        ]);
+        let sat = row(&rows, SATURATION);
+        assert_eq!(sat.b, [None]);
         assert_eq!((sat.b_median, sat.b_over_a), (None, None));
-        assert!(markdown("a", "b", &[], &rows).contains("| 5000 | – | – |"));
+        assert!(
+            markdown("a", "b", &[], &rows)
+                .contains(&format!("| {SATURATION} | 5000 | – | 5000 | – | – |"))
+        );
+    }
+
+    #[test]
+    fn several_sweeps_of_a_round_give_their_median_and_one_that_never_passed_counts_as_zero() {
+        let mut r = round(0.5, 2000.0, 6000.0, 5000.0);
+        r.saturation
+            .extend([sweep("sqlite", Some(4000.0)), sweep("sqlite", None)]);
+        let rows = compare(&[(Side::A, r)]);
+        assert_eq!(
+            row(&rows, SATURATION).a,
+            [Some(4000.0)],
+            "median of 5000, 4000 and 0"
+        );
     }
 }
