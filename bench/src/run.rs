@@ -18,8 +18,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The whole run.
-pub async fn run(args: Args) -> anyhow::Result<()> {
+/// The whole run; its results as read back from `results.json`.
+pub async fn run(args: Args) -> anyhow::Result<Results> {
     if args.wait_idle > 0 {
         wait_for_idle(Duration::from_secs(args.wait_idle)).await;
     }
@@ -86,7 +86,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     results.targets = report::targets::evaluate(&results);
     results.finished_at = now();
     results.load_avg_at_end = sys::load_avg();
-    write(&args, &results)?;
+    let checked = write(&args, &results)?;
     let keep = args.keep_scratch
         || results
             .groups
@@ -97,7 +97,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    Ok(())
+    Ok(checked)
 }
 
 /// Notes a failed scenario in the results; the run goes on.
@@ -112,8 +112,9 @@ fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-/// Writes results.json and results.md, then reads the JSON back and checks it.
-fn write(args: &Args, results: &Results) -> anyhow::Result<()> {
+/// Writes results.json and results.md, then reads the JSON back and checks
+/// it: what was read back is returned.
+fn write(args: &Args, results: &Results) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let json_path = args.out.join("results.json");
@@ -125,7 +126,7 @@ fn write(args: &Args, results: &Results) -> anyhow::Result<()> {
     std::fs::write(args.out.join("results.md"), &markdown)?;
     let _ = std::io::stdout().lock().write_all(markdown.as_bytes());
     tracing::info!(out = %args.out.display(), "results written");
-    Ok(())
+    Ok(checked)
 }
 
 /// `git rev-parse --short HEAD`, `-dirty` when tracked files changed.

@@ -73,9 +73,7 @@ impl Sessions {
             creating: Mutex::new(()),
         }
     }
-}
 
-impl Sessions {
     /// Whether a new session would be refused now.
     pub async fn full(&self) -> bool {
         self.inner.sessions.read().await.len() >= self.max

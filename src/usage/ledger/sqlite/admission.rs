@@ -27,9 +27,9 @@
 //! [`SWEEP_AT`] of them, those with nothing queued or in flight (every
 //! admitted reservation's call done with, nothing pending) are dropped with
 //! their teams' caps: their rows as committed are the whole ledger again,
-//! and are read back at the team's next call. A caller allowed to name teams therefore
-//! cannot grow this map past that bound, or twice the entries with calls
-//! in flight when that is more.
+//! and are read back at the team's next call. A caller allowed to name
+//! teams therefore cannot grow this map past that bound, or twice the
+//! entries with calls in flight when that is more.
 //!
 //! PostgreSQL keeps admission in SQL (the guarded `UPDATE` of
 //! [`crate::usage::policy::GUARDED_RESERVE`]): replicas share its ledger,
