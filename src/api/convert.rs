@@ -175,10 +175,11 @@ pub fn limits(caps: &Caps, b: &Balance) -> (pb::UsageLimits, pb::UsageLimits) {
 /// Breaker and health snapshots → `ProviderHealth`.
 pub fn provider_health(
     name: &str,
-    kind: &str,
-    breaker: &crate::resilience::BreakerSnapshot,
-    health: &crate::resilience::HealthSnapshot,
+    config: &crate::config::ProviderConfig,
+    guards: &crate::resilience::ProviderGuards,
 ) -> pb::ProviderHealth {
+    let breaker = &guards.breaker.snapshot();
+    let health = &guards.health.snapshot();
     use crate::resilience::BreakerState;
     let wall = |at: std::time::SystemTime| {
         let d = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -194,7 +195,7 @@ pub fn provider_health(
     });
     pb::ProviderHealth {
         provider: name.to_owned(),
-        kind: kind.to_owned(),
+        kind: config.kind.as_str().to_owned(),
         state: match breaker.state {
             BreakerState::Closed => pb::BreakerState::Closed,
             BreakerState::Open => pb::BreakerState::Open,
@@ -212,6 +213,15 @@ pub fn provider_health(
         recent_cancelled: count(health.cancelled),
         recent_connection_errors: count(health.connection_errors),
         recent_resent: count(health.resent),
+        breaker_mode: config.breaker.mode.as_str().to_owned(),
+        breaker_window_calls: breaker.window.calls,
+        breaker_window_failures: breaker.window.failures,
+        last_probe: guards.probe.last().map(|p| pb::ProbeResult {
+            ok: p.ok(),
+            latency_ms: millis(p.latency),
+            error_code: p.error_code.unwrap_or_default(),
+            at: Some(wall(p.at)),
+        }),
     }
 }
 

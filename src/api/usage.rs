@@ -127,12 +127,7 @@ impl OrchestratorApi {
                         ..Default::default()
                     };
                 };
-                convert::provider_health(
-                    name,
-                    p.kind.as_str(),
-                    &guards.breaker.snapshot(),
-                    &guards.health.snapshot(),
-                )
+                convert::provider_health(name, p, guards)
             })
             .collect();
         Ok(reply(

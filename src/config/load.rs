@@ -13,6 +13,7 @@ use super::{Config, ConfigError, Invalid, Secret, validate};
 use figment::{
     Figment, Metadata,
     providers::{Env, Format, Toml},
+    value::Value,
 };
 use std::{ffi::OsString, path::Path};
 
@@ -49,15 +50,28 @@ struct Origins<'a> {
 
 impl Origins<'_> {
     /// The origin of the value at `path`, as a reader should look for it.
-    fn of(&self, figment: &Figment, path: &str) -> Option<String> {
+    /// `merged` is the figment's whole value (`find_value("")`), taken
+    /// once: figment's own look-up merges every source again each time.
+    fn of(&self, figment: &Figment, merged: Option<&Value>, path: &str) -> Option<String> {
         // `chain[1].provider` lives in the `chain` value.
         let key = path.split('[').next().unwrap_or(path);
         if self.database_url_from_env && key == "database.url" {
             return Some("environment variable DATABASE_URL".to_owned());
         }
-        match figment.find_metadata(key) {
+        let metadata = merged
+            .and_then(|root| root.find_ref(key))
+            .and_then(|value| figment.get_metadata(value.tag()));
+        match metadata {
             Some(md) if from_prefixed_env(md) => Some(env_origin(key)),
             _ => self.file.map(|f| f.display().to_string()),
+        }
+    }
+
+    /// Fills in the origin of every problem.
+    fn locate(&self, figment: &Figment, problems: &mut [Invalid]) {
+        let merged = figment.find_value("").ok();
+        for problem in problems {
+            problem.origin = self.of(figment, merged.as_ref(), &problem.path);
         }
     }
 }
@@ -100,6 +114,20 @@ impl Config {
         env: impl Fn(&str) -> Option<String>,
         require_keys: bool,
     ) -> Result<Self, ConfigError> {
+        // Read whole by the TOML parser: bounded before it is.
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.len() > validate::lists::MAX_FILE_BYTES
+        {
+            return Err(ConfigError::Parse {
+                origin: Some(path.display().to_string()),
+                path: "(the file)".into(),
+                message: format!(
+                    "is {} bytes; at most {} are read",
+                    meta.len(),
+                    validate::lists::MAX_FILE_BYTES
+                ),
+            });
+        }
         let mut figment = Figment::new()
             .merge(Toml::file_exact(path))
             // Only `__` paths are config keys: the CLI's own variables
@@ -182,9 +210,7 @@ impl Config {
         if problems.is_empty() {
             return Ok(config);
         }
-        for problem in &mut problems {
-            problem.origin = origins.of(figment, &problem.path);
-        }
+        origins.locate(figment, &mut problems);
         Err(ConfigError::Invalid(problems))
     }
 }
@@ -313,8 +339,8 @@ fn parse_error(err: figment::Error, figment: &Figment, origins: &Origins<'_>) ->
             .source
             .as_ref()
             .map(ToString::to_string)
-            .or_else(|| origins.of(figment, &path)),
-        None => origins.of(figment, &path),
+            .or_else(|| origins.of(figment, figment.find_value("").ok().as_ref(), &path)),
+        None => origins.of(figment, figment.find_value("").ok().as_ref(), &path),
     };
     if path.is_empty() {
         path = "<root>".into();

@@ -21,8 +21,8 @@ pub mod tools;
 mod validate;
 
 pub use provider::{
-    BreakerConfig, DEFAULT_MAX_RESPONSE_BYTES, HttpVersion, MockConfig, MockToolCall,
-    ProviderConfig, ProviderKind,
+    BreakerConfig, BreakerMode, DEFAULT_MAX_RESPONSE_BYTES, HttpVersion, MockConfig, MockToolCall,
+    ProbeConfig, ProviderConfig, ProviderKind,
 };
 pub use tools::{
     McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind, ToolWorkerConfig,
@@ -52,8 +52,28 @@ pub enum ConfigError {
         message: String,
     },
     /// Values parse but do not make sense together.
-    #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+    #[error("invalid configuration:\n{}", listed(.0))]
     Invalid(Vec<Invalid>),
+}
+
+/// Problems shown by a config error; the rest are counted. A generated
+/// config can hold thousands of bad entries, and the first ones tell what
+/// is wrong.
+const MAX_SHOWN: usize = 100;
+
+fn listed(problems: &[Invalid]) -> String {
+    let mut lines: Vec<String> = problems
+        .iter()
+        .take(MAX_SHOWN)
+        .map(|e| format!("  - {e}"))
+        .collect();
+    if problems.len() > MAX_SHOWN {
+        lines.push(format!(
+            "  … and {} more problems",
+            problems.len() - MAX_SHOWN
+        ));
+    }
+    lines.join("\n")
 }
 
 /// One semantic problem in the configuration.
@@ -336,8 +356,12 @@ pub struct ServerConfig {
     /// bytes: a template can repeat its input, and escaping grows it.
     pub max_prompt_bytes: usize,
     /// Largest gRPC message decoded, in bytes (protects memory before any
-    /// field is looked at).
+    /// field is looked at): the limit of every RPC but those below.
     pub max_message_bytes: usize,
+    /// Largest `ClassifySms` / `GenerateSms` message decoded, in bytes.
+    pub max_sms_message_bytes: usize,
+    /// Largest `Research` message decoded, in bytes.
+    pub max_research_message_bytes: usize,
     /// AI requests in flight at once on this replica; more are refused at
     /// once with RESOURCE_EXHAUSTED (OVERLOADED) instead of queueing.
     /// Health checks and reflection are never refused.
@@ -384,6 +408,12 @@ impl Default for ServerConfig {
             max_prompt_bytes: 256 * 1024,
             // 4 MiB is tonic's default; inputs are capped far lower anyway.
             max_message_bytes: 4 * 1024 * 1024,
+            // An SMS thread at its 100-entry cap is a few KiB, a research
+            // query less; four times max_input_bytes leaves room for
+            // framing. Decoded, a message of empty repeated entries takes
+            // many times its wire size, so the bound stays small.
+            max_sms_message_bytes: 256 * 1024,
+            max_research_message_bytes: 256 * 1024,
             // Each in-flight call mostly waits on a provider; 1024 keeps
             // memory bounded (~tens of MB) while far above normal load.
             max_concurrent_requests: 1024,

@@ -106,6 +106,9 @@ pub struct ProviderConfig {
     /// Circuit breaker numbers.
     #[serde(default)]
     pub breaker: BreakerConfig,
+    /// An active health check of the provider (SPEC §18); none by default.
+    #[serde(default)]
+    pub probe: Option<ProbeConfig>,
     /// Settings of the `mock` kind (ignored by other kinds).
     #[serde(default)]
     pub mock: MockConfig,
@@ -157,9 +160,54 @@ mod defaults {
     pub fn max_response_bytes() -> usize {
         super::DEFAULT_MAX_RESPONSE_BYTES
     }
+    /// SPEC §18's example: often enough to see an outage before callers
+    /// do, rare enough to cost nothing at a provider.
+    pub fn probe_interval() -> Duration {
+        Duration::from_secs(30)
+    }
+    /// A model list answers in well under a second; five leaves room for a
+    /// slow network without keeping a dead provider "unknown" for long.
+    pub fn probe_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
     /// RFC 9113 §6.5.2 recommends servers allow at least 100 streams.
     pub fn streams_per_connection() -> usize {
         100
+    }
+}
+
+/// `probe = { interval, timeout }`: a cheap request sent on a timer, never
+/// metered and never counted by the breaker (docs/routing.md, *Probes*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Time between two probes.
+    #[serde(default = "defaults::probe_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Bound on one probe; a provider that hangs fails its probe here.
+    #[serde(default = "defaults::probe_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+/// What opens a breaker (SPEC §18).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerMode {
+    /// `failure_threshold` counted failures in a row (the seed's rule).
+    #[default]
+    Consecutive,
+    /// A share of failures of at least `error_rate` among at least
+    /// `min_requests` counted calls in the last `window`.
+    ErrorRate,
+}
+
+impl BreakerMode {
+    /// The name as in the config.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BreakerMode::Consecutive => "consecutive",
+            BreakerMode::ErrorRate => "error_rate",
+        }
     }
 }
 
@@ -167,8 +215,18 @@ mod defaults {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerConfig {
-    /// Consecutive failures that open the breaker.
+    /// What opens the breaker.
+    pub mode: BreakerMode,
+    /// Consecutive failures that open the breaker (`consecutive` mode).
     pub failure_threshold: u32,
+    /// Share of failed calls that opens the breaker (`error_rate` mode).
+    pub error_rate: f64,
+    /// Fewest counted calls in the window before `error_rate` can open it:
+    /// one failure out of one call is no evidence.
+    pub min_requests: u32,
+    /// The sliding window `error_rate` is measured over.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
     /// How long the breaker stays open before probing.
     #[serde(with = "humantime_serde")]
     pub open_for: Duration,
@@ -181,7 +239,11 @@ pub struct BreakerConfig {
 impl Default for BreakerConfig {
     fn default() -> Self {
         Self {
+            mode: BreakerMode::Consecutive,
             failure_threshold: 5,
+            error_rate: 0.5,
+            min_requests: 10,
+            window: Duration::from_secs(30),
             open_for: Duration::from_secs(30),
             success_threshold: 2,
             half_open_max_probes: 1,

@@ -45,14 +45,27 @@ fn database_url(url: &str) -> Result<(), &'static str> {
 
 pub mod agents;
 pub mod bounds;
+pub mod lists;
 pub mod tools;
 
 /// Most teams `telemetry.team_labels` may list.
 const MAX_TEAM_LABELS: usize = 200;
 
 /// Every problem found, in a stable order (providers, tasks, server, database).
+/// A list past its bound is all that is reported: nothing else is looked
+/// at in a config that large.
 pub(super) fn check(config: &Config) -> Vec<Invalid> {
     let mut out = Vec::new();
+    lists::check(config, &mut |path, message| {
+        out.push(Invalid {
+            origin: None,
+            path,
+            message: message.to_owned(),
+        })
+    });
+    if !out.is_empty() {
+        return out;
+    }
     let mut bad = |path: String, message: &str| {
         out.push(Invalid {
             origin: None,
@@ -114,6 +127,38 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         ] {
             if v == 0 {
                 bad(at(key), "must be at least 1");
+            }
+        }
+        if !(b.error_rate > 0.0 && b.error_rate <= 1.0) {
+            bad(at("breaker.error_rate"), "must be above 0 and at most 1");
+        }
+        if b.min_requests == 0 {
+            bad(at("breaker.min_requests"), "must be at least 1");
+        }
+        if b.window.is_zero() {
+            bad(at("breaker.window"), "must be greater than zero");
+        }
+        if let Some(probe) = &p.probe {
+            // Below a second a probe loop is a load generator.
+            if probe.interval < Duration::from_secs(1) {
+                bad(at("probe.interval"), "must be at least 1s");
+            }
+            if probe.timeout.is_zero() || probe.timeout > probe.interval {
+                bad(
+                    at("probe.timeout"),
+                    "must be greater than zero and at most probe.interval",
+                );
+            }
+            let routed = (config.tasks.values().map(|t| &t.chain))
+                .chain(config.agents.values().map(|a| &a.chain))
+                .flatten()
+                .any(|t| &t.provider == name);
+            if p.kind == ProviderKind::Perplexity && !routed {
+                bad(
+                    at("probe"),
+                    "Perplexity has no model list: its probe is a one-token completion \
+                     of a model a task or agent routes to it, and none does",
+                );
             }
         }
         if !(0.0..=1.0).contains(&p.mock.failure_rate) {
@@ -305,11 +350,20 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be at least 1",
         );
     }
-    if config.server.max_message_bytes < config.server.max_input_bytes {
-        bad(
-            "server.max_message_bytes".into(),
-            "must be at least server.max_input_bytes",
-        );
+    for (key, value) in [
+        ("max_message_bytes", config.server.max_message_bytes),
+        ("max_sms_message_bytes", config.server.max_sms_message_bytes),
+        (
+            "max_research_message_bytes",
+            config.server.max_research_message_bytes,
+        ),
+    ] {
+        if value < config.server.max_input_bytes {
+            bad(
+                format!("server.{key}"),
+                "must be at least server.max_input_bytes",
+            );
+        }
     }
     for (key, value) in [
         ("max_input_bytes", config.server.max_input_bytes),

@@ -18,8 +18,8 @@ mod stream;
 mod tests;
 
 use super::{
-    Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError,
-    StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema, tool_calls,
+    Completion, CompletionRequest, CompletionStream, FinishReason, ProbeRequest, Provider,
+    ProviderError, StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema, tool_calls,
     turns::{self, Part},
 };
 use crate::config::ProviderConfig;
@@ -40,6 +40,8 @@ const MAX_TEMPERATURE: f32 = 1.0;
 pub struct AnthropicProvider {
     clients: http::Clients,
     url: String,
+    /// `{base_url}/models`, the probe's request.
+    models_url: String,
     /// `x-api-key`, marked sensitive so it never shows in debug output.
     api_key: Option<HeaderValue>,
     stream_idle: Duration,
@@ -64,6 +66,7 @@ impl AnthropicProvider {
         Ok(Self {
             clients: http::Clients::new(config)?,
             url: format!("{}/messages", base_url.trim_end_matches('/')),
+            models_url: format!("{}/models?limit=1", base_url.trim_end_matches('/')),
             api_key,
             stream_idle: config.stream_idle_timeout,
             max_response: config.max_response_bytes,
@@ -133,6 +136,19 @@ impl Provider for AnthropicProvider {
             }
             yield Err(ProviderError::Malformed("stream ended before message_stop".into()));
         }))
+    }
+
+    /// `GET /models?limit=1`: the Models API lists models without
+    /// generating anything.
+    async fn probe(&self, probe: ProbeRequest) -> Result<(), ProviderError> {
+        let request = |client: &reqwest::Client| {
+            let builder = (client.get(&self.models_url)).header("anthropic-version", API_VERSION);
+            match &self.api_key {
+                Some(key) => builder.header("x-api-key", key.clone()),
+                None => builder,
+            }
+        };
+        http::probe(&self.clients, request, &probe, self.max_response).await
     }
 }
 

@@ -26,8 +26,8 @@
 mod tests;
 
 use super::{
-    Completion, CompletionRequest, CompletionStream, FinishReason, Provider, ProviderError, Role,
-    StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema,
+    Completion, CompletionRequest, CompletionStream, FinishReason, ProbeRequest, Provider,
+    ProviderError, Role, StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema,
     tool_calls::check_count,
     turns::{self, Part},
 };
@@ -146,6 +146,18 @@ impl Provider for GeminiProvider {
             }
             yield Ok(StreamEvent::Done(state.finish()));
         }))
+    }
+
+    /// `GET /models?pageSize=1`: the model list, nothing generated.
+    async fn probe(&self, probe: ProbeRequest) -> Result<(), ProviderError> {
+        let request = |client: &reqwest::Client| {
+            let builder = client.get(format!("{}/models?pageSize=1", self.base_url));
+            match &self.api_key {
+                Some(key) => builder.header("x-goog-api-key", key.clone()),
+                None => builder,
+            }
+        };
+        http::probe(&self.clients, request, &probe, self.max_response).await
     }
 }
 

@@ -11,7 +11,7 @@ mod clients;
 
 pub use clients::{Clients, Lease};
 
-use super::{CompletionRequest, ConnectFailure, ProviderError};
+use super::{CompletionRequest, ConnectFailure, ProbeRequest, ProviderError};
 use reqwest::{RequestBuilder, Response, header::HeaderMap};
 use serde::de::DeserializeOwned;
 use std::{
@@ -62,6 +62,22 @@ pub fn send(
         }
         Err(Box::pin(status_error(response, deadline)).await)
     }
+}
+
+/// Sends a probe's request (a model list, built by `request` on one of
+/// `clients`): a 2xx whose body is JSON of at most `limit` bytes, read
+/// before the probe's deadline, proves the provider answers.
+pub async fn probe(
+    clients: &Clients,
+    request: impl FnOnce(&reqwest::Client) -> RequestBuilder,
+    probe: &ProbeRequest,
+    limit: usize,
+) -> Result<(), ProviderError> {
+    let lease = clients.lease();
+    let builder = request(lease.client()).header("x-trace-id", &probe.trace_id);
+    let response = lease.checked(send(builder, probe.deadline).await)?;
+    lease.checked(json::<serde::de::IgnoredAny>(response, probe.deadline, limit).await)?;
+    Ok(())
 }
 
 /// The [`ProviderError::Status`] of a non-2xx response.

@@ -8,8 +8,8 @@
 //! mock and which rule matched.
 
 use super::{
-    ChatMessage, Completion, CompletionRequest, CompletionStream, FinishReason, Provider,
-    ProviderError, Role, StreamEvent, TokenUsage, ToolCall, WireNames,
+    ChatMessage, Completion, CompletionRequest, CompletionStream, FinishReason, ProbeRequest,
+    Provider, ProviderError, Role, StreamEvent, TokenUsage, ToolCall, WireNames,
 };
 use crate::config::MockConfig;
 use serde_json::{Map, Value};
@@ -142,6 +142,16 @@ impl Provider for MockProvider {
             .collect();
         events.push(Ok(StreamEvent::Done(done)));
         Ok(Box::pin(futures::stream::iter(events)))
+    }
+
+    /// Answers after the mock's latency, and never fails: the failure
+    /// draw is for calls, and a probe must not shift a seeded sequence.
+    async fn probe(&self, probe: ProbeRequest) -> Result<(), ProviderError> {
+        match tokio::time::timeout_at(probe.deadline, tokio::time::sleep(self.config.latency)).await
+        {
+            Ok(()) => Ok(()),
+            Err(_) => Err(ProviderError::Timeout),
+        }
     }
 }
 

@@ -237,6 +237,19 @@ pub enum StreamEvent {
     Done(Completion),
 }
 
+/// An active health check of one provider (SPEC §18): never metered, never
+/// counted by the breaker.
+#[derive(Debug, Clone)]
+pub struct ProbeRequest {
+    /// A model the config routes to this provider, for the kinds whose
+    /// cheapest check is a one-token completion.
+    pub model: Option<String>,
+    /// A trace ID of the probe's own, sent as `x-trace-id`.
+    pub trace_id: String,
+    /// When the probe fails as a timeout.
+    pub deadline: Instant,
+}
+
 /// A stream of answer events; ends after `Done` or an error.
 pub type CompletionStream = BoxStream<'static, Result<StreamEvent, ProviderError>>;
 
@@ -249,6 +262,10 @@ pub trait Provider: Send + Sync + 'static {
     /// Makes one streaming call. Errors before the first event come back as
     /// `Err`; errors mid-stream as an `Err` item.
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError>;
+
+    /// Sends the kind's cheapest request that proves the provider answers
+    /// (a model list where the API has one) and reads the answer.
+    async fn probe(&self, req: ProbeRequest) -> Result<(), ProviderError>;
 }
 
 /// The system prompt with an instruction to answer in JSON matching the

@@ -15,9 +15,9 @@
 //! Nothing here logs or keeps message contents, error messages or the key.
 
 use super::{
-    ChatMessage, Citation, Completion, CompletionRequest, CompletionStream, FinishReason, Provider,
-    ProviderError, Role, StreamEvent, TokenUsage, ToolCall, http, perplexity, sse,
-    system_with_schema, tool_calls,
+    ChatMessage, Citation, Completion, CompletionRequest, CompletionStream, FinishReason,
+    ProbeRequest, Provider, ProviderError, Role, StreamEvent, TokenUsage, ToolCall, http,
+    perplexity, sse, system_with_schema, tool_calls,
 };
 use crate::config::{Config, ProviderConfig, ProviderKind, Secret};
 use futures::StreamExt;
@@ -59,6 +59,8 @@ pub struct OpenAiProvider {
     clients: http::Clients,
     /// Parsed once, not per call (IDNA host processing included).
     url: reqwest::Url,
+    /// `{base_url}/models`, the probe's request.
+    models_url: reqwest::Url,
     /// `Authorization: Bearer …`, built once and marked sensitive so it
     /// never shows in debug output.
     authorization: Option<HeaderValue>,
@@ -78,6 +80,9 @@ impl OpenAiProvider {
             .ok_or_else(|| unsupported("base_url is required"))?;
         let url = format!("{}/chat/completions", base.trim_end_matches('/'));
         let url = reqwest::Url::parse(&url).map_err(|e| unsupported(&format!("base_url: {e}")))?;
+        let models_url = format!("{}/models", base.trim_end_matches('/'));
+        let models_url =
+            reqwest::Url::parse(&models_url).map_err(|e| unsupported(&format!("base_url: {e}")))?;
         let authorization = p
             .api_key
             .as_ref()
@@ -89,6 +94,7 @@ impl OpenAiProvider {
             flavor,
             clients: http::Clients::new(p)?,
             url,
+            models_url,
             authorization,
             stream_idle: p.stream_idle_timeout,
             max_response: p.max_response_bytes,
@@ -169,6 +175,42 @@ impl Provider for OpenAiProvider {
             yield state.finish(saw_done).map(StreamEvent::Done);
         }))
     }
+
+    /// `GET /models` (OpenAI, and the servers that copy it: vLLM, Ollama,
+    /// llama.cpp, DeepSeek); Perplexity has no model list, so it gets a
+    /// one-token completion of a model the config routes to it.
+    async fn probe(&self, probe: ProbeRequest) -> Result<(), ProviderError> {
+        if self.flavor == Flavor::Perplexity {
+            return self.complete(one_token(probe)?).await.map(drop);
+        }
+        let request = |client: &reqwest::Client| {
+            let builder = client.get(self.models_url.clone());
+            match &self.authorization {
+                Some(value) => builder.header(reqwest::header::AUTHORIZATION, value.clone()),
+                None => builder,
+            }
+        };
+        http::probe(&self.clients, request, &probe, self.max_response).await
+    }
+}
+
+/// The smallest completion a probe can ask of `probe.model`.
+fn one_token(probe: ProbeRequest) -> Result<CompletionRequest, ProviderError> {
+    let model = probe.model.ok_or_else(|| {
+        ProviderError::Unsupported("no task or agent routes a model to this provider".into())
+    })?;
+    Ok(CompletionRequest {
+        model,
+        system: None,
+        messages: vec![ChatMessage::text(Role::User, "ping")],
+        temperature: None,
+        max_tokens: 1,
+        response_format: None,
+        tools: Vec::new(),
+        trace_id: probe.trace_id,
+        traceparent: None,
+        deadline: probe.deadline,
+    })
 }
 
 /// The `Authorization` value for `key`, sensitive; `None` when the key

@@ -1,11 +1,17 @@
 //! Circuit breaker, one per provider (SPEC §4).
 //!
 //! ```text
-//! CLOSED ──failure_threshold consecutive counted failures──▶ OPEN
+//! CLOSED ──failure_threshold consecutive counted failures──▶ OPEN   (mode consecutive)
+//! CLOSED ──error_rate of ≥ min_requests calls in window──▶ OPEN      (mode error_rate)
 //! OPEN ──open_for elapsed──▶ HALF_OPEN (at most half_open_max_probes calls at once)
 //! HALF_OPEN ──success_threshold successes──▶ CLOSED
 //! HALF_OPEN ──1 failure──▶ OPEN (a fresh open period)
 //! ```
+//!
+//! In `error_rate` mode the CLOSED state counts successes and failures in
+//! a sliding window ([`window`]); half-open is the same in both modes. The
+//! window is cleared whenever the breaker opens or closes, so a recovered
+//! provider is not re-opened by the failures that opened it.
 //!
 //! Every state change bumps a *generation*. A [`Permit`] remembers the
 //! generation it was issued in, and its result is ignored when the breaker has
@@ -28,16 +34,22 @@
 //! few field updates and never across an `.await`.
 
 mod permit;
+mod window;
 
 pub use permit::Permit;
+pub use window::WindowCounts;
 
 use crate::domain::instant_after;
-use crate::{config::BreakerConfig, providers::ProviderError};
+use crate::{
+    config::{BreakerConfig, BreakerMode},
+    providers::ProviderError,
+};
 use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::{Duration, SystemTime},
 };
 use tokio::time::Instant;
+use window::Window;
 
 /// Cooldown after a 429 that carried no `Retry-After`: long enough not to
 /// hammer a provider that is shedding load, short enough that a one-off 429
@@ -158,6 +170,9 @@ pub struct BreakerSnapshot {
     pub probes_in_flight: u32,
     /// End of a 429 cooldown still in force.
     pub cooldown_until: Option<Instant>,
+    /// Counted calls and failures in the sliding window (`error_rate`
+    /// mode; zeros in `consecutive` mode).
+    pub window: WindowCounts,
     /// Bumped on every state change.
     pub generation: u64,
 }
@@ -179,7 +194,10 @@ struct Inner {
 /// this keeps a hand-built config from producing a breaker that never admits).
 #[derive(Debug, Clone, Copy)]
 struct Settings {
+    mode: BreakerMode,
     failure_threshold: u32,
+    error_rate: f64,
+    min_requests: u32,
     open_for: Duration,
     success_threshold: u32,
     max_probes: u32,
@@ -199,6 +217,8 @@ struct State {
     /// Bumped on every counted connection-level failure.
     connection_epoch: u64,
     consecutive_failures: u32,
+    /// Calls of the last `window`, counted in `error_rate` mode only.
+    window: Window,
     opened_at: Option<SystemTime>,
     cooldown_until: Option<Instant>,
 }
@@ -207,7 +227,10 @@ impl CircuitBreaker {
     /// A CLOSED breaker for the provider `name` (used in logs only).
     pub fn new(name: &str, config: &BreakerConfig) -> Self {
         let settings = Settings {
+            mode: config.mode,
             failure_threshold: config.failure_threshold.max(1),
+            error_rate: config.error_rate,
+            min_requests: config.min_requests.max(1),
             open_for: config.open_for,
             success_threshold: config.success_threshold.max(1),
             max_probes: config.half_open_max_probes.max(1),
@@ -217,6 +240,7 @@ impl CircuitBreaker {
             generation: 0,
             connection_epoch: 0,
             consecutive_failures: 0,
+            window: Window::new(config.window, Instant::now()),
             opened_at: None,
             cooldown_until: None,
         };
@@ -297,6 +321,10 @@ impl CircuitBreaker {
             half_open_successes,
             probes_in_flight,
             cooldown_until: st.cooldown_until.filter(|u| *u > now),
+            window: match self.inner.settings.mode {
+                BreakerMode::Consecutive => WindowCounts::default(),
+                BreakerMode::ErrorRate => st.window.counts(now),
+            },
             generation: st.generation,
         }
     }
@@ -342,10 +370,15 @@ impl Inner {
         let s = self.settings;
         match st.phase {
             Phase::Closed => match outcome {
-                Some(Outcome::Success) => st.consecutive_failures = 0,
+                Some(Outcome::Success) => {
+                    st.consecutive_failures = 0;
+                    if s.mode == BreakerMode::ErrorRate {
+                        st.window.record(now, false);
+                    }
+                }
                 Some(Outcome::Failure) => {
                     st.consecutive_failures = st.consecutive_failures.saturating_add(1);
-                    if st.consecutive_failures >= s.failure_threshold {
+                    if s.trips(&mut st, now) {
                         st.open(now, s.open_for, &self.name);
                     }
                 }
@@ -380,6 +413,21 @@ impl Inner {
     }
 }
 
+impl Settings {
+    /// Counts one failure of a CLOSED breaker; whether it opens the breaker.
+    fn trips(&self, st: &mut State, now: Instant) -> bool {
+        match self.mode {
+            BreakerMode::Consecutive => st.consecutive_failures >= self.failure_threshold,
+            BreakerMode::ErrorRate => {
+                st.window.record(now, true);
+                st.window
+                    .counts(now)
+                    .trips(self.min_requests, self.error_rate)
+            }
+        }
+    }
+}
+
 impl State {
     /// The only time-driven transition: OPEN → HALF_OPEN once the open
     /// period is over.
@@ -401,6 +449,7 @@ impl State {
         };
         self.generation = self.generation.wrapping_add(1);
         self.opened_at = Some(SystemTime::now());
+        self.window.clear();
         tracing::warn!(
             provider = name,
             consecutive_failures = self.consecutive_failures,
@@ -412,10 +461,13 @@ impl State {
         self.phase = Phase::Closed;
         self.generation = self.generation.wrapping_add(1);
         self.consecutive_failures = 0;
+        self.window.clear();
         self.opened_at = None;
         tracing::info!(provider = name, "circuit breaker closed");
     }
 }
 
+#[cfg(test)]
+mod error_rate_tests;
 #[cfg(test)]
 mod tests;

@@ -45,11 +45,13 @@
 pub mod breaker;
 pub mod health;
 pub mod limits;
+pub mod probe;
 pub mod retry;
 
 pub use breaker::{BreakerSnapshot, BreakerState, CircuitBreaker, Outcome, Permit, Rejected};
 pub use health::{CutShort, HealthSnapshot, ProviderHealth};
 pub use limits::{LimitPermit, LimitRejected, ProviderLimits};
+pub use probe::{ProbeResult, ProbeState};
 pub use retry::{Decision, FixedJitter, JitterSource, RetryPolicy};
 
 use crate::config::{Config, ProviderConfig};
@@ -64,6 +66,8 @@ pub struct ProviderGuards {
     pub limits: ProviderLimits,
     /// Rolling statistics of the provider's recent calls.
     pub health: ProviderHealth,
+    /// The latest active probe, when `probe` is configured.
+    pub probe: ProbeState,
 }
 
 impl ProviderGuards {
@@ -73,6 +77,7 @@ impl ProviderGuards {
             breaker: CircuitBreaker::new(name, &config.breaker),
             limits: ProviderLimits::new(config.rpm, config.max_concurrency),
             health: ProviderHealth::default(),
+            probe: ProbeState::default(),
         }
     }
 }

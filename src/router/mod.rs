@@ -5,6 +5,8 @@
 //! every attempt, and never starts an attempt after the request deadline.
 
 mod attempt;
+mod probe;
+mod report;
 mod span;
 mod stream;
 #[cfg(test)]
@@ -12,6 +14,7 @@ mod tests;
 
 pub use attempt::{AttemptOutcome, AttemptRecord, CANCELLED, total_usage};
 use attempt::{InFlight, implausible};
+pub use report::ProvidersReport;
 pub use stream::RouteEvent;
 
 use crate::{

@@ -7,6 +7,7 @@
 mod background;
 mod build;
 mod prompts;
+mod routes;
 mod run;
 
 pub use prompts::prompt_store;

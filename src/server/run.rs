@@ -3,16 +3,13 @@
 
 use super::{App, background};
 use crate::{
-    api::{auth::AuthInterceptor, metrics_layer::GrpcMetricsLayer, pb},
+    api::{metrics_layer::GrpcMetricsLayer, pb},
     telemetry::metrics,
 };
 use anyhow::Context;
 use std::{future::Future, sync::Arc};
 use tokio::sync::watch;
-use tonic::{
-    service::interceptor::InterceptedService,
-    transport::{Server, server::TcpIncoming},
-};
+use tonic::transport::{Server, server::TcpIncoming};
 use tonic_health::ServingStatus;
 
 impl App {
@@ -102,6 +99,7 @@ impl App {
                 ))
             })
             .collect();
+        let probes = pipeline.router().spawn_probes(&background_stopped);
         // Turns true when shutdown starts: gRPC and the MCP endpoint stop
         // taking calls and drain those in flight.
         let (draining_tx, mut draining) = watch::channel(false);
@@ -124,11 +122,17 @@ impl App {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "metrics endpoint");
             }
+            let router = pipeline.router().clone();
+            let providers: metrics::ProvidersHealth = Arc::new(move || {
+                let report = router.providers_report();
+                (report.healthy, report.body.to_string())
+            });
             tokio::spawn(metrics::serve_http(
                 listener,
                 ready,
                 background_stopped,
                 on_scrape,
+                providers,
             ))
         });
         let reflection_v1 = reflection()
@@ -164,40 +168,24 @@ impl App {
                 .tls_config(tls)
                 .context("configuring TLS for the gRPC port")?;
         }
+        let open = tonic::service::Routes::new(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_alpha);
+        // Health and reflection stay open: probes and tooling carry no key.
+        let services = super::routes::Authenticated {
+            api,
+            prompt_admin,
+            tools,
+            agents,
+            audit,
+        };
+        let routes = super::routes::add_authenticated(open, services, &auth, &config.server);
         let server = builder
             .http2_keepalive_interval(Some(config.server.http2_keepalive_interval))
             .http2_keepalive_timeout(Some(config.server.http2_keepalive_timeout))
             .max_concurrent_streams(config.server.max_concurrent_streams)
             .layer(GrpcMetricsLayer)
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_alpha)
-            // Health and reflection stay open: probes and tooling carry no key.
-            .add_service(InterceptedService::new(
-                pb::orchestrator_server::OrchestratorServer::new(api)
-                    .max_decoding_message_size(config.server.max_message_bytes),
-                AuthInterceptor::new(auth.clone()),
-            ))
-            .add_service(InterceptedService::new(
-                pb::prompt_admin_server::PromptAdminServer::new(prompt_admin)
-                    .max_decoding_message_size(config.server.max_message_bytes),
-                AuthInterceptor::new(auth.clone()),
-            ))
-            .add_service(InterceptedService::new(
-                pb::tool_service_server::ToolServiceServer::new(tools)
-                    .max_decoding_message_size(config.server.max_message_bytes),
-                AuthInterceptor::new(auth.clone()),
-            ))
-            .add_service(InterceptedService::new(
-                pb::agent_service_server::AgentServiceServer::new(agents)
-                    .max_decoding_message_size(config.server.max_message_bytes),
-                AuthInterceptor::new(auth.clone()),
-            ))
-            .add_service(InterceptedService::new(
-                pb::audit_service_server::AuditServiceServer::new(audit)
-                    .max_decoding_message_size(config.server.max_message_bytes),
-                AuthInterceptor::new(auth),
-            ))
+            .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, signal);
 
         let grace = config.server.shutdown_grace;
@@ -226,6 +214,7 @@ impl App {
         .into_iter()
         .flatten()
         .chain(mcp_clients)
+        .chain(probes)
         {
             let _ = task.await;
         }

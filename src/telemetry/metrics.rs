@@ -156,6 +156,15 @@ fn describe() {
         "circuit_breaker_state",
         "Breaker state per provider: 0 closed, 1 half-open, 2 open."
     );
+    describe_gauge!(
+        "provider_probe_up",
+        "1 when the provider's last active probe was answered, else 0 (only providers with `probe`)."
+    );
+    describe_histogram!(
+        "provider_probe_seconds",
+        Unit::Seconds,
+        "Time an active probe took, answered or not."
+    );
     describe_counter!(
         "orchestrator_fallbacks_total",
         "Calls served by a target other than the chain's primary."
@@ -274,6 +283,13 @@ pub fn usage(provider: &str, model: &str, input: u64, output: u64, cost_usd: Opt
         // fractions of a cent, and is exported as a counter (`render`).
         gauge!("llm_cost_usd_total", "provider" => provider.to_owned(), "model" => model.to_owned()).increment(cost);
     }
+}
+
+/// One active probe of a provider ended (never counted as a call).
+pub fn probe(provider: &str, ok: bool, took: Duration) {
+    gauge!("provider_probe_up", "provider" => provider.to_owned()).set(if ok { 1.0 } else { 0.0 });
+    histogram!("provider_probe_seconds", "provider" => provider.to_owned())
+        .record(took.as_secs_f64());
 }
 
 /// A provider's breaker state (0 closed, 1 half-open, 2 open).
@@ -417,14 +433,20 @@ pub fn grpc_handled(kind: &'static str, method: &'static str, code: &'static str
 /// (breaker states that turn half-open with time, process figures).
 pub type OnScrape = std::sync::Arc<dyn Fn() + Send + Sync>;
 
-/// Serves `/metrics`, `/healthz` (the process is up) and `/readyz` (health
-/// is SERVING) on `listener` until `shutdown` turns true; `on_scrape` runs
-/// before each `/metrics` render.
+/// What `/health/providers` answers: whether every chain has a healthy
+/// target, and the JSON report (`router::ProvidersReport`).
+pub type ProvidersHealth = std::sync::Arc<dyn Fn() -> (bool, String) + Send + Sync>;
+
+/// Serves `/metrics`, `/healthz` (the process is up), `/readyz` (health
+/// is SERVING) and `/health/providers` (200, or 503 when some chain has no
+/// healthy target) on `listener` until `shutdown` turns true; `on_scrape`
+/// runs before each `/metrics` render.
 pub async fn serve_http(
     listener: TcpListener,
     ready: watch::Receiver<bool>,
     mut shutdown: watch::Receiver<bool>,
     on_scrape: OnScrape,
+    providers: ProvidersHealth,
 ) {
     use axum::{Router, http::StatusCode, routing::get};
     let upkeep = tokio::spawn(async {
@@ -442,6 +464,18 @@ pub async fn serve_http(
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/health/providers",
+            get(move || {
+                let (healthy, body) = providers();
+                let status = if healthy {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                async move { (status, [("content-type", "application/json")], body) }
+            }),
+        )
         .route(
             "/readyz",
             get(move || {

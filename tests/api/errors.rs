@@ -442,6 +442,72 @@ async fn an_oversized_grpc_message_is_refused_before_decoding() {
     app.stop().await;
 }
 
+/// The SMS and research RPCs decode up to limits of their own, far below
+/// `Execute`'s: a 4 MB request of empty history entries never gets decoded.
+#[tokio::test]
+async fn each_rpc_family_decodes_up_to_its_own_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("families.db").display());
+    let toml = crate::common::config_toml(&url, "", "").replace(
+        "max_input_bytes = 2048",
+        "max_input_bytes = 2048\nmax_message_bytes = 65536\n\
+         max_sms_message_bytes = 4096\nmax_research_message_bytes = 8192",
+    );
+    let app = TestApp::spawn_toml(&toml).await;
+    let mut c = app.client.clone();
+    let text = |n: usize| "x".repeat(n);
+    let empty_entries = vec![pb::SmsMessage::default(); 3_000];
+    let classify = |message: String, history: Vec<pb::SmsMessage>| pb::ClassifySmsRequest {
+        context: ctx(),
+        message,
+        history,
+        ..Default::default()
+    };
+    // Within the limit, the same route serves the call.
+    assert!(
+        c.classify_sms(classify("Any discount?".into(), Vec::new()))
+            .await
+            .is_ok()
+    );
+    for request in [
+        classify(text(6_000), Vec::new()),
+        classify(String::new(), empty_entries.clone()),
+    ] {
+        let status = c.classify_sms(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    }
+    let generate = pb::GenerateSmsRequest {
+        context: ctx(),
+        inbound_message: text(6_000),
+        ..Default::default()
+    };
+    let status = c.generate_sms(generate).await.unwrap_err();
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    let research = |query: String| pb::ResearchRequest {
+        context: ctx(),
+        query,
+        ..Default::default()
+    };
+    // 6 KB passes Research's limit, then fails the field bound on its query.
+    let status = c.research(research(text(6_000))).await.unwrap_err();
+    assert_error(&status, Code::InvalidArgument, "INVALID_INPUT", None);
+    let status = c.research(research(text(10_000))).await.unwrap_err();
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    // Execute keeps max_message_bytes: decoded, then refused by its field bound.
+    let execute = pb::ExecuteRequest {
+        context: ctx(),
+        task: "meeting_brief".into(),
+        input: Some(pb::execute_request::Input::InputJson(format!(
+            "{{\"notes\":\"{}\"}}",
+            text(10_000)
+        ))),
+        ..Default::default()
+    };
+    let status = c.execute(execute).await.unwrap_err();
+    assert_error(&status, Code::InvalidArgument, "INVALID_INPUT", None);
+    app.stop().await;
+}
+
 /// Everything a request can make the server allocate is bounded, and a
 /// violation names its field: history entries (an empty one still costs a
 /// prompt line), the request's bytes over all its fields, the nesting of an

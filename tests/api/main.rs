@@ -13,6 +13,7 @@ mod health;
 mod interop;
 mod metering;
 mod observability;
+mod probes;
 mod routing;
 mod rpcs;
 mod storage;
