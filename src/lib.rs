@@ -22,12 +22,13 @@
 //! tasks      tasks                   router, providers, prompts, usage (types)
 //!            agent                   providers, store, the ground floor
 //! routing    router                  providers, resilience
-//!            resilience              providers (error classification)
+//!            resilience              providers (error classification), cluster
 //!            providers               the ground floor
 //! services   usage, prompts, auth    audit, store, the ground floor
 //!            tools                   audit, store, the ground floor
 //!            audit                   store, the ground floor
 //!            store                   the ground floor
+//!            cluster                 the ground floor (the shared store of fleet-wide limits)
 //! ground     telemetry, config, domain
 //! ```
 //!
@@ -42,6 +43,7 @@ pub mod audit;
 pub mod auth;
 pub mod call;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod domain;
 pub mod prompts;

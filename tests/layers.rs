@@ -21,6 +21,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("telemetry", &["domain", "config"][..]),
         // Storage and the services the pipeline calls.
         ("store", BOTTOM),
+        ("cluster", BOTTOM),
         ("audit", &["domain", "config", "telemetry", "store"][..]),
         (
             "tools",
@@ -42,11 +43,18 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("providers", BOTTOM),
         (
             "resilience",
-            &["domain", "config", "telemetry", "providers"][..],
+            &["domain", "config", "telemetry", "providers", "cluster"][..],
         ),
         (
             "router",
-            &["domain", "config", "telemetry", "providers", "resilience"][..],
+            &[
+                "domain",
+                "config",
+                "telemetry",
+                "providers",
+                "resilience",
+                "cluster",
+            ][..],
         ),
         // The tasks, run inside a call.
         (
@@ -131,6 +139,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "store",
                 "providers",
                 "resilience",
+                "cluster",
                 "router",
                 "prompts",
                 "usage",

@@ -216,6 +216,7 @@ pub fn provider_health(
         breaker_mode: config.breaker.mode.as_str().to_owned(),
         breaker_window_calls: breaker.window.calls,
         breaker_window_failures: breaker.window.failures,
+        limits: guards.limits.mode().to_owned(),
         last_probe: guards.probe.last().map(|p| pb::ProbeResult {
             ok: p.ok(),
             latency_ms: millis(p.latency),

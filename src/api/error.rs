@@ -33,6 +33,10 @@ pub mod reason {
     pub const ALL_PROVIDERS_FAILED: &str = crate::router::RouteError::ALL_PROVIDERS_FAILED;
     /// The deadline or latency budget ran out.
     pub const DEADLINE_EXCEEDED: &str = crate::router::RouteError::DEADLINE_EXCEEDED;
+    /// The cluster store of shared limits is down and
+    /// `on_unavailable = "refuse"`.
+    pub const CLUSTER_STORE_UNAVAILABLE: &str =
+        crate::router::RouteError::CLUSTER_STORE_UNAVAILABLE;
     /// A monthly cap would be exceeded.
     pub const QUOTA_EXCEEDED: &str = "QUOTA_EXCEEDED";
     /// The call's estimated cost exceeds `budget.max_cost_usd`.
@@ -265,16 +269,21 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
         Failure::Route(RouteError::UnknownTask(task)) => {
             return to_status(Failure::UnknownTask(task), trace_id);
         }
-        Failure::Route(RouteError::AllProvidersFailed { attempts }) => {
+        Failure::Route(err @ RouteError::AllProvidersFailed { .. }) => {
+            let reason = err.reason();
+            let attempts = err.attempts();
             super::access::note(|f| f.attempts = attempts.len());
-            info.insert("attempts".into(), summarise(&attempts));
-            // Outages are usually short; a second later the breaker may let a probe through.
+            info.insert("attempts".into(), summarise(attempts));
+            // Outages are usually short; a second later the breaker may let
+            // a probe through, or the cluster store answer again.
             details.set_retry_info(Some(Duration::from_secs(1)));
-            (
-                Code::Unavailable,
-                reason::ALL_PROVIDERS_FAILED,
-                format!("all {} provider attempt(s) failed", attempts.len()),
-            )
+            let message = if reason == RouteError::CLUSTER_STORE_UNAVAILABLE {
+                "the cluster store that keeps the providers' shared limits is unreachable"
+                    .to_owned()
+            } else {
+                format!("all {} provider attempt(s) failed", attempts.len())
+            };
+            (Code::Unavailable, reason, message)
         }
         Failure::Route(RouteError::DeadlineExceeded { attempts }) => {
             super::access::note(|f| f.attempts = attempts.len());

@@ -40,6 +40,7 @@ const SECTIONS: &[&str] = &[
     "tool_worker",
     "tool_limits",
     "agents",
+    "cluster",
 ];
 
 /// Where values came from, to say so in errors.
@@ -362,8 +363,9 @@ mod tests {
         let probe = SECTIONS
             .iter()
             .map(|s| match *s {
-                // The one section with a required key.
+                // The sections with a required key.
                 "mcp_endpoint" => "[mcp_endpoint]\nlisten = \"127.0.0.1:0\"\n".to_owned(),
+                "cluster" => "[cluster]\nredis_url = \"redis://127.0.0.1:6379/0\"\n".to_owned(),
                 s => format!("[{s}]\n"),
             })
             .collect::<String>();

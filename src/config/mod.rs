@@ -13,6 +13,7 @@
 
 pub mod agents;
 mod auth;
+pub mod cluster;
 mod database;
 mod load;
 mod provider;
@@ -166,6 +167,10 @@ pub struct Config {
     /// Conversation agents by name.
     #[serde(default)]
     pub agents: BTreeMap<String, agents::AgentConfig>,
+    /// The shared store of fleet-wide limits; absent: every limit is this
+    /// replica's.
+    #[serde(default)]
+    pub cluster: Option<cluster::ClusterConfig>,
 }
 
 /// `[server.tls]`: serve gRPC over TLS, optionally requiring client

@@ -69,10 +69,16 @@ pub struct ProviderConfig {
     /// Longest silence allowed between two events of a stream.
     #[serde(default = "defaults::stream_idle_timeout", with = "humantime_serde")]
     pub stream_idle_timeout: Duration,
-    /// Requests per minute this replica may send; none means unlimited.
+    /// Requests per minute: the account's with `[cluster]`, else this
+    /// replica's; none means unlimited.
     #[serde(default)]
     pub rpm: Option<u32>,
-    /// Requests in flight at once from this replica.
+    /// Tokens (input + output) per minute, as `rpm`: a call's estimate is
+    /// taken when it is sent and corrected by what the provider reports.
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    /// Requests in flight at once: the account's with `[cluster]`, else
+    /// this replica's.
     #[serde(default = "defaults::max_concurrency")]
     pub max_concurrency: usize,
     /// The HTTP version spoken to the provider: `"1.1"` (the default, over

@@ -31,6 +31,14 @@ impl fmt::Display for Secret {
     }
 }
 
+/// Read as a plain string (`[cluster] redis_url`, which may hold a
+/// password); only ever printed redacted.
+impl<'de> serde::Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,6 +43,39 @@ fn database_url(url: &str) -> Result<(), &'static str> {
     Err("must start with sqlite:, postgres:// or postgresql://")
 }
 
+/// `[cluster]`: a store URL redis-rs can open, a share, live timeouts.
+fn cluster_check(c: &super::cluster::ClusterConfig, bad: &mut dyn FnMut(String, &str)) {
+    // Parsed as the client will; its error would quote the URL (and a
+    // password in it), so only the expected form is said.
+    if redis::IntoConnectionInfo::into_connection_info(c.redis_url.expose()).is_err() {
+        bad(
+            "cluster.redis_url".into(),
+            "must be a redis://host:6379/0 URL (rediss:// for TLS; valkey://, unix:// too)",
+        );
+    }
+    if !(c.fallback_share > 0.0 && c.fallback_share <= 1.0) {
+        bad(
+            "cluster.fallback_share".into(),
+            "must be above 0 and at most 1",
+        );
+    }
+    for (key, value) in [
+        ("connect_timeout", c.connect_timeout),
+        ("command_timeout", c.command_timeout),
+        ("recheck_interval", c.recheck_interval),
+    ] {
+        if value.is_zero() || value > bounds::MAX_WAIT {
+            bad(
+                format!("cluster.{key}"),
+                "must be greater than zero and at most 1h",
+            );
+        }
+    }
+    if c.lease_slack > bounds::MAX_WAIT {
+        bad("cluster.lease_slack".into(), "must be at most 1h");
+    }
+}
+
 pub mod agents;
 pub mod bounds;
 pub mod lists;
@@ -95,6 +128,9 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         }
         if p.rpm == Some(0) {
             bad(at("rpm"), "must be at least 1 (omit it for no limit)");
+        }
+        if p.tpm == Some(0) {
+            bad(at("tpm"), "must be at least 1 (omit it for no limit)");
         }
         if p.max_concurrency == 0 {
             bad(at("max_concurrency"), "must be at least 1");
@@ -402,6 +438,9 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     if config.database.max_connections == 0 {
         bad("database.max_connections".into(), "must be at least 1");
     }
+    if let Some(cluster) = &config.cluster {
+        cluster_check(cluster, &mut bad);
+    }
     tools::check(config, &mut bad);
     agents::check(config, &mut bad);
     bounds::check(config, &mut bad);
@@ -437,6 +476,32 @@ mod tests {
         ] {
             assert!(database_url(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn a_cluster_section_is_checked_and_its_url_never_printed() {
+        let config = |cluster: &str| {
+            let toml = format!("[providers.p]\nkind = \"mock\"\n[cluster]\n{cluster}");
+            crate::config::Config::from_toml_str(&toml, |_| None)
+        };
+        assert!(config("redis_url = \"redis://:pw@127.0.0.1:6379/0\"").is_ok());
+        let err = config(
+            "redis_url = \"http://:hunter2@db:6379\"\nfallback_share = 0\n\
+             command_timeout = \"0s\"\non_unavailable = \"refuse\"",
+        )
+        .err()
+        .unwrap();
+        assert_eq!(
+            err.paths(),
+            [
+                "cluster.redis_url",
+                "cluster.fallback_share",
+                "cluster.command_timeout"
+            ]
+        );
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        let parsed = config("redis_url = \"redis://:hunter2@db/0\"").unwrap();
+        assert!(!format!("{parsed:?}").contains("hunter2"));
     }
 
     #[test]

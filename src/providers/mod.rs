@@ -152,14 +152,7 @@ impl TokenUsage {
     /// An answer claiming more (a broken or hostile upstream, `u64::MAX`)
     /// is malformed: it would otherwise saturate the cost and the ledger.
     pub fn plausible_for(self, req: &CompletionRequest) -> Result<TokenUsage, TokenUsage> {
-        let bytes = req.system.as_deref().map_or(0, str::len)
-            + req.messages.iter().map(ChatMessage::bytes).sum::<usize>()
-            + req
-                .tools
-                .iter()
-                .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
-                .sum::<usize>();
-        let input = u64::try_from(bytes)
+        let input = u64::try_from(req.input_bytes())
             .unwrap_or(u64::MAX)
             .saturating_mul(2)
             .saturating_add(INPUT_SLACK);
@@ -221,6 +214,26 @@ pub struct Completion {
 }
 
 impl CompletionRequest {
+    /// Bytes of everything sent as input: system prompt, messages, tools.
+    fn input_bytes(&self) -> usize {
+        self.system.as_deref().map_or(0, str::len)
+            + self.messages.iter().map(ChatMessage::bytes).sum::<usize>()
+            + self
+                .tools
+                .iter()
+                .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+                .sum::<usize>()
+    }
+
+    /// The tokens a `tpm` limit takes for this call when it is sent: the
+    /// input at about four bytes a token, plus `max_tokens`, the most it
+    /// can answer. Corrected by the provider's report when it ends.
+    pub fn token_estimate(&self) -> u64 {
+        u64::try_from(self.input_bytes().div_ceil(4))
+            .unwrap_or(u64::MAX)
+            .saturating_add(u64::from(self.max_tokens))
+    }
+
     /// Whether the request offers tools or carries tool calls or results:
     /// a wire format without tool calling must refuse it, never drop them.
     pub fn uses_tools(&self) -> bool {

@@ -1,75 +1,36 @@
-//! Per-provider request rate (RPM, `governor`) and concurrency
-//! (`tokio::sync::Semaphore`) limits for this replica (SPEC §4).
+//! A provider's limits: `rpm`, `tpm` and `max_concurrency` (SPEC §4, §12).
 //!
-//! Two ways in:
-//! - [`ProviderLimits::try_acquire`] never waits: INTERACTIVE requests skip a
-//!   saturated provider and move on to the next target.
-//! - [`ProviderLimits::acquire_until`] waits for a concurrency slot and a rate
-//!   token, but never past the deadline: BACKGROUND requests.
+//! Without `[cluster]` they are this replica's ([`local`]). With it they
+//! are the account's, shared by every replica through the cluster store:
+//! one script admits a call, and its settlement gives the lease back and
+//! corrects its tokens, sent in the background off the call's path. While
+//! the store is down, `on_unavailable = "local"` enforces `limit ×
+//! fallback_share` here, and `"refuse"` refuses the call with
+//! [`LimitRejected::StoreUnavailable`].
 //!
-//! The concurrency slot is taken *before* the rate token: a slot can be given
-//! back, a governor token cannot, so a request that fails to get a slot must
-//! not have spent one. The [`LimitPermit`] releases the slot when dropped.
-//!
-//! # Clock
-//!
-//! governor's default clock (quanta) reads real time, which tokio's paused
-//! test clock cannot move. The limiter therefore runs on [`TokioClock`], a
-//! governor clock reading [`tokio::time::Instant`]: in production it is the
-//! monotonic clock, in tests `tokio::time::advance` drives the rate limit,
-//! so the exact code that runs in production is the code under test.
+//! A call's token estimate is its input bytes / 4 plus its `max_tokens`
+//! (`CompletionRequest::token_estimate`): what it could bill at most,
+//! corrected at settlement by what the provider reported.
 
-use governor::{
-    Quota, RateLimiter,
-    clock::Clock,
-    middleware::NoOpMiddleware,
-    state::{InMemoryState, NotKeyed},
+mod local;
+mod tokens;
+
+pub use local::{LocalLimits, LocalPermit, TokioClock};
+pub use tokens::TokenBucket;
+
+use crate::cluster::{
+    Cluster,
+    limits::{Admission, Lease, ProviderQuota},
 };
-use std::{num::NonZeroU32, sync::Arc, time::Duration};
-use tokio::{
-    sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError},
-    time::Instant,
-};
-
-/// A governor clock on tokio's time: time since the limiter was built.
-#[derive(Debug, Clone, Copy)]
-pub struct TokioClock {
-    origin: Instant,
-}
-
-impl TokioClock {
-    /// A clock whose zero is now.
-    pub fn new() -> Self {
-        Self {
-            origin: Instant::now(),
-        }
-    }
-}
-
-impl Default for TokioClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clock for TokioClock {
-    // governor implements its `Reference` for `Duration`: an offset from
-    // `origin` is all the GCRA needs.
-    type Instant = Duration;
-
-    fn now(&self) -> Duration {
-        Instant::now().saturating_duration_since(self.origin)
-    }
-}
-
-type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
+use crate::config::{ProviderConfig, cluster::OnUnavailable};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Why no permit was granted. The provider is skipped (INTERACTIVE) or the
 /// deadline would have passed while waiting (BACKGROUND).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum LimitRejected {
-    /// Every concurrency slot is in use (until the deadline, for
-    /// [`ProviderLimits::acquire_until`]).
+    /// Every concurrency slot is in use (until the deadline, when waiting).
     #[error("provider concurrency limit reached")]
     Saturated,
     /// The RPM budget is spent; the next request conforms in `retry_in`.
@@ -78,116 +39,231 @@ pub enum LimitRejected {
         /// Time until a request would be admitted.
         retry_in: Duration,
     },
+    /// The TPM budget is spent; this call's tokens fit in `retry_in`.
+    #[error("provider token rate limit reached (retry in {retry_in:?})")]
+    TokensLimited {
+        /// Time until the call's tokens fit.
+        retry_in: Duration,
+    },
+    /// The cluster store is down and `on_unavailable = "refuse"`.
+    #[error("cluster store unavailable")]
+    StoreUnavailable {
+        /// When to try again.
+        retry_in: Duration,
+    },
 }
 
-/// Permission to send one request; holds one concurrency slot until dropped.
-#[derive(Debug)]
-#[must_use = "the concurrency slot is released as soon as the permit is dropped"]
-pub struct LimitPermit {
-    _slot: OwnedSemaphorePermit,
+impl LimitRejected {
+    /// The attempt's error code: `SATURATED` for our own limits, or
+    /// `CLUSTER_STORE_UNAVAILABLE`.
+    pub const fn code(&self) -> &'static str {
+        match self {
+            LimitRejected::StoreUnavailable { .. } => "CLUSTER_STORE_UNAVAILABLE",
+            _ => "SATURATED",
+        }
+    }
 }
 
 /// One provider's limits. Cheap to clone; clones share state.
 #[derive(Debug, Clone)]
 pub struct ProviderLimits {
-    inner: Arc<Inner>,
+    /// Without a cluster, the limits; with one, the fallback share.
+    local: LocalLimits,
+    shared: Option<Shared>,
+}
+
+#[derive(Debug, Clone)]
+struct Shared {
+    cluster: Cluster,
+    provider: std::sync::Arc<str>,
+    quota: ProviderQuota,
+    /// The longest a call holds its slot (the provider's timeout).
+    hold: Duration,
+}
+
+/// Permission to send one call; settle it with what the provider reported.
+#[derive(Debug)]
+#[must_use = "the call's slot is given back as soon as the permit is dropped"]
+pub struct LimitPermit {
+    held: Held,
 }
 
 #[derive(Debug)]
-struct Inner {
-    rate: Option<Limiter>,
-    slots: Arc<Semaphore>,
-    max_concurrency: usize,
+enum Held {
+    Local(LocalPermit),
+    Shared { shared: Shared, lease: Lease },
+    Settled,
+}
+
+impl LimitPermit {
+    /// Ends the call: its slot back, its token estimate corrected to
+    /// `actual` (`None` when the provider reported nothing: the estimate
+    /// stands).
+    pub fn settle(mut self, actual: Option<u64>) {
+        match std::mem::replace(&mut self.held, Held::Settled) {
+            Held::Local(permit) => permit.settle(actual),
+            Held::Shared { shared, lease } => shared.settle_later(lease, actual),
+            Held::Settled => {}
+        }
+    }
+}
+
+impl Drop for LimitPermit {
+    fn drop(&mut self) {
+        if let Held::Shared { shared, lease } = std::mem::replace(&mut self.held, Held::Settled) {
+            shared.settle_later(lease, None);
+        }
+    }
 }
 
 impl ProviderLimits {
-    /// Limits of `rpm` requests per minute (`None` or 0 = unlimited; config
-    /// validation rejects 0) and `max_concurrency` calls in flight (at least
-    /// 1, at most [`Semaphore::MAX_PERMITS`]).
-    ///
-    /// The rate uses governor's `Quota::per_minute`: a burst of up to `rpm`
-    /// requests, then one every `60 s / rpm`.
-    pub fn new(rpm: Option<u32>, max_concurrency: usize) -> Self {
-        let max_concurrency = max_concurrency.clamp(1, Semaphore::MAX_PERMITS);
-        let rate = rpm
-            .and_then(NonZeroU32::new)
-            .map(|n| RateLimiter::direct_with_clock(Quota::per_minute(n), TokioClock::new()));
+    /// This replica's limits of one provider.
+    pub fn local(config: &ProviderConfig) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                rate,
-                slots: Arc::new(Semaphore::new(max_concurrency)),
-                max_concurrency,
+            local: LocalLimits::new(config.rpm, config.tpm, config.max_concurrency),
+            shared: None,
+        }
+    }
+
+    /// The account's limits of provider `name`, kept in `cluster`, with
+    /// the fallback share of them kept here.
+    pub fn shared(name: &str, config: &ProviderConfig, cluster: &Cluster) -> Self {
+        let share = cluster.fallback_share();
+        let part = |n: f64| (n * share).ceil().max(1.0);
+        let local = LocalLimits::new(
+            config.rpm.map(|n| part(f64::from(n)) as u32),
+            config.tpm.map(|n| part(n as f64) as u64),
+            part(config.max_concurrency as f64) as usize,
+        );
+        let quota = ProviderQuota {
+            rpm: config.rpm,
+            tpm: config.tpm,
+            max_concurrency: config.max_concurrency,
+        };
+        Self {
+            local,
+            shared: Some(Shared {
+                cluster: cluster.clone(),
+                provider: name.into(),
+                quota,
+                hold: config.timeout,
             }),
         }
     }
 
-    /// A permit now, or why not. Never waits.
-    pub fn try_acquire(&self) -> Result<LimitPermit, LimitRejected> {
-        let slot = match Arc::clone(&self.inner.slots).try_acquire_owned() {
-            Ok(slot) => slot,
-            // The semaphore is never closed; treat it as full if it were.
-            Err(TryAcquireError::NoPermits | TryAcquireError::Closed) => {
-                return Err(LimitRejected::Saturated);
+    /// A permit for a call of `estimate` tokens: at once or refused
+    /// (`wait_until` = `None`, INTERACTIVE), or waiting for room but never
+    /// past `wait_until` (BACKGROUND).
+    pub async fn acquire(
+        &self,
+        wait_until: Option<Instant>,
+        estimate: u64,
+    ) -> Result<LimitPermit, LimitRejected> {
+        if let Some(shared) = &self.shared {
+            match shared.admit(wait_until, estimate).await {
+                Ok(held) => return Ok(LimitPermit { held }),
+                Err(Fallback::Refused(rejected)) => return Err(rejected),
+                Err(Fallback::StoreDown)
+                    if shared.cluster.on_unavailable() == OnUnavailable::Refuse =>
+                {
+                    return Err(LimitRejected::StoreUnavailable {
+                        retry_in: shared.cluster.retry_after(),
+                    });
+                }
+                Err(Fallback::StoreDown) => {}
             }
+        }
+        let permit = match wait_until {
+            None => self.local.try_acquire(estimate)?,
+            Some(deadline) => self.local.acquire_until(deadline, estimate).await?,
         };
-        match self.rate_wait() {
-            None => Ok(LimitPermit { _slot: slot }),
-            Some(retry_in) => Err(LimitRejected::RateLimited { retry_in }),
+        Ok(LimitPermit {
+            held: Held::Local(permit),
+        })
+    }
+
+    /// Where the limits are counted now: `local`, `shared`, `fallback`
+    /// (the store is down; this replica's share) or `refusing`.
+    pub fn mode(&self) -> &'static str {
+        match &self.shared {
+            None => "local",
+            Some(shared) if shared.cluster.is_up() => "shared",
+            Some(shared) => match shared.cluster.on_unavailable() {
+                OnUnavailable::Local => "fallback",
+                OnUnavailable::Refuse => "refusing",
+            },
         }
     }
 
-    /// Waits for a concurrency slot and then a rate token, never past
-    /// `deadline`. Gives up at the deadline when no slot frees up, and at once
-    /// when the rate limiter's next opening is at or after the deadline.
-    pub async fn acquire_until(&self, deadline: Instant) -> Result<LimitPermit, LimitRejected> {
-        let slots = Arc::clone(&self.inner.slots);
-        let slot = match tokio::time::timeout_at(deadline, slots.acquire_owned()).await {
-            Ok(Ok(slot)) => slot,
-            // Deadline reached, or (never happens) the semaphore was closed.
-            Ok(Err(_)) | Err(_) => return Err(LimitRejected::Saturated),
-        };
-        // Holding the slot while waiting for the rate keeps the token from
-        // being spent by a request that would then find no slot.
-        loop {
-            let Some(wait) = self.rate_wait() else {
-                return Ok(LimitPermit { _slot: slot });
-            };
-            let now = Instant::now();
-            if wait >= deadline.saturating_duration_since(now) {
-                return Err(LimitRejected::RateLimited { retry_in: wait });
-            }
-            // Another waiter may take the token first; then check again.
-            tokio::time::sleep(wait).await;
-        }
-    }
-
-    /// Takes a rate token: `None` when taken (or unlimited), else how long
-    /// until one is available.
-    fn rate_wait(&self) -> Option<Duration> {
-        let limiter = self.inner.rate.as_ref()?;
-        match limiter.check() {
-            Ok(()) => None,
-            // At least 1 ns, so "not now" never reads as "now".
-            Err(not_until) => Some(
-                not_until
-                    .wait_time_from(limiter.clock().now())
-                    .max(Duration::from_nanos(1)),
-            ),
-        }
-    }
-
-    /// Concurrency slots configured.
+    /// Concurrency slots this replica keeps on its own.
     pub fn max_concurrency(&self) -> usize {
-        self.inner.max_concurrency
+        self.local.max_concurrency()
     }
 
-    /// Calls holding a slot right now (for the ops RPC).
+    /// Calls holding one of this replica's own slots right now.
     pub fn in_flight(&self) -> usize {
-        self.inner
-            .max_concurrency
-            .saturating_sub(self.inner.slots.available_permits())
+        self.local.in_flight()
     }
 }
 
-#[cfg(test)]
-mod tests;
+/// Why the store did not admit a call.
+enum Fallback {
+    /// It answered no (until the deadline).
+    Refused(LimitRejected),
+    /// It could not answer.
+    StoreDown,
+}
+
+/// Longest pause between two asks of a waiting call: a slot freed early
+/// (a call that ended) is not announced, so a waiter looks again.
+const MAX_POLL: Duration = Duration::from_millis(100);
+
+impl Shared {
+    async fn admit(&self, wait_until: Option<Instant>, estimate: u64) -> Result<Held, Fallback> {
+        loop {
+            let answer = self
+                .cluster
+                .admit(&self.provider, &self.quota, estimate, self.hold)
+                .await
+                .map_err(|_| Fallback::StoreDown)?;
+            let (rejected, retry_in) = match answer {
+                Admission::Admitted(lease) => {
+                    return Ok(Held::Shared {
+                        shared: self.clone(),
+                        lease,
+                    });
+                }
+                Admission::Saturated { retry_in } => {
+                    (LimitRejected::Saturated, retry_in.min(MAX_POLL))
+                }
+                Admission::RateLimited { retry_in } => {
+                    (LimitRejected::RateLimited { retry_in }, retry_in)
+                }
+                Admission::TokensLimited { retry_in } => {
+                    (LimitRejected::TokensLimited { retry_in }, retry_in)
+                }
+            };
+            let Some(deadline) = wait_until else {
+                return Err(Fallback::Refused(rejected));
+            };
+            if retry_in >= deadline.saturating_duration_since(Instant::now()) {
+                return Err(Fallback::Refused(rejected));
+            }
+            tokio::time::sleep(retry_in).await;
+        }
+    }
+
+    /// Sends the settlement without making the call wait for it; while
+    /// the store is down it is dropped (the lease expires by itself).
+    fn settle_later(self, lease: Lease, actual: Option<u64>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let _ = self
+                .cluster
+                .settle(&self.provider, &self.quota, &lease, actual)
+                .await;
+        });
+    }
+}

@@ -54,7 +54,10 @@ pub use limits::{LimitPermit, LimitRejected, ProviderLimits};
 pub use probe::{ProbeResult, ProbeState};
 pub use retry::{Decision, FixedJitter, JitterSource, RetryPolicy};
 
-use crate::config::{Config, ProviderConfig};
+use crate::{
+    cluster::Cluster,
+    config::{Config, ProviderConfig},
+};
 use std::collections::BTreeMap;
 
 /// The resilience state of one provider. Clones share the same state.
@@ -71,11 +74,15 @@ pub struct ProviderGuards {
 }
 
 impl ProviderGuards {
-    /// Fresh guards (breaker closed, no history) for one configured provider.
-    pub fn from_config(name: &str, config: &ProviderConfig) -> Self {
+    /// Fresh guards (breaker closed, no history) for one configured
+    /// provider, its limits shared through `cluster` when there is one.
+    pub fn from_config(name: &str, config: &ProviderConfig, cluster: Option<&Cluster>) -> Self {
         Self {
             breaker: CircuitBreaker::new(name, &config.breaker),
-            limits: ProviderLimits::new(config.rpm, config.max_concurrency),
+            limits: match cluster {
+                Some(cluster) => ProviderLimits::shared(name, config, cluster),
+                None => ProviderLimits::local(config),
+            },
             health: ProviderHealth::default(),
             probe: ProbeState::default(),
         }
@@ -93,11 +100,11 @@ pub struct Resilience {
 
 impl Resilience {
     /// Guards for every provider in `config`, and its retry policy.
-    pub fn from_config(config: &Config) -> Self {
+    pub fn from_config(config: &Config, cluster: Option<&Cluster>) -> Self {
         let providers = config
             .providers
             .iter()
-            .map(|(name, p)| (name.clone(), ProviderGuards::from_config(name, p)))
+            .map(|(name, p)| (name.clone(), ProviderGuards::from_config(name, p, cluster)))
             .collect();
         let r = &config.retry;
         Self {

@@ -18,6 +18,7 @@ pub use report::ProvidersReport;
 pub use stream::RouteEvent;
 
 use crate::{
+    cluster::Cluster,
     config::{Config, TargetConfig},
     domain::{Priority, instant_after},
     providers::{Completion, CompletionRequest, ProviderError, Providers, TokenUsage},
@@ -53,12 +54,24 @@ impl RouteError {
     pub const ALL_PROVIDERS_FAILED: &'static str = "ALL_PROVIDERS_FAILED";
     /// [`Self::reason`] of [`RouteError::DeadlineExceeded`].
     pub const DEADLINE_EXCEEDED: &'static str = "DEADLINE_EXCEEDED";
+    /// [`Self::reason`] of [`RouteError::AllProvidersFailed`] when every
+    /// target was refused because the cluster store was down
+    /// (`on_unavailable = "refuse"`).
+    pub const CLUSTER_STORE_UNAVAILABLE: &'static str = "CLUSTER_STORE_UNAVAILABLE";
 
     /// The stable name of this failure: the API's `ErrorInfo.reason` and
     /// the usage record's `outcome`.
     pub fn reason(&self) -> &'static str {
         match self {
             RouteError::UnknownTask(_) => Self::TASK_UNKNOWN,
+            RouteError::AllProvidersFailed { attempts }
+                if !attempts.is_empty()
+                    && attempts.iter().all(|a| {
+                        a.error_code.as_deref() == Some(Self::CLUSTER_STORE_UNAVAILABLE)
+                    }) =>
+            {
+                Self::CLUSTER_STORE_UNAVAILABLE
+            }
             RouteError::AllProvidersFailed { .. } => Self::ALL_PROVIDERS_FAILED,
             RouteError::DeadlineExceeded { .. } => Self::DEADLINE_EXCEEDED,
         }
@@ -164,9 +177,10 @@ enum Tried<T> {
 }
 
 impl Router {
-    /// A router over the configured tasks and providers.
-    pub fn new(config: Arc<Config>, providers: Providers) -> Self {
-        let resilience = Resilience::from_config(&config);
+    /// A router over the configured tasks and providers, their limits
+    /// shared through `cluster` when there is one.
+    pub fn new(config: Arc<Config>, providers: Providers, cluster: Option<&Cluster>) -> Self {
+        let resilience = Resilience::from_config(&config, cluster);
         Self {
             config,
             providers,
@@ -340,20 +354,24 @@ impl Router {
             }
         };
         let queued = Instant::now();
-        let slot = match priority {
-            Priority::Interactive => guards.limits.try_acquire(),
-            Priority::Background => guards.limits.acquire_until(deadline).await,
-        };
+        let slot = guards
+            .limits
+            .acquire(wait_until(priority, deadline), request.token_estimate())
+            .await;
         let waited = queued.elapsed();
-        let _slot = match slot {
+        let slot = match slot {
             Ok(slot) => slot,
-            Err(_) => {
+            Err(rejected) => {
                 // Dropping the unrecorded breaker permit frees its probe slot.
                 drop(permit);
                 attempts.push(
-                    AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED")
-                        .with_retry(retry)
-                        .with_waited(waited),
+                    AttemptRecord::skipped(
+                        target,
+                        AttemptOutcome::SkippedRateLimited,
+                        rejected.code(),
+                    )
+                    .with_retry(retry)
+                    .with_waited(waited),
                 );
                 return Tried::Failed(None);
             }
@@ -390,6 +408,7 @@ impl Router {
                 match parsed {
                     Ok(value) => {
                         let elapsed = call.end(None);
+                        slot.settle(Some(tokens(completion.usage)));
                         permit.record(Outcome::Success);
                         attempts.push(
                             AttemptRecord::succeeded(target, retry, elapsed, completion.usage)
@@ -400,6 +419,7 @@ impl Router {
                     Err((err, charged)) => {
                         span::record_failure(&span, "MALFORMED_RESPONSE");
                         let elapsed = call.end(Some(&err));
+                        slot.settle(Some(tokens(charged)));
                         // An unusable answer still consumed tokens.
                         attempts.push(
                             AttemptRecord::failed(target, retry, elapsed, &err)
@@ -412,6 +432,7 @@ impl Router {
             }
             Err(err) => {
                 let elapsed = call.end(Some(&err));
+                slot.settle(None);
                 attempts
                     .push(AttemptRecord::failed(target, retry, elapsed, &err).with_waited(waited));
                 err
@@ -422,4 +443,18 @@ impl Router {
         tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), summary = err.summary(), "provider attempt failed");
         Tried::Failed(Some(err))
     }
+}
+
+/// How long a call may wait for its limits: not at all when a person is
+/// waiting (INTERACTIVE fails over instead), else until its deadline.
+fn wait_until(priority: Priority, deadline: Instant) -> Option<Instant> {
+    match priority {
+        Priority::Interactive => None,
+        Priority::Background => Some(deadline),
+    }
+}
+
+/// What a `tpm` limit counts of a call: input and output tokens.
+fn tokens(usage: TokenUsage) -> u64 {
+    usage.input_tokens.saturating_add(usage.output_tokens)
 }

@@ -12,7 +12,6 @@ use super::{
 use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent, TokenUsage};
 use crate::{
     config::TargetConfig,
-    domain::Priority,
     resilience::{Outcome, retry::Decision},
 };
 use futures::{Stream, StreamExt};
@@ -116,22 +115,24 @@ impl Router {
                         }
                     };
                     let asked = Instant::now();
-                    let slot = match priority {
-                        Priority::Interactive => guards.limits.try_acquire(),
-                        Priority::Background => guards.limits.acquire_until(deadline).await,
-                    };
+                    let slot = guards.limits.acquire(super::wait_until(priority, deadline), request.token_estimate()).await;
                     // The backoff slept before this attempt and its wait
                     // for a slot, as `run` credits them.
                     let waited = std::mem::take(&mut slept) + asked.elapsed();
-                    let Ok(slot) = slot else {
-                        drop(permit);
-                        attempts.push(AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, "SATURATED").with_retry(retry).with_waited(waited));
-                        // A background call waits for room until the deadline.
-                        if let Some(event) = fallback("SATURATED".to_owned()) {
-                            yield event;
+                    let slot = match slot {
+                        Ok(slot) => slot,
+                        Err(rejected) => {
+                            drop(permit);
+                            attempts.push(AttemptRecord::skipped(target, AttemptOutcome::SkippedRateLimited, rejected.code()).with_retry(retry).with_waited(waited));
+                            // A background call waits for room until the deadline.
+                            if let Some(event) = fallback(rejected.code().to_owned()) {
+                                yield event;
+                            }
+                            break;
                         }
-                        break;
                     };
+                    // Tokens the provider reported for a failed attempt.
+                    let mut reported = None;
                     // Timed from here, as in `run`: a rate-limiter wait is not provider time.
                     let mut call = InFlight::start(guards, target);
                     let attempt_deadline = router.attempt_deadline(&target.provider, call.started(), deadline);
@@ -182,6 +183,7 @@ impl Router {
                                     Ok(StreamEvent::Done(completion)) => {
                                         span::answered(&span, &completion);
                                         let elapsed = call.end(None);
+                                        slot.settle(Some(super::tokens(completion.usage)));
                                         permit.record(Outcome::Success);
                                         attempts.push(AttemptRecord::succeeded(target, retry, elapsed, completion.usage).with_waited(waited));
                                         drop(span);
@@ -198,6 +200,9 @@ impl Router {
                                         failed(&span, target, retry, &err);
                                         let elapsed = call.end(Some(&err));
                                         permit.record_error(&err);
+                                        if charged != TokenUsage::default() {
+                                            reported = Some(super::tokens(charged));
+                                        }
                                         attempts.push(AttemptRecord::failed(target, retry, elapsed, &err).with_usage(charged).with_waited(waited));
                                         break err;
                                     }
@@ -219,7 +224,7 @@ impl Router {
                     // The attempt is over: its span ends, and both permits
                     // go before any sleep.
                     drop(span);
-                    drop(slot);
+                    slot.settle(reported);
                     let mut jitter = router.jitter;
                     let decision = router.resilience.retry.decide(&err, retry + 1, priority, has_next, Instant::now(), deadline, &mut jitter);
                     match decision {

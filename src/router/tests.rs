@@ -57,7 +57,7 @@ price = "unknown"
 
 fn router(config: Config, jitter: Jitter) -> Router {
     let providers = Providers::from_config(&config).unwrap();
-    Router::new(Arc::new(config), providers).with_jitter(jitter)
+    Router::new(Arc::new(config), providers, None).with_jitter(jitter)
 }
 
 fn request() -> CompletionRequest {

@@ -54,7 +54,12 @@ impl App {
             }
         }
         let providers = Providers::from_config(&config).context("building providers")?;
-        let router = Router::new(config.clone(), providers);
+        let cluster = config
+            .cluster
+            .as_ref()
+            .map(crate::cluster::Cluster::new)
+            .transpose()?;
+        let router = Router::new(config.clone(), providers, cluster.as_ref());
         let prompts = super::prompt_store(store.clone(), &config);
         let (stop_writer, writer_stopped) = watch::channel(false);
         let (writer, writer_done) = ledger_writer(&store, &config, writer_stopped).await?;
@@ -140,6 +145,7 @@ impl App {
             stop_writer,
             writer_done,
             key_store,
+            cluster,
         })
     }
 }

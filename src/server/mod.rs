@@ -76,6 +76,8 @@ pub struct App {
     stop_writer: watch::Sender<bool>,
     writer_done: Option<JoinHandle<()>>,
     key_store: crate::auth::keys::KeyStore,
+    /// The shared store of fleet-wide limits, watched while serving.
+    cluster: Option<crate::cluster::Cluster>,
 }
 
 impl App {

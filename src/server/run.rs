@@ -41,6 +41,7 @@ impl App {
             stop_writer,
             writer_done,
             key_store,
+            cluster,
         } = self;
         // Read before anything starts: a missing certificate fails the
         // start with nothing left running. (`check-config` does not read
@@ -100,6 +101,8 @@ impl App {
             })
             .collect();
         let probes = pipeline.router().spawn_probes(&background_stopped);
+        let cluster_watch =
+            cluster.map(|cluster| tokio::spawn(cluster.watch(background_stopped.clone())));
         // Turns true when shutdown starts: gRPC and the MCP endpoint stop
         // taking calls and drain those in flight.
         let (draining_tx, mut draining) = watch::channel(false);
@@ -215,6 +218,7 @@ impl App {
         .flatten()
         .chain(mcp_clients)
         .chain(probes)
+        .chain(cluster_watch)
         {
             let _ = task.await;
         }

@@ -157,6 +157,10 @@ fn describe() {
         "Breaker state per provider: 0 closed, 1 half-open, 2 open."
     );
     describe_gauge!(
+        "cluster_store_up",
+        "1 while the cluster store (Redis/Valkey) answers, 0 while shared limits fall back."
+    );
+    describe_gauge!(
         "provider_probe_up",
         "1 when the provider's last active probe was answered, else 0 (only providers with `probe`)."
     );
@@ -283,6 +287,11 @@ pub fn usage(provider: &str, model: &str, input: u64, output: u64, cost_usd: Opt
         // fractions of a cent, and is exported as a counter (`render`).
         gauge!("llm_cost_usd_total", "provider" => provider.to_owned(), "model" => model.to_owned()).increment(cost);
     }
+}
+
+/// Whether the cluster store answers (1) or shared limits fall back (0).
+pub fn cluster_store_up(up: bool) {
+    gauge!("cluster_store_up").set(if up { 1.0 } else { 0.0 });
 }
 
 /// One active probe of a provider ended (never counted as a call).

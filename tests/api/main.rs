@@ -4,6 +4,7 @@
 mod agents;
 mod auth;
 mod cli;
+mod cluster;
 mod common;
 mod connections;
 mod crash;

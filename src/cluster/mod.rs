@@ -1,0 +1,223 @@
+//! The shared store of the fleet (SPEC §12): Redis ≥ 6.2 or Valkey, holding
+//! the limits every replica must share — providers' `rpm`, `tpm` and
+//! `max_concurrency` ([`limits`]) — as atomic Lua scripts, one round trip
+//! each, on the store's own clock.
+//!
+//! The store is an optimisation of correctness, never a dependency of
+//! serving: while it cannot be reached every call answers at once with
+//! [`Unavailable`] (no round trip, no queue), the caller falls back to
+//! local limits or refuses as `on_unavailable` says, and a background
+//! PING every `recheck_interval` notices its return. The loss and the
+//! return are each logged once and shown by the `cluster_store_up` gauge.
+//!
+//! Nothing here imports the router, a provider or an edge.
+
+pub mod limits;
+mod scripts;
+
+use crate::{
+    config::cluster::{ClusterConfig, OnUnavailable},
+    telemetry::metrics,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+use tokio::sync::{Notify, watch};
+
+/// The store could not answer (down, too slow, or an answer that made no
+/// sense): the caller uses its fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cluster store unavailable")]
+pub struct Unavailable;
+
+/// The store's URL could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("cluster.redis_url: {0}")]
+pub struct BadUrl(String);
+
+/// A handle on the shared store. Cheap to clone; clones share the
+/// connection and its up/down state.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    prefix: String,
+    on_unavailable: OnUnavailable,
+    fallback_share: f64,
+    command_timeout: Duration,
+    recheck_interval: Duration,
+    lease_slack: Duration,
+    up: AtomicBool,
+    /// Wakes the recheck loop when the store is found down.
+    down: Notify,
+    /// Names this replica's leases, so a slot is released by its holder.
+    replica: String,
+    leases: AtomicU64,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("prefix", &self.inner.prefix)
+            .field("up", &self.is_up())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// A handle that connects on first use: a store down at start-up does
+    /// not stop the service starting (its limits start on the fallback).
+    pub fn new(config: &ClusterConfig) -> Result<Self, BadUrl> {
+        // Never the client's error text: it may quote the URL's password.
+        let client = redis::Client::open(config.redis_url.expose())
+            .map_err(|_| BadUrl("not a usable redis:// URL".into()))?;
+        // One connect attempt per reconnect: with retries, every call
+        // would wait out the whole backoff while the store is down.
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.command_timeout))
+            .set_number_of_retries(0);
+        let conn = ConnectionManager::new_lazy_with_config(client, manager)
+            .map_err(|e| BadUrl(format!("{:?}", e.kind())))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: config.key_prefix.clone(),
+                on_unavailable: config.on_unavailable,
+                fallback_share: config.fallback_share,
+                command_timeout: config.command_timeout,
+                recheck_interval: config.recheck_interval,
+                lease_slack: config.lease_slack,
+                up: AtomicBool::new(true),
+                down: Notify::new(),
+                replica: uuid::Uuid::now_v7().simple().to_string(),
+                leases: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Whether the store answered last time it was asked.
+    pub fn is_up(&self) -> bool {
+        self.inner.up.load(Ordering::Acquire)
+    }
+
+    /// What calls needing a shared limit do while the store is down.
+    pub fn on_unavailable(&self) -> OnUnavailable {
+        self.inner.on_unavailable
+    }
+
+    /// The share of a limit one replica keeps while the store is down.
+    pub fn fallback_share(&self) -> f64 {
+        self.inner.fallback_share
+    }
+
+    /// Added to a call's timeout to make its concurrency lease.
+    pub fn lease_slack(&self) -> Duration {
+        self.inner.lease_slack
+    }
+
+    /// How long a caller should wait before trying a refused call again.
+    pub fn retry_after(&self) -> Duration {
+        self.inner.recheck_interval.max(Duration::from_secs(1))
+    }
+
+    /// `prefix{scope}:name`: the braces make every key of one script hash
+    /// to the same Redis Cluster slot.
+    fn key(&self, scope: &str, name: &str) -> String {
+        format!("{}{{{scope}}}:{name}", self.inner.prefix)
+    }
+
+    /// A lease name unique in the fleet.
+    fn lease_id(&self) -> String {
+        let n = self.inner.leases.fetch_add(1, Ordering::Relaxed);
+        format!("{}:{n}", self.inner.replica)
+    }
+
+    /// Runs one script invocation, bounded by `command_timeout`. While the
+    /// store is down this answers at once, without a round trip.
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, Unavailable> {
+        if !self.is_up() {
+            return Err(Unavailable);
+        }
+        let mut conn = self.inner.conn.clone();
+        let answer = tokio::time::timeout(
+            self.inner.command_timeout,
+            invocation.invoke_async::<T>(&mut conn),
+        )
+        .await;
+        match answer {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                self.lost(&format!("{:?}", e.kind()));
+                Err(Unavailable)
+            }
+            Err(_) => {
+                self.lost("timed out");
+                Err(Unavailable)
+            }
+        }
+    }
+
+    /// Marks the store down (logged once) and wakes the recheck loop.
+    fn lost(&self, why: &str) {
+        if self.inner.up.swap(false, Ordering::AcqRel) {
+            metrics::cluster_store_up(false);
+            tracing::warn!(
+                error = why,
+                on_unavailable = self.inner.on_unavailable.as_str(),
+                "cluster store unreachable: shared limits fall back until it answers"
+            );
+        }
+        self.inner.down.notify_one();
+    }
+
+    /// Asks the store once; true when it answered.
+    async fn ping(&self) -> bool {
+        let mut conn = self.inner.conn.clone();
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<String>(&mut conn);
+        matches!(
+            tokio::time::timeout(self.inner.command_timeout, ping).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Watches the store until `stopped`: a first PING at start, then,
+    /// whenever it is found down, a PING every `recheck_interval` until it
+    /// answers again.
+    pub async fn watch(self, mut stopped: watch::Receiver<bool>) {
+        if self.ping().await {
+            metrics::cluster_store_up(true);
+        } else {
+            self.lost("no answer at start-up");
+        }
+        loop {
+            if self.is_up() {
+                tokio::select! {
+                    () = self.inner.down.notified() => continue,
+                    _ = stopped.wait_for(|s| *s) => return,
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.inner.recheck_interval) => {}
+                _ = stopped.wait_for(|s| *s) => return,
+            }
+            if self.ping().await {
+                self.inner.up.store(true, Ordering::Release);
+                metrics::cluster_store_up(true);
+                tracing::info!("cluster store answers again: shared limits resume");
+            }
+        }
+    }
+}

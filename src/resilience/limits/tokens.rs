@@ -1,0 +1,107 @@
+//! `tpm` on one replica: a bucket that drains at `tpm` tokens a minute.
+//! A call adds its estimate when it is sent (refused while that would
+//! overfill the bucket, unless the bucket is empty: a call larger than
+//! `tpm` still goes alone), and its settlement corrects the estimate by
+//! what the provider reported. The same rule as the shared store's script
+//! (`cluster::scripts::ADMIT`), on tokio's clock.
+
+use std::{
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+use tokio::time::Instant;
+
+const MINUTE: f64 = 60.0;
+
+/// Tokens of the last minute, draining continuously.
+#[derive(Debug)]
+pub struct TokenBucket {
+    tpm: u64,
+    state: Mutex<Level>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Level {
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    /// An empty bucket of `tpm` tokens a minute (at least 1).
+    pub fn new(tpm: u64) -> Self {
+        Self {
+            tpm: tpm.max(1),
+            state: Mutex::new(Level {
+                tokens: 0.0,
+                at: Instant::now(),
+            }),
+        }
+    }
+
+    fn per_second(&self) -> f64 {
+        self.tpm as f64 / MINUTE
+    }
+
+    /// The level drained to `now`.
+    fn drained(&self, level: Level, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(level.at).as_secs_f64();
+        (level.tokens - elapsed * self.per_second()).max(0.0)
+    }
+
+    /// Takes `estimate` tokens, or says how long until they fit.
+    pub fn try_take(&self, estimate: u64) -> Result<(), Duration> {
+        let now = Instant::now();
+        let mut level = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let tokens = self.drained(*level, now);
+        let after = tokens + estimate as f64;
+        if tokens > 0.0 && after > self.tpm as f64 {
+            let wait = (after - self.tpm as f64) / self.per_second();
+            return Err(Duration::from_secs_f64(wait.min(MINUTE)).max(Duration::from_nanos(1)));
+        }
+        *level = Level {
+            tokens: after,
+            at: now,
+        };
+        Ok(())
+    }
+
+    /// Corrects an earlier take by `delta` tokens (what was reported less
+    /// what was estimated).
+    pub fn correct(&self, delta: i64) {
+        let now = Instant::now();
+        let mut level = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let tokens = (self.drained(*level, now) + delta as f64).max(0.0);
+        *level = Level { tokens, at: now };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::time::advance;
+
+    #[tokio::test(start_paused = true)]
+    async fn fills_to_tpm_drains_over_a_minute_and_takes_corrections() {
+        let bucket = TokenBucket::new(6_000);
+        bucket.try_take(4_000).unwrap();
+        bucket.try_take(2_000).unwrap();
+        // Full: 1,000 more fit after 10 s of draining at 100 a second.
+        assert_eq!(bucket.try_take(1_000), Err(Duration::from_secs(10)));
+        advance(Duration::from_secs(10)).await;
+        bucket.try_take(1_000).unwrap();
+        // The provider reported 3,000 fewer than estimated: room again.
+        bucket.correct(-3_000);
+        bucket.try_take(3_000).unwrap();
+        assert!(bucket.try_take(1).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_larger_than_tpm_goes_alone_on_an_empty_bucket() {
+        let bucket = TokenBucket::new(1_000);
+        bucket.try_take(5_000).unwrap();
+        assert!(bucket.try_take(1).is_err());
+        advance(Duration::from_secs(300)).await;
+        bucket.try_take(5_000).unwrap();
+    }
+}
