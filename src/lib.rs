@@ -25,7 +25,7 @@
 //!            resilience              providers (error classification), cluster
 //!            providers               the ground floor
 //! services   usage, prompts, auth    audit, store, the ground floor
-//!            tools                   audit, store, the ground floor
+//!            tools                   audit, store, cluster, the ground floor
 //!            audit                   store, the ground floor
 //!            store                   the ground floor
 //!            cluster                 the ground floor (the shared store of fleet-wide limits)

@@ -25,7 +25,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("audit", &["domain", "config", "telemetry", "store"][..]),
         (
             "tools",
-            &["domain", "config", "telemetry", "store", "audit"][..],
+            &["domain", "config", "telemetry", "store", "audit", "cluster"][..],
         ),
         (
             "usage",

@@ -146,6 +146,14 @@ impl Failure {
                 }
                 (Code::InvalidArgument, reason, message)
             }
+            Denial::StoreUnavailable => {
+                details.set_retry_info(Some(Duration::from_secs(1)));
+                (
+                    Code::Unavailable,
+                    reason,
+                    "the cluster store that keeps the tools' shared quotas is unreachable".into(),
+                )
+            }
             Denial::Quota { limit, max } => {
                 details.add_quota_failure_violation(
                     limit,

@@ -125,7 +125,8 @@ async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &
                 }
                 Ok(tool) => match toolbox
                     .quotas
-                    .try_running(&inv.team_id, &tool.id(), &tool.quota)
+                    .try_running(&inv.team_id, &tool.id(), &tool.quota, tool.timeout)
+                    .await
                 {
                     Some(slot) => {
                         let ready = Some((tool, slot));

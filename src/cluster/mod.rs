@@ -13,6 +13,7 @@
 //! Nothing here imports the router, a provider or an edge.
 
 pub mod limits;
+pub mod quotas;
 mod scripts;
 
 use crate::{
@@ -151,12 +152,25 @@ impl Cluster {
             return Err(Unavailable);
         }
         let mut conn = self.inner.conn.clone();
-        let answer = tokio::time::timeout(
-            self.inner.command_timeout,
-            invocation.invoke_async::<T>(&mut conn),
-        )
-        .await;
-        match answer {
+        self.bounded(invocation.invoke_async::<T>(&mut conn)).await
+    }
+
+    /// Sends one command, as [`Self::invoke`] does a script.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Unavailable> {
+        if !self.is_up() {
+            return Err(Unavailable);
+        }
+        let mut conn = self.inner.conn.clone();
+        self.bounded(cmd.query_async::<T>(&mut conn)).await
+    }
+
+    /// The store's answer within `command_timeout`; anything else marks
+    /// it down.
+    async fn bounded<T>(
+        &self,
+        answer: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, Unavailable> {
+        match tokio::time::timeout(self.inner.command_timeout, answer).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 self.lost(&format!("{:?}", e.kind()));

@@ -90,3 +90,34 @@ if tpm > 0 and delta ~= 0 then
 end
 return 1
 "#;
+
+/// A tool invocation's place under a team's quota: an hour's count and/or
+/// a concurrency lease, both or neither.
+///
+/// KEYS: 1 the clock hour's count, 2 running (sorted set: lease id →
+/// expiry). ARGV: 1 max per hour (0: not counted), 2 max concurrent (0: no
+/// slot taken), 3 lease (µs), 4 lease id. Returns 0 admitted, 1 the hour
+/// is full, 2 every slot is taken.
+pub static TOOL_ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(TOOL_ADMIT_LUA));
+
+const TOOL_ADMIT_LUA: &str = r#"
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local per_hour, max_running, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if max_running > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now))
+  if redis.call('ZCARD', KEYS[2]) >= max_running then return 2 end
+end
+if per_hour > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= per_hour then return 1 end
+if per_hour > 0 then
+  redis.call('INCR', KEYS[1])
+  redis.call('PEXPIRE', KEYS[1], 7200000)
+end
+if max_running > 0 then
+  redis.call('ZADD', KEYS[2], string.format('%.0f', now + lease), ARGV[4])
+  local ttl = math.ceil(lease / 1000)
+  if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+end
+return 0
+"#;

@@ -87,7 +87,7 @@ impl App {
             None => None,
         };
 
-        let toolbox = Toolbox::new(&config).map_err(anyhow::Error::msg)?;
+        let toolbox = Toolbox::new(&config, cluster.as_ref()).map_err(anyhow::Error::msg)?;
         let pipeline = Pipeline::new(
             config.clone(),
             Services {

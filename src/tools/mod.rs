@@ -37,8 +37,12 @@ pub struct Toolbox {
 }
 
 impl Toolbox {
-    /// The tools of `config` (MCP servers' join as they are listed).
-    pub fn new(config: &crate::config::Config) -> Result<Self, String> {
+    /// The tools of `config` (MCP servers' join as they are listed), their
+    /// quotas shared through `cluster` when there is one.
+    pub fn new(
+        config: &crate::config::Config,
+        cluster: Option<&crate::cluster::Cluster>,
+    ) -> Result<Self, String> {
         // A webhook's redirect is its answer, not an instruction: followed,
         // it would take the auth header to another host (reqwest strips
         // only `Authorization`) and turn the POST into a bodiless GET.
@@ -51,7 +55,8 @@ impl Toolbox {
         Ok(Self {
             registry: Arc::new(Registry::from_config(config)?),
             servers: mcp::Servers::default(),
-            quotas: quota::Quotas::default(),
+            quotas: cluster
+                .map_or_else(quota::Quotas::default, |c| quota::Quotas::shared(c.clone())),
             http,
         })
     }
@@ -110,6 +115,9 @@ pub enum Denial {
         /// Its value.
         max: u32,
     },
+    /// The cluster store of shared quotas is down and
+    /// `on_unavailable = "refuse"`.
+    StoreUnavailable,
 }
 
 impl Denial {
@@ -124,6 +132,7 @@ impl Denial {
             Denial::InputInvalid(_) => "TOOL_INPUT_INVALID",
             Denial::Quota { .. } => "QUOTA_EXCEEDED",
             Denial::NotAgentTool => "TOOL_NOT_ALLOWED",
+            Denial::StoreUnavailable => "CLUSTER_STORE_UNAVAILABLE",
         }
     }
 }

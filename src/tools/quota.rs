@@ -1,333 +1,221 @@
-//! Per-team tool quotas (`max_per_hour`, `max_concurrent`), counted in
-//! memory on each replica: with N replicas a team may reach N times a
-//! limit (docs/tools.md says so; caps in money are the ledger's, shared).
+//! Per-team tool quotas (`max_per_hour`, `max_concurrent`, SPEC §9.1).
+//!
+//! Without `[cluster]` they are counted by this replica ([`local`]); with
+//! it, in the cluster store for the whole fleet, and while the store is
+//! down as `on_unavailable` says: this replica's share of each quota
+//! (`local`), or refused (`refuse`: `CLUSTER_STORE_UNAVAILABLE`; an ASYNC
+//! invocation already accepted waits instead).
 //!
 //! A SYNC invocation takes both at the entry point (`acquire`). An ASYNC
 //! one is counted against the hour when it is accepted (`admit`) and takes
 //! its concurrency slot only when the worker runs it (`try_running`): it
-//! waits for a slot, it is never refused one. Only what a limit still needs
-//! is kept: a (team, tool) with nothing running and nothing counted in the
-//! current hour is forgotten, so teams that come and go (a wildcard key may
-//! name any) do not pile up.
+//! waits for a slot, it is never refused one.
+
+mod local;
+
+pub use local::{LocalQuotas, LocalSlot};
 
 use super::Denial;
-use crate::config::tools::QuotaConfig;
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+use crate::{
+    cluster::{
+        Cluster,
+        quotas::{ToolAdmission, ToolAsk},
+    },
+    config::{cluster::OnUnavailable, tools::QuotaConfig},
 };
+use std::time::Duration;
 
 /// Unix ms in a clock hour.
 const HOUR_MS: i64 = 3_600_000;
 
-#[derive(Debug, Default)]
-struct Counts {
-    /// The clock hour counted (unix hours) and invocations in it.
-    hour: i64,
-    in_hour: u32,
-    running: u32,
-}
-
-impl Counts {
-    /// Nothing a limit still needs at clock hour `hour`: nothing running,
-    /// and no count, or only an earlier hour's (which would start again).
-    fn idle(&self, hour: i64) -> bool {
-        self.running == 0 && (self.in_hour == 0 || self.hour < hour)
-    }
-
-    /// `max_per_hour` when it is reached.
-    fn check_hour(&self, quota: &QuotaConfig) -> Result<(), Denial> {
-        match quota.max_per_hour {
-            Some(max) if self.in_hour >= max => Err(Denial::Quota {
-                limit: "max_per_hour",
-                max,
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    /// `max_concurrent` when it is reached.
-    fn check_running(&self, quota: &QuotaConfig) -> Result<(), Denial> {
-        match quota.max_concurrent {
-            Some(max) if self.running >= max => Err(Denial::Quota {
-                limit: "max_concurrent",
-                max,
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    /// One more invocation this hour. Counted only under a `max_per_hour`:
-    /// without one nothing reads it, and the entry can go once idle.
-    fn count_hour(&mut self, quota: &QuotaConfig) {
-        if quota.max_per_hour.is_some() {
-            self.in_hour += 1;
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct Table {
-    counts: HashMap<(String, String), Counts>,
-    /// The latest clock hour seen. Entering a new one forgets the idle
-    /// entries: once an hour, so the sweep costs nothing per call.
-    latest_hour: i64,
-}
-
-impl Table {
-    /// The counts of `key` at clock hour `hour` (a new hour starts its
-    /// count again).
-    fn at(&mut self, key: &(String, String), hour: i64) -> &mut Counts {
-        if hour > self.latest_hour {
-            self.counts.retain(|_, c| !c.idle(hour));
-            self.latest_hour = hour;
-        }
-        let c = self.counts.entry(key.clone()).or_default();
-        if c.hour != hour {
-            c.hour = hour;
-            c.in_hour = 0;
-        }
-        c
-    }
-}
-
-/// The counters of every (team, tool) that a limit still needs.
-#[derive(Debug, Default, Clone)]
+/// The quotas of every (team, tool). Cheap to clone; clones share state.
+#[derive(Debug, Clone, Default)]
 pub struct Quotas {
-    table: Arc<Mutex<Table>>,
+    /// Without a cluster, the counts; with one, the fallback share.
+    local: LocalQuotas,
+    cluster: Option<Cluster>,
 }
 
-/// A running invocation's place under `max_concurrent`; released on drop.
+/// A running invocation's place under `max_concurrent`; given back on drop.
 #[derive(Debug)]
-pub struct Slot {
-    quotas: Quotas,
-    key: (String, String),
+pub enum Slot {
+    /// Counted here.
+    Local(LocalSlot),
+    /// Leased in the cluster store (`None`: no `max_concurrent`).
+    Shared(Option<SharedSlot>),
 }
 
-impl Drop for Slot {
+/// A running slot leased in the cluster store.
+#[derive(Debug)]
+pub struct SharedSlot {
+    cluster: Cluster,
+    team: String,
+    tool: String,
+    id: String,
+}
+
+impl Drop for SharedSlot {
     fn drop(&mut self) {
-        let mut table = self.quotas.lock();
-        let latest = table.latest_hour;
-        if let Some(c) = table.counts.get_mut(&self.key) {
-            c.running = c.running.saturating_sub(1);
-            // The last run of a (team, tool) with no hourly count left:
-            // forgotten now rather than at the next hour.
-            if c.idle(latest) {
-                table.counts.remove(&self.key);
-            }
-        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (cluster, team, tool, id) = (
+            self.cluster.clone(),
+            std::mem::take(&mut self.team),
+            std::mem::take(&mut self.tool),
+            std::mem::take(&mut self.id),
+        );
+        // While the store is down this is dropped: the lease expires.
+        runtime.spawn(async move {
+            let _ = cluster.release_tool(&team, &tool, &id).await;
+        });
     }
 }
 
 impl Quotas {
-    fn lock(&self) -> MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Quotas shared by the fleet through `cluster`.
+    pub fn shared(cluster: Cluster) -> Self {
+        Self {
+            local: LocalQuotas::default(),
+            cluster: Some(cluster),
+        }
     }
 
-    /// Takes a place for `team` running `tool` at `now_ms` (unix ms), or
-    /// the limit that is full: a SYNC invocation, counted against the hour
-    /// and holding its concurrency slot while it runs.
-    pub fn acquire(
+    /// A SYNC invocation's place: counted against the hour and holding a
+    /// running slot (for at most `timeout`), or the limit that is full.
+    pub async fn acquire(
         &self,
         team: &str,
         tool: &str,
         quota: &QuotaConfig,
+        timeout: Duration,
         now_ms: i64,
     ) -> Result<Slot, Denial> {
-        let key = (team.to_owned(), tool.to_owned());
-        let mut table = self.lock();
-        let c = table.at(&key, now_ms.div_euclid(HOUR_MS));
-        c.check_hour(quota)?;
-        c.check_running(quota)?;
-        c.count_hour(quota);
-        c.running += 1;
-        Ok(Slot {
-            quotas: self.clone(),
-            key,
-        })
+        let ask = ToolAsk {
+            team,
+            tool,
+            hour: hour(quota, now_ms),
+            running: quota.max_concurrent.map(|max| (max, timeout)),
+        };
+        if let Some(answer) = self.ask_store(ask).await {
+            return self.slot(answer, team, tool, quota);
+        }
+        let quota = self.local_quota(quota)?;
+        self.local
+            .acquire(team, tool, &quota, now_ms)
+            .map(Slot::Local)
     }
 
-    /// Counts an ASYNC invocation of `tool` for `team`, accepted at
-    /// `now_ms`, against `max_per_hour`, or the limit that is full. Its
-    /// concurrency is the worker's (`try_running`): an accepted invocation
-    /// waits for a slot, it is never refused for one.
-    pub fn admit(
+    /// Counts an ASYNC invocation accepted at `now_ms` against
+    /// `max_per_hour`, or the limit that is full. Its concurrency is the
+    /// worker's (`try_running`).
+    pub async fn admit(
         &self,
         team: &str,
         tool: &str,
         quota: &QuotaConfig,
         now_ms: i64,
     ) -> Result<(), Denial> {
-        if quota.max_per_hour.is_none() {
-            // Nothing to count: no entry, so nothing to forget later.
-            return Ok(());
+        let ask = ToolAsk {
+            team,
+            tool,
+            hour: hour(quota, now_ms),
+            running: None,
+        };
+        if let Some(answer) = self.ask_store(ask).await {
+            return self.slot(answer, team, tool, quota).map(drop);
         }
-        let key = (team.to_owned(), tool.to_owned());
-        let mut table = self.lock();
-        let c = table.at(&key, now_ms.div_euclid(HOUR_MS));
-        c.check_hour(quota)?;
-        c.count_hour(quota);
-        Ok(())
+        let quota = self.local_quota(quota)?;
+        self.local.admit(team, tool, &quota, now_ms)
     }
 
-    /// A concurrency slot for `team` running `tool`, or `None` while the
-    /// tool is at its `max_concurrent` for the team. Only the concurrency
-    /// part: the hour was counted when the invocation was accepted.
-    pub fn try_running(&self, team: &str, tool: &str, quota: &QuotaConfig) -> Option<Slot> {
-        let key = (team.to_owned(), tool.to_owned());
-        let mut table = self.lock();
-        let c = table.counts.entry(key.clone()).or_default();
-        c.check_running(quota).ok()?;
-        c.running += 1;
-        Some(Slot {
-            quotas: self.clone(),
-            key,
-        })
+    /// A running slot (for at most `timeout`), or `None` while the tool
+    /// is at its `max_concurrent` for the team, or the store is down and
+    /// `on_unavailable = "refuse"` (the invocation waits).
+    pub async fn try_running(
+        &self,
+        team: &str,
+        tool: &str,
+        quota: &QuotaConfig,
+        timeout: Duration,
+    ) -> Option<Slot> {
+        let ask = ToolAsk {
+            team,
+            tool,
+            hour: None,
+            running: quota.max_concurrent.map(|max| (max, timeout)),
+        };
+        if let Some(answer) = self.ask_store(ask).await {
+            return self.slot(answer, team, tool, quota).ok();
+        }
+        let quota = self.local_quota(quota).ok()?;
+        self.local.try_running(team, tool, &quota).map(Slot::Local)
     }
 
-    /// Every `(team, tool)` with invocations running, and how many.
+    /// Every `(team, tool)` with invocations running on this replica's
+    /// own counts, and how many.
     pub fn running(&self) -> Vec<(String, String, u32)> {
-        self.lock()
-            .counts
-            .iter()
-            .filter(|(_, c)| c.running > 0)
-            .map(|((team, tool), c)| (team.clone(), tool.clone(), c.running))
-            .collect()
+        self.local.running()
     }
 
-    /// The (team, tool) entries kept.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.lock().counts.len()
+    /// The store's answer, or `None` to count here: no cluster, nothing
+    /// to count, or the store is down.
+    async fn ask_store(&self, ask: ToolAsk<'_>) -> Option<ToolAdmission> {
+        let cluster = self.cluster.as_ref()?;
+        if ask.hour.is_none() && ask.running.is_none() {
+            return Some(ToolAdmission::Admitted(None));
+        }
+        cluster.admit_tool(ask).await.ok()
+    }
+
+    fn slot(
+        &self,
+        answer: ToolAdmission,
+        team: &str,
+        tool: &str,
+        quota: &QuotaConfig,
+    ) -> Result<Slot, Denial> {
+        let full = |limit, max: Option<u32>| Denial::Quota {
+            limit,
+            max: max.unwrap_or(0),
+        };
+        match (answer, &self.cluster) {
+            (ToolAdmission::Admitted(Some(id)), Some(cluster)) => {
+                Ok(Slot::Shared(Some(SharedSlot {
+                    cluster: cluster.clone(),
+                    team: team.to_owned(),
+                    tool: tool.to_owned(),
+                    id,
+                })))
+            }
+            (ToolAdmission::Admitted(_), _) => Ok(Slot::Shared(None)),
+            (ToolAdmission::HourFull, _) => Err(full("max_per_hour", quota.max_per_hour)),
+            (ToolAdmission::RunningFull, _) => Err(full("max_concurrent", quota.max_concurrent)),
+        }
+    }
+
+    /// The quota this replica enforces on its own now: the configured one
+    /// without a cluster, its share while the store is down; refused with
+    /// `on_unavailable = "refuse"`.
+    fn local_quota(&self, quota: &QuotaConfig) -> Result<QuotaConfig, Denial> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(*quota);
+        };
+        if cluster.on_unavailable() == OnUnavailable::Refuse {
+            return Err(Denial::StoreUnavailable);
+        }
+        let share = cluster.fallback_share();
+        let part = |max: u32| ((f64::from(max) * share).ceil() as u32).max(1);
+        Ok(QuotaConfig {
+            max_per_hour: quota.max_per_hour.map(part),
+            max_concurrent: quota.max_concurrent.map(part),
+        })
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hour() -> i64 {
-        1_790_000_000_000_i64 / HOUR_MS * HOUR_MS
-    }
-
-    #[test]
-    fn hourly_and_concurrent_limits_per_team() {
-        let q = Quotas::default();
-        let quota = QuotaConfig {
-            max_per_hour: Some(3),
-            max_concurrent: Some(2),
-        };
-        let hour = hour();
-        let a = q.acquire("t1", "x", &quota, hour).unwrap();
-        let _b = q.acquire("t1", "x", &quota, hour + 1).unwrap();
-        assert_eq!(
-            q.acquire("t1", "x", &quota, hour + 2).unwrap_err(),
-            Denial::Quota {
-                limit: "max_concurrent",
-                max: 2
-            }
-        );
-        // Another team has its own counters.
-        let _other = q.acquire("t2", "x", &quota, hour).unwrap();
-        drop(a);
-        let _c = q.acquire("t1", "x", &quota, hour + 3).unwrap();
-        assert_eq!(
-            q.acquire("t1", "x", &quota, hour + 4).unwrap_err(),
-            Denial::Quota {
-                limit: "max_per_hour",
-                max: 3
-            }
-        );
-        // The next clock hour starts again (the running ones still count).
-        drop(_c);
-        assert!(q.acquire("t1", "x", &quota, hour + HOUR_MS).is_ok());
-    }
-
-    #[test]
-    fn async_invocations_count_the_hour_when_accepted_and_wait_for_a_slot_to_run() {
-        let q = Quotas::default();
-        let quota = QuotaConfig {
-            max_per_hour: Some(3),
-            max_concurrent: Some(1),
-        };
-        let hour = hour();
-        let sync = q.acquire("t1", "x", &quota, hour).unwrap();
-        // Accepted while the tool is at its max_concurrent: queued, not refused.
-        q.admit("t1", "x", &quota, hour + 1).unwrap();
-        assert!(q.try_running("t1", "x", &quota).is_none(), "waits");
-        drop(sync);
-        let running = q.try_running("t1", "x", &quota).unwrap();
-        assert!(q.try_running("t1", "x", &quota).is_none());
-        // A worker's run counts against SYNC invocations too.
-        assert_eq!(
-            q.acquire("t1", "x", &quota, hour + 2).unwrap_err(),
-            Denial::Quota {
-                limit: "max_concurrent",
-                max: 1
-            }
-        );
-        drop(running);
-        // Running did not count the hour again: two so far, one more fits.
-        q.admit("t1", "x", &quota, hour + 3).unwrap();
-        assert_eq!(
-            q.admit("t1", "x", &quota, hour + 4).unwrap_err(),
-            Denial::Quota {
-                limit: "max_per_hour",
-                max: 3
-            }
-        );
-    }
-
-    #[test]
-    fn idle_entries_are_forgotten_and_what_a_limit_needs_is_kept() {
-        let q = Quotas::default();
-        let unlimited = QuotaConfig::default();
-        let hourly = QuotaConfig {
-            max_per_hour: Some(1),
-            max_concurrent: None,
-        };
-        let concurrent = QuotaConfig {
-            max_per_hour: None,
-            max_concurrent: Some(1),
-        };
-        let hour = hour();
-        // Any number of teams, SYNC and ASYNC: nothing kept once idle.
-        for i in 0..1_000 {
-            let team = format!("team-{i}");
-            drop(q.acquire(&team, "x", &unlimited, hour).unwrap());
-            q.admit(&team, "x", &unlimited, hour).unwrap();
-            drop(q.try_running(&team, "x", &concurrent).unwrap());
-        }
-        assert_eq!(q.len(), 0);
-
-        // An hourly count is kept for its hour, a slot while it is held.
-        let held = q.acquire("held", "x", &concurrent, hour).unwrap();
-        drop(q.acquire("counted", "x", &hourly, hour).unwrap());
-        assert_eq!(q.len(), 2);
-        assert_eq!(
-            q.acquire("counted", "x", &hourly, hour + 1).unwrap_err(),
-            Denial::Quota {
-                limit: "max_per_hour",
-                max: 1
-            },
-            "still counted"
-        );
-
-        // The next clock hour forgets the last one's counts, not a slot held.
-        q.admit("other", "x", &hourly, hour + HOUR_MS).unwrap();
-        assert_eq!(q.len(), 2, "`counted` forgotten; `held` and `other` kept");
-        assert!(q.try_running("held", "x", &concurrent).is_none());
-        drop(held);
-        assert_eq!(q.len(), 1, "`held` forgotten once released");
-        assert!(q.acquire("counted", "x", &hourly, hour + HOUR_MS).is_ok());
-        assert_eq!(
-            q.admit("other", "x", &hourly, hour + HOUR_MS + 1)
-                .unwrap_err(),
-            Denial::Quota {
-                limit: "max_per_hour",
-                max: 1
-            },
-            "counted this hour"
-        );
-    }
+/// The clock hour to count in, under a `max_per_hour`.
+fn hour(quota: &QuotaConfig, now_ms: i64) -> Option<(i64, u32)> {
+    quota
+        .max_per_hour
+        .map(|max| (now_ms.div_euclid(HOUR_MS), max))
 }

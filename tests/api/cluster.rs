@@ -384,3 +384,65 @@ async fn refuse_answers_unavailable_while_the_store_is_down() {
     wait_for(|| async { classify(&app).await.is_ok() }).await;
     app.stop().await;
 }
+
+/// Tools' per-team quotas are the team's across replicas: `system.health`
+/// has `max_per_hour = 2`, and a slow webhook `max_concurrent = 1`.
+#[tokio::test]
+async fn tool_quotas_are_the_teams_across_two_replicas() {
+    use crate::tools::{CALLER, invoke, tools, with_key};
+    use serde_json::json;
+    let redis = TestRedis::start().await;
+    let webhook = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/slow"))
+        .respond_with(
+            wiremock::ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": true}))
+                .set_delay(Duration::from_millis(500)),
+        )
+        .mount(&webhook)
+        .await;
+    let extra = format!(
+        "[tools.\"crm.slow\"]\nkind = \"http\"\nurl = \"{}/slow\"\n\
+         input_schema = {{ type = \"object\" }}\nquota = {{ max_concurrent = 1 }}\n\
+         [cluster]\nredis_url = \"{}\"\n{}\n",
+        webhook.uri(),
+        redis.url(),
+        unique_prefix()
+    );
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let db = format!("sqlite://{}", dir.path().join("tools.db").display());
+        let mut app = crate::tools::spawn_on(&db, &webhook.uri(), &extra).await;
+        app.keep(dir);
+        replicas.push(app);
+    }
+    let call = |app: &TestApp, trace: &str, tool: &str| {
+        let mut client = tools(app);
+        let request = with_key(CALLER, trace, invoke(tool, json!({})));
+        async move { client.invoke_tool(request).await }
+    };
+    call(&replicas[0], "q-1", "system.health").await.unwrap();
+    call(&replicas[1], "q-2", "system.health").await.unwrap();
+    let refused = call(&replicas[0], "q-3", "system.health")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let quota = refused.get_details_quota_failure().unwrap();
+    assert_eq!(quota.violations[0].subject, "max_per_hour");
+
+    let (one, other) = tokio::join!(
+        call(&replicas[0], "slow-1", "crm.slow"),
+        call(&replicas[1], "slow-2", "crm.slow")
+    );
+    let refusals: Vec<tonic::Status> = [one, other].into_iter().filter_map(Result::err).collect();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    let quota = refusals[0].get_details_quota_failure().unwrap();
+    assert_eq!(quota.violations[0].subject, "max_concurrent");
+    // Its slot is back once it ends (the release is sent after the reply).
+    wait_for(|| async { call(&replicas[1], "slow-3", "crm.slow").await.is_ok() }).await;
+    for app in replicas {
+        app.stop().await;
+    }
+}

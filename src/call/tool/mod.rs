@@ -246,11 +246,13 @@ impl Call {
         let taken = match req.mode {
             Mode::Sync => tools
                 .quotas
-                .acquire(&self.ctx.team_id, &id, &tool.quota, now_ms)
+                .acquire(&self.ctx.team_id, &id, &tool.quota, tool.timeout, now_ms)
+                .await
                 .map(Some),
             Mode::Async => tools
                 .quotas
                 .admit(&self.ctx.team_id, &id, &tool.quota, now_ms)
+                .await
                 .map(|()| None),
         };
         let slot = match taken {
