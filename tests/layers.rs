@@ -104,6 +104,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "store",
                 "providers",
                 "resilience",
+                "cluster",
                 "router",
                 "prompts",
                 "usage",

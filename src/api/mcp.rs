@@ -10,6 +10,7 @@
 //! Sessions are capped (`sessions`).
 
 mod sessions;
+mod store;
 
 use super::{
     auth::trace_of,
@@ -282,12 +283,14 @@ fn team_of(
     }
 }
 
-/// Serves the endpoint on `listener` until `stop`.
+/// Serves the endpoint on `listener` until `stop`; its sessions are the
+/// fleet's when there is a `cluster`.
 pub async fn serve(
     listener: TcpListener,
     config: McpEndpointConfig,
     pipeline: Pipeline,
     auth: Authenticator,
+    cluster: Option<crate::cluster::Cluster>,
     draining: watch::Receiver<bool>,
 ) {
     let grace = pipeline.config().server.shutdown_grace;
@@ -303,6 +306,10 @@ pub async fn serve(
     } else {
         server_config.with_allowed_hosts(config.allowed_hosts.clone())
     };
+    server_config.session_store = cluster.map(|cluster| {
+        Arc::new(store::SharedSessions::new(cluster))
+            as Arc<dyn rmcp::transport::streamable_http_server::session::SessionStore>
+    });
     let calls = Arc::new(watch::Sender::new(0_usize));
     let endpoint = Endpoint {
         pipeline,

@@ -1,7 +1,8 @@
 //! The shared store of the fleet (SPEC §12): Redis ≥ 6.2 or Valkey, holding
 //! the limits every replica must share — providers' `rpm`, `tpm` and
-//! `max_concurrency` ([`limits`]) — as atomic Lua scripts, one round trip
-//! each, on the store's own clock.
+//! `max_concurrency` ([`limits`]), tools' per-team quotas ([`quotas`]) —
+//! as atomic Lua scripts, one round trip each, on the store's own clock;
+//! and the MCP endpoint's sessions ([`sessions`]).
 //!
 //! The store is an optimisation of correctness, never a dependency of
 //! serving: while it cannot be reached every call answers at once with
@@ -15,6 +16,7 @@
 pub mod limits;
 pub mod quotas;
 mod scripts;
+pub mod sessions;
 
 use crate::{
     config::cluster::{ClusterConfig, OnUnavailable},

@@ -101,8 +101,9 @@ impl App {
             })
             .collect();
         let probes = pipeline.router().spawn_probes(&background_stopped);
-        let cluster_watch =
-            cluster.map(|cluster| tokio::spawn(cluster.watch(background_stopped.clone())));
+        let cluster_watch = cluster
+            .clone()
+            .map(|cluster| tokio::spawn(cluster.watch(background_stopped.clone())));
         // Turns true when shutdown starts: gRPC and the MCP endpoint stop
         // taking calls and drain those in flight.
         let (draining_tx, mut draining) = watch::channel(false);
@@ -116,6 +117,7 @@ impl App {
                     endpoint.clone(),
                     pipeline.clone(),
                     auth.clone(),
+                    cluster.clone(),
                     draining.clone(),
                 )))
             }

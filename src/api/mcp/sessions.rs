@@ -21,7 +21,7 @@ use rmcp::{
     transport::streamable_http_server::{
         SessionManager,
         session::{
-            EventStore, ServerSseMessage, SessionId,
+            EventStore, RestoreOutcome, ServerSseMessage, SessionId,
             local::{LocalSessionManager, LocalSessionManagerError},
         },
     },
@@ -140,9 +140,20 @@ impl SessionManager for Sessions {
         Ok(self.inner.resume(id, last_event_id).await?)
     }
 
-    // `restore_session` keeps the trait's default (not supported): the
-    // endpoint configures no session store, so a session is never
-    // re-created from one, nor could a restore bypass the cap.
+    /// A session another replica opened, re-created here from the cluster
+    /// store (rmcp then replays its `initialize`); under the same cap as
+    /// a new one.
+    async fn restore_session(
+        &self,
+        id: SessionId,
+    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        let _one_at_a_time = self.creating.lock().await;
+        if self.full().await {
+            let _ = REFUSED.try_with(|refused| refused.set(true));
+            return Err(SessionsError::Full(self.max));
+        }
+        Ok(self.inner.restore_session(id).await?)
+    }
 
     fn event_store(&self) -> Option<std::sync::Arc<dyn EventStore>> {
         self.inner.event_store()
