@@ -82,7 +82,7 @@ class Render:
         self.by_kind: dict[str, list[dict]] = {}
         for d in self.docs:
             self.by_kind.setdefault(d["kind"], []).append(d)
-        self.deployment = self.one("Deployment")
+        self.deployment = self.one("Deployment", FULLNAME)
         self.pod = self.deployment["spec"]["template"]["spec"]
         self.container = self.pod["containers"][0]
         self.env = {e["name"]: e for e in self.container.get("env", [])}
@@ -426,6 +426,44 @@ CUSTOM_TASK = {"config": {
 }}
 render_set("custom task with output_schema and a mock provider", CUSTOM_TASK, output_schema_extra)
 
+ACCOUNT = {"providerAccountLimits": {"openai": {"rpm": 30000, "maxConcurrency": 400}},
+           "config": {"providers": {"openai": {"rpm": None, "max_concurrency": None}}}}
+VALKEY = merge(merge(ci_values("production"), ACCOUNT), {"valkey": {"enabled": True}})
+EXTERNAL_STORE = merge(merge(ci_values("production"), ACCOUNT), {"cluster": {"existingSecret": "aio-redis"}})
+
+
+def valkey_extra(r: Render):
+    store = r.one("Deployment", f"{FULLNAME}-valkey")
+    service = r.one("Service", f"{FULLNAME}-valkey")
+    assert service["spec"]["selector"] == store["spec"]["selector"]["matchLabels"]
+    # The service's own Service and PDB never select the store's pod.
+    labels = store["spec"]["template"]["metadata"]["labels"]
+    main = r.one("Service", FULLNAME)["spec"]["selector"]
+    assert not all(labels.get(k) == v for k, v in main.items()), (labels, main)
+    assert r.config["cluster"] == {"key_prefix": "aio:", "on_unavailable": "local", "fallback_share": 0.25,
+                                   "redis_url": f"redis://{FULLNAME}-valkey:6379/0"}, r.config["cluster"]
+    # The account's numbers, undivided, with a shared store.
+    assert (r.config["providers"]["openai"]["rpm"], r.config["providers"]["openai"]["max_concurrency"]) == (30000, 400)
+    assert "AIO_CLUSTER__REDIS_URL" not in r.env
+
+
+def external_store_extra(r: Render):
+    assert "Deployment" not in [d["kind"] for d in r.docs if d["metadata"]["name"].endswith("-valkey")]
+    assert r.env["AIO_CLUSTER__REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "aio-redis", "key": "url"}
+    assert "redis_url" not in r.config["cluster"], "the URL comes from the Secret"
+    assert r.config["providers"]["openai"]["rpm"] == 30000
+
+
+def no_store_extra(r: Render):
+    # Without a store each replica gets its share: 30000 / maxReplicas 10.
+    assert "cluster" not in r.config
+    assert (r.config["providers"]["openai"]["rpm"], r.config["providers"]["openai"]["max_concurrency"]) == (3000, 40)
+
+
+render_set("production with the chart's Valkey", VALKEY, valkey_extra)
+render_set("production with an external cluster store", EXTERNAL_STORE, external_store_extra)
+render_set("production with account limits and no store", merge(ci_values("production"), ACCOUNT), no_store_extra)
+
 
 @check("checksum/config changes with the config")
 def _():
@@ -468,6 +506,8 @@ BAD = [
     ("listen address in config", {"config": {"server": {"listen": "127.0.0.1:50051"}}}, "config.server.listen is set by the chart"),
     ("database URL in config", {"config": {"database": {"url": "postgres://u:pw@db/x"}}}, "config.database.url is set by the chart"),
     ("auth in config", {"config": {"auth": {"enabled": True}}}, "use auth.enabled"),
+    ("cluster in config", {"config": {"cluster": {"redis_url": "redis://x:6379"}}}, "config.cluster is set by the chart"),
+    ("two cluster stores", {"valkey": {"enabled": True}, "cluster": {"existingSecret": "r"}}, "keep one"),
     ("grace period too short", {"terminationGracePeriodSeconds": 30}, "must exceed lifecycle.preStopSleepSeconds"),
     ("TLS without a Secret", {"tls": {"enabled": True}}, "tls.enabled needs tls.secretName"),
     ("gRPC probes with TLS", {"tls": {"enabled": True, "secretName": "t"}, "probes": {"type": "grpc"}},
@@ -518,6 +558,8 @@ def service_check(binary: str):
         ("custom task with output_schema", CUSTOM_TASK),
         ("ci/production-values.yaml, auth/tls/telemetry off", merge(ci_values("production"), off)),
         ("ci/production-values.yaml", ci_values("production")),
+        ("production with the chart's Valkey", VALKEY),
+        ("production with an external cluster store", EXTERNAL_STORE),
     ]
     for label, values in cases:
         @check(f"service check-config: {label}")
@@ -528,6 +570,8 @@ def service_check(binary: str):
             for name, e in r.env.items():
                 if name.startswith("AIO_SERVER__") and "value" in e:
                     run_env[name] = e["value"]
+            if "AIO_CLUSTER__REDIS_URL" in r.env:
+                run_env["AIO_CLUSTER__REDIS_URL"] = "redis://:dummy@redis.example:6379/0"
             if r.postgres:
                 run_env["DATABASE_URL"] = "postgres://aio@127.0.0.1:5432/aio"
             with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:

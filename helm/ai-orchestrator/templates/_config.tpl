@@ -32,7 +32,17 @@ float keys too.
 {{- end -}}
 {{- $_ := set $cfg "database" $db -}}
 
+{{- /* With a cluster store the numbers are the account's, shared by every
+   replica; without one each replica gets its share of them. */ -}}
 {{- $replicas := int64 (include "aio.maxReplicas" $root) -}}
+{{- if include "aio.clusterEnabled" $root -}}
+{{- $replicas = 1 -}}
+{{- $cluster := dict "key_prefix" $v.cluster.keyPrefix "on_unavailable" $v.cluster.onUnavailable "fallback_share" $v.cluster.fallbackShare -}}
+{{- if $v.valkey.enabled -}}
+{{- $_ := set $cluster "redis_url" (printf "redis://%s:6379/0" (include "aio.valkeyName" $root)) -}}
+{{- end -}}
+{{- $_ := set $cfg "cluster" $cluster -}}
+{{- end -}}
 {{- range $name, $limits := $v.providerAccountLimits -}}
 {{- $p := index ($cfg.providers | default dict) $name | default dict -}}
 {{- if $limits.rpm -}}

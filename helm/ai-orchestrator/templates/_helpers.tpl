@@ -62,6 +62,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Fixed paths inside the container ------------------------------------- */}}
 
+{{/* The fleet's shared limits are on with a store: the chart's Valkey or an
+external one named by a Secret. */}}
+{{- define "aio.clusterEnabled" -}}
+{{- if or .Values.valkey.enabled .Values.cluster.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{- define "aio.valkeyName" -}}
+{{- printf "%s-valkey" (include "aio.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "aio.configDir" -}}/etc/ai-orchestrator{{- end -}}
 {{- define "aio.dataDir" -}}/var/lib/ai-orchestrator{{- end -}}
 {{- define "aio.tlsDir" -}}/etc/tls/ai-orchestrator{{- end -}}

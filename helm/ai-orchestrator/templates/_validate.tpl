@@ -50,6 +50,12 @@ the message. values.schema.json covers shapes; these cover combinations.
 {{- if hasKey $cfg "auth" -}}
 {{- fail "config.auth is set by the chart: use auth.enabled and auth.keys." -}}
 {{- end -}}
+{{- if hasKey $cfg "cluster" -}}
+{{- fail "config.cluster is set by the chart: use valkey.enabled or cluster.existingSecret (and cluster.*)." -}}
+{{- end -}}
+{{- if and $v.valkey.enabled $v.cluster.existingSecret -}}
+{{- fail "valkey.enabled and cluster.existingSecret both name a cluster store: keep one." -}}
+{{- end -}}
 {{- if hasKey $cfg "telemetry" -}}
 {{- fail "config.telemetry is set by the chart: use telemetry.otlpEndpoint." -}}
 {{- end -}}
