@@ -10,6 +10,7 @@ mod connections;
 mod crash;
 mod deadlines;
 mod errors;
+mod fleet;
 mod health;
 mod interop;
 mod metering;
