@@ -104,7 +104,7 @@ pub enum Output {
 /// Where the client commands connect, and as whom.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Client {
-    /// Server address.
+    /// Server address: host:port (plain HTTP/2), or http(s)://host:port.
     #[arg(
         long,
         global = true,
@@ -143,8 +143,7 @@ impl Client {
     /// Connects to `addr`, every request carrying the API key.
     pub(super) async fn connect(&self) -> anyhow::Result<Channel> {
         let addr = &self.addr;
-        let mut endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
-            .with_context(|| format!("bad --addr {addr}"))?;
+        let mut endpoint = super::connect::endpoint(addr)?;
         if addr.starts_with("https://") {
             endpoint = endpoint
                 .tls_config(self.tls.config()?)
@@ -153,7 +152,7 @@ impl Client {
         let channel = endpoint
             .connect()
             .await
-            .with_context(|| format!("connecting to {addr}"))?;
+            .map_err(|e| super::connect::failed(addr, &e))?;
         let authorization: Option<tonic::metadata::MetadataValue<_>> = match &self.api_key {
             Some(key) => Some(
                 format!("Bearer {key}")

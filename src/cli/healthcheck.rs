@@ -29,9 +29,7 @@ pub fn default_addr(config: &Config) -> String {
 /// Checks `service` (`""`: the server as a whole) at `addr`.
 pub async fn healthcheck(addr: &str, tls: &ClientTls, service: &str) -> anyhow::Result<String> {
     let check = async {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())
-            .with_context(|| format!("bad --addr {addr}"))?
-            .connect_timeout(TIMEOUT);
+        let mut endpoint = super::connect::endpoint(addr)?.connect_timeout(TIMEOUT);
         if addr.starts_with("https://") {
             endpoint = endpoint
                 .tls_config(tls.config()?)
@@ -40,7 +38,7 @@ pub async fn healthcheck(addr: &str, tls: &ClientTls, service: &str) -> anyhow::
         let channel = endpoint
             .connect()
             .await
-            .with_context(|| format!("connecting to {addr}"))?;
+            .map_err(|e| super::connect::failed(addr, &e))?;
         let reply = HealthClient::new(channel)
             .check(HealthCheckRequest {
                 service: service.to_owned(),

@@ -5,6 +5,7 @@
 
 mod audit;
 mod call;
+mod connect;
 mod converse;
 mod healthcheck;
 mod keys;
@@ -93,7 +94,8 @@ pub enum Command {
     /// Ask a running server whether it is SERVING (gRPC health); exits
     /// non-zero otherwise. For container health checks.
     Healthcheck {
-        /// Server address [default: 127.0.0.1 on the port of `server.listen`].
+        /// Server address, host:port or http(s)://host:port [default:
+        /// 127.0.0.1 on the port of `server.listen`].
         #[arg(long, env = "AIO_ADDR")]
         addr: Option<String>,
         /// TLS options for an `https://` address.
