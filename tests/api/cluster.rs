@@ -360,6 +360,59 @@ async fn a_store_outage_falls_back_to_the_local_share_and_counting_resumes() {
     app.stop().await;
 }
 
+/// The store stopped and started again under concurrent calls on two
+/// replicas (`local`): no call fails, and both count in the store again.
+#[tokio::test]
+async fn stopping_the_store_under_load_fails_no_call() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let mut redis = TestRedis::start().await;
+    let provider = upstream(Duration::from_millis(5)).await;
+    let prefix = unique_prefix();
+    let a = replica(&provider.uri(), "rpm = 600", &redis, &prefix).await;
+    let b = replica(&provider.uri(), "rpm = 600", &redis, &prefix).await;
+    let (ok, failed, stop) = (
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicBool::new(false),
+    );
+    let callers = (0..8).map(|i| {
+        let (app, ok, failed, stop) = (if i % 2 == 0 { &a } else { &b }, &ok, &failed, &stop);
+        async move {
+            while !stop.load(Ordering::Relaxed) {
+                match classify(app).await {
+                    Ok(_) => ok.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }
+    });
+    let outage = async {
+        let served = |n: usize| {
+            let ok = &ok;
+            move || async move { ok.load(Ordering::Relaxed) >= n }
+        };
+        wait_for(served(20)).await;
+        redis.stop();
+        for app in [&a, &b] {
+            wait_for(|| async { app.provider_health("primary").await.limits == "fallback" }).await;
+        }
+        let before = ok.load(Ordering::Relaxed);
+        wait_for(served(before + 20)).await;
+        redis.restart().await;
+        for app in [&a, &b] {
+            wait_for(|| async { app.provider_health("primary").await.limits == "shared" }).await;
+        }
+        let before = ok.load(Ordering::Relaxed);
+        wait_for(served(before + 20)).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    tokio::join!(futures::future::join_all(callers), outage);
+    assert_eq!(failed.load(Ordering::Relaxed), 0);
+    assert!(ok.load(Ordering::Relaxed) >= 60);
+    a.stop().await;
+    b.stop().await;
+}
+
 #[tokio::test]
 async fn refuse_answers_unavailable_while_the_store_is_down() {
     let mut redis = TestRedis::start().await;
