@@ -43,6 +43,107 @@ fn database_url(url: &str) -> Result<(), &'static str> {
     Err("must start with sqlite:, postgres:// or postgresql://")
 }
 
+/// The checks of one `[providers.<name>]`.
+fn provider(
+    config: &Config,
+    name: &str,
+    p: &super::ProviderConfig,
+    bad: &mut dyn FnMut(String, &str),
+) {
+    let at = |key: &str| format!("providers.{name}.{key}");
+    if p.kind == ProviderKind::OpenaiCompatible && p.base_url.is_none() {
+        bad(at("base_url"), "required for kind openai_compatible");
+    }
+    if let Some(url) = &p.base_url
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        bad(at("base_url"), "must start with http:// or https://");
+    }
+    for (key, d) in [
+        ("timeout", p.timeout),
+        ("connect_timeout", p.connect_timeout),
+        ("stream_idle_timeout", p.stream_idle_timeout),
+    ] {
+        if d == Duration::ZERO {
+            bad(at(key), "must be greater than zero");
+        }
+    }
+    if p.rpm == Some(0) {
+        bad(at("rpm"), "must be at least 1 (omit it for no limit)");
+    }
+    if p.tpm == Some(0) {
+        bad(at("tpm"), "must be at least 1 (omit it for no limit)");
+    }
+    if p.max_concurrency == 0 {
+        bad(at("max_concurrency"), "must be at least 1");
+    }
+    if p.streams_per_connection == 0 {
+        bad(at("streams_per_connection"), "must be at least 1");
+    }
+    if p.http_version == Some(super::HttpVersion::Http1) && p.http2_prior_knowledge {
+        bad(
+            at("http_version"),
+            "\"1.1\" contradicts http2_prior_knowledge = true",
+        );
+    }
+    if let Some(path) = &p.tls_ca {
+        match std::fs::read_to_string(path) {
+            Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => {}
+            Ok(_) => bad(at("tls_ca"), "holds no PEM certificate"),
+            Err(e) => bad(at("tls_ca"), &format!("cannot be read: {e}")),
+        }
+    }
+    // Smaller would refuse ordinary answers; the bound is what matters.
+    if p.max_response_bytes < 1024 {
+        bad(at("max_response_bytes"), "must be at least 1024");
+    }
+    let b = &p.breaker;
+    for (key, v) in [
+        ("breaker.failure_threshold", b.failure_threshold),
+        ("breaker.success_threshold", b.success_threshold),
+        ("breaker.half_open_max_probes", b.half_open_max_probes),
+    ] {
+        if v == 0 {
+            bad(at(key), "must be at least 1");
+        }
+    }
+    if !(b.error_rate > 0.0 && b.error_rate <= 1.0) {
+        bad(at("breaker.error_rate"), "must be above 0 and at most 1");
+    }
+    if b.min_requests == 0 {
+        bad(at("breaker.min_requests"), "must be at least 1");
+    }
+    if b.window.is_zero() {
+        bad(at("breaker.window"), "must be greater than zero");
+    }
+    if let Some(probe) = &p.probe {
+        // Below a second a probe loop is a load generator.
+        if probe.interval < Duration::from_secs(1) {
+            bad(at("probe.interval"), "must be at least 1s");
+        }
+        if probe.timeout.is_zero() || probe.timeout > probe.interval {
+            bad(
+                at("probe.timeout"),
+                "must be greater than zero and at most probe.interval",
+            );
+        }
+        let routed = (config.tasks.values().map(|t| &t.chain))
+            .chain(config.agents.values().map(|a| &a.chain))
+            .flatten()
+            .any(|t| t.provider == name);
+        if p.kind == ProviderKind::Perplexity && !routed {
+            bad(
+                at("probe"),
+                "Perplexity has no model list: its probe is a one-token completion \
+                 of a model a task or agent routes to it, and none does",
+            );
+        }
+    }
+    if !(0.0..=1.0).contains(&p.mock.failure_rate) {
+        bad(at("mock.failure_rate"), "must be between 0 and 1");
+    }
+}
+
 /// `[cluster]`: a store URL redis-rs can open, a share, live timeouts.
 fn cluster_check(c: &super::cluster::ClusterConfig, bad: &mut dyn FnMut(String, &str)) {
     // Parsed as the client will; its error would quote the URL (and a
@@ -108,98 +209,7 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     };
 
     for (name, p) in &config.providers {
-        let at = |key: &str| format!("providers.{name}.{key}");
-        if p.kind == ProviderKind::OpenaiCompatible && p.base_url.is_none() {
-            bad(at("base_url"), "required for kind openai_compatible");
-        }
-        if let Some(url) = &p.base_url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            bad(at("base_url"), "must start with http:// or https://");
-        }
-        for (key, d) in [
-            ("timeout", p.timeout),
-            ("connect_timeout", p.connect_timeout),
-            ("stream_idle_timeout", p.stream_idle_timeout),
-        ] {
-            if d == Duration::ZERO {
-                bad(at(key), "must be greater than zero");
-            }
-        }
-        if p.rpm == Some(0) {
-            bad(at("rpm"), "must be at least 1 (omit it for no limit)");
-        }
-        if p.tpm == Some(0) {
-            bad(at("tpm"), "must be at least 1 (omit it for no limit)");
-        }
-        if p.max_concurrency == 0 {
-            bad(at("max_concurrency"), "must be at least 1");
-        }
-        if p.streams_per_connection == 0 {
-            bad(at("streams_per_connection"), "must be at least 1");
-        }
-        if p.http_version == Some(super::HttpVersion::Http1) && p.http2_prior_knowledge {
-            bad(
-                at("http_version"),
-                "\"1.1\" contradicts http2_prior_knowledge = true",
-            );
-        }
-        if let Some(path) = &p.tls_ca {
-            match std::fs::read_to_string(path) {
-                Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => {}
-                Ok(_) => bad(at("tls_ca"), "holds no PEM certificate"),
-                Err(e) => bad(at("tls_ca"), &format!("cannot be read: {e}")),
-            }
-        }
-        // Smaller would refuse ordinary answers; the bound is what matters.
-        if p.max_response_bytes < 1024 {
-            bad(at("max_response_bytes"), "must be at least 1024");
-        }
-        let b = &p.breaker;
-        for (key, v) in [
-            ("breaker.failure_threshold", b.failure_threshold),
-            ("breaker.success_threshold", b.success_threshold),
-            ("breaker.half_open_max_probes", b.half_open_max_probes),
-        ] {
-            if v == 0 {
-                bad(at(key), "must be at least 1");
-            }
-        }
-        if !(b.error_rate > 0.0 && b.error_rate <= 1.0) {
-            bad(at("breaker.error_rate"), "must be above 0 and at most 1");
-        }
-        if b.min_requests == 0 {
-            bad(at("breaker.min_requests"), "must be at least 1");
-        }
-        if b.window.is_zero() {
-            bad(at("breaker.window"), "must be greater than zero");
-        }
-        if let Some(probe) = &p.probe {
-            // Below a second a probe loop is a load generator.
-            if probe.interval < Duration::from_secs(1) {
-                bad(at("probe.interval"), "must be at least 1s");
-            }
-            if probe.timeout.is_zero() || probe.timeout > probe.interval {
-                bad(
-                    at("probe.timeout"),
-                    "must be greater than zero and at most probe.interval",
-                );
-            }
-            let routed = (config.tasks.values().map(|t| &t.chain))
-                .chain(config.agents.values().map(|a| &a.chain))
-                .flatten()
-                .any(|t| &t.provider == name);
-            if p.kind == ProviderKind::Perplexity && !routed {
-                bad(
-                    at("probe"),
-                    "Perplexity has no model list: its probe is a one-token completion \
-                     of a model a task or agent routes to it, and none does",
-                );
-            }
-        }
-        if !(0.0..=1.0).contains(&p.mock.failure_rate) {
-            bad(at("mock.failure_rate"), "must be between 0 and 1");
-        }
+        provider(config, name, p, &mut bad);
     }
 
     for (name, t) in &config.tasks {

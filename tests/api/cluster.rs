@@ -506,7 +506,6 @@ async fn tool_quotas_are_the_teams_across_two_replicas() {
 #[tokio::test]
 async fn an_mcp_session_opened_on_one_replica_is_served_by_another() {
     use crate::tools::CALLER;
-    use serde_json::{Value, json};
     let redis = TestRedis::start().await;
     let prefix = unique_prefix();
     let mut urls = Vec::new();
@@ -534,67 +533,7 @@ async fn an_mcp_session_opened_on_one_replica_is_served_by_another() {
         urls.push(format!("http://127.0.0.1:{port}/mcp"));
         replicas.push(app);
     }
-    let http = reqwest::Client::new();
-    let post = |url: &str, session: Option<&str>, body: Value| {
-        let mut request = http
-            .post(url)
-            .header("accept", "application/json, text/event-stream")
-            .header("authorization", format!("Bearer {CALLER}"))
-            .header("mcp-protocol-version", "2025-06-18")
-            .json(&body);
-        if let Some(id) = session {
-            request = request.header("mcp-session-id", id);
-        }
-        request.send()
-    };
-    let opened = post(
-        &urls[0],
-        None,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "moved", "version": "0"}}}),
-    )
-    .await
-    .unwrap();
-    assert!(opened.status().is_success(), "{}", opened.status());
-    let session = opened.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let _ = opened.text().await;
-    let initialized = post(
-        &urls[0],
-        Some(&session),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    )
-    .await
-    .unwrap();
-    assert!(initialized.status().is_success());
-
-    // The other replica never saw the session: it restores it.
-    let call = post(
-        &urls[1],
-        Some(&session),
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-               "params": {"name": "system.echo", "arguments": {"text": "moved"}}}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(call.status(), 200);
-    let body = call.text().await.unwrap();
-    assert!(
-        body.contains("moved") && !body.contains("\"error\""),
-        "{body}"
-    );
-    // An ID no replica opened is still unknown.
-    let unknown = post(
-        &urls[1],
-        Some("not-a-session"),
-        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(unknown.status(), 404);
+    crate::fleet::mcp_session_moves(&urls[0], &urls[1], Some(CALLER)).await;
     for app in replicas {
         app.stop().await;
     }

@@ -224,7 +224,7 @@ async fn three_replicas_of_the_binary_share_limits_quotas_and_sessions() {
             .all(|s| s.code() == tonic::Code::ResourceExhausted)
     );
 
-    mcp_session_moves(&replicas[0].mcp, &replicas[1].mcp).await;
+    mcp_session_moves(&replicas[0].mcp, &replicas[1].mcp, None).await;
 
     // max_concurrency = 2: the third replica takes both slots on a provider
     // that never answers, and is killed with -9 holding them.
@@ -292,8 +292,9 @@ async fn three_replicas_of_the_binary_share_limits_quotas_and_sessions() {
     db.cleanup().await;
 }
 
-/// An MCP session opened at `first` and called at `second`.
-async fn mcp_session_moves(first: &str, second: &str) {
+/// An MCP session opened at `first` and called at `second` (as `key`,
+/// when the servers want one); then an ID nobody opened is unknown there.
+pub(crate) async fn mcp_session_moves(first: &str, second: &str, key: Option<&str>) {
     let http = reqwest::Client::new();
     let post = |url: &str, session: Option<&str>, body: Value| {
         let mut request = http
@@ -301,6 +302,9 @@ async fn mcp_session_moves(first: &str, second: &str) {
             .header("accept", "application/json, text/event-stream")
             .header("mcp-protocol-version", "2025-06-18")
             .json(&body);
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
         if let Some(id) = session {
             request = request.header("mcp-session-id", id);
         }
@@ -338,4 +342,12 @@ async fn mcp_session_moves(first: &str, second: &str) {
         body.contains("across") && !body.contains("\"error\""),
         "{body}"
     );
+    let unknown = post(
+        second,
+        Some("not-a-session"),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(unknown.status(), 404);
 }
