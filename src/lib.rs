@@ -21,7 +21,7 @@
 //! pipeline   call                    tasks and everything below them
 //! tasks      tasks                   router, providers, prompts, usage (types)
 //!            agent                   providers, store, the ground floor
-//! routing    router                  providers, resilience
+//! routing    router                  providers, resilience, cluster
 //!            resilience              providers (error classification), cluster
 //!            providers               the ground floor
 //! services   usage, prompts, auth    audit, store, the ground floor

@@ -30,6 +30,9 @@ pub struct Bench {
     pub results: Results,
     /// Upstream latencies whose direct baseline has run.
     pub direct_done: Vec<u64>,
+    /// TOML appended to the config of the servers started next (the
+    /// cluster scenario's `[cluster]`); empty otherwise.
+    pub config_extra: String,
     servers: usize,
 }
 
@@ -79,6 +82,7 @@ impl Bench {
             upstream,
             results,
             direct_done: Vec::new(),
+            config_extra: String::new(),
             servers: 0,
         })
     }
@@ -164,7 +168,7 @@ impl Bench {
             self.settings.upstream,
             &ca_file,
         );
-        std::fs::write(&config, toml)?;
+        std::fs::write(&config, toml + &self.config_extra)?;
         let log = dir.join(format!("server-{n}.log"));
         let started = Server::start(&self.settings.server_bin, &config, grpc, metrics, &log).await;
         let server = match started {

@@ -21,7 +21,8 @@ pub struct Args {
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
     /// Scenarios: load, direct, paired, saturation, breaker, inflight,
-    /// coldstart, usage.
+    /// coldstart, usage; and cluster (two replicas with and without a
+    /// shared Redis; needs `redis-server`), not in the defaults.
     #[arg(
         long,
         value_delimiter = ',',
@@ -105,6 +106,9 @@ pub struct Args {
     /// Rates of the long-calls scenario [default: 100,400,800; smoke: 20,60].
     #[arg(long, value_delimiter = ',')]
     pub inflight_rates: Option<Vec<f64>>,
+    /// Rate of the cluster scenario's fixed-rate step [default: 1000; smoke: 50].
+    #[arg(long)]
+    pub cluster_rate: Option<f64>,
     /// Cold-start launches (each: new database, then a restart) [default: 5; smoke: 1].
     #[arg(long)]
     pub coldstart_runs: Option<usize>,

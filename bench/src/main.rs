@@ -17,6 +17,7 @@ mod ab;
 mod bench;
 mod breaker;
 mod cli;
+mod cluster;
 mod coldstart;
 mod disk;
 mod fixed;

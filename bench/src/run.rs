@@ -7,7 +7,7 @@ use crate::{
     bench::Bench,
     breaker,
     cli::Args,
-    coldstart, fixed, inflight,
+    cluster, coldstart, fixed, inflight,
     report::{self, Results},
     settings::Settings,
     sys, upstream, usage,
@@ -79,6 +79,10 @@ pub async fn run(args: Args) -> anyhow::Result<Results> {
     }
     if scenario("usage") {
         usage::run(&mut bench).await;
+    }
+    if scenario("cluster") {
+        let outcome = cluster::run(&mut bench).await;
+        noted(&mut bench, "cluster scenario", outcome);
     }
 
     let mut results = bench.results;

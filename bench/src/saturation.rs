@@ -46,9 +46,7 @@ pub async fn sweeps(bench: &mut Bench, live: &Live, latency_ms: u64) -> anyhow::
     Ok(())
 }
 
-/// Raises the rate until a step fails, then bisects (geometrically)
-/// `sat_refine` times: the ×1.25 ladder alone leaves the answer uncertain
-/// by up to 25 %.
+/// One sweep, recorded in the results.
 async fn sweep(
     bench: &mut Bench,
     live: &Live,
@@ -56,6 +54,22 @@ async fn sweep(
     rpc: Rpc,
     repeat: usize,
 ) -> anyhow::Result<()> {
+    let (sat, steps) = measure(bench, live, latency_ms, rpc, repeat).await?;
+    bench.results.saturation_steps.extend(steps);
+    bench.results.saturation.push(sat);
+    Ok(())
+}
+
+/// Raises the rate until a step fails, then bisects (geometrically)
+/// `sat_refine` times: the ×1.25 ladder alone leaves the answer uncertain
+/// by up to 25 %. The sweep and its steps, for the caller to record.
+pub async fn measure(
+    bench: &Bench,
+    live: &Live,
+    latency_ms: u64,
+    rpc: Rpc,
+    repeat: usize,
+) -> anyhow::Result<(Saturation, Vec<Step>)> {
     let mut sat = Saturation {
         metering: live.metering.name().into(),
         repeat: u32::try_from(repeat).unwrap_or(u32::MAX),
@@ -63,9 +77,10 @@ async fn sweep(
         upstream_latency_ms: latency_ms,
         ..Saturation::default()
     };
+    let mut steps = Vec::new();
     let mut rate = bench.settings.sat_start;
     for _ in 0..bench.settings.sat_max_steps {
-        if !step(bench, live, latency_ms, rpc, rate, &mut sat).await? {
+        if !step(bench, live, latency_ms, rpc, rate, &mut sat, &mut steps).await? {
             break;
         }
         rate = (rate * bench.settings.sat_factor).round();
@@ -82,20 +97,20 @@ async fn sweep(
         // pause cannot tell when that has drained: measure again only once
         // the server is idle.
         recover(live).await;
-        step(bench, live, latency_ms, rpc, mid, &mut sat).await?;
+        step(bench, live, latency_ms, rpc, mid, &mut sat, &mut steps).await?;
     }
-    bench.results.saturation.push(sat);
-    Ok(())
+    Ok((sat, steps))
 }
 
-/// One step at `rate`, recorded in `sat`: true when it passed.
+/// One step at `rate`, recorded in `sat` and `steps`: true when it passed.
 async fn step(
-    bench: &mut Bench,
+    bench: &Bench,
     live: &Live,
     latency_ms: u64,
     rpc: Rpc,
     rate: f64,
     sat: &mut Saturation,
+    steps: &mut Vec<Step>,
 ) -> anyhow::Result<bool> {
     let duration = bench.settings.sat_duration;
     let mut step = bench
@@ -104,7 +119,7 @@ async fn step(
     let why = failure(&step);
     step.passed = Some(why.is_none());
     let achieved = step.achieved_rps;
-    bench.results.saturation_steps.push(step);
+    steps.push(step);
     match why {
         None if sat.highest_passing_rps.is_none_or(|r| r < rate) => {
             sat.highest_passing_rps = Some(rate);
@@ -148,7 +163,7 @@ fn failure(step: &Step) -> Option<String> {
 
 /// Waits [`REFINE_PAUSE`], then until the server has been idle for
 /// [`IDLE_TICKS`] ticks in a row, or [`RECOVERY_MAX`] has passed.
-async fn recover(live: &Live) {
+pub async fn recover(live: &Live) {
     let started = tokio::time::Instant::now();
     tokio::time::sleep(REFINE_PAUSE).await;
     let Ok(mut last) = live.server.cpu_seconds() else {

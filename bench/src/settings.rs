@@ -61,6 +61,8 @@ pub struct Settings {
     pub inflight_latency_ms: u64,
     /// Rates of the long-calls scenario.
     pub inflight_rates: Vec<f64>,
+    /// Rate of the cluster scenario's fixed-rate step.
+    pub cluster_rate: f64,
     /// Cold-start launches (each: new database, then a restart).
     pub coldstart_runs: usize,
     /// Records of the GetUsage scenario's team this month.
@@ -179,6 +181,7 @@ impl Settings {
             breaker_callers: args.breaker_callers.max(1),
             inflight_latency_ms: pick(args.inflight_latency_ms, s, 100, 1000),
             inflight_rates,
+            cluster_rate: pick(args.cluster_rate, s, 50.0, 1000.0),
             coldstart_runs: pick(args.coldstart_runs, s, 1, 5),
             usage_records: pick(args.usage_records, s, 2_000, 1_000_000).max(1),
             usage_calls: pick(args.usage_calls, s, 3, 20).max(1),
@@ -217,6 +220,7 @@ impl Settings {
                 "criteria": "achieved >= 95% of offered, errors <= 1%, p99 <= 100 ms",
             },
             "breaker": {"rate": self.breaker_rate, "callers": self.breaker_callers},
+            "cluster": {"rate": self.cluster_rate},
             "usage": {"records": self.usage_records, "calls": self.usage_calls},
             "upstream_threads": args.upstream_threads,
             "client_threads": args.client_threads,

@@ -19,7 +19,7 @@ pub struct ProviderQuota {
     /// Tokens per minute.
     pub tpm: Option<u64>,
     /// Calls in flight at once.
-    pub max_concurrency: usize,
+    pub max_concurrency: Option<usize>,
 }
 
 /// The store's answer to a call asking to be sent.
@@ -51,6 +51,8 @@ pub struct Lease {
     pub id: String,
     /// Tokens taken at admission.
     pub estimate: u64,
+    /// When it was admitted, on the store's clock (µs).
+    pub admitted_us: i64,
 }
 
 impl Cluster {
@@ -75,7 +77,7 @@ impl Cluster {
                     .arg(quota.rpm.unwrap_or(0))
                     .arg(quota.tpm.unwrap_or(0))
                     .arg(estimate)
-                    .arg(quota.max_concurrency)
+                    .arg(quota.max_concurrency.unwrap_or(0))
                     .arg(u64::try_from(lease.as_micros()).unwrap_or(u64::MAX))
                     .arg(&id),
             )
@@ -85,7 +87,11 @@ impl Cluster {
             Duration::from_micros(u64::try_from(micros).unwrap_or(1))
         };
         match answer.first() {
-            Some(0) => Ok(Admission::Admitted(Lease { id, estimate })),
+            Some(0) => Ok(Admission::Admitted(Lease {
+                id,
+                estimate,
+                admitted_us: answer.get(1).copied().unwrap_or(0),
+            })),
             Some(1) => Ok(Admission::Saturated {
                 retry_in: retry_in(),
             }),
@@ -122,7 +128,9 @@ impl Cluster {
                 .key(self.key(provider, "slots"))
                 .arg(quota.tpm.unwrap_or(0))
                 .arg(correction)
-                .arg(&lease.id),
+                .arg(&lease.id)
+                .arg(lease.admitted_us)
+                .arg(lease.estimate),
         )
         .await
         .map(drop)

@@ -55,6 +55,8 @@ struct Inner {
     prefix: String,
     on_unavailable: OnUnavailable,
     fallback_share: f64,
+    /// Bound on one command, a (re)connection included.
+    answer_within: Duration,
     command_timeout: Duration,
     recheck_interval: Duration,
     lease_slack: Duration,
@@ -64,6 +66,8 @@ struct Inner {
     /// Names this replica's leases, so a slot is released by its holder.
     replica: String,
     leases: AtomicU64,
+    /// When a refused command was last logged (unix s): once in 10 s.
+    last_refusal_log: AtomicU64,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -96,6 +100,7 @@ impl Cluster {
                 prefix: config.key_prefix.clone(),
                 on_unavailable: config.on_unavailable,
                 fallback_share: config.fallback_share,
+                answer_within: config.connect_timeout + config.command_timeout,
                 command_timeout: config.command_timeout,
                 recheck_interval: config.recheck_interval,
                 lease_slack: config.lease_slack,
@@ -103,6 +108,7 @@ impl Cluster {
                 down: Notify::new(),
                 replica: uuid::Uuid::now_v7().simple().to_string(),
                 leases: AtomicU64::new(0),
+                last_refusal_log: AtomicU64::new(0),
             }),
         })
     }
@@ -166,16 +172,37 @@ impl Cluster {
         self.bounded(cmd.query_async::<T>(&mut conn)).await
     }
 
-    /// The store's answer within `command_timeout`; anything else marks
-    /// it down.
+    /// The store's answer within `connect_timeout + command_timeout`. A
+    /// connection that failed or an answer that did not come marks it
+    /// down; an error the store answered with (a script error, READONLY
+    /// after a failover, OOM) is logged and this call falls back, but the
+    /// store stays up: a PING would find it "back" at once, and the next
+    /// call would flap it down again.
     async fn bounded<T>(
         &self,
         answer: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, Unavailable> {
-        match tokio::time::timeout(self.inner.command_timeout, answer).await {
+        match tokio::time::timeout(self.inner.answer_within, answer).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => {
+            Ok(Err(e)) if e.is_io_error() || e.is_unrecoverable_error() => {
                 self.lost(&format!("{:?}", e.kind()));
+                Err(Unavailable)
+            }
+            Ok(Err(e)) => {
+                metrics::cluster_store_error();
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let last = self.inner.last_refusal_log.load(Ordering::Relaxed);
+                if now >= last + 10
+                    && self
+                        .inner
+                        .last_refusal_log
+                        .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    tracing::warn!(error = ?e.kind(), "the cluster store refused a command; calls fall back (cluster_store_errors_total counts them)");
+                }
                 Err(Unavailable)
             }
             Err(_) => {

@@ -15,8 +15,8 @@ use std::sync::LazyLock;
 /// 3 slots (sorted set: lease id → expiry).
 /// ARGV: 1 rpm (0 none), 2 tpm (0 none), 3 token estimate,
 /// 4 max concurrency (0 none), 5 lease (µs), 6 lease id.
-/// Returns `{verdict, retry_in_us}`: 0 admitted, 1 saturated, 2 rate
-/// limited, 3 tokens exhausted.
+/// Returns `{verdict, n}`: 0 admitted (n: the store's time, µs), 1
+/// saturated, 2 rate limited, 3 tokens exhausted (n: µs until it may fit).
 pub static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(ADMIT_LUA));
 
 const ADMIT_LUA: &str = r#"
@@ -48,7 +48,9 @@ if tpm > 0 then
   local at = tonumber(h[2] or now)
   level = math.max(0, level - (now - at) * tpm / minute)
   if level > 0 and level + estimate > tpm then
-    return {3, math.ceil((level + estimate - tpm) * minute / tpm)}
+    -- A call larger than tpm goes alone, once the bucket is empty.
+    local excess = math.min(level, level + estimate - tpm)
+    return {3, math.ceil(excess * minute / tpm)}
   end
 end
 if max_slots > 0 then
@@ -64,14 +66,17 @@ if tpm > 0 then
   redis.call('HSET', KEYS[2], 'level', string.format('%.0f', level), 'at', string.format('%.0f', now))
   redis.call('PEXPIRE', KEYS[2], math.ceil(level * 60000 / tpm) + 1)
 end
-return {0, 0}
+return {0, now}
 "#;
 
 /// A provider call's end: its lease released and its token estimate
 /// corrected by what the provider reported.
 ///
 /// KEYS: 1 tokens, 2 slots. ARGV: 1 tpm (0 none), 2 correction (signed
-/// tokens), 3 lease id ('' none). Returns 1.
+/// tokens), 3 lease id ('' none), 4 admission time (µs, the store's), 5
+/// the estimate. A give-back is capped at what of the estimate has not
+/// drained since admission: the rest already left the bucket, and taking
+/// it again would erase other calls' tokens. Returns 1.
 pub static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(SETTLE_LUA));
 
 const SETTLE_LUA: &str = r#"
@@ -84,6 +89,10 @@ if tpm > 0 and delta ~= 0 then
   local h = redis.call('HMGET', KEYS[1], 'level', 'at')
   local level = tonumber(h[1] or '0')
   local at = tonumber(h[2] or now)
+  if delta < 0 then
+    local undrained = tonumber(ARGV[5]) - (now - tonumber(ARGV[4])) * tpm / 60000000
+    delta = math.max(delta, -math.max(0, undrained))
+  end
   level = math.max(0, level - (now - at) * tpm / 60000000 + delta)
   redis.call('HSET', KEYS[1], 'level', string.format('%.0f', level), 'at', string.format('%.0f', now))
   redis.call('PEXPIRE', KEYS[1], math.ceil(level * 60000 / tpm) + 1)

@@ -77,10 +77,11 @@ pub struct ProviderConfig {
     /// taken when it is sent and corrected by what the provider reports.
     #[serde(default)]
     pub tpm: Option<u64>,
-    /// Requests in flight at once: the account's with `[cluster]`, else
-    /// this replica's.
-    #[serde(default = "defaults::max_concurrency")]
-    pub max_concurrency: usize,
+    /// Requests in flight at once: this replica's, 64 when not set. With
+    /// `[cluster]` a value set here is the account's, shared by every
+    /// replica (the default stays a per-replica bound).
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
     /// The HTTP version spoken to the provider: `"1.1"` (the default, over
     /// TLS too: it costs ~20 % less CPU per call than HTTP/2, ADR 0019) or
     /// `"2"` (negotiated by ALPN over `https://`, prior knowledge over
@@ -135,6 +136,11 @@ pub enum HttpVersion {
 }
 
 impl ProviderConfig {
+    /// Calls in flight one replica may send: `max_concurrency`, or 64.
+    pub fn concurrency(&self) -> usize {
+        self.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY)
+    }
+
     /// Whether calls speak HTTP/2 (`http_version = "2"`, or the older
     /// `http2_prior_knowledge`).
     pub fn http2(&self) -> bool {
@@ -142,6 +148,10 @@ impl ProviderConfig {
             .map_or(self.http2_prior_knowledge, |v| v == HttpVersion::Http2)
     }
 }
+
+/// A provider's `max_concurrency` when not set: per replica, a bound on
+/// memory and on one replica's share of a provider, not an account limit.
+pub const DEFAULT_MAX_CONCURRENCY: usize = 64;
 
 /// Default of a provider's `max_response_bytes`: a few MiB, far above any
 /// chat answer (a 16k-token reply is ~64 KB of text, and a stream carries it
@@ -159,9 +169,6 @@ mod defaults {
     }
     pub fn stream_idle_timeout() -> Duration {
         Duration::from_secs(20)
-    }
-    pub fn max_concurrency() -> usize {
-        64
     }
     pub fn max_response_bytes() -> usize {
         super::DEFAULT_MAX_RESPONSE_BYTES

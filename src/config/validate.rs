@@ -74,7 +74,7 @@ fn provider(
     if p.tpm == Some(0) {
         bad(at("tpm"), "must be at least 1 (omit it for no limit)");
     }
-    if p.max_concurrency == 0 {
+    if p.max_concurrency == Some(0) {
         bad(at("max_concurrency"), "must be at least 1");
     }
     if p.streams_per_connection == 0 {

@@ -120,20 +120,27 @@ impl ProviderLimits {
     /// This replica's limits of one provider.
     pub fn local(config: &ProviderConfig) -> Self {
         Self {
-            local: LocalLimits::new(config.rpm, config.tpm, config.max_concurrency),
+            local: LocalLimits::new(config.rpm, config.tpm, config.concurrency()),
             shared: None,
         }
     }
 
     /// The account's limits of provider `name`, kept in `cluster`, with
-    /// the fallback share of them kept here.
+    /// the fallback share of them kept here. A provider that sets none of
+    /// `rpm`, `tpm` and `max_concurrency` has nothing to share: its calls
+    /// never wait for the store.
     pub fn shared(name: &str, config: &ProviderConfig, cluster: &Cluster) -> Self {
+        if config.rpm.is_none() && config.tpm.is_none() && config.max_concurrency.is_none() {
+            return Self::local(config);
+        }
         let share = cluster.fallback_share();
         let part = |n: f64| (n * share).ceil().max(1.0);
         let local = LocalLimits::new(
             config.rpm.map(|n| part(f64::from(n)) as u32),
             config.tpm.map(|n| part(n as f64) as u64),
-            part(config.max_concurrency as f64) as usize,
+            config
+                .max_concurrency
+                .map_or(config.concurrency(), |n| part(n as f64) as usize),
         );
         let quota = ProviderQuota {
             rpm: config.rpm,

@@ -408,7 +408,7 @@ impl Router {
                 match parsed {
                     Ok(value) => {
                         let elapsed = call.end(None);
-                        slot.settle(Some(tokens(completion.usage)));
+                        slot.settle(tokens(completion.usage));
                         permit.record(Outcome::Success);
                         attempts.push(
                             AttemptRecord::succeeded(target, retry, elapsed, completion.usage)
@@ -419,7 +419,7 @@ impl Router {
                     Err((err, charged)) => {
                         span::record_failure(&span, "MALFORMED_RESPONSE");
                         let elapsed = call.end(Some(&err));
-                        slot.settle(Some(tokens(charged)));
+                        slot.settle(tokens(charged));
                         // An unusable answer still consumed tokens.
                         attempts.push(
                             AttemptRecord::failed(target, retry, elapsed, &err)
@@ -454,7 +454,10 @@ fn wait_until(priority: Priority, deadline: Instant) -> Option<Instant> {
     }
 }
 
-/// What a `tpm` limit counts of a call: input and output tokens.
-fn tokens(usage: TokenUsage) -> u64 {
-    usage.input_tokens.saturating_add(usage.output_tokens)
+/// What a `tpm` limit counts of a call: input and output tokens, or
+/// `None` when the provider reported none (many OpenAI-compatible servers
+/// send no usage in a stream): then the estimate stands.
+fn tokens(usage: TokenUsage) -> Option<u64> {
+    let total = usage.input_tokens.saturating_add(usage.output_tokens);
+    (total > 0).then_some(total)
 }

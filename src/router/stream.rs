@@ -183,7 +183,7 @@ impl Router {
                                     Ok(StreamEvent::Done(completion)) => {
                                         span::answered(&span, &completion);
                                         let elapsed = call.end(None);
-                                        slot.settle(Some(super::tokens(completion.usage)));
+                                        slot.settle(super::tokens(completion.usage));
                                         permit.record(Outcome::Success);
                                         attempts.push(AttemptRecord::succeeded(target, retry, elapsed, completion.usage).with_waited(waited));
                                         drop(span);
@@ -200,9 +200,7 @@ impl Router {
                                         failed(&span, target, retry, &err);
                                         let elapsed = call.end(Some(&err));
                                         permit.record_error(&err);
-                                        if charged != TokenUsage::default() {
-                                            reported = Some(super::tokens(charged));
-                                        }
+                                        reported = super::tokens(charged);
                                         attempts.push(AttemptRecord::failed(target, retry, elapsed, &err).with_usage(charged).with_waited(waited));
                                         break err;
                                     }
@@ -211,6 +209,7 @@ impl Router {
                             // Output already reached the caller: no retry,
                             // no fallback, the stream ends.
                             if sent_output {
+                                slot.settle(reported);
                                 yield RouteEvent::Failed(if matches!(err, ProviderError::Deadline) {
                                     RouteError::DeadlineExceeded { attempts }
                                 } else {

@@ -160,6 +160,10 @@ fn describe() {
         "cluster_store_up",
         "1 while the cluster store (Redis/Valkey) answers, 0 while shared limits fall back."
     );
+    describe_counter!(
+        "cluster_store_errors_total",
+        "Commands the cluster store answered with an error (script, READONLY, OOM): each call fell back."
+    );
     describe_gauge!(
         "provider_probe_up",
         "1 when the provider's last active probe was answered, else 0 (only providers with `probe`)."
@@ -292,6 +296,11 @@ pub fn usage(provider: &str, model: &str, input: u64, output: u64, cost_usd: Opt
 /// Whether the cluster store answers (1) or shared limits fall back (0).
 pub fn cluster_store_up(up: bool) {
     gauge!("cluster_store_up").set(if up { 1.0 } else { 0.0 });
+}
+
+/// The cluster store answered a command with an error (not an outage).
+pub fn cluster_store_error() {
+    counter!("cluster_store_errors_total").increment(1);
 }
 
 /// One active probe of a provider ended (never counted as a call).

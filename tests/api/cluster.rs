@@ -270,6 +270,33 @@ async fn tpm_takes_the_estimate_then_the_reported_tokens() {
     b.stop().await;
 }
 
+/// A provider that reports no usage (many OpenAI-compatible servers in a
+/// stream): each call's estimate stands, so `tpm` still bounds a minute.
+#[tokio::test]
+async fn tpm_keeps_the_estimate_when_the_provider_reports_no_usage() {
+    let provider = MockServer::start().await;
+    let no_usage = wiremock::ResponseTemplate::new(200).set_body_json(serde_json::json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1_732_000_000, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant",
+            "content": "{\"intent\":\"QUESTION\",\"confidence\":0.9,\"reason\":\"asks\"}"},
+            "finish_reason": "stop"}]
+    }));
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(no_usage)
+        .mount(&provider)
+        .await;
+    let app = server(&provider.uri(), "tpm = 10000", "").await;
+    // One after another: two estimates fit in the minute, the third not,
+    // although each call ended before the next was sent.
+    let mut served = Vec::new();
+    for _ in 0..3 {
+        served.push(classify(&app).await.unwrap().provider);
+    }
+    assert_eq!(served, ["primary", "primary", "spare"]);
+    app.stop().await;
+}
+
 /// `tpm` without a cluster: the same estimate and correction, counted
 /// by this replica alone.
 #[tokio::test]
@@ -305,7 +332,7 @@ async fn a_lease_never_given_back_expires() {
     let quota = ProviderQuota {
         rpm: None,
         tpm: None,
-        max_concurrency: 1,
+        max_concurrency: Some(1),
     };
     let hold = Duration::from_millis(300);
     let first = cluster.admit("p", &quota, 1, hold).await.unwrap();
@@ -396,8 +423,10 @@ async fn stopping_the_store_under_load_fails_no_call() {
         for app in [&a, &b] {
             wait_for(|| async { app.provider_health("primary").await.limits == "fallback" }).await;
         }
-        let before = ok.load(Ordering::Relaxed);
+        // The primary still serves, on each replica's share of its rpm.
+        let (before, sent) = (ok.load(Ordering::Relaxed), calls(&provider).await);
         wait_for(served(before + 20)).await;
+        wait_for(|| async { calls(&provider).await > sent }).await;
         redis.restart().await;
         for app in [&a, &b] {
             wait_for(|| async { app.provider_health("primary").await.limits == "shared" }).await;

@@ -279,12 +279,15 @@ async fn three_replicas_of_the_binary_share_limits_quotas_and_sessions() {
     .expect("a call reaches the provider once the leases end");
     assert!(took < Duration::from_secs(5), "{took:?}");
 
-    // The store stops under calls: none fails, each replica keeps its share.
+    // The store stops under calls: none fails, each replica keeps its
+    // share (rpm 6 x 0.25, rounded up: 2 each).
     redis.stop();
+    let sent = calls(&primary).await;
     for i in 0..6 {
         replicas[i % 2].serve("sms_classify").await;
     }
     assert_eq!(replicas[0].limits("primary").await, "fallback");
+    assert_eq!(calls(&primary).await, sent + 4);
     redis.restart().await;
     for replica in &replicas {
         wait_for(|| async { replica.limits("primary").await == "shared" }).await;

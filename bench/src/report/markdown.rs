@@ -43,6 +43,7 @@ pub fn markdown(r: &Results) -> String {
     scenarios::breaker(&mut out, r);
     scenarios::cold_start(&mut out, r);
     scenarios::usage(&mut out, r);
+    scenarios::cluster(&mut out, r);
     scenarios::processes(&mut out, r);
     scenarios::quiet_waits(&mut out, r);
     if !r.notes.is_empty() {

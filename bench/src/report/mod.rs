@@ -62,6 +62,9 @@ pub struct Results {
     /// GetUsage over a team with many records this month.
     #[serde(default)]
     pub usage: Vec<UsageRead>,
+    /// Two replicas with and without a shared cluster store (issue #44).
+    #[serde(default)]
+    pub cluster: Vec<ClusterRound>,
     /// `--wait-quiet`: the probes before each server's fixed-rate steps.
     pub quiet_waits: Vec<QuietWait>,
     /// Targets of issue #6.
@@ -149,6 +152,25 @@ pub struct Saturation {
     pub first_failing_rps: Option<f64>,
     /// Why it failed.
     pub failed_because: Option<String>,
+}
+
+/// One round of the cluster scenario: two replicas, `[cluster]` on one
+/// Redis or not, Execute at a fixed rate and a saturation sweep, the load
+/// spread over both.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClusterRound {
+    /// Position in the run (rounds alternate off, on, on, off, ...).
+    pub round: u32,
+    /// Whether `[cluster]` was on.
+    pub cluster: bool,
+    /// The fixed-rate step (its CPU figure is the first replica's).
+    pub step: Step,
+    /// CPU seconds per 1,000 calls of that step over both replicas.
+    pub cpu_s_per_1k_both: Option<f64>,
+    /// Redis's CPU seconds per 1,000 calls of that step.
+    pub redis_cpu_s_per_1k: Option<f64>,
+    /// The saturation sweep over both replicas.
+    pub saturation: Saturation,
 }
 
 /// The fast-fail paths of an open breaker.

@@ -418,3 +418,50 @@ fn a_run_of_the_usage_scenario_alone_is_valid_and_an_empty_run_is_not() {
     let back = validate(&serde_json::to_string(&r).unwrap(), true).unwrap();
     assert!(markdown(&back).contains("GetUsage"), "{}", markdown(&back));
 }
+
+#[test]
+fn cluster_rounds_are_compared_by_their_medians() {
+    let round = |n: u32, on: bool, p50_us: f64, sat: f64| ClusterRound {
+        round: n,
+        cluster: on,
+        step: Step {
+            via: "orchestrator".into(),
+            rpc: "Execute".into(),
+            metering: "off".into(),
+            sent: 1000,
+            ok: 1000,
+            achieved_rps: 1000.0,
+            latency_us: Quantiles {
+                p50: p50_us,
+                p90: p50_us,
+                p99: p50_us,
+                p999: p50_us,
+                ..Quantiles::default()
+            },
+            ..Step::default()
+        },
+        cpu_s_per_1k_both: Some(0.5),
+        redis_cpu_s_per_1k: on.then_some(0.1),
+        saturation: Saturation {
+            highest_passing_rps: Some(sat),
+            ..Saturation::default()
+        },
+    };
+    let r = Results {
+        cluster: vec![
+            round(0, false, 1000.0, 4000.0),
+            round(1, true, 1200.0, 3600.0),
+            round(2, true, 1400.0, 3400.0),
+            round(3, false, 1000.0, 4000.0),
+        ],
+        ..Results::default()
+    };
+    let md = markdown(&r);
+    // Medians: 3,500 / 4,000 and 1.3 ms − 1.0 ms.
+    assert!(md.contains("**0.88×** without"), "{md}");
+    assert!(md.contains("**+0.30 ms**"), "{md}");
+    assert!(
+        md.contains("| 2 | on | 1000 | 1.20 | 1.20 | 0.500 | 0.100 | 3600 |"),
+        "{md}"
+    );
+}

@@ -19,10 +19,17 @@ pub fn validate(json: &str, strict: bool) -> anyhow::Result<Results> {
     // A run of scenarios without steps (`--scenarios usage`) measured
     // something else; a run with none of anything measured nothing.
     ensure!(
-        !steps.is_empty() || !r.usage.is_empty() || !r.cold_start.fresh_db_ms.is_empty(),
+        !steps.is_empty()
+            || !r.usage.is_empty()
+            || !r.cold_start.fresh_db_ms.is_empty()
+            || !r.cluster.is_empty(),
         "no load steps were run"
     );
-    for s in &steps {
+    for s in steps
+        .iter()
+        .copied()
+        .chain(r.cluster.iter().map(|c| &c.step))
+    {
         step(s, strict)?;
     }
     ensure!(

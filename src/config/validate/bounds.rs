@@ -80,7 +80,7 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
     for (name, p) in &config.providers {
         let at = |key: &str| format!("providers.{name}.{key}");
-        if p.max_concurrency > MAX_PROVIDER_CONCURRENCY {
+        if p.concurrency() > MAX_PROVIDER_CONCURRENCY {
             bad(
                 at("max_concurrency"),
                 &format!("must be at most {MAX_PROVIDER_CONCURRENCY}"),

@@ -103,7 +103,7 @@ impl Clients {
     /// client cannot work with fails at start-up.
     pub fn new(config: &ProviderConfig) -> Result<Self, ProviderError> {
         let per_client = config.streams_per_connection.max(1);
-        let count = config.max_concurrency.div_ceil(per_client).max(1);
+        let count = config.concurrency().div_ceil(per_client).max(1);
         let slots: Box<[Arc<Slot>]> = (0..count).map(|_| Arc::default()).collect();
         if let Some(first) = slots.first() {
             lock(&first.client).client = Some(client(config, per_client)?);
@@ -223,7 +223,7 @@ fn client(config: &ProviderConfig, idle: usize) -> Result<reqwest::Client, Provi
         // Nagle off upstream too: small request frames must not wait for ACKs.
         .tcp_nodelay(true)
         .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(idle.min(config.max_concurrency).max(1))
+        .pool_max_idle_per_host(idle.min(config.concurrency()).max(1))
         .user_agent(concat!("ai-orchestrator/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| ProviderError::Unsupported(format!("cannot build HTTP client: {e}")))

@@ -3,9 +3,10 @@
 //!
 //! A bucket ring instead of one entry per call keeps memory and the cost of
 //! a look constant at any call rate (5,000 calls a second over 30 s would be
-//! 150,000 entries). The price is granularity: a call leaves the window up
-//! to one bucket width (`window / BUCKETS`) late, which only matters for a
-//! rate sitting right at the threshold.
+//! 150,000 entries). The price is granularity: the window is the current
+//! bucket and the nine before it, so a call counts for between 0.9 and 1
+//! × `window` (it leaves up to one bucket early), which only matters for
+//! a rate sitting right at the threshold.
 
 use std::time::Duration;
 use tokio::time::Instant;

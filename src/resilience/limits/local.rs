@@ -74,18 +74,23 @@ type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<D
 #[must_use = "the concurrency slot is released as soon as the permit is dropped"]
 pub struct LocalPermit {
     _slot: OwnedSemaphorePermit,
-    tokens: Option<(Arc<TokenBucket>, u64)>,
+    tokens: Option<Taken>,
+}
+
+/// Tokens a call took: from which bucket, how many, when.
+#[derive(Debug)]
+struct Taken {
+    bucket: Arc<TokenBucket>,
+    estimate: u64,
+    at: Instant,
 }
 
 impl LocalPermit {
     /// Corrects the call's token estimate to `actual` (`None`: the
     /// estimate stands) and releases the slot.
     pub fn settle(self, actual: Option<u64>) {
-        if let (Some((bucket, estimate)), Some(actual)) = (&self.tokens, actual) {
-            let delta = i64::try_from(actual)
-                .unwrap_or(i64::MAX)
-                .saturating_sub(i64::try_from(*estimate).unwrap_or(i64::MAX));
-            bucket.correct(delta);
+        if let (Some(taken), Some(actual)) = (&self.tokens, actual) {
+            taken.bucket.settle(taken.estimate, actual, taken.at);
         }
     }
 }
@@ -149,15 +154,20 @@ impl LocalLimits {
         }
     }
 
-    /// Takes the call's tokens: the bucket and the estimate to settle.
-    #[allow(clippy::type_complexity)] // a pair, named where it is kept
-    fn take_tokens(&self, estimate: u64) -> Result<Option<(Arc<TokenBucket>, u64)>, LimitRejected> {
+    /// Takes the call's tokens, to be settled.
+    fn take_tokens(&self, estimate: u64) -> Result<Option<Taken>, LimitRejected> {
         let Some(bucket) = &self.inner.tokens else {
             return Ok(None);
         };
         bucket
             .try_take(estimate)
-            .map(|()| Some((Arc::clone(bucket), estimate)))
+            .map(|()| {
+                Some(Taken {
+                    bucket: Arc::clone(bucket),
+                    estimate,
+                    at: Instant::now(),
+                })
+            })
             .map_err(|retry_in| LimitRejected::TokensLimited { retry_in })
     }
 
@@ -234,9 +244,9 @@ impl LocalLimits {
 }
 
 /// Returns tokens taken for a call that was then refused.
-fn give_back(tokens: Option<(Arc<TokenBucket>, u64)>) {
-    if let Some((bucket, estimate)) = tokens {
-        bucket.correct(-i64::try_from(estimate).unwrap_or(i64::MAX));
+fn give_back(tokens: Option<Taken>) {
+    if let Some(taken) = tokens {
+        taken.bucket.give_back(taken.estimate, taken.at);
     }
 }
 

@@ -55,7 +55,9 @@ impl TokenBucket {
         let tokens = self.drained(*level, now);
         let after = tokens + estimate as f64;
         if tokens > 0.0 && after > self.tpm as f64 {
-            let wait = (after - self.tpm as f64) / self.per_second();
+            // A call larger than tpm goes alone, once the bucket is empty.
+            let excess = tokens.min(after - self.tpm as f64);
+            let wait = excess / self.per_second();
             return Err(Duration::from_secs_f64(wait.min(MINUTE)).max(Duration::from_nanos(1)));
         }
         *level = Level {
@@ -65,13 +67,27 @@ impl TokenBucket {
         Ok(())
     }
 
-    /// Corrects an earlier take by `delta` tokens (what was reported less
-    /// what was estimated).
-    pub fn correct(&self, delta: i64) {
+    /// Corrects a take of `estimate` tokens at `taken_at` to `actual`. A
+    /// give-back is capped at what of the estimate has not drained since:
+    /// the rest already left the bucket, and taking it again would erase
+    /// other calls' tokens.
+    pub fn settle(&self, estimate: u64, actual: u64, taken_at: Instant) {
         let now = Instant::now();
+        let mut delta = actual as f64 - estimate as f64;
+        if delta < 0.0 {
+            let since = now.saturating_duration_since(taken_at).as_secs_f64();
+            let undrained = (estimate as f64 - since * self.per_second()).max(0.0);
+            delta = delta.max(-undrained);
+        }
         let mut level = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let tokens = (self.drained(*level, now) + delta as f64).max(0.0);
+        let tokens = (self.drained(*level, now) + delta).max(0.0);
         *level = Level { tokens, at: now };
+    }
+
+    /// Gives back all of a take of `estimate` tokens at `taken_at` (a call
+    /// refused after taking them).
+    pub fn give_back(&self, estimate: u64, taken_at: Instant) {
+        self.settle(estimate, 0, taken_at);
     }
 }
 
@@ -91,7 +107,7 @@ mod tests {
         advance(Duration::from_secs(10)).await;
         bucket.try_take(1_000).unwrap();
         // The provider reported 3,000 fewer than estimated: room again.
-        bucket.correct(-3_000);
+        bucket.settle(4_000, 1_000, Instant::now());
         bucket.try_take(3_000).unwrap();
         assert!(bucket.try_take(1).is_err());
     }
@@ -99,9 +115,31 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_call_larger_than_tpm_goes_alone_on_an_empty_bucket() {
         let bucket = TokenBucket::new(1_000);
+        bucket.try_take(500).unwrap();
+        // It waits for the bucket to empty (30 s), not for room it can
+        // never have.
+        assert_eq!(bucket.try_take(5_000), Err(Duration::from_secs(30)));
+        advance(Duration::from_secs(30)).await;
         bucket.try_take(5_000).unwrap();
         assert!(bucket.try_take(1).is_err());
-        advance(Duration::from_secs(300)).await;
-        bucket.try_take(5_000).unwrap();
+    }
+
+    /// A long call's give-back is capped at what has not drained: it must
+    /// not erase the tokens a later call took.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_give_back_never_erases_later_takes() {
+        let bucket = TokenBucket::new(6_000);
+        let first = Instant::now();
+        bucket.try_take(4_000).unwrap();
+        // 40 s later the first call's 4,000 have drained (100 a second).
+        advance(Duration::from_secs(40)).await;
+        bucket.try_take(4_000).unwrap();
+        // The first ends having used 100: nothing of it is left to give back.
+        bucket.settle(4_000, 100, first);
+        assert!(
+            bucket.try_take(2_001).is_err(),
+            "the second call's 4,000 still count"
+        );
+        bucket.try_take(2_000).unwrap();
     }
 }

@@ -175,6 +175,64 @@ pub fn usage(out: &mut String, r: &Results) {
     );
 }
 
+/// The cluster scenario: each round, then `[cluster]` on against off by
+/// the medians of their rounds.
+pub fn cluster(out: &mut String, r: &Results) {
+    if r.cluster.is_empty() {
+        return;
+    }
+    let rows = r
+        .cluster
+        .iter()
+        .map(|c| {
+            let q = &c.step.latency_us;
+            vec![
+                (c.round + 1).to_string(),
+                if c.cluster { "on" } else { "off" }.into(),
+                format!("{:.0}", c.step.achieved_rps),
+                format!("{:.2}", q.p50 / 1000.0),
+                format!("{:.2}", q.p99 / 1000.0),
+                opt(c.cpu_s_per_1k_both, 3),
+                opt(c.redis_cpu_s_per_1k, 3),
+                opt(c.saturation.highest_passing_rps, 0),
+            ]
+        })
+        .collect();
+    let median = |on: bool, f: &dyn Fn(&crate::report::ClusterRound) -> Option<f64>| {
+        let v: Vec<f64> = r
+            .cluster
+            .iter()
+            .filter(|c| c.cluster == on)
+            .filter_map(f)
+            .collect();
+        summary(&v).map(|(_, m, _)| m)
+    };
+    let sat = |c: &crate::report::ClusterRound| c.saturation.highest_passing_rps.or(Some(0.0));
+    let p50 = |c: &crate::report::ClusterRound| Some(c.step.latency_us.p50);
+    let verdict = match (
+        median(true, &sat),
+        median(false, &sat),
+        median(true, &p50),
+        median(false, &p50),
+    ) {
+        (Some(s_on), Some(s_off), Some(l_on), Some(l_off)) if s_off > 0.0 => format!(
+            "Medians: saturation with `[cluster]` **{:.2}×** without (goal ≥ 0.8×); p50 at the fixed rate **{:+.2} ms** (goal ≤ +0.3 ms).",
+            s_on / s_off,
+            (l_on - l_off) / 1000.0
+        ),
+        _ => "Medians: not enough rounds on both sides to compare.".into(),
+    };
+    section(
+        out,
+        "Cluster: two replicas, one Redis (issue #44)",
+        &format!(
+            "Two servers (metering off) share the load; `[cluster]` on one Redis or not, in alternated rounds. `Execute` at a fixed rate, then a saturation sweep. CPU is both replicas' per 1,000 calls, and Redis's. {verdict}"
+        ),
+        "round | cluster | achieved rps | p50 ms | p99 ms | CPU s/1k (both) | Redis CPU s/1k | saturation rps",
+        rows,
+    );
+}
+
 pub fn processes(out: &mut String, r: &Results) {
     if r.groups.is_empty() {
         return;
