@@ -1,9 +1,9 @@
 //! The fleet as the chart runs it: three replicas of the real binary on one
 //! PostgreSQL and one Redis (SPEC §12). rpm, tpm, max_concurrency and a
-//! tool's max_per_hour are the account's or the team's; a replica killed
-//! with -9 gives its slots back within the lease; an MCP session opened on
-//! one replica is served by another; the store stopped under calls fails
-//! none of them, and counting resumes when it is back.
+//! tool's max_per_hour and max_concurrent are the account's or the team's;
+//! a replica killed with -9 gives its slots back within the lease; an MCP
+//! session opened on one replica is served by another; the store stopped
+//! under calls fails none of them, and counting resumes when it is back.
 
 use crate::{
     cluster::TestRedis,
@@ -100,7 +100,7 @@ impl Replica {
     }
 }
 
-fn config(pg: &str, redis: &str, primary: &str, slow: &str, tokens: &str) -> String {
+fn config(pg: &str, redis: &str, primary: &str, slow: &str, tokens: &str, hook: &str) -> String {
     let prefix = uuid::Uuid::now_v7().simple();
     format!(
         r#"
@@ -147,6 +147,11 @@ price = "unknown"
 [tools."system.health"]
 kind = "builtin"
 quota = {{ max_per_hour = 3 }}
+[tools."crm.slow"]
+kind = "http"
+url = "{hook}/slow"
+input_schema = {{ type = "object" }}
+quota = {{ max_concurrent = 1 }}
 [mcp_endpoint]
 listen = "{{mcp}}"
 [cluster]
@@ -175,6 +180,16 @@ async fn three_replicas_of_the_binary_share_limits_quotas_and_sessions() {
     let primary = upstream(classification()).await;
     let slow = upstream(completion("A brief.").set_delay(Duration::from_secs(30))).await;
     let tokens = upstream(completion("A brief.").set_delay(Duration::from_millis(300))).await;
+    let hook = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/slow"))
+        .respond_with(
+            wiremock::ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": true}))
+                .set_delay(Duration::from_millis(500)),
+        )
+        .mount(&hook)
+        .await;
     let dir = tempfile::tempdir().unwrap();
     let toml = config(
         &db.url(),
@@ -182,6 +197,7 @@ async fn three_replicas_of_the_binary_share_limits_quotas_and_sessions() {
         &primary.uri(),
         &slow.uri(),
         &tokens.uri(),
+        &hook.uri(),
     );
     let mut replicas = Vec::new();
     for n in 0..3 {
@@ -223,6 +239,27 @@ async fn three_replicas_of_the_binary_share_limits_quotas_and_sessions() {
             .iter()
             .all(|s| s.code() == tonic::Code::ResourceExhausted)
     );
+
+    // max_concurrent = 1 for the team: two replicas at once, one runs.
+    let slow_tool = |replica: &Replica, key: &str| {
+        let mut tools = pb::tool_service_client::ToolServiceClient::new(replica.channel.clone());
+        let request = pb::InvokeToolRequest {
+            context: crate::common::ctx(),
+            tool: "crm.slow".into(),
+            input: Some(Default::default()),
+            mode: pb::InvocationMode::Sync as i32,
+            idempotency_key: key.into(),
+            ..Default::default()
+        };
+        async move { tools.invoke_tool(request).await.map(drop) }
+    };
+    let (one, other) = tokio::join!(
+        slow_tool(&replicas[0], "slow-a"),
+        slow_tool(&replicas[2], "slow-b")
+    );
+    let refusals: Vec<_> = [one, other].into_iter().filter_map(Result::err).collect();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert_eq!(refusals[0].code(), tonic::Code::ResourceExhausted);
 
     mcp_session_moves(&replicas[0].mcp, &replicas[1].mcp, None).await;
 
