@@ -467,6 +467,22 @@ async fn refuse_answers_unavailable_while_the_store_is_down() {
     app.stop().await;
 }
 
+/// A webhook whose `POST /slow` answers after 500 ms: a tool invocation
+/// that holds its `max_concurrent` slot that long.
+pub(crate) async fn slow_webhook() -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/slow"))
+        .respond_with(
+            wiremock::ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"ok": true}))
+                .set_delay(Duration::from_millis(500)),
+        )
+        .mount(&server)
+        .await;
+    server
+}
+
 /// Tools' per-team quotas are the team's across replicas: `system.health`
 /// has `max_per_hour = 2`, and a slow webhook `max_concurrent = 1`.
 #[tokio::test]
@@ -474,16 +490,7 @@ async fn tool_quotas_are_the_teams_across_two_replicas() {
     use crate::tools::{CALLER, invoke, tools, with_key};
     use serde_json::json;
     let redis = TestRedis::start().await;
-    let webhook = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/slow"))
-        .respond_with(
-            wiremock::ResponseTemplate::new(200)
-                .set_body_json(json!({"ok": true}))
-                .set_delay(Duration::from_millis(500)),
-        )
-        .mount(&webhook)
-        .await;
+    let webhook = slow_webhook().await;
     let extra = format!(
         "[tools.\"crm.slow\"]\nkind = \"http\"\nurl = \"{}/slow\"\n\
          input_schema = {{ type = \"object\" }}\nquota = {{ max_concurrent = 1 }}\n\

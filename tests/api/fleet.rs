@@ -180,16 +180,7 @@ async fn three_replicas_of_the_binary_share_limits_quotas_and_sessions() {
     let primary = upstream(classification()).await;
     let slow = upstream(completion("A brief.").set_delay(Duration::from_secs(30))).await;
     let tokens = upstream(completion("A brief.").set_delay(Duration::from_millis(300))).await;
-    let hook = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/slow"))
-        .respond_with(
-            wiremock::ResponseTemplate::new(200)
-                .set_body_json(json!({"ok": true}))
-                .set_delay(Duration::from_millis(500)),
-        )
-        .mount(&hook)
-        .await;
+    let hook = crate::cluster::slow_webhook().await;
     let dir = tempfile::tempdir().unwrap();
     let toml = config(
         &db.url(),
