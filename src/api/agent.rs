@@ -2,11 +2,12 @@
 //! conversations it keeps, read and erased by their team only.
 
 use super::{
-    auth, convert,
+    convert,
     error::{Failure, to_status},
     metrics_layer,
+    open::{self, Caller},
     pb::{self, agent_service_server::AgentService},
-    reply, request, request_span,
+    reply, request,
 };
 use crate::{
     agent::{
@@ -14,9 +15,9 @@ use crate::{
         conversations::{self, StoredMessage},
         prompt::{Preferences, Retrieved},
     },
-    auth::{Authenticator, Principal},
+    auth::Authenticator,
     call::{
-        CallContext, Pipeline,
+        Pipeline,
         turn::{TurnEvent, TurnRequest},
     },
     config::Config,
@@ -52,25 +53,23 @@ impl AgentApi {
         }
     }
 
-    /// The caller's context and principal, authorised for its team.
+    /// The caller of `rpc` (see [`open::caller`]).
     fn caller(
         &self,
-        context: Option<&pb::RequestContext>,
-        budget: Option<&pb::Budget>,
+        rpc: &'static str,
+        envelope: (Option<&pb::RequestContext>, Option<&pb::Budget>),
         metadata: &MetadataMap,
         extensions: &tonic::Extensions,
-    ) -> Result<(CallContext, Principal), Status> {
-        let mut ctx = request::call_context(context, budget, metadata, &self.config.server)
-            .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
-        super::access::note(|f| {
-            f.trace_id.clone_from(&ctx.trace_id);
-            f.team.clone_from(&ctx.team_id);
-        });
-        let principal = auth::principal(extensions, &self.auth)
-            .and_then(|p| auth::check_team(&p, "context.team_id", &ctx.team_id).map(|()| p))
-            .map_err(|f| to_status(f, &ctx.trace_id))?;
-        ctx.principal.clone_from(&principal.name);
-        Ok((ctx, principal))
+    ) -> Result<Caller, Status> {
+        let service = pb::agent_service_server::SERVICE_NAME;
+        open::caller(
+            &self.config,
+            &self.auth,
+            (service, rpc),
+            envelope,
+            metadata,
+            extensions,
+        )
     }
 
     /// The turn's request, its sizes checked (`server.max_input_bytes`
@@ -187,17 +186,15 @@ impl AgentService for AgentApi {
         request: Request<pb::ConverseRequest>,
     ) -> Result<Response<Self::ConverseStream>, Status> {
         let (metadata, extensions, req) = request.into_parts();
-        let (ctx, principal) = self.caller(
-            req.context.as_ref(),
-            req.budget.as_ref(),
-            &metadata,
-            &extensions,
-        )?;
+        let envelope = (req.context.as_ref(), req.budget.as_ref());
+        let caller = self.caller("Converse", envelope, &metadata, &extensions)?;
+        let turn = self.turn_request(req).map_err(|f| caller.fail(f))?;
+        let Caller {
+            ctx,
+            principal,
+            span,
+        } = caller;
         let trace_id = ctx.trace_id.clone();
-        let span = request_span((pb::agent_service_server::SERVICE_NAME, "Converse"), &ctx);
-        let turn = self
-            .turn_request(req)
-            .map_err(|f| to_status(f, &trace_id))?;
         let events = self
             .pipeline
             .converse(ctx, principal, turn)
@@ -257,8 +254,10 @@ impl AgentService for AgentApi {
         &self,
         request: Request<pb::GetConversationRequest>,
     ) -> Result<Response<pb::Conversation>, Status> {
+        const RPC: &str = "GetConversation";
         let (metadata, extensions, req) = request.into_parts();
-        let (ctx, _) = self.caller(req.context.as_ref(), None, &metadata, &extensions)?;
+        let envelope = (req.context.as_ref(), None);
+        let Caller { ctx, .. } = self.caller(RPC, envelope, &metadata, &extensions)?;
         let fail = |f: Failure| to_status(f, &ctx.trace_id);
         let storage = |e: crate::store::StoreError| fail(Failure::Storage(e.to_string()));
         let store = self.pipeline.store();
@@ -299,8 +298,10 @@ impl AgentService for AgentApi {
         &self,
         request: Request<pb::DeleteConversationRequest>,
     ) -> Result<Response<pb::DeleteConversationResponse>, Status> {
+        const RPC: &str = "DeleteConversation";
         let (metadata, extensions, req) = request.into_parts();
-        let (ctx, _) = self.caller(req.context.as_ref(), None, &metadata, &extensions)?;
+        let envelope = (req.context.as_ref(), None);
+        let Caller { ctx, .. } = self.caller(RPC, envelope, &metadata, &extensions)?;
         let fail = |f: Failure| to_status(f, &ctx.trace_id);
         match conversations::delete(self.pipeline.store(), &ctx.team_id, &req.conversation_id)
             .await

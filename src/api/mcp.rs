@@ -23,7 +23,10 @@ use super::{
 };
 use crate::{
     auth::{Authenticator, Principal},
-    call::{CallContext, CallError, Pipeline, tool::ToolRequest},
+    call::{
+        CallContext, CallError, Pipeline,
+        tool::{InvokeTool, ToolRequest},
+    },
     config::McpEndpointConfig,
     domain::{Channel, Priority, instant_after},
     tools::{Denial, Status, invocations::Mode},
@@ -184,23 +187,21 @@ impl ServerHandler for Endpoint {
             traceparent: None,
             principal: who.principal.name.clone(),
         };
-        let call = self
+        let invocation = InvokeTool {
+            principal: who.principal,
+            request: ToolRequest {
+                tool: name,
+                input,
+                mode: Mode::Sync,
+                idempotency_key: None,
+                agent: None,
+            },
+        };
+        let (result, _meta) = self
             .pipeline
-            .open(call_ctx, &format!("tool:{name}"))
+            .run(call_ctx, invocation)
+            .await
             .map_err(denied)?;
-        let invoked = call
-            .invoke_tool(
-                &who.principal,
-                ToolRequest {
-                    tool: name,
-                    input,
-                    mode: Mode::Sync,
-                    idempotency_key: None,
-                    agent: None,
-                },
-            )
-            .await;
-        let (result, _meta) = call.finish(invoked).await.map_err(denied)?;
         Ok(match (result.status, result.output, result.error) {
             // `structuredContent` must be an object: a non-object output is
             // wrapped as on gRPC, so both edges show the same shape.

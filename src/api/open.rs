@@ -1,65 +1,99 @@
-//! Opening and closing the call behind an AI or tool RPC: the steps every
-//! such RPC shares, whichever service it belongs to.
+//! What every AI and tool RPC shares, whichever service it belongs to: the
+//! caller parsed from the envelope and authorised, then one feature run
+//! through the pipeline and its answer mapped to the reply.
 
 use super::{
     auth,
     error::{Failure, to_status},
-    pb, request, request_span,
+    pb, reply, request, request_span,
 };
 use crate::{
-    auth::Authenticator,
-    call::{Call, CallError, CallMeta, Pipeline},
+    auth::{Authenticator, Principal},
+    call::{CallContext, CallMeta, Feature, Pipeline},
     config::Config,
 };
-use tonic::{Status, metadata::MetadataMap};
+use std::pin::Pin;
+use tonic::{Response, Status, metadata::MetadataMap};
+use tracing::Instrument;
 
-/// A call opened for an RPC, with the request's span.
-pub(super) struct Opened {
-    pub(super) call: Call,
+/// A unary handler's future, as `async_trait` declares it.
+///
+/// The AI handlers are plain functions returning one, not `async fn`s:
+/// theirs would keep the whole request as a capture for the call's life,
+/// while parsing runs before the future exists, so the request's metadata
+/// and extensions are not held. Every call in flight carries this future
+/// for as long as its provider takes.
+pub(super) type Unary<'f, T> =
+    Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send + 'f>>;
+
+/// Who asks, parsed and authorised, with the request's span.
+pub(super) struct Caller {
+    pub(super) ctx: CallContext,
+    pub(super) principal: Principal,
     pub(super) span: tracing::Span,
 }
 
-/// The opening every AI and tool RPC shares: the envelope validated (trace
-/// ID, team, deadline), the caller authorised for the team, and the call of
-/// `task` opened (its slot under `server.max_concurrent_requests` taken, or
-/// shed at once); `rpc` is `(service, method)`, the span's name. Returns
-/// the caller's principal too.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn open_call(
+impl Caller {
+    /// A request failure, carrying the caller's trace ID.
+    pub(super) fn fail(&self, failure: Failure) -> Status {
+        to_status(failure, &self.ctx.trace_id)
+    }
+}
+
+/// The envelope validated (trace ID, team, deadline) and the caller
+/// authorised for the team; `rpc` is `(service, method)`, the span's name.
+pub(super) fn caller(
     config: &Config,
-    pipeline: &Pipeline,
     auth: &Authenticator,
     rpc: (&'static str, &'static str),
-    task: &str,
-    context: Option<&pb::RequestContext>,
-    budget: Option<&pb::Budget>,
+    (context, budget): (Option<&pb::RequestContext>, Option<&pb::Budget>),
     metadata: &MetadataMap,
     extensions: &tonic::Extensions,
-) -> Result<(Opened, crate::auth::Principal), Status> {
+) -> Result<Caller, Status> {
     let mut ctx = request::call_context(context, budget, metadata, &config.server)
         .map_err(|(trace_id, failure)| to_status(failure, &trace_id))?;
     super::access::note(|f| {
         f.trace_id.clone_from(&ctx.trace_id);
         f.team.clone_from(&ctx.team_id);
     });
-    let trace_id = ctx.trace_id.clone();
-    let fail = |f: Failure| to_status(f, &trace_id);
     let principal = auth::principal(extensions, auth)
         .and_then(|p| auth::check_team(&p, "context.team_id", &ctx.team_id).map(|()| p))
-        .map_err(fail)?;
+        .map_err(|f| to_status(f, &ctx.trace_id))?;
     ctx.principal.clone_from(&principal.name);
     let span = request_span(rpc, &ctx);
-    let call = pipeline.open(ctx, task).map_err(|e| fail(e.into()))?;
-    Ok((Opened { call, span }, principal))
+    Ok(Caller {
+        ctx,
+        principal,
+        span,
+    })
 }
 
-/// Finishes `call` with its task's `result` (see [`Call::finish`]).
-pub(super) async fn close<T>(
-    call: Call,
-    result: Result<T, impl Into<CallError>>,
-) -> Result<(T, CallMeta), Status> {
-    let trace_id = call.context().trace_id.clone();
-    call.finish(result.map_err(Into::into))
-        .await
-        .map_err(|e| to_status(e.into(), &trace_id))
+/// The one body of every unary AI and tool RPC: `parsed` (the caller and
+/// its feature, or the status refusing the request) run through the
+/// pipeline, its answer mapped by `map`.
+pub(super) fn unary<'f, F, T>(
+    pipeline: &'f Pipeline,
+    parsed: Result<(Caller, F), Status>,
+    map: impl FnOnce(F::Output, &CallMeta) -> T + Send + 'f,
+) -> Unary<'f, T>
+where
+    F: Feature + 'f,
+    T: Send + 'f,
+{
+    let (caller, feature) = match parsed {
+        Ok(parsed) => parsed,
+        Err(status) => return Box::pin(std::future::ready(Err(status))),
+    };
+    let Caller { ctx, span, .. } = caller;
+    let trace_id = ctx.trace_id.clone();
+    Box::pin(
+        async move {
+            let (output, meta) = pipeline
+                .run(ctx, feature)
+                .await
+                .map_err(|e| to_status(e.into(), &trace_id))?;
+            Ok(reply(&meta.trace_id, map(output, &meta)))
+        }
+        .instrument(span),
+    )
 }

@@ -5,16 +5,16 @@ use super::{
     convert,
     error::{Failure, to_status},
     metrics_layer,
-    open::{Opened, close, open_call},
+    open::{self, Caller, Unary},
     pb, reply, request,
 };
 use crate::{
     auth::Authenticator,
-    call::{CallError, CallEvent, Pipeline},
+    call::{CallEvent, CallMeta, Pipeline},
     config::Config,
     domain::sms::SmsEncoding,
     store::Store,
-    tasks::{execute, research, sms_classify, sms_generate},
+    tasks::{execute::Execute, research, sms_classify, sms_generate},
 };
 use futures::{Stream, StreamExt};
 use pb::orchestrator_server::Orchestrator;
@@ -44,45 +44,29 @@ impl OrchestratorApi {
         }
     }
 
-    /// The opening every AI RPC shares: the envelope validated (trace ID,
-    /// team, deadline), the caller authorised for the team, and the call of
-    /// `task` opened (its slot under `server.max_concurrent_requests`
-    /// taken, or shed at once).
-    fn open(
+    /// The caller of AI RPC `rpc` (see [`open::caller`]) and the request's
+    /// size limits: its fields together (`total`, the largest of `fields`
+    /// named on a violation) and its history entries.
+    fn caller(
         &self,
         rpc: &'static str,
-        task: &str,
-        context: Option<&pb::RequestContext>,
-        budget: Option<&pb::Budget>,
-        metadata: &MetadataMap,
-        extensions: &tonic::Extensions,
-    ) -> Result<Opened, Status> {
-        open_call(
+        envelope: (Option<&pb::RequestContext>, Option<&pb::Budget>),
+        parts: (&MetadataMap, &tonic::Extensions),
+        (total, fields, history): (usize, &[(&str, usize)], usize),
+    ) -> Result<Caller, Status> {
+        let service = pb::orchestrator_server::SERVICE_NAME;
+        let caller = open::caller(
             &self.config,
-            &self.pipeline,
             &self.auth,
-            (pb::orchestrator_server::SERVICE_NAME, rpc),
-            task,
-            context,
-            budget,
-            metadata,
-            extensions,
-        )
-        .map(|(opened, _)| opened)
-    }
-
-    /// The request's size limits: its fields together (`total`, the
-    /// largest of `fields` named on a violation) and its history entries.
-    fn check_input(
-        &self,
-        opened: &Opened,
-        total: usize,
-        fields: &[(&str, usize)],
-        history: usize,
-    ) -> Result<(), Status> {
+            (service, rpc),
+            envelope,
+            parts.0,
+            parts.1,
+        )?;
         request::check_history(history, &self.config.server)
             .and_then(|()| request::check_input(total, fields, &self.config.server))
-            .map_err(|f| to_status(f, &opened.call.context().trace_id))
+            .map_err(|f| caller.fail(f))?;
+        Ok(caller)
     }
 }
 
@@ -123,23 +107,14 @@ fn execute_input(
     }
 }
 
-/// Opens an `Execute` call: the task named, the sizes checked, the input
-/// parsed.
-fn open_execute(
+/// Parses an `Execute` request: its caller, the task named, the sizes
+/// checked, the input parsed.
+fn parse_execute(
     api: &OrchestratorApi,
     rpc: &'static str,
-    metadata: &MetadataMap,
-    extensions: &tonic::Extensions,
+    parts: (&MetadataMap, &tonic::Extensions),
     req: pb::ExecuteRequest,
-) -> Result<(Opened, String, serde_json::Map<String, serde_json::Value>), Status> {
-    let opened = api.open(
-        rpc,
-        &req.task,
-        req.context.as_ref(),
-        req.budget.as_ref(),
-        metadata,
-        extensions,
-    )?;
+) -> Result<(Caller, Execute), Status> {
     let input = match &req.input {
         Some(pb::execute_request::Input::InputStruct(s)) => ("input_struct", s.encoded_len()),
         Some(pb::execute_request::Input::InputJson(j)) => ("input_json", j.len()),
@@ -150,13 +125,17 @@ fn open_execute(
         ("task", req.task.len()),
         ("context", context_bytes(req.context.as_ref())),
     ];
-    let trace_id = &opened.call.context().trace_id;
+    let envelope = (req.context.as_ref(), req.budget.as_ref());
+    let caller = api.caller(rpc, envelope, parts, (req.encoded_len(), &fields, 0))?;
     if req.task.is_empty() {
-        return Err(to_status(Failure::invalid("task", "is required"), trace_id));
+        return Err(caller.fail(Failure::invalid("task", "is required")));
     }
-    api.check_input(&opened, req.encoded_len(), &fields, 0)?;
-    let input = execute_input(api, req.input).map_err(|f| to_status(f, trace_id))?;
-    Ok((opened, req.task, input))
+    let input = execute_input(api, req.input).map_err(|f| caller.fail(f))?;
+    let execute = Execute {
+        task: req.task,
+        input,
+    };
+    Ok((caller, execute))
 }
 
 fn encoding(e: Option<SmsEncoding>) -> pb::SmsEncoding {
@@ -183,15 +162,6 @@ fn intent(i: sms_classify::Intent) -> pb::SmsIntent {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ExecuteEvent, Status>> + Send>>;
 
-/// A unary handler's future, as `async_trait` declares it.
-///
-/// The AI handlers are plain functions returning one, not `async fn`s:
-/// theirs would keep the whole request as a capture for the call's life,
-/// and the opening runs before the future exists, so the request's
-/// metadata and extensions are not held either. Every call in flight
-/// carries this future for as long as its provider takes.
-type Unary<'f, T> = Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send + 'f>>;
-
 #[tonic::async_trait]
 impl Orchestrator for OrchestratorApi {
     fn execute<'a, 'f>(
@@ -203,27 +173,12 @@ impl Orchestrator for OrchestratorApi {
         Self: 'f,
     {
         let (metadata, extensions, req) = request.into_parts();
-        let (Opened { call, span }, task, input) =
-            match open_execute(self, "Execute", &metadata, &extensions, req) {
-                Ok(opened) => opened,
-                Err(status) => return Box::pin(std::future::ready(Err(status))),
-            };
-        Box::pin(
-            async move {
-                let tasks = self.pipeline.tasks();
-                let result = execute::execute(tasks, &call, &task, input).await;
-                let (output, meta) = close(call, result).await?;
-                Ok(reply(
-                    &meta.trace_id,
-                    pb::ExecuteResponse {
-                        output: output.json.map(convert::json_to_struct),
-                        text: output.text,
-                        meta: Some(convert::meta(&meta)),
-                    },
-                ))
-            }
-            .instrument(span),
-        )
+        let parsed = parse_execute(self, "Execute", (&metadata, &extensions), req);
+        open::unary(&self.pipeline, parsed, |output, meta| pb::ExecuteResponse {
+            output: output.json.map(convert::json_to_struct),
+            text: output.text,
+            meta: Some(convert::meta(meta)),
+        })
     }
 
     type ExecuteStreamStream = EventStream;
@@ -233,62 +188,21 @@ impl Orchestrator for OrchestratorApi {
         request: Request<pb::ExecuteRequest>,
     ) -> Result<Response<Self::ExecuteStreamStream>, Status> {
         let (metadata, extensions, req) = request.into_parts();
-        let (Opened { call, span }, task, input) =
-            open_execute(self, "ExecuteStream", &metadata, &extensions, req)?;
-        let trace_id = call.context().trace_id.clone();
-        let fail = |e: CallError| to_status(e.into(), &trace_id);
-        let events = async {
-            let tasks = self.pipeline.tasks();
-            let (rendered, format) = execute::prepare(tasks, &call, &task, input)
-                .await
-                .map_err(|e| fail(e.into()))?;
-            call.stream(&task, &rendered, format).await.map_err(fail)
-        }
-        .instrument(span.clone())
-        .await?;
-        let validator = self.pipeline.tasks().output_validator(&task);
-        let event_trace_id = trace_id.clone();
+        let (Caller { ctx, span, .. }, execute) =
+            parse_execute(self, "ExecuteStream", (&metadata, &extensions), req)?;
+        let trace_id = ctx.trace_id.clone();
+        let events = self
+            .pipeline
+            .stream(ctx, execute)
+            .instrument(span.clone())
+            .await
+            .map_err(|e| to_status(e.into(), &trace_id))?;
         // From here the call cannot fail before streaming: the gRPC metrics
         // wait for the stream's final status.
-        let mut stream_end = extensions
+        let stream_end = extensions
             .get::<metrics_layer::GrpcCall>()
             .map(metrics_layer::GrpcCall::defer);
-        let stream = async_stream::stream! {
-            futures::pin_mut!(events);
-            while let Some(event) = events.next().await {
-                use pb::execute_event::Event;
-                let out = match event {
-                    CallEvent::Started { provider, model } => Event::Started(
-                        pb::execute_event::Started { trace_id: event_trace_id.clone(), provider, model },
-                    ),
-                    CallEvent::Fallback { from, to, reason } => {
-                        Event::Fallback(pb::execute_event::Fallback { from, to, reason })
-                    }
-                    CallEvent::Delta(text) => Event::Delta(pb::execute_event::Delta { text }),
-                    CallEvent::Completed { completion, meta } => {
-                        // Streamed text cannot be taken back: with an output
-                        // schema, `output` is set only when the whole answer
-                        // matches it.
-                        let output = execute::parse(&completion.text, validator.as_deref())
-                            .ok()
-                            .and_then(|o| o.json);
-                        Event::Completed(pb::ExecuteResponse {
-                            output: output.map(convert::json_to_struct),
-                            text: completion.text,
-                            meta: Some(convert::meta(&meta)),
-                        })
-                    }
-                    CallEvent::Failed(err) => {
-                        let status = to_status(err.into(), &event_trace_id);
-                        if let Some(end) = stream_end.as_mut() { end.finish(status.code()); }
-                        yield Err(status);
-                        return;
-                    }
-                };
-                yield Ok(pb::ExecuteEvent { event: Some(out) });
-            }
-            if let Some(end) = stream_end.as_mut() { end.finish(tonic::Code::Ok); }
-        };
+        let stream = execute_events(events, trace_id.clone(), stream_end);
         // The request span covers the whole stream (settlement included), and
         // provider attempts made while it is polled are its children.
         let stream = crate::telemetry::InSpan::new(Box::pin(stream), span);
@@ -307,49 +221,34 @@ impl Orchestrator for OrchestratorApi {
         Self: 'f,
     {
         let (metadata, extensions, req) = request.into_parts();
-        let opened = self
-            .open(
+        let fields = [
+            ("message", req.message.len()),
+            ("history", history_bytes(&req.history)),
+            ("context", context_bytes(req.context.as_ref())),
+        ];
+        let parsed = self
+            .caller(
                 "ClassifySms",
-                sms_classify::TASK,
-                req.context.as_ref(),
-                req.budget.as_ref(),
-                &metadata,
-                &extensions,
+                (req.context.as_ref(), req.budget.as_ref()),
+                (&metadata, &extensions),
+                (req.encoded_len(), &fields, req.history.len()),
             )
-            .and_then(|opened| {
-                let fields = [
-                    ("message", req.message.len()),
-                    ("history", history_bytes(&req.history)),
-                    ("context", context_bytes(req.context.as_ref())),
-                ];
-                self.check_input(&opened, req.encoded_len(), &fields, req.history.len())
-                    .map(|()| opened)
+            .map(|caller| {
+                let input = sms_classify::ClassifyInput {
+                    history: convert::history(&req.history),
+                    message: req.message,
+                };
+                (caller, input)
             });
-        let Opened { call, span } = match opened {
-            Ok(opened) => opened,
-            Err(status) => return Box::pin(std::future::ready(Err(status))),
-        };
-        let input = sms_classify::ClassifyInput {
-            history: convert::history(&req.history),
-            message: req.message,
-        };
-        Box::pin(
-            async move {
-                let result = sms_classify::classify(self.pipeline.tasks(), &call, input).await;
-                let (answer, meta) = close(call, result).await?;
-                Ok(reply(
-                    &meta.trace_id,
-                    pb::ClassifySmsResponse {
-                        intent: intent(answer.intent) as i32,
-                        confidence: answer.confidence,
-                        needs_review: answer.needs_review,
-                        reason: answer.reason,
-                        meta: Some(convert::meta(&meta)),
-                    },
-                ))
+        open::unary(&self.pipeline, parsed, |answer, meta| {
+            pb::ClassifySmsResponse {
+                intent: intent(answer.intent) as i32,
+                confidence: answer.confidence,
+                needs_review: answer.needs_review,
+                reason: answer.reason,
+                meta: Some(convert::meta(meta)),
             }
-            .instrument(span),
-        )
+        })
     }
 
     fn generate_sms<'a, 'f>(
@@ -361,49 +260,31 @@ impl Orchestrator for OrchestratorApi {
         Self: 'f,
     {
         let (metadata, extensions, req) = request.into_parts();
-        let opened = self
-            .open(
+        let fields = [
+            ("inbound_message", req.inbound_message.len()),
+            ("history", history_bytes(&req.history)),
+            ("lead", req.lead.as_ref().map_or(0, Message::encoded_len)),
+            ("goal", req.goal.len()),
+            ("context", context_bytes(req.context.as_ref())),
+        ];
+        let parsed = self
+            .caller(
                 "GenerateSms",
-                sms_generate::TASK,
-                req.context.as_ref(),
-                req.budget.as_ref(),
-                &metadata,
-                &extensions,
+                (req.context.as_ref(), req.budget.as_ref()),
+                (&metadata, &extensions),
+                (req.encoded_len(), &fields, req.history.len()),
             )
-            .and_then(|opened| {
-                let fields = [
-                    ("inbound_message", req.inbound_message.len()),
-                    ("history", history_bytes(&req.history)),
-                    ("lead", req.lead.as_ref().map_or(0, Message::encoded_len)),
-                    ("goal", req.goal.len()),
-                    ("context", context_bytes(req.context.as_ref())),
-                ];
-                self.check_input(&opened, req.encoded_len(), &fields, req.history.len())
-                    .map(|()| opened)
-            });
-        let Opened { call, span } = match opened {
-            Ok(opened) => opened,
-            Err(status) => return Box::pin(std::future::ready(Err(status))),
-        };
-        let input = convert::generate_input(req);
-        Box::pin(
-            async move {
-                let result = sms_generate::generate(self.pipeline.tasks(), &call, input).await;
-                let (answer, meta) = close(call, result).await?;
-                Ok(reply(
-                    &meta.trace_id,
-                    pb::GenerateSmsResponse {
-                        encoding: encoding(sms_generate::encoding(&answer)) as i32,
-                        segments: answer.size.map_or(0, |s| s.segments),
-                        response: answer.text,
-                        escalate: answer.escalate,
-                        escalate_reason: answer.escalate_reason,
-                        meta: Some(convert::meta(&meta)),
-                    },
-                ))
+            .map(|caller| (caller, convert::generate_input(req)));
+        open::unary(&self.pipeline, parsed, |answer, meta| {
+            pb::GenerateSmsResponse {
+                encoding: encoding(sms_generate::encoding(&answer)) as i32,
+                segments: answer.size.map_or(0, |s| s.segments),
+                response: answer.text,
+                escalate: answer.escalate,
+                escalate_reason: answer.escalate_reason,
+                meta: Some(convert::meta(meta)),
             }
-            .instrument(span),
-        )
+        })
     }
 
     fn research<'a, 'f>(
@@ -419,58 +300,27 @@ impl Orchestrator for OrchestratorApi {
             Ok(pb::ResearchDepth::Deep) => research::Depth::Deep,
             _ => research::Depth::Verify,
         };
-        let opened = self
-            .open(
+        let fields = [
+            ("query", req.query.len()),
+            ("context", context_bytes(req.context.as_ref())),
+        ];
+        let parsed = self
+            .caller(
                 "Research",
-                depth.task(),
-                req.context.as_ref(),
-                req.budget.as_ref(),
-                &metadata,
-                &extensions,
+                (req.context.as_ref(), req.budget.as_ref()),
+                (&metadata, &extensions),
+                (req.encoded_len(), &fields, 0),
             )
-            .and_then(|opened| {
-                let fields = [
-                    ("query", req.query.len()),
-                    ("context", context_bytes(req.context.as_ref())),
-                ];
-                self.check_input(&opened, req.encoded_len(), &fields, 0)
-                    .map(|()| opened)
+            .map(|caller| {
+                let query = research::Query {
+                    query: req.query,
+                    depth,
+                };
+                (caller, query)
             });
-        let Opened { call, span } = match opened {
-            Ok(opened) => opened,
-            Err(status) => return Box::pin(std::future::ready(Err(status))),
-        };
-        Box::pin(
-            async move {
-                let result = research::research(&call, &req.query, depth).await;
-                let (answer, meta) = close(call, result).await?;
-                Ok(reply(
-                    &meta.trace_id,
-                    pb::ResearchResponse {
-                        summary: answer.summary,
-                        findings: answer
-                            .findings
-                            .into_iter()
-                            .map(|f| pb::Finding {
-                                claim: f.claim,
-                                sources: f.sources,
-                                confidence: f.confidence,
-                            })
-                            .collect(),
-                        citations: answer
-                            .citations
-                            .into_iter()
-                            .map(|c| pb::Citation {
-                                url: c.url,
-                                title: c.title.unwrap_or_default(),
-                            })
-                            .collect(),
-                        meta: Some(convert::meta(&meta)),
-                    },
-                ))
-            }
-            .instrument(span),
-        )
+        open::unary(&self.pipeline, parsed, |answer, meta| {
+            research_response(answer, meta)
+        })
     }
 
     async fn get_usage(
@@ -485,5 +335,68 @@ impl Orchestrator for OrchestratorApi {
         request: Request<pb::GetProviderHealthRequest>,
     ) -> Result<Response<pb::GetProviderHealthResponse>, Status> {
         self.provider_health(&request)
+    }
+}
+
+fn research_response(answer: research::Answer, meta: &CallMeta) -> pb::ResearchResponse {
+    pb::ResearchResponse {
+        summary: answer.summary,
+        findings: answer
+            .findings
+            .into_iter()
+            .map(|f| pb::Finding {
+                claim: f.claim,
+                sources: f.sources,
+                confidence: f.confidence,
+            })
+            .collect(),
+        citations: answer
+            .citations
+            .into_iter()
+            .map(|c| pb::Citation {
+                url: c.url,
+                title: c.title.unwrap_or_default(),
+            })
+            .collect(),
+        meta: Some(convert::meta(meta)),
+    }
+}
+
+/// A streamed call's events in proto terms; a failure ends the stream with
+/// its status, and the RPC's metrics end with the stream.
+fn execute_events(
+    events: impl Stream<Item = CallEvent> + Send + 'static,
+    trace_id: String,
+    mut stream_end: Option<metrics_layer::StreamEnd>,
+) -> impl Stream<Item = Result<pb::ExecuteEvent, Status>> + Send + 'static {
+    async_stream::stream! {
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            use pb::execute_event::Event;
+            let out = match event {
+                CallEvent::Started { provider, model } => Event::Started(
+                    pb::execute_event::Started { trace_id: trace_id.clone(), provider, model },
+                ),
+                CallEvent::Fallback { from, to, reason } => {
+                    Event::Fallback(pb::execute_event::Fallback { from, to, reason })
+                }
+                CallEvent::Delta(text) => Event::Delta(pb::execute_event::Delta { text }),
+                CallEvent::Completed { completion, json, meta } => {
+                    Event::Completed(pb::ExecuteResponse {
+                        output: json.map(convert::json_to_struct),
+                        text: completion.text,
+                        meta: Some(convert::meta(&meta)),
+                    })
+                }
+                CallEvent::Failed(err) => {
+                    let status = to_status(err.into(), &trace_id);
+                    if let Some(end) = stream_end.as_mut() { end.finish(status.code()); }
+                    yield Err(status);
+                    return;
+                }
+            };
+            yield Ok(pb::ExecuteEvent { event: Some(out) });
+        }
+        if let Some(end) = stream_end.as_mut() { end.finish(tonic::Code::Ok); }
     }
 }

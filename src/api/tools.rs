@@ -4,7 +4,7 @@
 use super::{
     auth, convert,
     error::{Failure, to_status},
-    open::{close, open_call},
+    open,
     pb::{self, tool_service_server::ToolService},
     reply, request,
 };
@@ -12,7 +12,7 @@ use crate::{
     auth::Authenticator,
     call::{
         Pipeline,
-        tool::{ToolRequest, ToolResult},
+        tool::{InvokeTool, ToolRequest, ToolResult},
     },
     config::{Config, ServerConfig},
     tools::{
@@ -24,7 +24,6 @@ use prost::Message;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
-use tracing::Instrument;
 
 /// The `ToolService`.
 #[derive(Clone)]
@@ -42,6 +41,44 @@ impl ToolServiceApi {
             pipeline,
             auth,
         }
+    }
+
+    /// An `InvokeTool` request as the entry point takes it: the tool named,
+    /// the idempotency key a header value, the input within the limits.
+    fn tool_request(&self, req: pb::InvokeToolRequest) -> Result<ToolRequest, Failure> {
+        if req.tool.is_empty() {
+            return Err(Failure::invalid("tool", "is required"));
+        }
+        check_idempotency_key(&req.idempotency_key)
+            .map_err(|why| Failure::invalid("idempotency_key", why))?;
+        if let Some(input) = &req.input {
+            request::check_finite("input", input)?;
+        }
+        let input = Value::Object(req.input.map(convert::struct_to_json).unwrap_or_default());
+        let other = [
+            ("tool", req.tool.len()),
+            ("idempotency_key", req.idempotency_key.len()),
+            (
+                "context",
+                req.context.as_ref().map_or(0, Message::encoded_len),
+            ),
+            (
+                "budget",
+                req.budget.as_ref().map_or(0, Message::encoded_len),
+            ),
+        ];
+        check_tool_input("input", &input, &other, &self.config.server)?;
+        let mode = match pb::InvocationMode::try_from(req.mode) {
+            Ok(pb::InvocationMode::Async) => Mode::Async,
+            _ => Mode::Sync,
+        };
+        Ok(ToolRequest {
+            tool: req.tool,
+            input,
+            mode,
+            idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
+            agent: None,
+        })
     }
 }
 
@@ -191,66 +228,25 @@ impl ToolService for ToolServiceApi {
         request: Request<pb::InvokeToolRequest>,
     ) -> Result<Response<pb::InvokeToolResponse>, Status> {
         let (metadata, extensions, req) = request.into_parts();
-        let task = format!("tool:{}", req.tool.split('@').next().unwrap_or_default());
-        let (opened, principal) = open_call(
+        let caller = open::caller(
             &self.config,
-            &self.pipeline,
             &self.auth,
             (pb::tool_service_server::SERVICE_NAME, "InvokeTool"),
-            &task,
-            req.context.as_ref(),
-            req.budget.as_ref(),
+            (req.context.as_ref(), req.budget.as_ref()),
             &metadata,
             &extensions,
         )?;
-        let call = opened.call;
-        let trace_id = call.context().trace_id.clone();
-        let fail = |f: Failure| to_status(f, &trace_id);
-        if req.tool.is_empty() {
-            return Err(fail(Failure::invalid("tool", "is required")));
-        }
-        check_idempotency_key(&req.idempotency_key)
-            .map_err(|why| fail(Failure::invalid("idempotency_key", why)))?;
-        if let Some(input) = &req.input {
-            request::check_finite("input", input).map_err(fail)?;
-        }
-        let input = Value::Object(req.input.map(convert::struct_to_json).unwrap_or_default());
-        let other = [
-            ("tool", req.tool.len()),
-            ("idempotency_key", req.idempotency_key.len()),
-            (
-                "context",
-                req.context.as_ref().map_or(0, Message::encoded_len),
-            ),
-            (
-                "budget",
-                req.budget.as_ref().map_or(0, Message::encoded_len),
-            ),
-        ];
-        check_tool_input("input", &input, &other, &self.config.server).map_err(fail)?;
-        let mode = match pb::InvocationMode::try_from(req.mode) {
-            Ok(pb::InvocationMode::Async) => Mode::Async,
-            _ => Mode::Sync,
+        let request = self.tool_request(req).map_err(|f| caller.fail(f))?;
+        let feature = InvokeTool {
+            principal: caller.principal.clone(),
+            request,
         };
-        let tool_request = ToolRequest {
-            tool: req.tool,
-            input,
-            mode,
-            idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
-            agent: None,
-        };
-        async move {
-            let result = call.invoke_tool(&principal, tool_request).await;
-            let (result, meta) = close(call, result).await?;
-            Ok(reply(
-                &meta.trace_id,
-                pb::InvokeToolResponse {
-                    invocation: Some(invocation(&result)),
-                    meta: Some(convert::meta(&meta)),
-                },
-            ))
-        }
-        .instrument(opened.span)
+        open::unary(&self.pipeline, Ok((caller, feature)), |result, meta| {
+            pb::InvokeToolResponse {
+                invocation: Some(invocation(&result)),
+                meta: Some(convert::meta(meta)),
+            }
+        })
         .await
     }
 

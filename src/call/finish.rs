@@ -127,7 +127,7 @@ impl Call {
     /// future holds only it, the meter session and the answer, not the
     /// call's log (a call in flight is the server's unit of memory:
     /// docs/benchmarks.md, *Sizing*).
-    pub fn finish<T>(
+    pub(super) fn finish<T>(
         self,
         result: Result<T, CallError>,
     ) -> impl Future<Output = Result<(T, CallMeta), CallError>> {

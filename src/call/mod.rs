@@ -18,6 +18,7 @@
 
 mod context;
 mod estimate;
+mod feature;
 mod finish;
 mod log;
 mod model;
@@ -27,6 +28,7 @@ pub mod turn;
 pub mod worker;
 
 pub use context::CallContext;
+pub use feature::Feature;
 pub use finish::CallError;
 pub use log::CallMeta;
 pub use stream::CallEvent;
@@ -177,7 +179,7 @@ impl Pipeline {
 
     /// Opens a call of `task` for `ctx`: takes its slot (see
     /// [`Self::slot`]) and its meter session.
-    pub fn open(&self, ctx: CallContext, task: &str) -> Result<Call, CallError> {
+    fn open(&self, ctx: CallContext, task: &str) -> Result<Call, CallError> {
         let slot = self.slot()?;
         Ok(self.open_with(ctx, task, Some(slot)))
     }

@@ -2,13 +2,17 @@
 //! passed through as the router yields them; the call is finished (its
 //! record written, its reservations settled) before its last event.
 
-use super::{Call, CallError, CallMeta};
+use super::{Call, CallContext, CallError, CallMeta, Pipeline};
 use crate::{
     providers::{Completion, JsonSchemaFormat},
     router::{RouteEvent, RouteOptions},
-    tasks::{Rendered, TaskError},
+    tasks::{
+        Rendered, TaskError,
+        execute::{self, Execute},
+    },
 };
 use futures::{Stream, StreamExt};
+use serde_json::{Map, Value};
 
 /// What a streamed call reports, in order.
 #[derive(Debug)]
@@ -35,6 +39,10 @@ pub enum CallEvent {
     Completed {
         /// The assembled answer.
         completion: Box<Completion>,
+        /// The answer as a JSON object, when it is one (and matches the
+        /// task's output schema, when it has one: streamed text cannot be
+        /// taken back, so a mismatch only leaves this empty).
+        json: Option<Map<String, Value>>,
         /// The call's meta.
         meta: CallMeta,
     },
@@ -43,11 +51,44 @@ pub enum CallEvent {
     Failed(CallError),
 }
 
+impl Pipeline {
+    /// Streams a generic task's one model call for `ctx`: the call opened
+    /// (see [`Pipeline::run`]) and its prompt prepared before the first
+    /// event; errors until then come back as `Err`.
+    pub async fn stream(
+        &self,
+        ctx: CallContext,
+        execute: Execute,
+    ) -> Result<impl Stream<Item = CallEvent> + Send + use<>, CallError> {
+        let call = self.open(ctx, &execute.task)?;
+        let tasks = self.tasks();
+        let prepared = execute::prepare(tasks, &call, &execute.task, execute.input).await;
+        let (rendered, format) = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => return Err(call.refused(e)),
+        };
+        let validator = tasks.output_validator(&execute.task);
+        let events = call.stream(&execute.task, &rendered, format).await?;
+        Ok(events.map(move |event| match event {
+            CallEvent::Completed {
+                completion, meta, ..
+            } => CallEvent::Completed {
+                json: execute::parse(&completion.text, validator.as_deref())
+                    .ok()
+                    .and_then(|o| o.json),
+                completion,
+                meta,
+            },
+            other => other,
+        }))
+    }
+}
+
 impl Call {
     /// Reserves one model call of `task` with `prompt`, then streams it.
     /// The stream owns the call: dropping it cancels the upstream call and
     /// settles the reservation at its estimate.
-    pub async fn stream(
+    async fn stream(
         self,
         task: &str,
         prompt: &Rendered,
@@ -81,7 +122,7 @@ impl Call {
                             log.served = Some((provider, model, degraded));
                         }
                         yield match self.finish(Ok(())).await {
-                            Ok(((), meta)) => CallEvent::Completed { completion: Box::new(completion), meta },
+                            Ok(((), meta)) => CallEvent::Completed { completion: Box::new(completion), json: None, meta },
                             Err(err) => CallEvent::Failed(err),
                         };
                         return;

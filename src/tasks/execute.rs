@@ -1,7 +1,7 @@
 //! Generic tasks (`meeting_brief` and any task added in config) run through
 //! `Execute`: a JSON object in, the model's text (and JSON, when it is JSON) out.
 
-use super::{Rendered, Session, TaskError, Tasks, parse_json_object};
+use super::{Rendered, Session, Task, TaskError, Tasks, parse_json_object};
 use crate::{prompts, providers::JsonSchemaFormat, router::RouteError};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -85,6 +85,27 @@ fn whole_input(input: &Value, limit: usize) -> String {
     match serde_json::to_writer_pretty(&mut pretty, input) {
         Ok(()) => String::from_utf8(pretty.buf).unwrap_or_else(|_| input.to_string()),
         Err(_) => input.to_string(),
+    }
+}
+
+/// A generic task asked for through `Execute`.
+#[derive(Debug, Clone)]
+pub struct Execute {
+    /// The configured task.
+    pub task: String,
+    /// The caller's input object.
+    pub input: Map<String, Value>,
+}
+
+impl Task for Execute {
+    type Output = Output;
+
+    fn name(&self) -> &str {
+        &self.task
+    }
+
+    async fn run(self, tasks: &Tasks, session: &impl Session) -> Result<Output, TaskError> {
+        execute(tasks, session, &self.task, self.input).await
     }
 }
 

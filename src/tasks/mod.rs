@@ -47,6 +47,23 @@ pub trait Session: Sync {
     fn answered_by_rule(&self, key: &str);
 }
 
+/// A request for one task: what the call pipeline runs for a task RPC (as
+/// a `call::Feature`). It sees the pipeline only through its [`Session`].
+pub trait Task: Send {
+    /// Its answer.
+    type Output: Send;
+
+    /// The task it runs (its usage record's task, its routing chain).
+    fn name(&self) -> &str;
+
+    /// Runs the task through `session`.
+    fn run(
+        self,
+        tasks: &Tasks,
+        session: &impl Session,
+    ) -> impl Future<Output = Result<Self::Output, TaskError>> + Send;
+}
+
 /// A prompt ready to send: the resolved version and its rendered texts.
 #[derive(Debug, Clone)]
 pub struct Rendered {

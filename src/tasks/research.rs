@@ -82,6 +82,27 @@ pub fn schema() -> Value {
     })
 }
 
+/// A research query at a depth.
+#[derive(Debug, Clone)]
+pub struct Query {
+    /// The question.
+    pub query: String,
+    /// How thorough.
+    pub depth: Depth,
+}
+
+impl super::Task for Query {
+    type Output = Answer;
+
+    fn name(&self) -> &str {
+        self.depth.task()
+    }
+
+    async fn run(self, _: &super::Tasks, session: &impl Session) -> Result<Answer, TaskError> {
+        research(session, &self.query, self.depth).await
+    }
+}
+
 /// Answers a research query.
 pub async fn research(
     session: &impl Session,

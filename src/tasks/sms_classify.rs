@@ -88,6 +88,18 @@ pub fn schema() -> Value {
     })
 }
 
+impl super::Task for ClassifyInput {
+    type Output = Classification;
+
+    fn name(&self) -> &str {
+        TASK
+    }
+
+    async fn run(self, tasks: &Tasks, session: &impl Session) -> Result<Classification, TaskError> {
+        classify(tasks, session, self).await
+    }
+}
+
 /// Classifies one inbound SMS.
 pub async fn classify(
     tasks: &Tasks,

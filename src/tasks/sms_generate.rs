@@ -69,6 +69,18 @@ pub fn schema() -> Value {
     })
 }
 
+impl super::Task for GenerateInput {
+    type Output = Reply;
+
+    fn name(&self) -> &str {
+        TASK
+    }
+
+    async fn run(self, tasks: &Tasks, session: &impl Session) -> Result<Reply, TaskError> {
+        generate(tasks, session, self).await
+    }
+}
+
 /// Writes a reply, retrying once with a stricter length instruction when the
 /// first draft does not fit, and escalating when the second does not either.
 pub async fn generate(

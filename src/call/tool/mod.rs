@@ -54,6 +54,29 @@ pub struct ToolRequest {
     pub agent: Option<AgentScope>,
 }
 
+/// A tool invocation a caller asked for (`InvokeTool`, MCP `tools/call`),
+/// run through the pipeline as a feature.
+#[derive(Debug, Clone)]
+pub struct InvokeTool {
+    /// Who asks: the policy gate checks its capabilities.
+    pub principal: Principal,
+    /// What it asks for.
+    pub request: ToolRequest,
+}
+
+impl super::Feature for InvokeTool {
+    type Output = ToolResult;
+
+    fn task(&self) -> String {
+        let name = self.request.tool.split('@').next().unwrap_or_default();
+        format!("tool:{name}")
+    }
+
+    async fn run(self, call: &Call) -> Result<ToolResult, CallError> {
+        call.invoke_tool(&self.principal, self.request).await
+    }
+}
+
 /// What an agent adds to the entry point: its tool allowlist (checked
 /// after the policy gate, so the caller's capabilities and the agent's
 /// list both apply) and its tool timeout (at most the tool's own).
