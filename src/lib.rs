@@ -1,28 +1,30 @@
 //! ai-orchestrator: the single gRPC entry point for every AI call.
 //!
-//! A request enters at the edge (`api`, or `cli` for the admin commands),
-//! which turns proto into domain types and opens a call in `call`, the one
-//! pipeline every RPC goes through (open → run the task → finish: reserve,
-//! route, settle, record). The task (`tasks`) builds its prompt and makes its
-//! model calls through the call; an agent's turn (`call::turn`) runs its
-//! model and tool calls through the call too, over `agent` (conversations,
-//! the layered prompt, memory suggestions); `router` walks each call's fallback chain,
-//! guarded per provider by `resilience`, and `providers` speak each wire
-//! format. `usage` (the ledger), `prompts`, `auth` and `tools` (the
-//! registry, policy gate and executors of tool calls) are services the
-//! pipeline and the edge call; `audit` is the tamper-evident log they write
-//! to (through the ledger's group commit); `store` is the database under
-//! them.
+//! One driver: an edge (`api` for gRPC and MCP, `cli` for the admin
+//! commands) parses a request into a call context and a feature, runs it
+//! with `call::Pipeline::run` (or `stream`, `converse`), and maps the
+//! answer back. The pipeline (`call`) owns every call's lifecycle: admit,
+//! reserve, route, settle, record, audit. A feature (`tasks`, an agent turn,
+//! a tool invocation) sees the pipeline only through its session (render,
+//! complete, invoke a tool). `router` walks each model call's fallback
+//! chain, guarded per provider by `resilience`; `providers` speak each wire
+//! format, translating the neutral types of `domain` (the completion
+//! request, its messages and tool calls, the answer, a provider's error).
+//! `usage` (the ledger), `prompts`, `auth` and `tools` (the registry, policy
+//! gate and executors of tool calls) are services the pipeline calls;
+//! `audit` is the tamper-evident log they write to (through the ledger's
+//! group commit); `store` is the database under them. docs/architecture.md
+//! walks one request through these rooms.
 //!
 //! # Layers: who may import whom
 //!
 //! ```text
 //! edge       api, cli, server        anything below
-//! pipeline   call                    tasks and everything below them
-//! tasks      tasks                   router, providers, prompts, usage (types)
-//!            agent                   providers, store, the ground floor
+//! pipeline   call                    the features and everything below them
+//! features   tasks                   router (errors), prompts, usage (types)
+//!            agent                   store, the ground floor
 //! routing    router                  providers, resilience, cluster
-//!            resilience              providers (error classification), cluster
+//!            resilience              cluster, the ground floor
 //!            providers               the ground floor
 //! services   usage, prompts, auth    audit, store, the ground floor
 //!            tools                   audit, store, cluster, the ground floor
@@ -33,9 +35,10 @@
 //! ```
 //!
 //! Nothing imports upwards: `config` and `domain` import nothing else,
-//! `usage` knows neither the router nor a provider, and the tasks reach the
-//! pipeline only through the `tasks::Session` trait the call implements.
-//! `tests/layers.rs` fails on an import that breaks this.
+//! `usage` knows neither the router nor a provider, no feature knows an
+//! edge or a provider, and the tasks reach the pipeline only through the
+//! `tasks::Session` trait the call implements. `tests/layers.rs` fails on
+//! an import that breaks this.
 
 pub mod agent;
 pub mod api;

@@ -41,10 +41,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ),
         // Providers, and the guards around them.
         ("providers", BOTTOM),
-        (
-            "resilience",
-            &["domain", "config", "telemetry", "providers", "cluster"][..],
-        ),
+        ("resilience", &["domain", "config", "telemetry", "cluster"][..]),
         (
             "router",
             &[
@@ -63,7 +60,6 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "domain",
                 "config",
                 "telemetry",
-                "providers",
                 "router",
                 "prompts",
                 "usage",
@@ -73,7 +69,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         // memory suggestions.
         (
             "agent",
-            &["domain", "config", "telemetry", "store", "providers"][..],
+            &["domain", "config", "telemetry", "store"][..],
         ),
         // The pipeline.
         (
@@ -102,7 +98,6 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "config",
                 "telemetry",
                 "store",
-                "providers",
                 "resilience",
                 "cluster",
                 "router",

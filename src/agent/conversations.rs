@@ -10,8 +10,8 @@
 //! for the lock behind the ledger, nor the ledger behind them.
 
 use crate::{
+    domain::{ChatMessage, ToolCall, ToolOutcome, completion::Role},
     on_store,
-    providers::{ChatMessage, Role, ToolCall, ToolOutcome},
     store::{Statement, Store, StoreError},
 };
 use serde::{Deserialize, Serialize};

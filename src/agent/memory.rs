@@ -11,7 +11,7 @@
 //!
 //! Pure: no I/O.
 
-use crate::providers::JsonSchemaFormat;
+use crate::domain::JsonSchemaFormat;
 use regex::Regex;
 use serde_json::{Value, json};
 use std::sync::LazyLock;

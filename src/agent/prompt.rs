@@ -28,7 +28,7 @@
 mod tests;
 
 use crate::domain::tokens::{Precision, count};
-use crate::providers::{ChatMessage, Role};
+use crate::domain::{ChatMessage, completion::Role};
 use serde::Serialize;
 use std::fmt::Write as _;
 

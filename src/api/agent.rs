@@ -21,7 +21,7 @@ use crate::{
         turn::{TurnEvent, TurnRequest},
     },
     config::Config,
-    providers::Role,
+    domain::completion::Role,
 };
 use futures::{Stream, StreamExt};
 use std::{pin::Pin, sync::Arc};

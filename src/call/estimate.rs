@@ -9,7 +9,7 @@
 use super::Call;
 use crate::{
     config::TargetConfig,
-    providers::CompletionRequest,
+    domain::CompletionRequest,
     usage::{
         Estimate, Meter, MeterError, MeterSession,
         estimate::{self, Input, Precision},

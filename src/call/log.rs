@@ -3,8 +3,8 @@
 //! used. The response meta and the usage record are both read from it.
 
 use crate::{
+    domain::TokenUsage,
     prompts::Prompt,
-    providers::TokenUsage,
     router::{AttemptRecord, total_usage},
     usage::pricing::{Pricing, usd},
 };

@@ -3,8 +3,8 @@
 
 use super::Call;
 use crate::{
+    domain::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, completion::Role},
     prompts,
-    providers::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, Role},
     router::RouteOptions,
     tasks::{Rendered, Session, TaskError, template_error},
 };

@@ -4,7 +4,7 @@
 
 use super::{Call, CallContext, CallError, CallMeta, Pipeline};
 use crate::{
-    providers::{Completion, JsonSchemaFormat},
+    domain::{Completion, JsonSchemaFormat},
     router::{RouteEvent, RouteOptions},
     tasks::{
         Rendered, TaskError,

@@ -2,9 +2,19 @@
 //! import from any other module of the crate (this is the ground floor,
 //! beside `config`).
 
+pub mod completion;
 pub mod json;
+pub mod provider_error;
 pub mod sms;
 pub mod tokens;
+pub mod tool_call;
+
+pub use completion::{
+    ChatMessage, Citation, Completion, CompletionRequest, FinishReason, JsonSchemaFormat,
+    StreamEvent, TokenUsage,
+};
+pub use provider_error::{ConnectFailure, MAX_RETRY_AFTER, ProviderError};
+pub use tool_call::{ToolCall, ToolOutcome, ToolSpec};
 
 use std::time::Duration;
 use tokio::time::Instant;

@@ -267,11 +267,7 @@ pub fn error_type(body: &[u8]) -> String {
     kind
 }
 
-/// Longest wait we take from a provider's `Retry-After` (5 min; the
-/// breaker's cooldown cap is the same). A larger value (`1e20`, a date
-/// decades ahead) is a broken or hostile header, not advice; and no retry
-/// ever sleeps past the request deadline.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+pub use crate::domain::MAX_RETRY_AFTER;
 
 /// How long the provider asked us to wait: `retry-after-ms` (OpenAI),
 /// `retry-after` in seconds or as an HTTP-date; at most [`MAX_RETRY_AFTER`].

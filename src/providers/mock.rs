@@ -312,7 +312,7 @@ pub fn example_of(schema: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{ChatMessage, JsonSchemaFormat, Role, ToolOutcome, ToolSpec};
+    use crate::domain::{ChatMessage, JsonSchemaFormat, ToolOutcome, ToolSpec, completion::Role};
     use serde_json::json;
     use std::time::Duration;
 

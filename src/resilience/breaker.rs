@@ -42,7 +42,7 @@ pub use window::WindowCounts;
 use crate::domain::instant_after;
 use crate::{
     config::{BreakerConfig, BreakerMode},
-    providers::ProviderError,
+    domain::ProviderError,
 };
 use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
@@ -59,7 +59,7 @@ pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 /// Longest cooldown one 429 can impose. A broken or hostile `Retry-After`
 /// (hours, days) must not silently disable a provider; after this the
 /// provider is tried again and can ask for more.
-pub const MAX_COOLDOWN: Duration = crate::providers::http::MAX_RETRY_AFTER;
+pub const MAX_COOLDOWN: Duration = crate::domain::MAX_RETRY_AFTER;
 
 /// Where the breaker is in its cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

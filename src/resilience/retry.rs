@@ -11,7 +11,7 @@
 //! jitter", which spreads the retries of many clients that failed together).
 //! With the default 3 attempts, waits are drawn after attempts 1 and 2.
 
-use crate::{domain::Priority, providers::ProviderError};
+use crate::{domain::Priority, domain::ProviderError};
 use rand::RngExt;
 use std::time::Duration;
 use tokio::time::Instant;

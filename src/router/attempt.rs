@@ -2,7 +2,7 @@
 
 use crate::{
     config::TargetConfig,
-    providers::{Completion, CompletionRequest, ProviderError, TokenUsage},
+    domain::{Completion, CompletionRequest, ProviderError, TokenUsage},
     resilience::{CutShort, ProviderGuards},
     telemetry::metrics,
 };

@@ -20,8 +20,9 @@ pub use stream::RouteEvent;
 use crate::{
     cluster::Cluster,
     config::{Config, TargetConfig},
+    domain::{Completion, CompletionRequest, ProviderError, TokenUsage},
     domain::{Priority, instant_after},
-    providers::{Completion, CompletionRequest, ProviderError, Providers, TokenUsage},
+    providers::Providers,
     resilience::{Decision, Outcome, Resilience, retry::Jitter},
 };
 use std::{sync::Arc, time::Duration};

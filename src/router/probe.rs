@@ -11,8 +11,9 @@
 use super::Router;
 use crate::{
     config::{Config, ProbeConfig},
+    domain::ProviderError,
     domain::instant_after,
-    providers::{ProbeRequest, Provider, ProviderError},
+    providers::{ProbeRequest, Provider},
     resilience::{ProbeResult, ProbeState},
     telemetry::{metrics, trace_id},
 };

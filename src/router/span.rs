@@ -5,7 +5,7 @@
 
 use crate::{
     config::{ProviderKind, TargetConfig},
-    providers::{Completion, FinishReason, ProviderError},
+    domain::{Completion, FinishReason, ProviderError},
     telemetry::otel,
 };
 

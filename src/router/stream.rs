@@ -9,7 +9,7 @@ use super::{
     attempt::{InFlight, attribute, implausible},
     span,
 };
-use crate::providers::{Completion, CompletionRequest, ProviderError, StreamEvent, TokenUsage};
+use crate::domain::{Completion, CompletionRequest, ProviderError, StreamEvent, TokenUsage};
 use crate::{
     config::TargetConfig,
     resilience::{Outcome, retry::Decision},

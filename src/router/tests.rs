@@ -6,7 +6,7 @@
 use super::*;
 use crate::{
     config::Config,
-    providers::{ChatMessage, Role},
+    domain::{ChatMessage, completion::Role},
     resilience::retry::Jitter,
 };
 use std::{

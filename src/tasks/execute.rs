@@ -2,7 +2,7 @@
 //! `Execute`: a JSON object in, the model's text (and JSON, when it is JSON) out.
 
 use super::{Rendered, Session, Task, TaskError, Tasks, parse_json_object};
-use crate::{prompts, providers::JsonSchemaFormat, router::RouteError};
+use crate::{domain::JsonSchemaFormat, prompts, router::RouteError};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 

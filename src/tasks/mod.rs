@@ -11,8 +11,8 @@ pub mod sms_generate;
 
 use crate::{
     config::Config,
+    domain::{Completion, JsonSchemaFormat},
     prompts::{self, Prompt, TemplateError},
-    providers::{Completion, JsonSchemaFormat},
     router::RouteError,
     usage::MeterError,
 };

@@ -9,8 +9,8 @@
 
 use super::{Session, TaskError, parse_json_object};
 use crate::{
+    domain::{Citation, JsonSchemaFormat},
     prompts,
-    providers::{Citation, JsonSchemaFormat},
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashSet};

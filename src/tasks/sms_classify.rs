@@ -1,7 +1,7 @@
 //! `sms_classify`: intent of an inbound SMS, with a carrier opt-out fast path.
 
 use super::{Session, SmsTurn, TaskError, Tasks, history_text, opt_out, parse_json_object};
-use crate::{prompts, providers::JsonSchemaFormat};
+use crate::{domain::JsonSchemaFormat, prompts};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 

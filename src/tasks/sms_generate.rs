@@ -3,9 +3,9 @@
 
 use super::{Session, SmsTurn, TaskError, Tasks, history_text, opt_out, parse_json_object};
 use crate::{
+    domain::JsonSchemaFormat,
     domain::sms::{self as sms_encoding, SmsEncoding, SmsSize},
     prompts,
-    providers::JsonSchemaFormat,
     usage::MeterError,
 };
 use serde_json::{Value, json};

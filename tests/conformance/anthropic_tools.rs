@@ -6,7 +6,7 @@
 
 use crate::anthropic::fixture;
 use crate::harness::{collect, finished, only_request, provider, request, serve, sse, tool_result};
-use ai_orchestrator::providers::{ChatMessage, FinishReason, Role, ToolCall, ToolSpec};
+use ai_orchestrator::domain::{ChatMessage, FinishReason, ToolCall, ToolSpec, completion::Role};
 use serde_json::{Value, json};
 use wiremock::ResponseTemplate;
 

@@ -9,7 +9,7 @@
 use crate::harness::{self, CANARY, Fixture};
 use ai_orchestrator::{
     config::Config,
-    providers::{ProviderError, StreamEvent},
+    domain::{ProviderError, StreamEvent},
 };
 use proptest::{
     prelude::*,

@@ -8,9 +8,11 @@
 //! and key loading are exercised too.
 
 use ai_orchestrator::config::Config;
-use ai_orchestrator::providers::{
-    ChatMessage, Completion, CompletionRequest, Provider, ProviderError, Providers, Role,
-    StreamEvent,
+use ai_orchestrator::{
+    domain::{
+        ChatMessage, Completion, CompletionRequest, ProviderError, StreamEvent, completion::Role,
+    },
+    providers::{Provider, Providers},
 };
 use futures::StreamExt;
 use serde_json::Value;
@@ -405,7 +407,7 @@ async fn hangs(f: &Fixture, stream: bool) {
 pub fn tool_result(id: &str, name: &str, content: &str, is_error: bool) -> ChatMessage {
     ChatMessage {
         role: Role::Tool,
-        tool_result: Some(ai_orchestrator::providers::ToolOutcome {
+        tool_result: Some(ai_orchestrator::domain::ToolOutcome {
             call_id: id.into(),
             name: name.into(),
             content: content.into(),

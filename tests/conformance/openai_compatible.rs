@@ -6,7 +6,7 @@
 use crate::harness::{
     self, CANARY, Fixture, collect, data_events, only_request, provider, request, serve, sse,
 };
-use ai_orchestrator::providers::{JsonSchemaFormat, ProviderError, StreamEvent};
+use ai_orchestrator::domain::{JsonSchemaFormat, ProviderError, StreamEvent};
 use serde_json::{Value, json};
 use wiremock::ResponseTemplate;
 

@@ -7,7 +7,7 @@ use crate::harness::{
     self, CANARY, Fixture, collect, data_events, finished, only_request, provider, request, serve,
     sse,
 };
-use ai_orchestrator::providers::{Citation, JsonSchemaFormat};
+use ai_orchestrator::domain::{Citation, JsonSchemaFormat};
 use serde_json::{Value, json};
 use wiremock::ResponseTemplate;
 

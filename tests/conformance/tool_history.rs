@@ -3,7 +3,7 @@
 //! Anthropic and to Gemini in their own shapes, ids and arguments intact.
 
 use crate::harness::{only_request, provider, request, serve, tool_result};
-use ai_orchestrator::providers::{ChatMessage, Role, ToolSpec};
+use ai_orchestrator::domain::{ChatMessage, ToolSpec, completion::Role};
 use serde_json::{Value, json};
 use wiremock::ResponseTemplate;
 

@@ -3,7 +3,7 @@
 //! below can be checked by hand.
 
 use super::*;
-use crate::providers::{ToolCall, ToolOutcome};
+use crate::domain::{ToolCall, ToolOutcome};
 
 const MODEL: &str = "claude-3-haiku";
 const CORE: &str = "You are Ada, the support agent.";

@@ -6,7 +6,7 @@ use crate::{
     agent::conversations,
     audit::{AuditEvent, Category},
     auth::Principal,
-    providers::{ChatMessage, ToolCall},
+    domain::{ChatMessage, ToolCall},
 };
 use tokio::time::Instant;
 

@@ -5,7 +5,7 @@
 use super::super::{Call, CallContext, CallError, CallMeta, Pipeline};
 use super::prepare::now_ms;
 use crate::{
-    providers::CompletionRequest,
+    domain::CompletionRequest,
     router::{RouteEvent, RouteOptions},
 };
 use futures::Stream;

@@ -7,7 +7,7 @@ use super::prepare::now_ms;
 use crate::{
     agent::conversations,
     audit::AuditEvent,
-    providers::ChatMessage,
+    domain::ChatMessage,
     usage::ledger::{Done, LedgerWriter, Op, Write},
 };
 

@@ -27,7 +27,8 @@ use super::{CallContext, CallError, CallMeta, Pipeline, tool::AgentScope};
 use crate::{
     agent::{StopReason, conversations, memory},
     auth::Principal,
-    providers::{ChatMessage, CompletionRequest, Role, ToolCall, ToolOutcome, ToolSpec, WireNames},
+    domain::{ChatMessage, CompletionRequest, ToolCall, ToolOutcome, ToolSpec, completion::Role},
+    providers::WireNames,
     router::{RouteError, RouteEvent},
     telemetry::metrics,
 };
@@ -258,7 +259,7 @@ fn run(
                 temperature: agent.temperature,
                 max_tokens: agent.max_tokens,
                 response_format: agent.memory_suggestions.then(memory::format),
-                tools: tools.iter().map(|t| crate::providers::ToolSpec {
+                tools: tools.iter().map(|t| crate::domain::ToolSpec {
                     name: names.wire(&t.name).unwrap_or(&t.name).to_owned(),
                     ..t.clone()
                 }).collect(),

@@ -15,7 +15,7 @@ use crate::{
     },
     auth::Principal,
     config::agents::AgentConfig,
-    providers::{ChatMessage, Role, ToolSpec},
+    domain::{ChatMessage, ToolSpec, completion::Role},
 };
 use tokio::time::Instant;
 

@@ -9,7 +9,7 @@ use crate::{
     auth::Principal,
     config::ServerConfig,
     domain::json::{bytes as json_bytes, depth as json_depth},
-    providers::{ToolCall, ToolOutcome},
+    domain::{ToolCall, ToolOutcome},
     tools::{Status, invocations::Mode},
 };
 use serde_json::json;

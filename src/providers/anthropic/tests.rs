@@ -4,7 +4,8 @@
 use super::stream::{State, Step};
 use super::*;
 use crate::config::Config;
-use crate::providers::{ChatMessage, JsonSchemaFormat, Role, turns::OPENING_USER_TURN};
+use crate::domain::{ChatMessage, JsonSchemaFormat, completion::Role};
+use crate::providers::turns::OPENING_USER_TURN;
 use serde_json::{Value, json};
 use wiremock::matchers::{body_partial_json, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};

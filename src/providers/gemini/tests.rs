@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::config::Config;
-use crate::providers::{ChatMessage, JsonSchemaFormat, turns::OPENING_USER_TURN};
+use crate::domain::{ChatMessage, JsonSchemaFormat};
+use crate::providers::turns::OPENING_USER_TURN;
 use serde_json::{Value, json};
 use wiremock::matchers::{body_partial_json, header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};

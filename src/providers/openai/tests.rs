@@ -2,7 +2,7 @@
 //! behaviour is covered by `tests/conformance`).
 
 use super::*;
-use crate::providers::{ChatMessage, JsonSchemaFormat};
+use crate::domain::{ChatMessage, JsonSchemaFormat};
 use tokio::time::Instant;
 
 fn request(format: bool) -> CompletionRequest {

@@ -152,7 +152,7 @@ async fn a_stale_failure_neither_counts_nor_reopens() {
 #[tokio::test(start_paused = true)]
 async fn a_connection_event_is_one_failure_in_the_window() {
     let b = error_rate_breaker();
-    let reset = ProviderError::Connect(crate::providers::ConnectFailure::ConnectionReset);
+    let reset = ProviderError::Connect(crate::domain::ConnectFailure::ConnectionReset);
     let calls: Vec<Permit> = (0..10).map(|_| b.try_acquire().unwrap()).collect();
     for permit in calls {
         permit.record_error(&reset);

@@ -2,7 +2,7 @@
 //! cancellation) is reported back.
 
 use super::{DEFAULT_COOLDOWN, Inner, Outcome};
-use crate::providers::ProviderError;
+use crate::domain::ProviderError;
 use std::sync::Arc;
 
 /// Permission for one call, issued by

@@ -380,7 +380,7 @@ async fn every_state_change_bumps_the_generation_and_the_gauge_follows() {
 }
 
 fn reset() -> ProviderError {
-    ProviderError::Connect(crate::providers::ConnectFailure::ConnectionReset)
+    ProviderError::Connect(crate::domain::ConnectFailure::ConnectionReset)
 }
 
 /// One connection event fails every call that was on the connection: 30

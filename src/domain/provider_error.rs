@@ -2,6 +2,12 @@
 
 use std::time::Duration;
 
+/// Longest wait we take from a provider's `Retry-After` (5 min; the
+/// breaker's cooldown cap is the same). A larger value (`1e20`, a date
+/// decades ahead) is a broken or hostile header, not advice; and no retry
+/// ever sleeps past the request deadline.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
 /// A failed provider call, classified per SPEC §4.
 ///
 /// The text fields are short summaries for logs (status line, provider error
