@@ -41,7 +41,10 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ),
         // Providers, and the guards around them.
         ("providers", BOTTOM),
-        ("resilience", &["domain", "config", "telemetry", "cluster"][..]),
+        (
+            "resilience",
+            &["domain", "config", "telemetry", "cluster"][..],
+        ),
         (
             "router",
             &[
@@ -67,10 +70,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ),
         // Agents' parts, run inside a call: conversations, prompt layers,
         // memory suggestions.
-        (
-            "agent",
-            &["domain", "config", "telemetry", "store"][..],
-        ),
+        ("agent", &["domain", "config", "telemetry", "store"][..]),
         // The pipeline.
         (
             "call",

@@ -21,6 +21,7 @@ use crate::{
     telemetry::metrics,
     tools::{
         Kind, Status, Tool,
+        executor::Ran,
         invocations::{self, Invocation, Outcome, Taken},
         quota::Slot,
     },
@@ -228,7 +229,11 @@ async fn execute(
             // have grown since it was accepted: a run past its lease would
             // be taken for dead and run again beside it.
             let accepted = Duration::from_millis(u64::try_from(inv.timeout_ms).unwrap_or(u64::MAX));
-            let (result, attempts, execution_id) = run(
+            let Ran {
+                result,
+                attempts,
+                execution_id,
+            } = run(
                 pipeline,
                 &tool,
                 &inv.input,

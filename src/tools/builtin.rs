@@ -55,6 +55,17 @@ pub fn run(name: &str, input: &Value, health: impl FnOnce() -> Health) -> Result
     }
 }
 
+/// The executor of built-in tools.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Builtins;
+
+#[async_trait::async_trait]
+impl super::executor::Executor for Builtins {
+    async fn run(&self, run: super::executor::Run<'_>) -> super::executor::Ran {
+        super::executor::Ran::once(self::run(&run.tool.name, run.input, run.health))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

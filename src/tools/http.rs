@@ -260,6 +260,54 @@ pub async fn call(
     }
 }
 
+/// The executor of workflow webhooks: the POSTs of one run, retried by
+/// the tool's policy; out of time is TIMED_OUT, whatever the last POST
+/// said.
+#[derive(Debug, Clone)]
+pub struct Webhooks {
+    /// The webhooks' HTTP client (redirects not followed).
+    pub client: reqwest::Client,
+}
+
+#[async_trait::async_trait]
+impl super::executor::Executor for Webhooks {
+    async fn run(&self, run: super::executor::Run<'_>) -> super::executor::Ran {
+        use super::executor::{Ran, wrong_kind};
+        let super::Kind::Http(http) = &run.tool.kind else {
+            return wrong_kind(run.tool, "http");
+        };
+        let key = run.idempotency_key.unwrap_or_default();
+        let name = &run.tool.name;
+        let retrying = || crate::telemetry::metrics::workflow_retry(name);
+        let called = call(
+            &self.client,
+            http,
+            run.input,
+            key,
+            run.trace_id,
+            run.deadline,
+            retrying,
+        )
+        .await;
+        match called {
+            Ok(a) => Ran {
+                result: Ok(a.output),
+                attempts: a.attempts,
+                execution_id: a.execution_id,
+            },
+            Err(f) => Ran {
+                result: Err(if Instant::now() >= run.deadline {
+                    Failure::new("TIMED_OUT", "the tool did not finish within its timeout")
+                } else {
+                    f.failure
+                }),
+                attempts: f.attempts,
+                execution_id: f.execution_id,
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

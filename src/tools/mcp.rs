@@ -327,3 +327,17 @@ async fn session(
     }
     mcp_limits::healthy(listed, started.elapsed())
 }
+
+#[async_trait::async_trait]
+impl super::executor::Executor for Servers {
+    async fn run(&self, run: super::executor::Run<'_>) -> super::executor::Ran {
+        use super::executor::{Ran, wrong_kind};
+        let super::Kind::Mcp { server, tool } = &run.tool.kind else {
+            return wrong_kind(run.tool, "mcp");
+        };
+        let timeout = run
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
+        Ran::once(self.call(server, tool, run.input, timeout).await)
+    }
+}

@@ -9,6 +9,7 @@
 
 pub mod builtin;
 pub mod cost;
+pub mod executor;
 pub mod http;
 pub mod idempotency;
 pub mod invocations;
@@ -32,8 +33,8 @@ pub struct Toolbox {
     pub servers: mcp::Servers,
     /// Per-team quotas.
     pub quotas: quota::Quotas,
-    /// The webhooks' HTTP client.
-    pub http: reqwest::Client,
+    /// The workflow webhooks' executor.
+    pub webhooks: http::Webhooks,
 }
 
 impl Toolbox {
@@ -57,8 +58,22 @@ impl Toolbox {
             servers: mcp::Servers::default(),
             quotas: cluster
                 .map_or_else(quota::Quotas::default, |c| quota::Quotas::shared(c.clone())),
-            http,
+            webhooks: http::Webhooks { client: http },
         })
+    }
+
+    /// The executor of `kind`.
+    pub fn executor(&self, kind: &Kind) -> &dyn executor::Executor {
+        match kind {
+            Kind::Builtin => &builtin::Builtins,
+            Kind::Http(_) => &self.webhooks,
+            Kind::Mcp { .. } => &self.servers,
+        }
+    }
+
+    /// Runs `run.tool` with its kind's executor.
+    pub async fn run(&self, run: executor::Run<'_>) -> executor::Ran {
+        self.executor(&run.tool.kind).run(run).await
     }
 }
 

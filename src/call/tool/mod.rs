@@ -30,6 +30,7 @@ use crate::{
         idempotency::{self, Keyed},
         invocations::{self, Claimed, Invocation, Mode, Outcome},
         policy::{self, Caller},
+        quota::Slot,
         schema,
     },
     usage::Estimate,
@@ -134,6 +135,77 @@ impl ToolResult {
     }
 }
 
+/// An invocation past the entry point's checks.
+struct Admitted {
+    tool: Arc<Tool>,
+    /// `name@version`.
+    id: String,
+    /// Its reserved cost estimate, micro-USD.
+    estimate: i64,
+    /// A SYNC invocation's concurrency slot, held while it runs.
+    slot: Option<Slot>,
+    now_ms: i64,
+}
+
+/// An invocation's stored row, and a SYNC row's lease (`finish` is guarded
+/// by it).
+struct Row {
+    inv: Invocation,
+    lease: Option<i64>,
+}
+
+/// Who runs an invocation whose row claimed its idempotency key.
+enum Claim {
+    /// This call: the row is new.
+    Ours(Box<Row>),
+    /// An earlier holder of the key (its invocation, and the key).
+    Theirs(Box<Invocation>, String),
+}
+
+/// What a SYNC run came to.
+struct Done {
+    status: Status,
+    output: Option<Value>,
+    error: Option<Failure>,
+    /// Its actual cost, micro-USD.
+    actual: i64,
+    duration_ms: i64,
+    execution_id: Option<String>,
+    attempts: i64,
+}
+
+impl Done {
+    /// The row's outcome.
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            status: self.status,
+            output: self.output.clone(),
+            error: self.error.clone(),
+            cost_micros: self.actual,
+            duration_ms: self.duration_ms,
+            execution_id: self.execution_id.clone(),
+            attempts: self.attempts,
+        }
+    }
+
+    /// The caller's result.
+    fn result(self, invocation_id: String, tool: &Tool) -> ToolResult {
+        ToolResult {
+            invocation_id,
+            tool: tool.name.clone(),
+            version: tool.version.to_string(),
+            status: self.status,
+            output: self.output,
+            error: self.error,
+            cost_micros: self.actual,
+            duration_ms: self.duration_ms,
+            deduplicated: false,
+            execution_id: self.execution_id,
+            attempts: self.attempts,
+        }
+    }
+}
+
 /// The audit category and actions of a tool's kind: a workflow (http) is
 /// `workflow.invoke` / `workflow.result`, any other `tool.call` /
 /// `tool.result`.
@@ -215,8 +287,55 @@ impl Call {
         req: ToolRequest,
         span: &tracing::Span,
     ) -> Result<ToolResult, CallError> {
+        let admitted = self.admit(principal, &req, span).await?;
+        let called = self.call_event(principal, &req, &admitted);
+        // A workflow claims its idempotency key first: the unique key, not
+        // a check, decides who runs it.
+        let needs_row = matches!(admitted.tool.kind, Kind::Http(_)) || req.mode == Mode::Async;
+        let row = if needs_row {
+            match self.claim(principal, &req, &admitted).await? {
+                Claim::Ours(row) => Some(*row),
+                Claim::Theirs(first, key) => {
+                    // Deduplicated: nothing runs, nothing more is charged.
+                    let mut dedup = called;
+                    dedup.decision = "deduplicated".into();
+                    dedup.idempotency_key = Some(key);
+                    self.audit(vec![dedup]).await?;
+                    let kind = admitted.tool.kind.as_str();
+                    self.log().add_tool(kind, admitted.id, 0, Duration::ZERO);
+                    span.record("status", first.status.as_str());
+                    return Ok(ToolResult::from_stored(&first, true));
+                }
+            }
+        } else {
+            None
+        };
+        let called = AuditEvent {
+            idempotency_key: row.as_ref().map(|r| r.inv.idempotency_key.clone()),
+            ..called
+        };
+        match (req.mode, row) {
+            (Mode::Async, Some(row)) => self.accept_async(called, &admitted, row.inv, span).await,
+            (Mode::Async, None) => Err(CallError::Storage(
+                "an ASYNC invocation was not stored".into(),
+            )),
+            (Mode::Sync, row) => {
+                self.audit_later(vec![called]).await?;
+                self.execute(principal, &req, admitted, row, span).await
+            }
+        }
+    }
+
+    /// Steps 1 to 5 of the entry point: looked up, past the policy gate
+    /// (and the agent's list), the input schema, the cost estimate
+    /// reserved, the quota taken. Each refusal is audited.
+    async fn admit(
+        &self,
+        principal: &Principal,
+        req: &ToolRequest,
+        span: &tracing::Span,
+    ) -> Result<Admitted, CallError> {
         let tools = self.pipeline.toolbox();
-        // 1. Look up.
         let tool = match tools.registry.lookup(&req.tool) {
             Ok(t) => t,
             Err(d) => return Err(self.deny(&req.tool, &req.input, d).await),
@@ -224,7 +343,7 @@ impl Call {
         let id = tool.id();
         span.record("tool", id.as_str());
         span.record("gen_ai.tool.name", tool.name.as_str());
-        // 2. The policy gate: the team is the principal's, never the input's.
+        // The team is the principal's, never the input's.
         let capabilities = self.pipeline.capabilities(principal);
         let caller = caller(principal, &capabilities, &self.ctx.team_id);
         if let Err(d) = policy::gate(&caller, &tool) {
@@ -235,214 +354,252 @@ impl Call {
         {
             return Err(self.deny(&id, &req.input, Denial::NotAgentTool).await);
         }
-        // 3. The input schema.
         let violations = schema::violations(&tool.input, &req.input);
         if !violations.is_empty() {
-            return Err(self
-                .deny(&id, &req.input, Denial::InputInvalid(violations))
-                .await);
+            let denial = Denial::InputInvalid(violations);
+            return Err(self.deny(&id, &req.input, denial).await);
         }
-        // 4. The cost estimate, reserved against the caps and the budget.
         let estimate = cost::estimate(&tool.cost, &req.input, tool.timeout);
+        self.reserve_tool(&tool, &id, &req.input, estimate).await?;
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        match self.take_quota(&tool, &id, req.mode, now_ms).await {
+            Ok(slot) => Ok(Admitted {
+                tool,
+                id,
+                estimate,
+                slot,
+                now_ms,
+            }),
+            Err(d) => Err(self.deny(&id, &req.input, d).await),
+        }
+    }
+
+    /// The tool's cost estimate reserved against the caps and the budget;
+    /// a refusal is audited.
+    async fn reserve_tool(
+        &self,
+        tool: &Tool,
+        id: &str,
+        input: &Value,
+        estimate: i64,
+    ) -> Result<(), CallError> {
         let task = format!("tool:{}", tool.name);
-        if let Err(e) = self
-            .meter
-            .reserve(
-                &task,
-                Estimate {
-                    cost_micros: estimate,
-                    ..Estimate::default()
-                },
-            )
-            .await
-        {
+        let reserve = Estimate {
+            cost_micros: estimate,
+            ..Estimate::default()
+        };
+        if let Err(e) = self.meter.reserve(&task, reserve).await {
             let err = CallError::tool(e);
             if let Some(reason) = err.reason() {
-                self.audit_denial(&id, &req.input, reason).await;
+                self.audit_denial(id, input, reason).await;
             }
             return Err(err);
         }
-        // 5. The quota. An ASYNC invocation counts against the hour here;
-        // its concurrency slot is the worker's to take when it runs, so a
-        // busy tool queues it rather than refusing it.
-        let now_ms = chrono::Utc::now().timestamp_millis();
-        let taken = match req.mode {
-            Mode::Sync => tools
-                .quotas
-                .acquire(&self.ctx.team_id, &id, &tool.quota, tool.timeout, now_ms)
+        Ok(())
+    }
+
+    /// The quota. An ASYNC invocation counts against the hour here; its
+    /// concurrency slot is the worker's to take when it runs, so a busy
+    /// tool queues it rather than refusing it.
+    async fn take_quota(
+        &self,
+        tool: &Tool,
+        id: &str,
+        mode: Mode,
+        now_ms: i64,
+    ) -> Result<Option<Slot>, Denial> {
+        let (quotas, team) = (&self.pipeline.toolbox().quotas, &self.ctx.team_id);
+        match mode {
+            Mode::Sync => quotas
+                .acquire(team, id, &tool.quota, tool.timeout, now_ms)
                 .await
                 .map(Some),
-            Mode::Async => tools
-                .quotas
-                .admit(&self.ctx.team_id, &id, &tool.quota, now_ms)
+            Mode::Async => quotas
+                .admit(team, id, &tool.quota, now_ms)
                 .await
                 .map(|()| None),
-        };
-        let slot = match taken {
-            Ok(slot) => slot,
-            Err(d) => return Err(self.deny(&id, &req.input, d).await),
-        };
-        let (category, call_action, result_action) = actions(&tool);
-        let called = AuditEvent::new(
-            &self.ctx.team_id,
+        }
+    }
+
+    /// The audit event of an admitted call.
+    fn call_event(&self, principal: &Principal, req: &ToolRequest, a: &Admitted) -> AuditEvent {
+        let (category, call_action, _) = actions(&a.tool);
+        let ctx = &self.ctx;
+        let event = AuditEvent::new(
+            &ctx.team_id,
             &principal.name,
-            &self.ctx.trace_id,
+            &ctx.trace_id,
             category,
             call_action,
-            &id,
+            &a.id,
         )
         .decided("allow", "")
         .with_input(&req.input);
-        let called = AuditEvent {
-            estimated_cost_micros: Some(estimate),
-            ..called
-        };
+        AuditEvent {
+            estimated_cost_micros: Some(a.estimate),
+            ..event
+        }
+    }
 
-        // A workflow claims its idempotency key first: the unique key, not
-        // a check, decides who runs it.
-        let needs_row = matches!(tool.kind, Kind::Http(_)) || req.mode == Mode::Async;
-        let mut stored = None;
-        // A SYNC row's lease: `finish` is guarded by it.
-        let mut lease = None;
-        if needs_row {
-            let (key, window_start) = self.idempotency(&tool, &req, &principal.name, now_ms);
-            let inv = Invocation::new(
-                &self.ctx.team_id,
-                &tool.name,
-                &tool.version.to_string(),
-                req.mode,
-                &key,
-                window_start,
-                &self.ctx.trace_id,
-                &principal.name,
-                req.input.clone(),
-                estimate,
-                tool.timeout,
-            );
-            let slack = self.pipeline.config().tool_worker.lease_slack;
-            lease = (req.mode == Mode::Sync).then(|| {
-                now_ms + i64::try_from((tool.timeout + slack).as_millis()).unwrap_or(i64::MAX)
-            });
-            let claimed = invocations::claim(self.pipeline.store(), &inv, lease)
-                .await
-                .map_err(|e| CallError::Storage(e.to_string()))?;
-            if let Claimed::Existing(first) = claimed {
-                // Deduplicated: nothing runs, nothing more is charged.
-                let mut dedup = called.clone();
-                dedup.decision = "deduplicated".into();
-                dedup.idempotency_key = Some(key);
-                self.audit(vec![dedup]).await?;
-                self.log()
-                    .add_tool(tool.kind.as_str(), id, 0, Duration::ZERO);
-                span.record("status", first.status.as_str());
-                return Ok(ToolResult::from_stored(&first, true));
-            }
-            stored = Some(inv);
-        }
-        let called = AuditEvent {
-            idempotency_key: stored.as_ref().map(|s| s.idempotency_key.clone()),
-            ..called
-        };
-        if req.mode == Mode::Async {
-            // Accepted: durable before the reply, charged its estimate; a
-            // worker runs it (`call::worker`), under a concurrency slot it
-            // takes then (`slot` is `None` here: nothing held meanwhile).
-            self.audit(vec![called]).await?;
-            self.log()
-                .add_tool(tool.kind.as_str(), id.clone(), estimate, Duration::ZERO);
-            let Some(inv) = stored else {
-                return Err(CallError::Storage(
-                    "an ASYNC invocation was not stored".into(),
-                ));
-            };
-            span.record("status", Status::Pending.as_str());
-            metrics::tool_invocation(&tool.name, Status::Pending.as_str(), Duration::ZERO);
-            return Ok(ToolResult::from_stored(&inv, false));
-        }
-        // The call's event joins the group commit its result waits for.
-        self.audit_later(vec![called]).await?;
+    /// Claims the invocation's idempotency key with its row: ours to run,
+    /// or the first holder's invocation.
+    async fn claim(
+        &self,
+        principal: &Principal,
+        req: &ToolRequest,
+        a: &Admitted,
+    ) -> Result<Claim, CallError> {
+        let tool = &a.tool;
+        let (key, window_start) = self.idempotency(tool, req, &principal.name, a.now_ms);
+        let inv = Invocation::new(
+            &self.ctx.team_id,
+            &tool.name,
+            &tool.version.to_string(),
+            req.mode,
+            &key,
+            window_start,
+            &self.ctx.trace_id,
+            &principal.name,
+            req.input.clone(),
+            a.estimate,
+            tool.timeout,
+        );
+        let slack = self.pipeline.config().tool_worker.lease_slack;
+        let lease = (req.mode == Mode::Sync).then(|| {
+            let ms = i64::try_from((tool.timeout + slack).as_millis()).unwrap_or(i64::MAX);
+            a.now_ms + ms
+        });
+        let claimed = invocations::claim(self.pipeline.store(), &inv, lease)
+            .await
+            .map_err(|e| CallError::Storage(e.to_string()))?;
+        Ok(match claimed {
+            Claimed::Existing(first) => Claim::Theirs(first, key),
+            Claimed::New => Claim::Ours(Box::new(Row { inv, lease })),
+        })
+    }
+
+    /// An ASYNC invocation accepted: durable before the reply, charged its
+    /// estimate; a worker runs it (`call::worker`) under a concurrency slot
+    /// it takes then.
+    async fn accept_async(
+        &self,
+        called: AuditEvent,
+        a: &Admitted,
+        inv: Invocation,
+        span: &tracing::Span,
+    ) -> Result<ToolResult, CallError> {
+        self.audit(vec![called]).await?;
+        let kind = a.tool.kind.as_str();
+        self.log()
+            .add_tool(kind, a.id.clone(), a.estimate, Duration::ZERO);
+        span.record("status", Status::Pending.as_str());
+        metrics::tool_invocation(&a.tool.name, Status::Pending.as_str(), Duration::ZERO);
+        Ok(ToolResult::from_stored(&inv, false))
+    }
+
+    /// Runs a SYNC invocation within its timeout, judges its output, stores
+    /// its row's outcome and audits its result.
+    async fn execute(
+        &self,
+        principal: &Principal,
+        req: &ToolRequest,
+        a: Admitted,
+        row: Option<Row>,
+        span: &tracing::Span,
+    ) -> Result<ToolResult, CallError> {
+        let Admitted {
+            tool,
+            id,
+            estimate,
+            slot,
+            ..
+        } = a;
         let started = Instant::now();
         let timeout = req
             .agent
             .as_ref()
             .map_or(tool.timeout, |a| a.timeout.min(tool.timeout));
         let deadline = (started + timeout).min(self.ctx.deadline);
-        let (result, attempts, execution_id) = run(
+        let key = row.as_ref().map(|r| r.inv.idempotency_key.as_str());
+        let ran = run(
             &self.pipeline,
             &tool,
             &req.input,
-            stored.as_ref().map(|s| s.idempotency_key.as_str()),
+            key,
             &self.ctx.trace_id,
             deadline,
         )
         .await;
         drop(slot);
         let took = started.elapsed();
-        let (status, output, error) = judge(&tool, result);
-        let actual = cost::micros(&tool.cost, &req.input, took);
-        let duration_ms = i64::try_from(took.as_millis()).unwrap_or(i64::MAX);
-        self.log()
-            .add_tool(tool.kind.as_str(), id.clone(), actual, took);
-        if let Some(inv) = &stored {
-            let outcome = Outcome {
-                status,
-                output: output.clone(),
-                error: error.clone(),
-                cost_micros: actual,
-                duration_ms,
-                execution_id: execution_id.clone(),
-                attempts: i64::from(attempts),
-            };
-            // A SYNC row has one runner, this one; the only other writer
-            // is the sweeper's INTERRUPTED, which `finish` replaces.
-            let lease = lease.unwrap_or(i64::MAX);
-            invocations::finish(self.pipeline.store(), &inv.id, lease, &outcome)
-                .await
-                .map_err(|e| CallError::Storage(e.to_string()))?;
-        }
-        let mut result_event = AuditEvent::new(
-            &self.ctx.team_id,
-            &principal.name,
-            &self.ctx.trace_id,
-            category,
-            result_action,
-            &id,
-        )
-        .decided(
-            if status == Status::Succeeded {
-                "ok"
-            } else {
-                "error"
-            },
-            error.as_ref().map_or("", |e| e.code.as_str()),
-        )
-        .with_input(&req.input);
-        if let Some(out) = &output {
-            result_event = result_event.with_output(out);
-        }
-        result_event.duration_ms = Some(duration_ms);
-        result_event.estimated_cost_micros = Some(estimate);
-        result_event.actual_cost_micros = Some(actual);
-        result_event.idempotency_key = stored.as_ref().map(|s| s.idempotency_key.clone());
-        self.audit_before_finish(vec![result_event]).await?;
-        span.record("status", status.as_str());
-        if status != Status::Succeeded {
-            span.record("otel.status_code", "error");
-        }
-        metrics::tool_invocation(&tool.name, status.as_str(), took);
-        Ok(ToolResult {
-            invocation_id: stored.map_or_else(|| uuid::Uuid::now_v7().to_string(), |s| s.id),
-            tool: tool.name.clone(),
-            version: tool.version.to_string(),
+        let (status, output, error) = judge(&tool, ran.result);
+        let done = Done {
             status,
             output,
             error,
-            cost_micros: actual,
-            duration_ms,
-            deduplicated: false,
-            execution_id,
-            attempts: i64::from(attempts),
-        })
+            actual: cost::micros(&tool.cost, &req.input, took),
+            duration_ms: i64::try_from(took.as_millis()).unwrap_or(i64::MAX),
+            execution_id: ran.execution_id,
+            attempts: i64::from(ran.attempts),
+        };
+        let kind = tool.kind.as_str();
+        self.log().add_tool(kind, id.clone(), done.actual, took);
+        if let Some(row) = &row {
+            // A SYNC row has one runner, this one; the only other writer
+            // is the sweeper's INTERRUPTED, which `finish` replaces.
+            let lease = row.lease.unwrap_or(i64::MAX);
+            invocations::finish(self.pipeline.store(), &row.inv.id, lease, &done.outcome())
+                .await
+                .map_err(|e| CallError::Storage(e.to_string()))?;
+        }
+        let key = row.as_ref().map(|r| r.inv.idempotency_key.clone());
+        let event = self.result_event(principal, req, (&tool, &id), estimate, &done, key);
+        self.audit_before_finish(vec![event]).await?;
+        span.record("status", done.status.as_str());
+        if done.status != Status::Succeeded {
+            span.record("otel.status_code", "error");
+        }
+        metrics::tool_invocation(&tool.name, done.status.as_str(), took);
+        let invocation_id = row.map_or_else(|| uuid::Uuid::now_v7().to_string(), |r| r.inv.id);
+        Ok(done.result(invocation_id, &tool))
+    }
+
+    /// The audit event of a SYNC run's result.
+    fn result_event(
+        &self,
+        principal: &Principal,
+        req: &ToolRequest,
+        (tool, id): (&Tool, &str),
+        estimate: i64,
+        done: &Done,
+        idempotency_key: Option<String>,
+    ) -> AuditEvent {
+        let (category, _, result_action) = actions(tool);
+        let decision = if done.status == Status::Succeeded {
+            "ok"
+        } else {
+            "error"
+        };
+        let code = done.error.as_ref().map_or("", |e| e.code.as_str());
+        let ctx = &self.ctx;
+        let mut event = AuditEvent::new(
+            &ctx.team_id,
+            &principal.name,
+            &ctx.trace_id,
+            category,
+            result_action,
+            id,
+        )
+        .decided(decision, code)
+        .with_input(&req.input);
+        if let Some(out) = &done.output {
+            event = event.with_output(out);
+        }
+        event.duration_ms = Some(done.duration_ms);
+        event.estimated_cost_micros = Some(estimate);
+        event.actual_cost_micros = Some(done.actual);
+        event.idempotency_key = idempotency_key;
+        event
     }
 
     /// The invocation's idempotency key (the caller's, else derived) and
