@@ -207,11 +207,35 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             message: message.to_owned(),
         })
     };
-
     for (name, p) in &config.providers {
         provider(config, name, p, &mut bad);
     }
+    tasks(config, &mut bad);
+    pricing(config, &mut bad);
+    unpriced_targets(config, &mut bad);
+    auth(config, &mut bad);
+    telemetry(config, &mut bad);
+    metering(config, &mut bad);
+    if config.database.sqlite_wal_autocheckpoint == 0 {
+        bad(
+            "database.sqlite_wal_autocheckpoint".into(),
+            "must be at least 1 (0 would let the WAL grow without bound)",
+        );
+    }
+    retry(config, &mut bad);
+    server(config, &mut bad);
+    database(config, &mut bad);
+    if let Some(cluster) = &config.cluster {
+        cluster_check(cluster, &mut bad);
+    }
+    tools::check(config, &mut bad);
+    agents::check(config, &mut bad);
+    bounds::check(config, &mut bad);
+    out
+}
 
+/// `[tasks.<name>]`: a non-empty chain of known providers, sane sampling.
+fn tasks(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (name, t) in &config.tasks {
         let at = |key: &str| format!("tasks.{name}.{key}");
         if t.chain.is_empty() {
@@ -253,7 +277,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             bad(at("review_threshold"), "must be between 0 and 1");
         }
     }
+}
 
+/// `[pricing."<model>"]`: either `price = "unknown"` or both per-token prices.
+fn pricing(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (model, price) in &config.pricing {
         let at = |key: &str| format!("pricing.\"{model}\".{key}");
         match (&price.price, price.input_per_mtok, price.output_per_mtok) {
@@ -284,6 +311,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             ),
         }
     }
+}
+
+/// With metering on, every task target needs a price (or an explicit "unknown").
+fn unpriced_targets(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if config.metering.enabled {
         for (name, t) in &config.tasks {
             for (i, target) in t.chain.iter().enumerate() {
@@ -299,6 +330,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             }
         }
     }
+}
+
+/// `[auth]`: named, hashed keys with at least one team each.
+fn auth(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let mut names = std::collections::BTreeSet::new();
     for (i, key) in config.auth.keys.iter().enumerate() {
         let at = |k: &str| format!("auth.keys[{i}].{k}");
@@ -320,6 +355,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     if config.auth.refresh_interval == Duration::ZERO {
         bad("auth.refresh_interval".into(), "must be greater than zero");
     }
+}
+
+/// `[telemetry]`: a sample ratio, a bounded team label list, an http(s) endpoint.
+fn telemetry(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if !(0.0..=1.0).contains(&config.telemetry.sample_ratio) {
         bad("telemetry.sample_ratio".into(), "must be between 0 and 1");
     }
@@ -345,6 +384,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must start with http:// or https://",
         );
     }
+}
+
+/// `[metering]`: a sane cap, batching, and a sweep that spares live requests.
+fn metering(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let m = &config.metering;
     if let Some(cost) = m.default_limits.max_cost_usd
         && (!cost.is_finite() || cost < 0.0)
@@ -372,12 +415,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be greater than zero",
         );
     }
-    if config.database.sqlite_wal_autocheckpoint == 0 {
-        bad(
-            "database.sqlite_wal_autocheckpoint".into(),
-            "must be at least 1 (0 would let the WAL grow without bound)",
-        );
-    }
+}
+
+/// `[retry]`: at least one attempt, a cap no lower than the base backoff.
+fn retry(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if config.retry.max_attempts == 0 {
         bad(
             "retry.max_attempts".into(),
@@ -390,6 +431,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be at least retry.base_backoff",
         );
     }
+}
+
+/// `[server]`: limits that admit a call, message sizes that fit an input.
+fn server(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if config.server.max_concurrent_requests == 0 {
         bad(
             "server.max_concurrent_requests".into(),
@@ -442,19 +487,16 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             bad(key.into(), "must be greater than zero");
         }
     }
+}
+
+/// `[database]`: a URL the store can open, at least one connection.
+fn database(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if let Err(why) = database_url(&config.database.url) {
         bad("database.url".into(), why);
     }
     if config.database.max_connections == 0 {
         bad("database.max_connections".into(), "must be at least 1");
     }
-    if let Some(cluster) = &config.cluster {
-        cluster_check(cluster, &mut bad);
-    }
-    tools::check(config, &mut bad);
-    agents::check(config, &mut bad);
-    bounds::check(config, &mut bad);
-    out
 }
 
 #[cfg(test)]

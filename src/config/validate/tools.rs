@@ -4,7 +4,7 @@
 
 use super::bounds::{MAX_WAIT, at_most};
 use crate::config::{
-    Config, McpServerConfig, ToolKind,
+    Config, McpServerConfig, ToolConfig, ToolKind,
     tools::{CostConfig, CostUnit, name_and_version},
 };
 use std::time::Duration;
@@ -92,7 +92,7 @@ fn timeout_problem(timeout: Duration) -> Option<String> {
 /// Keys a built-in's section may not set: its code decides them (or they
 /// are a webhook's), and a key accepted but ignored would mislead.
 fn builtin_problems(
-    t: &crate::config::ToolConfig,
+    t: &ToolConfig,
     version: Option<&str>,
     at: &dyn Fn(&str) -> String,
     bad: &mut dyn FnMut(String, &str),
@@ -144,94 +144,7 @@ fn url_ok(url: &str) -> bool {
 /// Every problem of the tool sections.
 pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (key, t) in &config.tools {
-        let at = |k: &str| format!("tools.\"{key}\".{k}");
-        let (name, version) = name_and_version(key, t.version.as_deref());
-        if !valid_name(&name) {
-            bad(
-                format!("tools.\"{key}\""),
-                "a tool name is 1-64 letters, digits, `_`, `-` or `.`",
-            );
-        }
-        if let Some(v) = &version
-            && semver::Version::parse(v).is_err()
-        {
-            bad(at("version"), "must be a semantic version (1.2.0)");
-        }
-        if let Some(problem) = timeout_problem(t.timeout) {
-            bad(at("timeout"), &problem);
-        }
-        if let Some(problem) = schema_problem(&t.input_schema) {
-            bad(at("input_schema"), &problem);
-        }
-        if let Some(schema) = &t.output_schema
-            && let Some(problem) = schema_problem(schema)
-        {
-            bad(at("output_schema"), &problem);
-        }
-        cost_problems(&t.cost, &at, bad);
-        for (k, v) in [
-            ("quota.max_per_hour", t.quota.max_per_hour),
-            ("quota.max_concurrent", t.quota.max_concurrent),
-        ] {
-            if v == Some(0) {
-                bad(at(k), "must be at least 1 (leave it out for no limit)");
-            }
-        }
-        match t.kind {
-            ToolKind::Builtin => {
-                if !BUILTINS.contains(&name.as_str()) {
-                    bad(
-                        format!("tools.\"{key}\".kind"),
-                        &format!(
-                            "no built-in tool `{name}` (built-ins: {})",
-                            BUILTINS.join(", ")
-                        ),
-                    );
-                }
-                builtin_problems(t, version.as_deref(), &at, bad);
-            }
-            ToolKind::Http => {
-                match &t.url {
-                    None => bad(at("url"), "required for kind http"),
-                    Some(url) if !url_ok(url) => {
-                        bad(at("url"), "must start with http:// or https://")
-                    }
-                    Some(_) => {}
-                }
-                if t.auth_header.is_some() != t.auth_env.is_some() {
-                    bad(at("auth_env"), "auth_header and auth_env go together");
-                }
-                if t.retry.max_attempts == 0 {
-                    bad(at("retry.max_attempts"), "must be at least 1");
-                }
-                if t.retry.initial_backoff > t.retry.max_backoff {
-                    bad(
-                        at("retry.initial_backoff"),
-                        "must not exceed retry.max_backoff",
-                    );
-                }
-                // The webhook's retry loop draws its pause as a share of the
-                // cap (`Duration::mul_f64`, which panics near 2^64 s) and
-                // doubles the cap; a zero cap retries without a pause. A
-                // tool's deadline is at most `tool_limits.max_timeout` (at
-                // most an hour), so an hour is plenty.
-                if t.retry.initial_backoff.is_zero() {
-                    bad(
-                        at("retry.initial_backoff"),
-                        "must be greater than zero (zero retries without a pause)",
-                    );
-                }
-                if t.retry.max_backoff > MAX_WAIT {
-                    bad(at("retry.max_backoff"), &at_most(MAX_WAIT));
-                }
-                if let Some(problem) = t.retry.attempt_timeout.and_then(timeout_problem) {
-                    bad(at("retry.attempt_timeout"), &problem);
-                }
-                if t.idempotency_window.is_zero() {
-                    bad(at("idempotency_window"), "must be greater than zero");
-                }
-            }
-        }
+        tool(key, t, bad);
     }
     for (name, s) in &config.mcp_servers {
         server(name, s, bad);
@@ -261,6 +174,96 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                 "unknown role (roles: viewer, caller, admin)",
             );
         }
+    }
+}
+
+/// The checks of one `[tools."<name>@<version>"]`.
+fn tool(key: &str, t: &ToolConfig, bad: &mut dyn FnMut(String, &str)) {
+    let at = |k: &str| format!("tools.\"{key}\".{k}");
+    let (name, version) = name_and_version(key, t.version.as_deref());
+    if !valid_name(&name) {
+        bad(
+            format!("tools.\"{key}\""),
+            "a tool name is 1-64 letters, digits, `_`, `-` or `.`",
+        );
+    }
+    if let Some(v) = &version
+        && semver::Version::parse(v).is_err()
+    {
+        bad(at("version"), "must be a semantic version (1.2.0)");
+    }
+    if let Some(problem) = timeout_problem(t.timeout) {
+        bad(at("timeout"), &problem);
+    }
+    if let Some(problem) = schema_problem(&t.input_schema) {
+        bad(at("input_schema"), &problem);
+    }
+    if let Some(schema) = &t.output_schema
+        && let Some(problem) = schema_problem(schema)
+    {
+        bad(at("output_schema"), &problem);
+    }
+    cost_problems(&t.cost, &at, bad);
+    for (k, v) in [
+        ("quota.max_per_hour", t.quota.max_per_hour),
+        ("quota.max_concurrent", t.quota.max_concurrent),
+    ] {
+        if v == Some(0) {
+            bad(at(k), "must be at least 1 (leave it out for no limit)");
+        }
+    }
+    match t.kind {
+        ToolKind::Builtin => {
+            if !BUILTINS.contains(&name.as_str()) {
+                bad(
+                    format!("tools.\"{key}\".kind"),
+                    &format!(
+                        "no built-in tool `{name}` (built-ins: {})",
+                        BUILTINS.join(", ")
+                    ),
+                );
+            }
+            builtin_problems(t, version.as_deref(), &at, bad);
+        }
+        ToolKind::Http => http_problems(t, &at, bad),
+    }
+}
+
+/// The keys only a webhook (kind http) has.
+fn http_problems(t: &ToolConfig, at: &dyn Fn(&str) -> String, bad: &mut dyn FnMut(String, &str)) {
+    match &t.url {
+        None => bad(at("url"), "required for kind http"),
+        Some(url) if !url_ok(url) => bad(at("url"), "must start with http:// or https://"),
+        Some(_) => {}
+    }
+    if t.auth_header.is_some() != t.auth_env.is_some() {
+        bad(at("auth_env"), "auth_header and auth_env go together");
+    }
+    if t.retry.max_attempts == 0 {
+        bad(at("retry.max_attempts"), "must be at least 1");
+    }
+    if t.retry.initial_backoff > t.retry.max_backoff {
+        bad(
+            at("retry.initial_backoff"),
+            "must not exceed retry.max_backoff",
+        );
+    }
+    // The retry loop draws its pause as a share of the cap (`Duration::mul_f64`
+    // panics near 2^64 s) and doubles it; a tool's deadline is at most an hour.
+    if t.retry.initial_backoff.is_zero() {
+        bad(
+            at("retry.initial_backoff"),
+            "must be greater than zero (zero retries without a pause)",
+        );
+    }
+    if t.retry.max_backoff > MAX_WAIT {
+        bad(at("retry.max_backoff"), &at_most(MAX_WAIT));
+    }
+    if let Some(problem) = t.retry.attempt_timeout.and_then(timeout_problem) {
+        bad(at("retry.attempt_timeout"), &problem);
+    }
+    if t.idempotency_window.is_zero() {
+        bad(at("idempotency_window"), "must be greater than zero");
     }
 }
 
