@@ -3,19 +3,14 @@
 use super::{Config, Invalid, ProviderKind};
 use std::time::Duration;
 
-/// Largest accepted price, USD per 1M tokens: the dearest models cost a
-/// few hundred; a price past this is a typo (per token instead of per
-/// million), and would make every call's cost absurd.
+/// Largest price, USD per 1M tokens: the dearest cost a few hundred; more is a per-token typo.
 pub const MAX_PRICE_PER_MTOK: f64 = 10_000.0;
 
-/// Largest accepted `max_tokens` of a task (and of a stored prompt
-/// version's override): above every model's output window, and it bounds
-/// the output tokens a provider may plausibly report.
+/// Largest task `max_tokens`: above every model's output window; bounds plausible output.
 pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
 
-/// Checks that a database URL names a SQLite file or a PostgreSQL
-/// database. An in-memory SQLite database is refused: the ledger's writer
-/// has its own connection to the file, and usage must outlive the process.
+/// Checks a database URL names a SQLite file or a PostgreSQL database, not in-memory SQLite:
+/// the ledger's writer has its own connection, and usage must outlive the process.
 fn database_url(url: &str) -> Result<(), &'static str> {
     if let Some(rest) = url.strip_prefix("sqlite:") {
         let rest = rest.strip_prefix("//").unwrap_or(rest);
@@ -185,9 +180,7 @@ pub mod tools;
 /// Most teams `telemetry.team_labels` may list.
 const MAX_TEAM_LABELS: usize = 200;
 
-/// Every problem found, in a stable order (providers, tasks, server, database).
-/// A list past its bound is all that is reported: nothing else is looked
-/// at in a config that large.
+/// Every problem, in a stable order; a list past its bound is all that is reported.
 pub(super) fn check(config: &Config) -> Vec<Invalid> {
     let mut out = Vec::new();
     lists::check(config, &mut |path, message| {
@@ -234,7 +227,6 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     out
 }
 
-/// `[tasks.<name>]`: a non-empty chain of known providers, sane sampling.
 fn tasks(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (name, t) in &config.tasks {
         let at = |key: &str| format!("tasks.{name}.{key}");
@@ -279,7 +271,6 @@ fn tasks(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
-/// `[pricing."<model>"]`: either `price = "unknown"` or both per-token prices.
 fn pricing(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (model, price) in &config.pricing {
         let at = |key: &str| format!("pricing.\"{model}\".{key}");
@@ -332,7 +323,6 @@ fn unpriced_targets(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
-/// `[auth]`: named, hashed keys with at least one team each.
 fn auth(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let mut names = std::collections::BTreeSet::new();
     for (i, key) in config.auth.keys.iter().enumerate() {
@@ -357,13 +347,11 @@ fn auth(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
-/// `[telemetry]`: a sample ratio, a bounded team label list, an http(s) endpoint.
 fn telemetry(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if !(0.0..=1.0).contains(&config.telemetry.sample_ratio) {
         bad("telemetry.sample_ratio".into(), "must be between 0 and 1");
     }
-    // Each listed team is a label value of its own: a bounded list keeps
-    // the series a scrape carries bounded.
+    // Each listed team is a label value of its own: a bounded list bounds a scrape's series.
     if config.telemetry.team_labels.len() > MAX_TEAM_LABELS {
         bad(
             "telemetry.team_labels".into(),
@@ -386,7 +374,6 @@ fn telemetry(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
-/// `[metering]`: a sane cap, batching, and a sweep that spares live requests.
 fn metering(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let m = &config.metering;
     if let Some(cost) = m.default_limits.max_cost_usd
@@ -417,7 +404,6 @@ fn metering(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
-/// `[retry]`: at least one attempt, a cap no lower than the base backoff.
 fn retry(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if config.retry.max_attempts == 0 {
         bad(
@@ -433,7 +419,6 @@ fn retry(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
-/// `[server]`: limits that admit a call, message sizes that fit an input.
 fn server(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if config.server.max_concurrent_requests == 0 {
         bad(
@@ -489,7 +474,6 @@ fn server(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
-/// `[database]`: a URL the store can open, at least one connection.
 fn database(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if let Err(why) = database_url(&config.database.url) {
         bad("database.url".into(), why);

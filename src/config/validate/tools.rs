@@ -1,6 +1,5 @@
-//! Validation of `[tools]`, `[mcp_servers]`, `[mcp_endpoint]` and
-//! `[auth.roles]`: a tool whose schema does not compile, a webhook without
-//! a URL or an unknown role stops the server at start-up, naming the key.
+//! Validation of `[tools]`, `[mcp_servers]`, `[mcp_endpoint]` and `[auth.roles]`: a bad
+//! schema, a webhook without a URL or an unknown role stops start-up, naming the key.
 
 use super::bounds::{MAX_WAIT, at_most};
 use crate::config::{
@@ -15,8 +14,7 @@ pub const BUILTINS: [&str; 3] = ["system.echo", "system.health", "sms.segments"]
 /// The roles a key may hold.
 pub const ROLES: [&str; 3] = ["viewer", "caller", "admin"];
 
-/// Most MCP endpoint sessions `mcp_endpoint.max_sessions` may allow: each
-/// holds a worker task and its buffers, and a cap past this is no cap.
+/// Most `mcp_endpoint.max_sessions`: each holds a worker task and buffers; more is no cap.
 const MAX_MCP_SESSIONS: usize = 100_000;
 
 /// A tool or server name: letters, digits, `_`, `-` and `.`, from 1 to 64.
@@ -177,7 +175,6 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
-/// The checks of one `[tools."<name>@<version>"]`.
 fn tool(key: &str, t: &ToolConfig, bad: &mut dyn FnMut(String, &str)) {
     let at = |k: &str| format!("tools.\"{key}\".{k}");
     let (name, version) = name_and_version(key, t.version.as_deref());
@@ -248,8 +245,7 @@ fn http_problems(t: &ToolConfig, at: &dyn Fn(&str) -> String, bad: &mut dyn FnMu
             "must not exceed retry.max_backoff",
         );
     }
-    // The retry loop draws its pause as a share of the cap (`Duration::mul_f64`
-    // panics near 2^64 s) and doubles it; a tool's deadline is at most an hour.
+    // The retry loop's pause is a share of the cap (`Duration::mul_f64` panics near 2^64 s).
     if t.retry.initial_backoff.is_zero() {
         bad(
             at("retry.initial_backoff"),
@@ -322,7 +318,6 @@ quota = { max_per_hour = 1000, max_concurrent = 10 }
         assert!(paths(ok).is_empty(), "{:?}", paths(ok));
         let broken = ok.replace(r#"{ type = "string" }"#, r#"{ type = "strng" }"#);
         assert_eq!(paths(&broken), [r#"tools."crm.add_note".input_schema"#]);
-        // As a JSON string too.
         let as_json = r#"
 [tools."crm.echo"]
 kind = "http"
@@ -421,7 +416,6 @@ timeout = "5s"
             config.notes,
             [r#"tools."crm.slow".timeout = 1m 30s is over tool_limits.max_timeout: capped to 1m"#]
         );
-        // A cap of one's own.
         let lower = load(&format!("[tool_limits]\nmax_timeout = \"2s\"\n{toml}"));
         assert_eq!(lower.tools["crm.slow"].timeout, Duration::from_secs(2));
         assert_eq!(lower.tools["crm.quick"].timeout, Duration::from_secs(2));
