@@ -13,12 +13,7 @@ mod run;
 pub use prompts::prompt_store;
 pub use run::reflected_descriptor_sets;
 
-use crate::{
-    api::{OrchestratorApi, admin::PromptAdminApi},
-    auth::Authenticator,
-    config::Config,
-    store::Store,
-};
+use crate::{auth::Authenticator, config::Config, store::Store};
 use std::{future::Future, net::SocketAddr, sync::Arc};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 use tonic_health::server::HealthReporter;
@@ -54,11 +49,8 @@ pub struct App {
     /// The SQLite file's claim, held until the server has stopped.
     _claim: Option<std::fs::File>,
     auth: Authenticator,
-    api: OrchestratorApi,
-    prompt_admin: PromptAdminApi,
-    tools: crate::api::tools::ToolServiceApi,
-    agents: crate::api::agent::AgentApi,
-    audit: crate::api::audit::AuditApi,
+    /// The gRPC services behind the key check.
+    services: routes::Authenticated,
     /// The pipeline, for the background work on it (the ASYNC tool worker,
     /// the MCP clients, the MCP endpoint).
     pipeline: crate::call::Pipeline,

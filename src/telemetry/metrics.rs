@@ -131,6 +131,14 @@ pub fn render() -> String {
 
 /// HELP text of every family (a scrape shows it beside the `TYPE`).
 fn describe() {
+    describe_providers();
+    describe_usage();
+    describe_tools_and_agents();
+    describe_grpc();
+}
+
+/// HELP text of provider calls, breakers, probes, the cluster store and our overhead.
+fn describe_providers() {
     describe_counter!(
         "llm_requests_total",
         "Provider calls made, by provider, model and status (ok or the attempt's error code)."
@@ -182,6 +190,10 @@ fn describe() {
         Unit::Seconds,
         "Request time outside provider calls and their waits: our own work."
     );
+}
+
+/// HELP text of the usage ledger and the teams' caps and spend.
+fn describe_usage() {
     describe_histogram!(
         "usage_ledger_wait_seconds",
         Unit::Seconds,
@@ -213,6 +225,10 @@ fn describe() {
         "usage_team_calls_total",
         "Metered calls per team (listed teams by name, the rest as other)."
     );
+}
+
+/// HELP text of tool invocations and agent turns.
+fn describe_tools_and_agents() {
     describe_counter!(
         "tool_invocations_total",
         "Tool invocations, by tool and status (PENDING when an ASYNC one is accepted)."
@@ -242,6 +258,10 @@ fn describe() {
         "agent_tool_calls_total",
         "Tool calls asked for by agents' models, by agent, tool and status (DENIED included)."
     );
+}
+
+/// HELP text of the errors returned and the gRPC calls.
+fn describe_grpc() {
     describe_counter!(
         "orchestrator_errors_total",
         "Errors returned to callers, by stable ErrorInfo reason."
