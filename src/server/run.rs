@@ -21,9 +21,8 @@ use tonic::{
 use tonic_health::{ServingStatus, pb::health_server::HealthServer, server::HealthService};
 
 impl App {
-    /// Serves until `shutdown` completes, then marks health NOT_SERVING,
-    /// stops accepting, lets in-flight calls finish (up to
-    /// `server.shutdown_grace`), flushes usage and closes the database.
+    /// Serves until `shutdown`, then drains: health NOT_SERVING, in-flight calls
+    /// finish (up to `server.shutdown_grace`), usage flushed, database closed.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -47,9 +46,8 @@ impl App {
             key_store,
             cluster,
         } = self;
-        // Read before anything starts: a missing certificate fails the
-        // start with nothing left running. (`check-config` does not read
-        // them: a rendered config is checked where the secrets are not.)
+        // Read first: a missing certificate fails the start with nothing running.
+        // (`check-config` skips them: it runs where the secrets are not.)
         let tls = config.server.tls.as_ref().map(super::build::server_tls);
         let tls = tls.transpose()?;
         let (stop_tasks, tasks_stopped) = watch::channel(false);
@@ -68,8 +66,7 @@ impl App {
             &pipeline,
             cluster.as_ref(),
         );
-        // Turns true when shutdown starts: gRPC and the MCP endpoint stop
-        // taking calls and drain those in flight.
+        // Turns true when shutdown starts: gRPC and the MCP endpoint drain.
         let (draining_tx, draining) = watch::channel(false);
         let mcp_endpoint = spawn_mcp_endpoint(
             mcp_listener,
@@ -89,9 +86,8 @@ impl App {
         serve_grpc(listener, tls, routes, &config.server, signal, draining).await?;
 
         tasks.stop(&stop_tasks, metrics_task, mcp_endpoint).await;
-        // Calls still running past the grace period can no longer be
-        // recorded; everything queued (incl. settlements of cancelled calls)
-        // is committed.
+        // Calls running past the grace can no longer be recorded; everything
+        // queued (settlements of cancelled calls too) is committed.
         let _ = stop_writer.send(true);
         if let Some(done) = writer_done {
             let _ = done.await;
@@ -102,8 +98,7 @@ impl App {
     }
 }
 
-/// The background work that runs until the drain ends, except the database
-/// probe (stopped first, when shutdown starts).
+/// The background tasks but the database probe, stopped after the drain.
 struct Background {
     key_refresher: Option<JoinHandle<()>>,
     sweeper: Option<JoinHandle<()>>,
@@ -140,8 +135,7 @@ impl Background {
                 stopped.clone(),
             ))
         });
-        // Always: conversations stored under an agent since removed from
-        // the config still expire.
+        // Always: conversations of an agent since removed still expire.
         let conversation_sweeper = Some(tokio::spawn(
             background::sweep_conversations_periodically(store.clone(), stopped.clone()),
         ));
@@ -188,9 +182,8 @@ impl Background {
         mcp_endpoint: Option<JoinHandle<()>>,
     ) {
         let _ = stop.send(true);
-        // An ASYNC invocation still running is taken again, under the same
-        // idempotency key, once its lease expires (by this process's next
-        // start, or another replica).
+        // A running ASYNC invocation is taken again, under its idempotency key,
+        // when its lease expires (at the next start, or by another replica).
         self.worker.abort();
         let _ = self.worker.await;
         for task in [
@@ -280,8 +273,7 @@ fn grpc_routes(
     ))
 }
 
-/// Completes once `shutdown` has and the replica is out of service:
-/// health NOT_SERVING, the endpoints draining.
+/// Completes once `shutdown` has, health says NOT_SERVING and endpoints drain.
 async fn shutdown_signal(
     shutdown: impl Future<Output = ()>,
     probe: JoinHandle<()>,
@@ -290,17 +282,15 @@ async fn shutdown_signal(
 ) {
     shutdown.await;
     tracing::info!("shutdown requested: draining in-flight calls");
-    // The database probe goes first (cancelled mid-ping if need be): a
-    // database recovering during the drain must not flip health back to
-    // SERVING while the load balancer is taking this replica out.
+    // The probe goes first (cancelled mid-ping if need be): a database back
+    // during the drain must not flip health to SERVING as the balancer drains us.
     probe.abort();
     let _ = probe.await;
     background::set_health(&health, ServingStatus::NotServing).await;
     let _ = draining.send(true);
 }
 
-/// Serves gRPC until `signal` completes and the calls in flight end, or
-/// `server.shutdown_grace` after draining starts.
+/// Serves gRPC until `signal`, then until calls end or the grace runs out.
 async fn serve_grpc(
     listener: TcpListener,
     tls: Option<ServerTlsConfig>,
@@ -337,10 +327,8 @@ async fn serve_grpc(
     Ok(())
 }
 
-/// Every descriptor server reflection serves: our services, gRPC health,
-/// and the richer-error-model types our statuses carry in their details
-/// (`google.rpc.ErrorInfo`, `BadRequest`, `QuotaFailure`, `RetryInfo`,
-/// `google.rpc.Status`), so grpcurl decodes them with no `-proto`.
+/// What server reflection serves: ours, gRPC health and the richer-error
+/// types in our statuses' details, so grpcurl decodes them with no `-proto`.
 pub fn reflected_descriptor_sets() -> [&'static [u8]; 3] {
     [
         pb::FILE_DESCRIPTOR_SET,
