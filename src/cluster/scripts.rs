@@ -81,7 +81,7 @@ end
 return 1
 "#;
 
-/// A tool's hour count and/or running slot, both or neither. Returns 0, 1 hour full, 2 running full.
+/// A tool's hour count and/or running slot, both or neither. Returns 0, 1 hour full, 2 slots full.
 pub static TOOL_ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(TOOL_ADMIT_LUA));
 
 const TOOL_ADMIT_LUA: &str = r#"
