@@ -248,60 +248,17 @@ fn summarise(attempts: &[AttemptRecord]) -> String {
         .join(",")
 }
 
+/// A failure's gRPC code, stable reason and client-safe message.
+type Parts = (Code, &'static str, String);
+
 /// Builds the status for `failure`, tagged with `trace_id`.
 pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
     let mut info = HashMap::from([("trace_id".to_owned(), trace_id.to_owned())]);
     let mut details = ErrorDetails::new();
     let (code, reason, message) = match failure {
-        Failure::Invalid(violations) => {
-            let message = violations
-                .iter()
-                .map(|(f, d)| format!("{f}: {d}"))
-                .collect::<Vec<_>>()
-                .join("; ");
-            for (field, description) in violations {
-                details.add_bad_request_violation(field, description);
-            }
-            (Code::InvalidArgument, reason::INVALID_INPUT, message)
-        }
-        Failure::UnknownTask(task) => {
-            let task = clip(&task, MAX_ECHO);
-            details.add_bad_request_violation("task", format!("unknown task `{task}`"));
-            info.insert("task".into(), task.clone());
-            (
-                Code::InvalidArgument,
-                reason::TASK_UNKNOWN,
-                format!("unknown task `{task}`"),
-            )
-        }
-        Failure::Route(RouteError::UnknownTask(task)) => {
-            return to_status(Failure::UnknownTask(task), trace_id);
-        }
-        Failure::Route(err @ RouteError::AllProvidersFailed { .. }) => {
-            let reason = err.reason();
-            let attempts = err.attempts();
-            super::access::note(|f| f.attempts = attempts.len());
-            info.insert("attempts".into(), summarise(attempts));
-            // Outages are usually short; a second later the breaker may let
-            // a probe through, or the cluster store answer again.
-            details.set_retry_info(Some(Duration::from_secs(1)));
-            let message = if reason == RouteError::CLUSTER_STORE_UNAVAILABLE {
-                "the cluster store that keeps the providers' shared limits is unreachable"
-                    .to_owned()
-            } else {
-                format!("all {} provider attempt(s) failed", attempts.len())
-            };
-            (Code::Unavailable, reason, message)
-        }
-        Failure::Route(RouteError::DeadlineExceeded { attempts }) => {
-            super::access::note(|f| f.attempts = attempts.len());
-            info.insert("attempts".into(), summarise(&attempts));
-            (
-                Code::DeadlineExceeded,
-                reason::DEADLINE_EXCEEDED,
-                format!("deadline exceeded after {} attempt(s)", attempts.len()),
-            )
-        }
+        Failure::Invalid(violations) => invalid_input(violations, &mut details),
+        Failure::UnknownTask(task) => unknown_task(&task, &mut details, &mut info),
+        Failure::Route(err) => route_failure(err, &mut details, &mut info),
         Failure::Storage(detail) => {
             tracing::error!(%trace_id, error = %detail, "storage failure");
             details.set_retry_info(Some(Duration::from_secs(1)));
@@ -333,108 +290,33 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             };
             (Code::Unauthenticated, reason, err.to_string())
         }
-        Failure::TeamNotAllowed { field, team } => {
-            info.insert("team_id".into(), team.clone());
-            info.insert("field".into(), field.into());
-            (
-                Code::PermissionDenied,
-                reason::TEAM_NOT_ALLOWED,
-                format!("this API key may not act for team `{team}` ({field})"),
-            )
-        }
-        Failure::AdminRequired(team) => {
-            let message = match &team {
-                Some(team) => {
-                    info.insert("team_id".into(), team.clone());
-                    format!("needs an admin API key for team `{team}`")
-                }
-                None => "global prompts need an admin API key for all teams".to_owned(),
-            };
-            (Code::PermissionDenied, reason::ADMIN_REQUIRED, message)
-        }
-        Failure::Quota(refusal) => {
-            let (limit, remaining) = match refusal.cap {
-                CapKind::Cost => (
-                    format!("{:.6}", usd(refusal.limit)),
-                    format!("{:.6}", usd(refusal.remaining())),
-                ),
-                _ => (refusal.limit.to_string(), refusal.remaining().to_string()),
-            };
-            details.add_quota_failure_violation(
-                refusal.cap.as_str(),
-                format!("monthly cap {limit} would be exceeded; {remaining} remaining"),
-            );
-            info.insert("cap".into(), refusal.cap.as_str().into());
-            info.insert("limit".into(), limit);
-            info.insert("remaining".into(), remaining);
-            (
-                Code::ResourceExhausted,
-                reason::QUOTA_EXCEEDED,
-                format!("the team's {} cap would be exceeded", refusal.cap.as_str()),
-            )
-        }
+        Failure::TeamNotAllowed { field, team } => team_not_allowed(field, team, &mut info),
+        Failure::AdminRequired(team) => admin_required(team, &mut info),
+        Failure::Quota(refusal) => quota_exceeded(&refusal, &mut details, &mut info),
         Failure::Budget {
             estimate_micros,
             budget_usd,
-        } => {
-            details.add_bad_request_violation(
-                "budget.max_cost_usd",
-                format!(
-                    "estimated cost {} USD exceeds the budget {budget_usd} USD",
-                    usd_text(estimate_micros),
-                ),
-            );
-            info.insert("estimated_cost_usd".into(), usd_text(estimate_micros));
-            info.insert("budget_usd".into(), budget_usd.to_string());
-            // The input is fine, but this call cannot run within its budget.
-            (
-                Code::FailedPrecondition,
-                reason::BUDGET_EXCEEDED,
-                "the estimated cost exceeds budget.max_cost_usd".to_owned(),
-            )
-        }
+        } => call_budget_exceeded(estimate_micros, budget_usd, &mut details, &mut info),
         Failure::ToolDenied(denial) => Failure::tool_denial(denial, &mut details, &mut info),
-        Failure::Agent(err) => {
-            let reason = err.reason();
-            let code = match &err {
-                AgentError::UnknownAgent(name) => {
-                    details.add_bad_request_violation("agent", format!("unknown agent `{name}`"));
-                    Code::InvalidArgument
-                }
-                AgentError::ConversationNotFound(_) => Code::NotFound,
-                // Retry once the running turn has ended.
-                AgentError::ConversationBusy(_) => {
-                    details.set_retry_info(Some(Duration::from_secs(1)));
-                    Code::Aborted
-                }
-                AgentError::AgentMismatch { .. } | AgentError::WindowExceeded { .. } => {
-                    Code::FailedPrecondition
-                }
-                AgentError::Prompt(_) => Code::InvalidArgument,
-            };
-            (code, reason, err.to_string())
-        }
+        Failure::Agent(err) => agent_refusal(err, &mut details),
         Failure::ToolBudget {
             estimate_micros,
             budget_usd,
-        } => {
-            // SPEC §9.3: a tool's budget refusal is a quota failure.
-            details.add_quota_failure_violation(
-                "budget.max_cost_usd",
-                format!(
-                    "estimated cost {} USD exceeds the budget {budget_usd} USD",
-                    usd_text(estimate_micros)
-                ),
-            );
-            info.insert("estimated_cost_usd".into(), usd_text(estimate_micros));
-            info.insert("budget_usd".into(), budget_usd.to_string());
-            (
-                Code::ResourceExhausted,
-                reason::BUDGET_EXCEEDED,
-                "the tool's estimated cost exceeds budget.max_cost_usd".to_owned(),
-            )
-        }
+        } => tool_budget_exceeded(estimate_micros, budget_usd, &mut details, &mut info),
     };
+    assemble(code, reason, &message, details, info, trace_id)
+}
+
+/// Records the failure's reason and code, then builds the bounded status
+/// with its `ErrorInfo` and `x-trace-id` metadata.
+fn assemble(
+    code: Code,
+    reason: &'static str,
+    message: &str,
+    mut details: ErrorDetails,
+    info: HashMap<String, String>,
+    trace_id: &str,
+) -> Status {
     crate::telemetry::metrics::error_reason(reason);
     super::record_status(code);
     super::access::note(|f| {
@@ -450,7 +332,196 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
     if let Ok(value) = trace_id.parse() {
         metadata.insert(TRACE_ID_HEADER, value);
     }
-    Status::with_error_details_and_metadata(code, clip(&message, MAX_MESSAGE), details, metadata)
+    Status::with_error_details_and_metadata(code, clip(message, MAX_MESSAGE), details, metadata)
+}
+
+/// Bad fields: one `BadRequest` violation each, all of them in the message.
+fn invalid_input(violations: Vec<(String, String)>, details: &mut ErrorDetails) -> Parts {
+    let message = violations
+        .iter()
+        .map(|(f, d)| format!("{f}: {d}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    for (field, description) in violations {
+        details.add_bad_request_violation(field, description);
+    }
+    (Code::InvalidArgument, reason::INVALID_INPUT, message)
+}
+
+/// An unknown task, echoed clipped.
+fn unknown_task(
+    task: &str,
+    details: &mut ErrorDetails,
+    info: &mut HashMap<String, String>,
+) -> Parts {
+    let task = clip(task, MAX_ECHO);
+    details.add_bad_request_violation("task", format!("unknown task `{task}`"));
+    info.insert("task".into(), task.clone());
+    (
+        Code::InvalidArgument,
+        reason::TASK_UNKNOWN,
+        format!("unknown task `{task}`"),
+    )
+}
+
+/// A routing failure, with a summary of its attempts.
+fn route_failure(
+    err: RouteError,
+    details: &mut ErrorDetails,
+    info: &mut HashMap<String, String>,
+) -> Parts {
+    match err {
+        RouteError::UnknownTask(task) => unknown_task(&task, details, info),
+        err @ RouteError::AllProvidersFailed { .. } => {
+            let reason = err.reason();
+            let attempts = err.attempts();
+            super::access::note(|f| f.attempts = attempts.len());
+            info.insert("attempts".into(), summarise(attempts));
+            // Outages are usually short; a second later the breaker may let
+            // a probe through, or the cluster store answer again.
+            details.set_retry_info(Some(Duration::from_secs(1)));
+            let message = if reason == RouteError::CLUSTER_STORE_UNAVAILABLE {
+                "the cluster store that keeps the providers' shared limits is unreachable"
+                    .to_owned()
+            } else {
+                format!("all {} provider attempt(s) failed", attempts.len())
+            };
+            (Code::Unavailable, reason, message)
+        }
+        RouteError::DeadlineExceeded { attempts } => {
+            super::access::note(|f| f.attempts = attempts.len());
+            info.insert("attempts".into(), summarise(&attempts));
+            (
+                Code::DeadlineExceeded,
+                reason::DEADLINE_EXCEEDED,
+                format!("deadline exceeded after {} attempt(s)", attempts.len()),
+            )
+        }
+    }
+}
+
+/// The key may not act for `team`, named by the request's `field`.
+fn team_not_allowed(
+    field: &'static str,
+    team: String,
+    info: &mut HashMap<String, String>,
+) -> Parts {
+    info.insert("team_id".into(), team.clone());
+    info.insert("field".into(), field.into());
+    (
+        Code::PermissionDenied,
+        reason::TEAM_NOT_ALLOWED,
+        format!("this API key may not act for team `{team}` ({field})"),
+    )
+}
+
+/// The RPC needs an admin key over `team` (`None`: global prompts).
+fn admin_required(team: Option<String>, info: &mut HashMap<String, String>) -> Parts {
+    let message = match &team {
+        Some(team) => {
+            info.insert("team_id".into(), team.clone());
+            format!("needs an admin API key for team `{team}`")
+        }
+        None => "global prompts need an admin API key for all teams".to_owned(),
+    };
+    (Code::PermissionDenied, reason::ADMIN_REQUIRED, message)
+}
+
+/// A monthly cap would be exceeded: its limit and what remains.
+fn quota_exceeded(
+    refusal: &Refusal,
+    details: &mut ErrorDetails,
+    info: &mut HashMap<String, String>,
+) -> Parts {
+    let (limit, remaining) = match refusal.cap {
+        CapKind::Cost => (
+            format!("{:.6}", usd(refusal.limit)),
+            format!("{:.6}", usd(refusal.remaining())),
+        ),
+        _ => (refusal.limit.to_string(), refusal.remaining().to_string()),
+    };
+    details.add_quota_failure_violation(
+        refusal.cap.as_str(),
+        format!("monthly cap {limit} would be exceeded; {remaining} remaining"),
+    );
+    info.insert("cap".into(), refusal.cap.as_str().into());
+    info.insert("limit".into(), limit);
+    info.insert("remaining".into(), remaining);
+    (
+        Code::ResourceExhausted,
+        reason::QUOTA_EXCEEDED,
+        format!("the team's {} cap would be exceeded", refusal.cap.as_str()),
+    )
+}
+
+/// A call's estimated cost exceeds its request budget.
+fn call_budget_exceeded(
+    estimate_micros: i64,
+    budget_usd: f64,
+    details: &mut ErrorDetails,
+    info: &mut HashMap<String, String>,
+) -> Parts {
+    details.add_bad_request_violation(
+        "budget.max_cost_usd",
+        format!(
+            "estimated cost {} USD exceeds the budget {budget_usd} USD",
+            usd_text(estimate_micros),
+        ),
+    );
+    info.insert("estimated_cost_usd".into(), usd_text(estimate_micros));
+    info.insert("budget_usd".into(), budget_usd.to_string());
+    // The input is fine, but this call cannot run within its budget.
+    (
+        Code::FailedPrecondition,
+        reason::BUDGET_EXCEEDED,
+        "the estimated cost exceeds budget.max_cost_usd".to_owned(),
+    )
+}
+
+/// A tool invocation's estimated cost exceeds its request budget.
+fn tool_budget_exceeded(
+    estimate_micros: i64,
+    budget_usd: f64,
+    details: &mut ErrorDetails,
+    info: &mut HashMap<String, String>,
+) -> Parts {
+    // SPEC §9.3: a tool's budget refusal is a quota failure.
+    details.add_quota_failure_violation(
+        "budget.max_cost_usd",
+        format!(
+            "estimated cost {} USD exceeds the budget {budget_usd} USD",
+            usd_text(estimate_micros)
+        ),
+    );
+    info.insert("estimated_cost_usd".into(), usd_text(estimate_micros));
+    info.insert("budget_usd".into(), budget_usd.to_string());
+    (
+        Code::ResourceExhausted,
+        reason::BUDGET_EXCEEDED,
+        "the tool's estimated cost exceeds budget.max_cost_usd".to_owned(),
+    )
+}
+
+/// An agent turn that could not start.
+fn agent_refusal(err: AgentError, details: &mut ErrorDetails) -> Parts {
+    let reason = err.reason();
+    let code = match &err {
+        AgentError::UnknownAgent(name) => {
+            details.add_bad_request_violation("agent", format!("unknown agent `{name}`"));
+            Code::InvalidArgument
+        }
+        AgentError::ConversationNotFound(_) => Code::NotFound,
+        // Retry once the running turn has ended.
+        AgentError::ConversationBusy(_) => {
+            details.set_retry_info(Some(Duration::from_secs(1)));
+            Code::Aborted
+        }
+        AgentError::AgentMismatch { .. } | AgentError::WindowExceeded { .. } => {
+            Code::FailedPrecondition
+        }
+        AgentError::Prompt(_) => Code::InvalidArgument,
+    };
+    (code, reason, err.to_string())
 }
 
 /// Most bytes of a caller's value (a task, an ID) an error repeats.

@@ -1,9 +1,5 @@
-//! The per-team hash chain: event `n` stores `prev_hash` (event `n-1`'s
-//! hash; 64 zeros for the first) and `hash = SHA-256(prev_hash ||
-//! canonical(event))`, both lowercase hex, where `canonical(event)` is the
-//! RFC 8785 JSON of the event's fields with its `seq` (and without the two
-//! hashes). Changing any stored field, or deleting or inserting an event,
-//! breaks the chain at that event.
+//! The per-team hash chain: `hash = SHA-256(prev_hash || RFC 8785 JSON of the event and its seq)`,
+//! so changing, deleting or inserting an event breaks the chain there.
 
 use super::{AuditEvent, digest};
 use serde::Serialize;
@@ -11,8 +7,7 @@ use serde::Serialize;
 /// The `prev_hash` of a team's first event.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
-/// Where a team's chain ends: its last event's sequence number (0 before
-/// the first) and hash ([`GENESIS`] before the first).
+/// Where a team's chain ends ([`Default`]: before its first event).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
     /// Last sequence number.
@@ -58,8 +53,7 @@ pub fn hash(prev_hash: &str, seq: i64, event: &AuditEvent) -> String {
     digest::sha256_hex(&bytes)
 }
 
-/// Links `events` (all of one team, in order) after `head`; returns them
-/// linked and the new head.
+/// Links `events`, all of one team and in order, after `head`; returns the new head too.
 pub fn link(head: &Head, events: impl IntoIterator<Item = AuditEvent>) -> (Vec<Linked>, Head) {
     let mut head = head.clone();
     let mut out = Vec::new();
@@ -77,10 +71,7 @@ pub fn link(head: &Head, events: impl IntoIterator<Item = AuditEvent>) -> (Vec<L
     (out, head)
 }
 
-/// The first event of a team's chain that does not hold, reading `events`
-/// in sequence order: a stored hash that is not its content's, a
-/// `prev_hash` that is not the previous hash, or a gap in the sequence (an
-/// event deleted). `None` when the whole chain holds.
+/// The first event with a wrong hash, a wrong `prev_hash` or a sequence gap before it.
 pub fn first_broken<'a>(events: impl IntoIterator<Item = &'a Linked>) -> Option<&'a Linked> {
     let mut head = Head::default();
     for e in events {
@@ -125,7 +116,6 @@ mod tests {
         assert_eq!(head.seq, 3);
         assert_eq!(head.hash, linked[2].hash);
         assert!(first_broken(&linked).is_none());
-        // Appending later continues from the head.
         let (more, _) = link(&head, [event(4)]);
         assert_eq!((more[0].seq, more[0].prev_hash.clone()), (4, head.hash));
         let all: Vec<_> = linked.iter().chain(&more).collect();
@@ -135,18 +125,14 @@ mod tests {
     #[test]
     fn tampering_breaks_the_chain_at_the_changed_event() {
         let (linked, _) = link(&Head::default(), (1..=5).map(event));
-        // A field changed.
         let mut changed = linked.clone();
         changed[2].event.decision = "deny".into();
         assert_eq!(first_broken(&changed).map(|e| e.seq), Some(3));
-        // A hash recomputed to match the change: the next link breaks.
         changed[2].hash = hash(&changed[2].prev_hash, 3, &changed[2].event);
         assert_eq!(first_broken(&changed).map(|e| e.seq), Some(4));
-        // An event deleted: a gap in the sequence.
         let mut deleted = linked.clone();
         deleted.remove(1);
         assert_eq!(first_broken(&deleted).map(|e| e.seq), Some(3));
-        // The first event deleted.
         assert_eq!(first_broken(&linked[1..]).map(|e| e.seq), Some(2));
     }
 }

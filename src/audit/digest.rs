@@ -1,10 +1,5 @@
-//! What the audit log keeps of a payload: the SHA-256 of its canonical
-//! JSON (RFC 8785) after redaction, and its size. Never the payload.
-//!
-//! Redaction replaces the value of every key that names personal data or a
-//! secret ([`is_sensitive`]) with `"[REDACTED]"`, recursively, in arrays
-//! too, so two payloads that differ only in a password hash alike and a
-//! hash cannot be brute-forced back to an email address.
+//! What the audit log keeps of a payload: SHA-256 and size of its redacted RFC 8785 JSON, never
+//! the payload; redaction keeps a digest from being brute-forced back to a secret or an email.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -12,14 +7,7 @@ use sha2::{Digest, Sha256};
 /// The value put in place of a sensitive one.
 pub const REDACTED: &str = "[REDACTED]";
 
-/// Whether a key names personal data or a secret: password, secret, token,
-/// API key, credential, email, phone, address, SSN, credit card, and any
-/// key whose last word is `secret`, `token` or `key`. Case and the way
-/// words are joined do not matter (`apiKey`, `api-key`, `API_KEY`,
-/// `privateKey`, `stripe.key`). The longer words are found anywhere in the
-/// key (`contactEmail`, `x_api_key`), erring towards redacting; `ssn` and
-/// `key` only as words of their own, so `businessName` and `monkey` are
-/// kept.
+/// Whether a key names personal data or a secret, erring towards redacting.
 pub fn is_sensitive(key: &str) -> bool {
     let squashed: String = key
         .chars()
@@ -47,8 +35,6 @@ pub fn is_sensitive(key: &str) -> bool {
         || (words.len() > 1 && words.last().is_some_and(|w| w == "key" || w == "keys"))
 }
 
-/// The words of a key, lowercase: split at anything not a letter or digit
-/// and where camelCase starts a word (`APIKey` is `api`, `key`).
 fn words(key: &str) -> Vec<String> {
     let chars: Vec<char> = key.chars().collect();
     let mut out: Vec<String> = Vec::new();
@@ -102,8 +88,7 @@ pub fn redact(value: &Value) -> Value {
 
 /// The canonical JSON (RFC 8785) of `value`.
 pub fn canonical(value: &Value) -> Vec<u8> {
-    // Serializing a `Value` cannot fail: its keys are strings and its
-    // numbers finite; an empty output would still hash deterministically.
+    // Cannot fail on a `Value` (string keys, finite numbers).
     serde_json_canonicalizer::to_vec(value).unwrap_or_default()
 }
 
@@ -112,8 +97,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// The audit digest of a payload: `(sha256 of its redacted canonical JSON,
-/// size of that JSON in bytes)`.
+/// The audit digest of a payload: the SHA-256 and byte size of its redacted canonical JSON.
 pub fn digest(value: &Value) -> (String, i64) {
     let bytes = canonical(&redact(value));
     (
@@ -221,7 +205,6 @@ mod tests {
             a.0.bytes()
                 .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
         );
-        // RFC 8785: `{"a":[1,2],"b":1,"token":"[REDACTED]"}`.
         assert_eq!(
             a.1,
             br#"{"a":[1,2],"b":1,"token":"[REDACTED]"}"#.len() as i64

@@ -1,14 +1,6 @@
-//! The audit log (SPEC §10): one event per decision and change (a tool
-//! call and its result, a denial, an agent turn, a prompt activation, a
-//! limits change, a key created or revoked), with who, what, the decision
-//! and its reason, digests and sizes of the payloads ([`digest`]), times
-//! and costs. Never content.
-//!
-//! Each team's events form a hash chain ([`chain`]): an event's hash covers
-//! the previous one's, so changing or deleting any stored event breaks the
-//! chain at that event, which [`store::verify`] finds. Events are appended
-//! in the ledger's group commit (durable before the reply that depends on
-//! them, like usage records), or directly by the CLI's admin commands.
+//! The audit log (SPEC §10): one event per decision and change (who, what, decision, reason,
+//! payload digests, times, costs; never content), in a per-team hash chain ([`chain`]), appended
+//! in the ledger's group commit, durable before the reply that depends on it, or by the CLI.
 
 pub mod chain;
 pub mod digest;
@@ -57,8 +49,7 @@ impl Category {
     }
 }
 
-/// One audit event, before it joins its team's chain. Field names are the
-/// stored columns and the canonical JSON the chain hashes.
+/// One audit event, before its chain; field names are the columns and the hashed JSON.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AuditEvent {
     /// UUIDv7.
@@ -69,22 +60,17 @@ pub struct AuditEvent {
     pub trace_id: String,
     /// The team whose chain it joins.
     pub team_id: String,
-    /// Who acted: the API key's name (never the key), `anonymous` with
-    /// authentication off, `cli:<user>` for the command line.
+    /// The API key's name (never the key), `anonymous` with auth off, or `cli:<user>`.
     pub principal: String,
     /// What it is about.
     pub category: Category,
-    /// `tool.call`, `tool.result`, `tool.denied`, `workflow.invoke`,
-    /// `workflow.result`, `agent.turn.start`, `agent.turn.complete`,
-    /// `prompt.activated`, `limits.changed`, `key.created`, `key.revoked`.
+    /// `tool.call`, `workflow.result`, `agent.turn.start`, `prompt.activated`, `key.revoked`, …
     pub action: String,
-    /// What was acted on: `tool@version`, `prompt key/version`, a team, a
-    /// key's name.
+    /// What was acted on: `tool@version`, `prompt key/version`, a team, a key's name.
     pub subject: String,
     /// `allow`, `deny`, `ok` or `error`.
     pub decision: String,
-    /// The stable reason of a denial or failure (`CAPABILITY_MISSING`,
-    /// `TIMED_OUT`, ...), empty otherwise.
+    /// The stable reason of a denial or failure (`TIMED_OUT`, …), empty otherwise.
     pub reason: String,
     /// Digest of the redacted input ([`digest::digest`]).
     pub input_sha256: Option<String>,
@@ -105,8 +91,7 @@ pub struct AuditEvent {
 }
 
 impl AuditEvent {
-    /// An event of `category`/`action` on `subject`, now, with a new ID;
-    /// the other fields empty.
+    /// An event of `category`/`action` on `subject`, now, with a new ID.
     pub fn new(
         team_id: &str,
         principal: &str,

@@ -1,6 +1,5 @@
-//! The audit tables: appending a batch of events to their teams' chains (the
-//! SQL the ledger writers run in their group commit, and a transaction of
-//! its own for the CLI), listing events, and verifying a chain.
+//! The audit tables: appending to teams' chains (in a ledger's group commit, or the CLI's own
+//! transaction), listing events, and verifying a chain.
 
 use super::{
     AuditEvent, Category,
@@ -12,8 +11,7 @@ use crate::{
 };
 use std::collections::BTreeMap;
 
-/// The stored columns of an event, in the order of [`insert_sql`]'s
-/// values and of [`SELECT`].
+/// The stored columns, in the order of [`insert_sql`]'s values and of `SELECT`.
 pub const COLUMNS: &str = "id, team_id, seq, at_ms, trace_id, principal, category, action, \
      subject, decision, reason, input_sha256, output_sha256, input_bytes, output_bytes, \
      duration_ms, estimated_cost_micros, actual_cost_micros, idempotency_key, prev_hash, hash";
@@ -25,15 +23,12 @@ pub const COLUMN_COUNT: usize = 21;
 pub const ENSURE_HEAD: &str = "INSERT INTO audit_heads (team_id, seq, hash) VALUES ($1, 0, $2) \
      ON CONFLICT (team_id) DO NOTHING";
 
-/// A team's head. PostgreSQL appends `FOR UPDATE` ([`select_head`]).
 const SELECT_HEAD: &str = "SELECT seq, hash FROM audit_heads WHERE team_id = $1";
 
 /// Moves a team's head.
 pub const UPDATE_HEAD: &str = "UPDATE audit_heads SET seq = $2, hash = $3 WHERE team_id = $1";
 
-/// The head query for a backend: PostgreSQL locks the row (replicas append
-/// to one chain); SQLite's write lock, taken by [`ENSURE_HEAD`] before it,
-/// already serializes appenders.
+/// PostgreSQL locks the head row; on SQLite, [`ENSURE_HEAD`]'s write lock already serializes.
 pub fn select_head(postgres: bool) -> &'static str {
     if postgres {
         "SELECT seq, hash FROM audit_heads WHERE team_id = $1 FOR UPDATE"
@@ -90,9 +85,7 @@ macro_rules! bind_audit_event {
     }};
 }
 
-/// Events grouped by team (teams in order, events in the order given): the
-/// order every appender locks heads in, so two never wait on each other
-/// in a cycle.
+/// Events by team, teams sorted: every appender locks heads in this order, so none deadlock.
 pub fn by_team(events: impl IntoIterator<Item = AuditEvent>) -> BTreeMap<String, Vec<AuditEvent>> {
     let mut teams: BTreeMap<String, Vec<AuditEvent>> = BTreeMap::new();
     for e in events {
@@ -101,10 +94,7 @@ pub fn by_team(events: impl IntoIterator<Item = AuditEvent>) -> BTreeMap<String,
     teams
 }
 
-/// Appends `$events` (a `Vec<AuditEvent>`) to their teams' chains with
-/// `$tx`, an open sqlx transaction of either backend (`$postgres` says
-/// which): within the caller's own transaction, so an admin change and its
-/// audit event commit together. Evaluates to `Result<(), sqlx::Error>`.
+/// Appends `$events` in `$tx`, the caller's transaction, so a change and its event commit together.
 #[macro_export]
 macro_rules! append_audit_events {
     ($tx:expr, $postgres:expr, $events:expr) => {{
@@ -141,9 +131,7 @@ macro_rules! append_audit_events {
     }};
 }
 
-/// Appends `events` to their teams' chains in one transaction of its own
-/// (the CLI's admin commands; a server appends in its ledger writer's
-/// group commit instead).
+/// Appends `events` in a transaction of its own (the CLI; a server uses its group commit).
 pub async fn append(store: &Store, events: Vec<AuditEvent>) -> Result<(), StoreError> {
     if events.is_empty() {
         return Ok(());
@@ -195,8 +183,7 @@ where
             at_ms: row.try_get(3)?,
             trace_id: row.try_get(4)?,
             principal: row.try_get(5)?,
-            // An unknown stored category is tampering: the hash check
-            // catches it, since it no longer matches the stored text.
+            // An unknown category is tampering, which the hash check reports.
             category: Category::parse(&category).unwrap_or(Category::Admin),
             action: row.try_get(7)?,
             subject: row.try_get(8)?,
@@ -240,9 +227,7 @@ pub async fn list(store: &Store, filter: &Filter) -> Result<Vec<Linked>, StoreEr
     Ok(rows)
 }
 
-/// Every team with a chain: a head or events. A team whose head row is
-/// gone but whose events are not is listed too, and its verification
-/// reports the missing head.
+/// Every team with a head or events (a lost head row then fails verification).
 pub async fn teams(store: &Store) -> Result<Vec<String>, StoreError> {
     let teams: Vec<String> = on_store!(store, |pool| {
         sqlx::query_scalar(
@@ -261,33 +246,22 @@ pub struct Verification {
     pub ok: bool,
     /// Events read.
     pub events_checked: u64,
-    /// The first event that does not hold (empty when the chain only lost
-    /// its end).
+    /// The first event that does not hold (empty when the chain only lost its end).
     pub first_broken_event_id: String,
     /// Its position, or the first missing one.
     pub first_broken_seq: i64,
-    /// Why: `hash` (its content is not what was hashed), `link` (its
-    /// `prev_hash` is not the previous hash), `gap` (an event before it is
-    /// missing), `truncated` (events after the last are missing), `head`
-    /// (the head row disagrees).
+    /// `hash`, `link`, `gap`, `truncated` (events past the last lost) or `head` (head disagrees).
     pub reason: String,
 }
 
-/// Events read per query while verifying: memory stays bounded whatever
-/// the chain's length.
+/// Events per query while verifying, so memory stays bounded.
 const VERIFY_PAGE: i64 = 1000;
 
-/// How many times [`verify`] follows a head that moved while it read: a
-/// team writing without pause would otherwise keep it reading forever.
+/// Rounds [`verify`] follows a moving head: a team writing nonstop would keep it reading forever.
 const VERIFY_ROUNDS: u32 = 3;
 
-/// Verifies `team`'s chain from its first event to its head.
-///
-/// Events are written with their head in one transaction, so the head is
-/// read first and the events up to it are checked: an event appended
-/// meanwhile is not mistaken for a break. Events past the head are checked
-/// once the head is read again and covers them; past a head that did not
-/// move they are not the chain's (`head`).
+/// Verifies `team`'s chain up to its head, read first: events commit with their head, so one
+/// appended meanwhile is checked once a re-read head covers it, or else is a `head` break.
 pub async fn verify(store: &Store, team: &str) -> Result<Verification, StoreError> {
     let mut head = Head::default();
     let mut checked = 0_u64;
@@ -325,7 +299,6 @@ pub async fn verify(store: &Store, team: &str) -> Result<Verification, StoreErro
     })
 }
 
-/// `team`'s head row: its last sequence number and hash.
 async fn read_head(store: &Store, team: &str) -> Result<Option<(i64, String)>, StoreError> {
     Ok(on_store!(store, |pool| {
         sqlx::query_as(SELECT_HEAD)
@@ -335,7 +308,6 @@ async fn read_head(store: &Store, team: &str) -> Result<Option<(i64, String)>, S
     }))
 }
 
-/// Whether `team` has an event after `seq`.
 async fn any_after(store: &Store, team: &str, seq: i64) -> Result<bool, StoreError> {
     let next = list(
         store,
@@ -350,8 +322,6 @@ async fn any_after(store: &Store, team: &str, seq: i64) -> Result<bool, StoreErr
     Ok(!next.is_empty())
 }
 
-/// Checks `team`'s events after `head` up to sequence `target`, moving
-/// `head` along: the first that does not hold, if any.
 async fn check_until(
     store: &Store,
     team: &str,
@@ -398,8 +368,7 @@ async fn check_until(
             moved = true;
         }
         if !moved {
-            // Nothing left up to the target: the caller reports the rest
-            // missing.
+            // Nothing up to the target: the caller reports the rest missing.
             break;
         }
     }

@@ -10,8 +10,7 @@ pub fn hash_hex(key: &str) -> String {
 
 pub use crate::domain::parse_hash;
 
-/// A new random key: `aio_` and 64 hex characters (256 bits from the
-/// thread's CSPRNG, which the OS seeds).
+/// A new random key: `aio_` and 64 hex characters from the OS-seeded CSPRNG.
 pub fn generate() -> String {
     format!("aio_{}", hex::encode(rand::random::<[u8; 32]>()))
 }

@@ -1,13 +1,6 @@
-//! Who is calling: API keys mapped to the teams a caller may act for and to
-//! a role (`caller`, or `admin` for prompt administration).
-//!
-//! Keys come from the config (`[[auth.keys]]`, hashes only) and from the
-//! `api_keys` table (`ai-orchestrator keys create`). Only SHA-256 hashes are
-//! held; a presented key is hashed and compared with every known hash in
-//! constant time, so neither timing nor a lookup structure says how close a
-//! wrong key came. Database keys are reloaded every `auth.refresh_interval`,
-//! so a created or revoked key takes effect within that period on every
-//! replica without a restart.
+//! Who is calling: API keys (config hashes and the `api_keys` table, reloaded every
+//! `refresh_interval` so every replica sees a change without a restart) mapped to teams and a
+//! role. Only SHA-256 hashes are held, compared in constant time with every one.
 
 pub mod keys;
 
@@ -73,8 +66,7 @@ impl TeamScope {
     }
 }
 
-/// The authenticated caller, put in the request extensions by the
-/// interceptor and checked by the handlers.
+/// The authenticated caller, put in the request extensions by the interceptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     /// The key's name (audit trail, logs); never the key.
@@ -86,8 +78,7 @@ pub struct Principal {
 }
 
 impl Principal {
-    /// Stands for every caller while authentication is off: the service then
-    /// trusts its network, as before keys existed.
+    /// Stands for every caller while authentication is off: the service trusts its network.
     pub fn unauthenticated() -> Self {
         Self {
             name: "anonymous".into(),
@@ -101,8 +92,8 @@ impl Principal {
         self.teams.contains(team)
     }
 
-    /// Whether this principal may administer prompts of `team` (`None`:
-    /// the global prompts, which affect every team and so need all teams).
+    /// Whether this principal may administer `team`'s prompts (`None`: the global ones, which
+    /// need every team).
     pub fn may_administer(&self, team: Option<&str>) -> bool {
         self.role == Role::Admin
             && match team {
@@ -177,8 +168,7 @@ impl Authenticator {
                 })
             })
             .collect();
-        // A poisoned lock only means a writer panicked mid-swap of a Vec;
-        // the value is still a whole Vec, so keep going.
+        // A poisoned lock still holds a whole Vec: a writer can only panic around the swap.
         *self.from_store.write().unwrap_or_else(|p| p.into_inner()) = keys;
     }
 
@@ -189,8 +179,7 @@ impl Authenticator {
         Ok(())
     }
 
-    /// The principal behind the request's key. With authentication off,
-    /// every request is [`Principal::unauthenticated`].
+    /// The principal behind the request's key, or [`Principal::unauthenticated`] with auth off.
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, AuthError> {
         if !self.enabled {
             return Ok(Principal::unauthenticated());
@@ -198,8 +187,7 @@ impl Authenticator {
         let key = presented_key(metadata).ok_or(AuthError::Missing)?;
         let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         let stored = self.from_store.read().unwrap_or_else(|p| p.into_inner());
-        // Compare against every key, without stopping at a match, so the
-        // time taken does not depend on which key (if any) matched.
+        // No early exit: the time taken must not say which key matched.
         let mut found = None;
         for known in self.from_config.iter().chain(stored.iter()) {
             if bool::from(known.hash.ct_eq(&hash)) && found.is_none() {
@@ -221,7 +209,6 @@ fn known_from_config(key: &ApiKeyConfig) -> Option<KnownKey> {
     })
 }
 
-/// `authorization: Bearer <key>` (the gRPC convention) or `x-api-key: <key>`.
 fn presented_key(metadata: &MetadataMap) -> Option<&str> {
     if let Some(value) = metadata.get("authorization").and_then(|v| v.to_str().ok()) {
         let (scheme, rest) = value.trim().split_once(' ')?;

@@ -1,12 +1,5 @@
-//! Providers' `rpm`, `tpm` and `max_concurrency` as the account's limits,
-//! shared by every replica: one script admits a call (lease, rate, tokens,
-//! all or nothing) and one settles it (lease back, tokens corrected).
-//!
-//! Tolerance (ADR 0025): the rate is a GCRA on the store's clock, exact;
-//! the token bucket admits a call while the bucket is not full, so it can
-//! pass `tpm` by one call's estimate, and by what providers report beyond
-//! the estimates until the settlements land; a lease outlives a killed
-//! replica by at most the provider's `timeout` plus `lease_slack`.
+//! Providers' `rpm`, `tpm` and `max_concurrency`, shared by every replica: one script admits
+//! a call all or nothing, one settles it. How far each may be overshot: ADR 0025.
 
 use super::{Cluster, Unavailable, scripts};
 use std::time::Duration;
@@ -27,19 +20,19 @@ pub struct ProviderQuota {
 pub enum Admission {
     /// Sent: the call holds this lease until it settles.
     Admitted(Lease),
-    /// Every slot is leased; the first frees in `retry_in` at the latest.
+    /// Every slot is leased.
     Saturated {
         /// Until the oldest lease expires.
         retry_in: Duration,
     },
-    /// The rate is spent; the next call conforms in `retry_in`.
+    /// The rate is spent.
     RateLimited {
         /// Until a call conforms.
         retry_in: Duration,
     },
-    /// The minute's tokens are spent; room for this call in `retry_in`.
+    /// The minute's tokens are spent.
     TokensLimited {
-        /// Until the bucket has drained enough.
+        /// Until the bucket has room for this call.
         retry_in: Duration,
     },
 }
@@ -56,9 +49,7 @@ pub struct Lease {
 }
 
 impl Cluster {
-    /// Asks to send one call to `provider`: `estimate` tokens, a slot held
-    /// for at most `hold` (the provider's timeout; the lease adds
-    /// `lease_slack`).
+    /// Asks to send one call, holding a slot for `hold` plus `lease_slack`.
     pub async fn admit(
         &self,
         provider: &str,
@@ -108,8 +99,7 @@ impl Cluster {
         }
     }
 
-    /// Gives `lease` back and corrects its tokens to `actual` (`None`:
-    /// the estimate stands, as when the provider reported nothing).
+    /// Gives `lease` back; `actual` tokens, when reported, replace the estimate.
     pub async fn settle(
         &self,
         provider: &str,

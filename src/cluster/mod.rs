@@ -1,17 +1,6 @@
-//! The shared store of the fleet (SPEC §12): Redis ≥ 6.2 or Valkey, holding
-//! the limits every replica must share — providers' `rpm`, `tpm` and
-//! `max_concurrency` ([`limits`]), tools' per-team quotas ([`quotas`]) —
-//! as atomic Lua scripts, one round trip each, on the store's own clock;
-//! and the MCP endpoint's sessions ([`sessions`]).
-//!
-//! The store is an optimisation of correctness, never a dependency of
-//! serving: while it cannot be reached every call answers at once with
-//! [`Unavailable`] (no round trip, no queue), the caller falls back to
-//! local limits or refuses as `on_unavailable` says, and a background
-//! PING every `recheck_interval` notices its return. The loss and the
-//! return are each logged once and shown by the `cluster_store_up` gauge.
-//!
-//! Nothing here imports the router, a provider or an edge.
+//! The fleet's shared store (SPEC §12, ADR 0025): limits, tool quotas and MCP sessions as atomic
+//! Lua scripts on the store's clock. Never a dependency of serving: while it is down each call
+//! gets [`Unavailable`] at once and falls back as `on_unavailable` says. Imports no router.
 
 pub mod limits;
 pub mod quotas;
@@ -32,8 +21,7 @@ use std::{
 };
 use tokio::sync::{Notify, watch};
 
-/// The store could not answer (down, too slow, or an answer that made no
-/// sense): the caller uses its fallback.
+/// The store could not answer, in time or sensibly: the caller uses its fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("cluster store unavailable")]
 pub struct Unavailable;
@@ -43,8 +31,7 @@ pub struct Unavailable;
 #[error("cluster.redis_url: {0}")]
 pub struct BadUrl(String);
 
-/// A handle on the shared store. Cheap to clone; clones share the
-/// connection and its up/down state.
+/// A handle on the shared store; clones share the connection and its up/down state.
 #[derive(Clone)]
 pub struct Cluster {
     inner: Arc<Inner>,
@@ -55,18 +42,14 @@ struct Inner {
     prefix: String,
     on_unavailable: OnUnavailable,
     fallback_share: f64,
-    /// Bound on one command, a (re)connection included.
     answer_within: Duration,
     command_timeout: Duration,
     recheck_interval: Duration,
     lease_slack: Duration,
     up: AtomicBool,
-    /// Wakes the recheck loop when the store is found down.
     down: Notify,
-    /// Names this replica's leases, so a slot is released by its holder.
     replica: String,
     leases: AtomicU64,
-    /// When a refused command was last logged (unix s): once in 10 s.
     last_refusal_log: AtomicU64,
 }
 
@@ -80,14 +63,12 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// A handle that connects on first use: a store down at start-up does
-    /// not stop the service starting (its limits start on the fallback).
+    /// Connects on first use, so a store down at start-up does not stop the service.
     pub fn new(config: &ClusterConfig) -> Result<Self, BadUrl> {
         // Never the client's error text: it may quote the URL's password.
         let client = redis::Client::open(config.redis_url.expose())
             .map_err(|_| BadUrl("not a usable redis:// URL".into()))?;
-        // One connect attempt per reconnect: with retries, every call
-        // would wait out the whole backoff while the store is down.
+        // No retries: every call would wait out the whole backoff while the store is down.
         let manager = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.command_timeout))
@@ -138,20 +119,16 @@ impl Cluster {
         self.inner.recheck_interval.max(Duration::from_secs(1))
     }
 
-    /// `prefix{scope}:name`: the braces make every key of one script hash
-    /// to the same Redis Cluster slot.
+    /// `prefix{scope}:name`: the braces hash a script's keys to one Redis Cluster slot.
     fn key(&self, scope: &str, name: &str) -> String {
         format!("{}{{{scope}}}:{name}", self.inner.prefix)
     }
 
-    /// A lease name unique in the fleet.
     fn lease_id(&self) -> String {
         let n = self.inner.leases.fetch_add(1, Ordering::Relaxed);
         format!("{}:{n}", self.inner.replica)
     }
 
-    /// Runs one script invocation, bounded by `command_timeout`. While the
-    /// store is down this answers at once, without a round trip.
     async fn invoke<T: redis::FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
@@ -163,7 +140,6 @@ impl Cluster {
         self.bounded(invocation.invoke_async::<T>(&mut conn)).await
     }
 
-    /// Sends one command, as [`Self::invoke`] does a script.
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Unavailable> {
         if !self.is_up() {
             return Err(Unavailable);
@@ -172,12 +148,8 @@ impl Cluster {
         self.bounded(cmd.query_async::<T>(&mut conn)).await
     }
 
-    /// The store's answer within `connect_timeout + command_timeout`. A
-    /// connection that failed or an answer that did not come marks it
-    /// down; an error the store answered with (a script error, READONLY
-    /// after a failover, OOM) is logged and this call falls back, but the
-    /// store stays up: a PING would find it "back" at once, and the next
-    /// call would flap it down again.
+    /// An error the store answered with (script error, READONLY, OOM) leaves it up: a PING
+    /// would find it back at once and the next call would flap it down again.
     async fn bounded<T>(
         &self,
         answer: impl std::future::Future<Output = redis::RedisResult<T>>,
@@ -212,7 +184,6 @@ impl Cluster {
         }
     }
 
-    /// Marks the store down (logged once) and wakes the recheck loop.
     fn lost(&self, why: &str) {
         if self.inner.up.swap(false, Ordering::AcqRel) {
             metrics::cluster_store_up(false);
@@ -225,7 +196,6 @@ impl Cluster {
         self.inner.down.notify_one();
     }
 
-    /// Asks the store once; true when it answered.
     async fn ping(&self) -> bool {
         let mut conn = self.inner.conn.clone();
         let cmd = redis::cmd("PING");
@@ -236,9 +206,7 @@ impl Cluster {
         )
     }
 
-    /// Watches the store until `stopped`: a first PING at start, then,
-    /// whenever it is found down, a PING every `recheck_interval` until it
-    /// answers again.
+    /// Watches the store until `stopped`, pinging every `recheck_interval` while it is down.
     pub async fn watch(self, mut stopped: watch::Receiver<bool>) {
         if self.ping().await {
             metrics::cluster_store_up(true);

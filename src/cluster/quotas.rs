@@ -1,10 +1,5 @@
-//! Tools' per-team quotas (`max_per_hour`, `max_concurrent`, SPEC §9.1)
-//! as the team's, shared by every replica: one script counts the clock
-//! hour and/or leases a running slot, a release gives the slot back.
-//!
-//! The hour is the caller's clock hour (unix hours), part of the key:
-//! replicas' clocks agree to well under a second, so at most the calls of
-//! that moment around the hour's turn are counted in the hour beside.
+//! Tools' per-team quotas (SPEC §9.1), shared by every replica. The key holds the caller's clock
+//! hour: replicas' clocks agree well enough that only calls at the hour's turn may slip.
 
 use super::{Cluster, Unavailable, scripts};
 use std::time::Duration;
@@ -12,8 +7,7 @@ use std::time::Duration;
 /// The store's answer to an invocation asking for its place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolAdmission {
-    /// Counted; holds this running slot (when one was asked for) until
-    /// released.
+    /// Counted; holds the running slot, if one was asked for, until released.
     Admitted(Option<String>),
     /// The team's `max_per_hour` is reached.
     HourFull,
@@ -30,8 +24,7 @@ pub struct ToolAsk<'a> {
     pub tool: &'a str,
     /// Count it against this hour's `max_per_hour` (unix hours), if any.
     pub hour: Option<(i64, u32)>,
-    /// Take a running slot under this `max_concurrent`, if any, for at
-    /// most this long (the tool's timeout; the lease adds `lease_slack`).
+    /// Take a running slot under this `max_concurrent` for the tool's timeout, if any.
     pub running: Option<(u32, Duration)>,
 }
 

@@ -1,22 +1,10 @@
-//! The Lua scripts the store runs. Each reads the store's clock (`TIME`,
-//! allowed before writes since Redis 7 replicates effects, and under 6.2
-//! with `redis.replicate_commands()`), checks and commits in one atomic
-//! step, and sets an expiry on every key it writes so nothing outlives
-//! its use. Times are integer microseconds, written with `%.0f` so no
-//! digit is lost to Lua's number printing.
+//! The store's Lua scripts: atomic, on the store's `TIME` (effect replication: Redis 7, or
+//! `replicate_commands()` on 6.2), expiring every key they write; µs printed with `%.0f`.
 
 use redis::Script;
 use std::sync::LazyLock;
 
-/// A provider call's admission: concurrency lease, then GCRA rate, then
-/// token bucket; all three committed only when all three pass.
-///
-/// KEYS: 1 rate (GCRA theoretical arrival time), 2 tokens (hash level/at),
-/// 3 slots (sorted set: lease id → expiry).
-/// ARGV: 1 rpm (0 none), 2 tpm (0 none), 3 token estimate,
-/// 4 max concurrency (0 none), 5 lease (µs), 6 lease id.
-/// Returns `{verdict, n}`: 0 admitted (n: the store's time, µs), 1
-/// saturated, 2 rate limited, 3 tokens exhausted (n: µs until it may fit).
+/// Lease, GCRA rate, token bucket, committed only if all pass. Returns `{verdict, µs}`.
 pub static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(ADMIT_LUA));
 
 const ADMIT_LUA: &str = r#"
@@ -69,14 +57,7 @@ end
 return {0, now}
 "#;
 
-/// A provider call's end: its lease released and its token estimate
-/// corrected by what the provider reported.
-///
-/// KEYS: 1 tokens, 2 slots. ARGV: 1 tpm (0 none), 2 correction (signed
-/// tokens), 3 lease id ('' none), 4 admission time (µs, the store's), 5
-/// the estimate. A give-back is capped at what of the estimate has not
-/// drained since admission: the rest already left the bucket, and taking
-/// it again would erase other calls' tokens. Returns 1.
+/// Releases the lease and corrects the tokens; a give-back is capped as ADR 0025 says.
 pub static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(SETTLE_LUA));
 
 const SETTLE_LUA: &str = r#"
@@ -100,13 +81,7 @@ end
 return 1
 "#;
 
-/// A tool invocation's place under a team's quota: an hour's count and/or
-/// a concurrency lease, both or neither.
-///
-/// KEYS: 1 the clock hour's count, 2 running (sorted set: lease id →
-/// expiry). ARGV: 1 max per hour (0: not counted), 2 max concurrent (0: no
-/// slot taken), 3 lease (µs), 4 lease id. Returns 0 admitted, 1 the hour
-/// is full, 2 every slot is taken.
+/// A tool's hour count and/or running slot, both or neither. Returns 0, 1 hour full, 2 slots full.
 pub static TOOL_ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(TOOL_ADMIT_LUA));
 
 const TOOL_ADMIT_LUA: &str = r#"

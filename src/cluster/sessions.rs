@@ -1,14 +1,10 @@
-//! MCP endpoint sessions known to the whole fleet (SPEC §12): what a
-//! session was opened with (the client's `initialize`), kept under its ID
-//! so any replica can re-create it. A session carries no identity: every
-//! request is authenticated by its own key, so a session restored
-//! elsewhere grants nothing it did not already have.
+//! MCP sessions known to the whole fleet (SPEC §12, ADR 0025), so any replica can re-create one.
+//! A session is no credential: every request brings its own key.
 
 use super::{Cluster, Unavailable};
 use std::time::Duration;
 
-/// How long a session's record outlives its last restore: a client idle
-/// longer than this opens a new session (the spec's answer to a 404).
+/// How long a session outlives its last restore; an idle client then opens a new one.
 pub const SESSION_TTL: Duration = Duration::from_secs(24 * 3600);
 
 impl Cluster {

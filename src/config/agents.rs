@@ -16,8 +16,7 @@ pub struct AgentConfig {
     /// Layer 2: the `ai_prompts` key of its governed system prompt, if any.
     #[serde(default)]
     pub prompt_key: Option<String>,
-    /// Tools it may call: names (`sms.segments`) or `prefix.*` patterns,
-    /// further limited by the caller's capabilities.
+    /// Names (`sms.segments`) or `prefix.*` patterns, further limited by the caller's capabilities.
     #[serde(default)]
     pub tools: Vec<String>,
     /// Model calls per turn at most.
@@ -32,10 +31,8 @@ pub struct AgentConfig {
     /// Run a model answer's tool calls concurrently.
     #[serde(default = "yes")]
     pub parallel_tool_calls: bool,
-    /// Output token cap of each model call.
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
-    /// Sampling temperature.
     #[serde(default)]
     pub temperature: Option<f32>,
     /// Layer 3 (the caller's preferences) token budget.
@@ -53,9 +50,7 @@ pub struct AgentConfig {
     /// Days a conversation is kept after its last turn.
     #[serde(default = "default_retention_days")]
     pub retention_days: u32,
-    /// The smallest context window of the chain's models, tokens: the
-    /// fixed layers (core and governed prompts), the budgets of layers 3-5
-    /// and `max_tokens` must fit in it.
+    /// The smallest context window of the chain's models: fixed layers, budgets, `max_tokens` fit.
     #[serde(default = "default_context_window")]
     pub context_window: u32,
     /// Ask for memory suggestions with each answer.
@@ -98,8 +93,7 @@ fn default_retention_days() -> u32 {
 }
 
 impl AgentConfig {
-    /// Tokens the prompt may take besides its fixed layers, and the
-    /// answer: the budgets of layers 3-5 and `max_tokens`.
+    /// Tokens besides the fixed layers: the budgets of layers 3-5 and `max_tokens`.
     pub fn variable_tokens(&self) -> u64 {
         [
             self.preferences_token_budget,

@@ -11,15 +11,12 @@ use std::{collections::BTreeMap, time::Duration};
 pub struct AuthConfig {
     /// Require a key on every RPC except health checks and reflection.
     pub enabled: bool,
-    /// Keys given by hash in the config (others live in the `api_keys`
-    /// table, managed with `ai-orchestrator keys`).
+    /// Keys given by hash here; others live in the `api_keys` table (`ai-orchestrator keys`).
     pub keys: Vec<ApiKeyConfig>,
-    /// How often keys in the database are reloaded (creation and
-    /// revocation take effect within this period).
+    /// How often database keys are reloaded: creation and revocation apply within this.
     #[serde(with = "humantime_serde")]
     pub refresh_interval: Duration,
-    /// Capabilities of each role (`viewer`, `caller`, `admin`); a role not
-    /// listed keeps its default ([`tools::default_roles`]).
+    /// Capabilities per role; an unlisted role keeps its default ([`tools::default_roles`]).
     pub roles: BTreeMap<String, RoleConfig>,
 }
 

@@ -1,7 +1,5 @@
-//! `[cluster]`: the shared store (Redis ≥ 6.2 or Valkey) that makes
-//! providers' `rpm`, `tpm` and `max_concurrency`, tools' quotas and MCP
-//! endpoint sessions hold for the whole fleet (SPEC §12). Absent: every
-//! limit is this replica's, as on one replica.
+//! `[cluster]`: the shared store (Redis ≥ 6.2 or Valkey) that makes limits, tool quotas and
+//! MCP sessions hold fleet-wide (SPEC §12); absent, every limit is this replica's.
 
 use super::Secret;
 use serde::Deserialize;
@@ -32,21 +30,17 @@ impl OnUnavailable {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// `redis://host:6379/0` (`rediss://` for TLS). It may carry a password,
-    /// so it is kept as a secret: set it with `AIO_CLUSTER__REDIS_URL` from
-    /// a Kubernetes Secret rather than in the file.
+    /// `redis://host:6379/0` (`rediss://` for TLS). It may carry a password, so it is a secret:
+    /// set it with `AIO_CLUSTER__REDIS_URL` from a Kubernetes Secret.
     pub redis_url: Secret,
     /// Prefix of every key, so one Redis can serve several deployments.
     #[serde(default = "defaults::key_prefix")]
     pub key_prefix: String,
-    /// What calls that need a shared limit do while the store is down.
     #[serde(default)]
     pub on_unavailable: OnUnavailable,
-    /// The share of each limit one replica enforces on its own while the
-    /// store is down (`local`); in (0, 1].
+    /// Share of each limit one replica enforces alone while the store is down (`local`); (0, 1].
     #[serde(default = "defaults::fallback_share")]
     pub fallback_share: f64,
-    /// Bound on opening a connection to the store.
     #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Bound on one command's answer; past it the store counts as down.
@@ -55,9 +49,8 @@ pub struct ClusterConfig {
     /// How often a store found down is tried again (a PING).
     #[serde(default = "defaults::recheck_interval", with = "humantime_serde")]
     pub recheck_interval: Duration,
-    /// Added to a provider's `timeout` (a tool's) to make the lease of a
-    /// concurrency slot: a replica killed with its slots taken gives them
-    /// back within that.
+    /// Added to a provider's (a tool's) `timeout` for a concurrency slot's lease: a killed
+    /// replica's slots come back within that.
     #[serde(default = "defaults::lease_slack", with = "humantime_serde")]
     pub lease_slack: Duration,
 }
@@ -72,8 +65,7 @@ mod defaults {
     pub fn fallback_share() -> f64 {
         0.25
     }
-    /// On a LAN a connect takes well under a millisecond; a store that
-    /// takes longer than this is as good as down for a call waiting on it.
+    /// A LAN connect takes well under a millisecond; longer is as good as down.
     pub fn connect_timeout() -> Duration {
         Duration::from_millis(250)
     }

@@ -1,5 +1,4 @@
-//! `[database]`: where the ledger and everything else is stored, and what
-//! a SQLite commit survives.
+//! `[database]`: where the ledger and everything else is stored, and what a commit survives.
 
 use serde::Deserialize;
 use std::time::Duration;
@@ -10,7 +9,6 @@ use std::time::Duration;
 pub struct DatabaseConfig {
     /// `sqlite://path/to/file.db` (created if missing) or `postgres://...`.
     pub url: String,
-    /// Pool size.
     pub max_connections: u32,
     /// How long a SQLite writer waits for the lock before failing.
     #[serde(with = "humantime_serde")]
@@ -20,10 +18,8 @@ pub struct DatabaseConfig {
     pub acquire_timeout: Duration,
     /// When a SQLite commit counts as done (ignored for PostgreSQL).
     pub sqlite_synchronous: SqliteDurability,
-    /// SQLite file only: WAL frames (pages) the ledger writer lets the WAL
-    /// grow to before it checkpoints, between commits: 10,000 keeps a
-    /// ~40 MB WAL, rewritten in place, and checkpoints rarely stall the
-    /// single writer (docs/adr/0006).
+    /// SQLite only: WAL pages the ledger writer lets the WAL grow to before it checkpoints:
+    /// 10,000 keeps it ~40 MB and checkpoints rarely stall the single writer (docs/adr/0006).
     pub sqlite_wal_autocheckpoint: u32,
 }
 
@@ -31,14 +27,11 @@ pub struct DatabaseConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SqliteDurability {
-    /// Every commit is fsynced before it returns: an acknowledged call's
-    /// usage record survives a process crash and a power loss.
+    /// Every commit fsynced before it returns: survives a crash and a power loss.
     #[default]
     Full,
-    /// Commits reach the OS before they return, fsync happens at WAL
-    /// checkpoints: survives a process crash (SIGKILL, OOM kill, panic) but
-    /// the last commits can be lost on power loss or a kernel crash. Saves
-    /// one fsync per group commit.
+    /// Fsync only at WAL checkpoints: survives a process crash, but a power loss or kernel crash
+    /// can lose the last commits. Saves one fsync per group commit.
     Normal,
 }
 

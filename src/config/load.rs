@@ -1,13 +1,7 @@
-//! Loading: the TOML file, then `AIO_` variables, then `DATABASE_URL`, then
-//! provider keys and validation.
-//!
-//! Every problem names its key path and where the value came from: the
-//! file, or the environment variable that set it (an operator looking at
-//! `config/local.toml` for a value the deployment injected would look in
-//! vain). An `AIO_` variable that starts like a config section but uses a
-//! single `_` (`AIO_SERVER_LISTEN`) is refused: it would otherwise be
-//! ignored without a word. So is a variable the config reads whose name or
-//! value is not UTF-8; any other such variable is skipped, never a panic.
+//! Loading: the TOML file, `AIO_` variables, `DATABASE_URL`, provider keys, validation.
+//! Every problem names its key and where the value came from, file or variable (an operator
+//! would otherwise search the file for an injected value). A misspelled `AIO_SERVER_LISTEN`
+//! is refused, not ignored, as is a non-UTF-8 variable the config reads.
 
 use super::{Config, ConfigError, Invalid, Secret, validate};
 use figment::{
@@ -17,10 +11,8 @@ use figment::{
 };
 use std::{ffi::OsString, path::Path};
 
-/// The prefix of configuration variables.
 const PREFIX: &str = "AIO_";
 
-/// Path segments of a configuration variable are separated by this.
 const SPLIT: &str = "__";
 
 /// The top-level sections of [`Config`] (a unit test keeps it in step).
@@ -50,9 +42,8 @@ struct Origins<'a> {
 }
 
 impl Origins<'_> {
-    /// The origin of the value at `path`, as a reader should look for it.
-    /// `merged` is the figment's whole value (`find_value("")`), taken
-    /// once: figment's own look-up merges every source again each time.
+    /// The origin of the value at `path`. `merged` is `find_value("")`, taken once: figment's
+    /// own look-up merges every source again each time.
     fn of(&self, figment: &Figment, merged: Option<&Value>, path: &str) -> Option<String> {
         // `chain[1].provider` lives in the `chain` value.
         let key = path.split('[').next().unwrap_or(path);
@@ -68,7 +59,6 @@ impl Origins<'_> {
         }
     }
 
-    /// Fills in the origin of every problem.
     fn locate(&self, figment: &Figment, problems: &mut [Invalid]) {
         let merged = figment.find_value("").ok();
         for problem in problems {
@@ -77,7 +67,6 @@ impl Origins<'_> {
     }
 }
 
-/// Whether `md` is the `AIO_` environment provider's.
 fn from_prefixed_env(md: &Metadata) -> bool {
     md.name.starts_with(&format!("`{PREFIX}`"))
 }
@@ -94,15 +83,13 @@ impl Config {
         Self::load_with_env(path, |name| std::env::var(name).ok())
     }
 
-    /// Like [`Config::load`], for commands that never call a provider
-    /// (`migrate`, `limits`, `prompts`, `keys`): provider keys need not be
-    /// set (a migration job should not hold them).
+    /// Like [`Config::load`], for commands that never call a provider (`migrate`, `limits`,
+    /// `prompts`, `keys`): a migration job should not hold provider keys.
     pub fn load_without_provider_keys(path: &Path) -> Result<Self, ConfigError> {
         Self::load_inner(path, |name| std::env::var(name).ok(), false)
     }
 
-    /// Like [`Config::load`], with the environment lookup injected (tests).
-    /// `AIO_` overrides are read from the process environment.
+    /// Like [`Config::load`] with the lookup injected (tests); `AIO_` overrides are the process's.
     pub fn load_with_env(
         path: &Path,
         env: impl Fn(&str) -> Option<String>,
@@ -131,9 +118,7 @@ impl Config {
         }
         let mut figment = Figment::new()
             .merge(Toml::file_exact(path))
-            // Only `__` paths are config keys: the CLI's own variables
-            // (`AIO_CONFIG`, `AIO_LOG_FORMAT`, `AIO_ADDR`) share the prefix
-            // and must not be rejected as unknown fields.
+            // Only `__` paths are config keys: the CLI's own variables share the prefix.
             .merge(
                 Env::prefixed(PREFIX)
                     .filter(|key| key.as_str().contains(SPLIT))
@@ -216,13 +201,9 @@ impl Config {
     }
 }
 
-/// The names of the variables in `vars` that are UTF-8, for
-/// [`misspelled_variables`], and a problem for each variable the config
-/// reads (an `AIO_` one with a `__` path, `DATABASE_URL`) whose name or
-/// value is not: figment and `std::env::var` pass over such a variable
-/// without a word, so the override it was meant to be would be lost unseen.
-/// Any other variable that is not UTF-8 (another program's, or a path in
-/// `AIO_CONFIG`) is none of the config's business and is skipped.
+/// UTF-8 variable names in `vars` (for [`misspelled_variables`]), and a problem for each
+/// variable the config reads (`AIO_` with a `__` path, `DATABASE_URL`) that is not UTF-8:
+/// figment and `std::env::var` skip it silently, losing the override unseen.
 fn environment(
     vars: impl IntoIterator<Item = (OsString, OsString)>,
 ) -> (Vec<String>, Vec<Invalid>) {
@@ -253,9 +234,7 @@ fn environment(
     (names, problems)
 }
 
-/// The key the variable `name` sets (`server.listen` for
-/// `AIO_SERVER__LISTEN`, as figment reads it), or `None` when the config
-/// does not read it.
+/// The key the variable `name` sets (`AIO_SERVER__LISTEN`: `server.listen`), if one is read.
 fn key_read_from(name: &str) -> Option<String> {
     if name == "DATABASE_URL" {
         return Some("database.url".to_owned());
@@ -266,10 +245,8 @@ fn key_read_from(name: &str) -> Option<String> {
         .then(|| rest.split(SPLIT).collect::<Vec<_>>().join("."))
 }
 
-/// `AIO_` variables among `names` that look meant for the config but map to
-/// no key: a section name followed by a single `_` (`AIO_SERVER_LISTEN`).
-/// Variables the config itself names (a provider's `api_key_env`) are
-/// someone's secret, not a typo.
+/// `AIO_` variables meant for the config but mapping to no key (`AIO_SERVER_LISTEN`); those
+/// the config names (a provider's `api_key_env`) are someone's secret, not a typo.
 fn misspelled_variables(names: impl Iterator<Item = String>, config: &Config) -> Vec<Invalid> {
     let named: Vec<&str> = config
         .providers
@@ -308,8 +285,7 @@ fn misspelled_variables(names: impl Iterator<Item = String>, config: &Config) ->
 }
 
 fn parse_error(err: figment::Error, figment: &Figment, origins: &Origins<'_>) -> ConfigError {
-    // figment chains errors; the first names the first bad key.
-    // Array indexes as `keys[0]`, the spelling `validate` uses too.
+    // The first of figment's chained errors names the first bad key; indexes as `keys[0]`.
     let mut path = String::new();
     for segment in &err.path {
         if segment.parse::<usize>().is_ok() && !path.is_empty() {

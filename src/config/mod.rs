@@ -1,15 +1,7 @@
-//! Typed configuration: a TOML file, then environment overrides, then validation.
-//!
-//! Sources, later ones winning:
-//! 1. the TOML file given on the command line;
-//! 2. `AIO_`-prefixed environment variables, `__` separating path segments
-//!    (`AIO_SERVER__LISTEN=0.0.0.0:50051`, `AIO_PROVIDERS__OPENAI__TIMEOUT=10s`);
-//! 3. `DATABASE_URL`, which overrides `database.url` (the usual deployment knob).
-//!
-//! Unknown keys are rejected and every error names the key path and where
-//! the value came from (see [`load`]). Secrets are
-//! never read from the file: a provider names the environment variable that
-//! holds its key (`api_key_env`) and the key is loaded into a [`Secret`].
+//! Typed configuration: a TOML file, then `AIO_` variables (`__` between path segments:
+//! `AIO_PROVIDERS__OPENAI__TIMEOUT=10s`), then `DATABASE_URL`; later sources win. Unknown keys
+//! are refused; errors name the key and its source ([`load`]). Secrets never come from the
+//! file: a provider names the variable holding its key (`api_key_env`), read into a [`Secret`].
 
 pub mod agents;
 mod auth;
@@ -37,19 +29,14 @@ pub use validate::MAX_OUTPUT_TOKENS;
 use serde::Deserialize;
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
-/// A configuration problem, always naming the key it is about and, when
-/// loaded from a file, where the value came from: the file, or the
-/// environment variable that set it.
+/// A configuration problem, naming its key and, from a file, where the value came from.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be parsed or a value has the wrong type/shape.
     #[error("{}", located(origin.as_deref(), path, message))]
     Parse {
-        /// The config file or environment variable the value came from.
         origin: Option<String>,
-        /// Dotted key path, e.g. `providers.openai.timeout`.
         path: String,
-        /// What is wrong.
         message: String,
     },
     /// Values parse but do not make sense together.
@@ -57,9 +44,7 @@ pub enum ConfigError {
     Invalid(Vec<Invalid>),
 }
 
-/// Problems shown by a config error; the rest are counted. A generated
-/// config can hold thousands of bad entries, and the first ones tell what
-/// is wrong.
+/// Problems an error lists; the rest are counted (a generated config can hold thousands).
 const MAX_SHOWN: usize = 100;
 
 fn listed(problems: &[Invalid]) -> String {
@@ -84,7 +69,6 @@ pub struct Invalid {
     pub origin: Option<String>,
     /// Dotted key path, e.g. `tasks.sms_classify.chain[1].provider`.
     pub path: String,
-    /// What is wrong.
     pub message: String,
 }
 
@@ -94,7 +78,6 @@ impl std::fmt::Display for Invalid {
     }
 }
 
-/// `origin: path: message`, or `path: message` without an origin.
 fn located(origin: Option<&str>, path: &str, message: &str) -> String {
     match origin {
         Some(origin) => format!("{origin}: {path}: {message}"),
@@ -116,79 +99,60 @@ impl ConfigError {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// gRPC server settings.
     #[serde(default)]
     pub server: ServerConfig,
-    /// Usage and prompt storage.
     #[serde(default)]
     pub database: DatabaseConfig,
-    /// Upstream providers by name.
     #[serde(default)]
     pub providers: BTreeMap<String, ProviderConfig>,
-    /// Tasks by name, each with its fallback chain.
     #[serde(default)]
     pub tasks: BTreeMap<String, TaskConfig>,
-    /// Prices by model (`"gpt-4o-mini"`) or provider-qualified model
-    /// (`"openai/gpt-4o-mini"`, which wins).
+    /// By model or provider-qualified model (`"openai/gpt-4o-mini"`, which wins).
     #[serde(default)]
     pub pricing: BTreeMap<String, PriceConfig>,
-    /// Usage metering and monthly caps.
     #[serde(default)]
     pub metering: MeteringConfig,
-    /// Retry policy applied at every target of every chain.
     #[serde(default)]
     pub retry: RetryConfig,
     /// API keys; off by default (the service then trusts its network).
     #[serde(default)]
     pub auth: AuthConfig,
-    /// OpenTelemetry trace export.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
-    /// Tools by name (`"crm.add_note"`, or `"crm.add_note@2.0.0"` for a
-    /// second version).
+    /// By name; `"crm.add_note@2.0.0"` names a second version.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
-    /// MCP servers whose tools join the registry.
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// The registry served as an MCP server; off when absent.
     #[serde(default)]
     pub mcp_endpoint: Option<McpEndpointConfig>,
-    /// The runner of ASYNC tool invocations.
     #[serde(default)]
     pub tool_worker: ToolWorkerConfig,
-    /// Bounds every tool shares.
     #[serde(default)]
     pub tool_limits: tools::ToolLimitsConfig,
-    /// What loading changed and an operator should know (a timeout
-    /// capped): logged as warnings at start, shown by `check-config`.
+    /// What loading changed that an operator should know (a capped timeout), logged at start.
     #[serde(skip)]
     pub notes: Vec<String>,
-    /// Conversation agents by name.
     #[serde(default)]
     pub agents: BTreeMap<String, agents::AgentConfig>,
-    /// The shared store of fleet-wide limits; absent: every limit is this
-    /// replica's.
+    /// The shared store of fleet-wide limits; absent, every limit is this replica's.
     #[serde(default)]
     pub cluster: Option<cluster::ClusterConfig>,
 }
 
-/// `[server.tls]`: serve gRPC over TLS, optionally requiring client
-/// certificates (mTLS).
+/// `[server.tls]`: gRPC over TLS; mTLS when `client_ca` is set.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
-    /// PEM certificate chain of the server.
     pub cert: std::path::PathBuf,
-    /// PEM private key of the server.
     pub key: std::path::PathBuf,
     /// PEM CA bundle; when set, clients must present a certificate it signed.
     #[serde(default)]
     pub client_ca: Option<std::path::PathBuf>,
 }
 
-/// `[telemetry]`: OpenTelemetry trace export (off unless an endpoint is set
-/// here or in `OTEL_EXPORTER_OTLP_ENDPOINT`).
+/// `[telemetry]`: trace export, off without an endpoint (here or `OTEL_EXPORTER_OTLP_ENDPOINT`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
@@ -196,12 +160,9 @@ pub struct TelemetryConfig {
     pub otlp_endpoint: Option<String>,
     /// `service.name` resource attribute (`OTEL_SERVICE_NAME` wins).
     pub service_name: String,
-    /// Share of new traces sampled (0–1); a caller's sampled `traceparent`
-    /// is always followed.
+    /// Share of new traces sampled (0–1); a caller's sampled `traceparent` is always followed.
     pub sample_ratio: f64,
-    /// Teams whose spend gets its own `team` label on the per-team usage
-    /// metrics; every other team is counted as `other` (and, like all, by
-    /// its `team_bucket` hash), so label cardinality stays bounded.
+    /// Teams with their own `team` label on usage metrics; the rest share `other` (bounded).
     pub team_labels: std::collections::BTreeSet<String>,
 }
 
@@ -225,11 +186,9 @@ pub struct RetryConfig {
     /// Backoff cap after the first failure; doubles per retry (full jitter).
     #[serde(with = "humantime_serde")]
     pub base_backoff: Duration,
-    /// Largest backoff cap.
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
-    /// INTERACTIVE requests retry the same target only when the wait is at
-    /// most this (else they fail over to the next target).
+    /// INTERACTIVE requests retry a target only for a wait up to this, else fail over.
     #[serde(with = "humantime_serde")]
     pub interactive_max_wait: Duration,
 }
@@ -255,23 +214,19 @@ pub const DEFAULT_BASE_BACKOFF: Duration = Duration::from_secs(1);
 /// schedule, so raising `max_attempts` adds 4 s steps, not ever-longer ones.
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(4);
 
-/// Longest wait an INTERACTIVE request accepts at the same target when another
-/// target remains: a human is waiting, and a fresh provider usually answers
-/// sooner than a struggling one recovers. Short enough to be invisible.
+/// Longest wait an INTERACTIVE request takes at a target while another remains: a fresh
+/// provider usually answers sooner than a struggling one recovers.
 pub const DEFAULT_INTERACTIVE_MAX_WAIT: Duration = Duration::from_millis(250);
 
 /// Price of one model in USD per 1M tokens, or explicitly unknown.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PriceConfig {
-    /// USD per 1M input tokens.
     #[serde(default)]
     pub input_per_mtok: Option<f64>,
-    /// USD per 1M output tokens.
     #[serde(default)]
     pub output_per_mtok: Option<f64>,
-    /// `"unknown"`: the model has no price; its calls record a null cost
-    /// (visible in GetUsage as unpriced) and do not count against cost caps.
+    /// `"unknown"`: calls record a null cost (unpriced in GetUsage), outside cost caps.
     #[serde(default)]
     pub price: Option<String>,
 }
@@ -280,29 +235,22 @@ pub struct PriceConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MeteringConfig {
-    /// Meter calls (reserve, settle, usage records). Off only for benchmarks
-    /// that measure what metering costs.
+    /// Meter calls (reserve, settle, record); off only to benchmark what metering costs.
     pub enabled: bool,
     /// Caps for teams without a row in `tenant_limits`; absent = unlimited.
     pub default_limits: LimitsConfig,
     /// Most ledger operations written in one transaction (group commit).
     pub batch_max: usize,
-    /// PostgreSQL only: ledger writers, each committing its own batches on
-    /// its own connection (a team always uses the same one); at most half of
-    /// `database.max_connections`, so reads keep the rest. SQLite has one
-    /// writer whatever this says.
+    /// PostgreSQL only: ledger writers, each on its own connection (a team always on the same);
+    /// at most half of `database.max_connections`, so reads keep the rest.
     pub ledger_writers: usize,
-    /// A reservation older than this belongs to a crashed process and is
-    /// charged at its estimate. Must exceed `server.default_timeout`.
+    /// A reservation older than this is a crashed process's, charged at its estimate.
     #[serde(with = "humantime_serde")]
     pub sweep_after: Duration,
     /// How often the sweeper runs (it also runs at start-up).
     #[serde(with = "humantime_serde")]
     pub sweep_interval: Duration,
-    /// SQLite file only: how long admission trusts a team's caps, as read
-    /// from `tenant_limits`, before reading them again. Admission on a
-    /// SQLite file is decided in memory (docs/metering.md), so a cap
-    /// changed with `ai-orchestrator limits` applies within this.
+    /// SQLite only: how long in-memory admission trusts a team's caps (docs/metering.md).
     #[serde(with = "humantime_serde")]
     pub limits_refresh: Duration,
 }
@@ -312,11 +260,9 @@ impl Default for MeteringConfig {
         Self {
             enabled: true,
             default_limits: LimitsConfig::default(),
-            // Large enough to amortise one fsync over a burst, small enough
-            // that one transaction never holds the SQLite lock for long.
+            // One fsync amortised over a burst, without holding the SQLite lock for long.
             batch_max: 256,
-            // Enough to overlap the round trips of a few batches; each
-            // holds a pooled connection while it commits.
+            // Overlaps a few batches' round trips; each holds a pooled connection.
             ledger_writers: 4,
             sweep_after: Duration::from_secs(300),
             sweep_interval: Duration::from_secs(60),
@@ -329,13 +275,10 @@ impl Default for MeteringConfig {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// Input + output tokens per month.
     #[serde(default)]
     pub max_tokens: Option<u64>,
-    /// Requests per month.
     #[serde(default)]
     pub max_requests: Option<u64>,
-    /// US dollars per month.
     #[serde(default)]
     pub max_cost_usd: Option<f64>,
 }
@@ -344,39 +287,28 @@ pub struct LimitsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// Address the gRPC server binds.
     pub listen: SocketAddr,
-    /// Address of the HTTP endpoint with `/metrics` (Prometheus), `/healthz`
-    /// and `/readyz`; absent = no metrics endpoint.
+    /// The HTTP endpoint of `/metrics`, `/healthz` and `/readyz`; absent, none.
     pub metrics_listen: Option<SocketAddr>,
-    /// Largest accepted request, in bytes: every field a caller sends
-    /// (message, history, lead, goal, query, JSON input, context), as
-    /// encoded on the wire.
+    /// Largest request in bytes: every field a caller sends, as encoded on the wire.
     pub max_input_bytes: usize,
     /// Most `history` entries one request may carry.
     pub max_history_entries: usize,
     /// Deepest nesting of objects and arrays in an `Execute` input.
     pub max_input_depth: usize,
-    /// Largest rendered prompt (system + user text) sent to a provider, in
-    /// bytes: a template can repeat its input, and escaping grows it.
+    /// Largest rendered prompt in bytes: a template can repeat its input, and escaping grows it.
     pub max_prompt_bytes: usize,
-    /// Largest gRPC message decoded, in bytes (protects memory before any
-    /// field is looked at): the limit of every RPC but those below.
+    /// Largest gRPC message decoded, before any field is read: every RPC's but those below.
     pub max_message_bytes: usize,
-    /// Largest `ClassifySms` / `GenerateSms` message decoded, in bytes.
     pub max_sms_message_bytes: usize,
-    /// Largest `Research` message decoded, in bytes.
     pub max_research_message_bytes: usize,
-    /// AI requests in flight at once on this replica; more are refused at
-    /// once with RESOURCE_EXHAUSTED (OVERLOADED) instead of queueing.
-    /// Health checks and reflection are never refused.
+    /// AI requests in flight on this replica; more are refused at once (OVERLOADED), never
+    /// queued. Health checks and reflection are never refused.
     pub max_concurrent_requests: usize,
-    /// HTTP/2 streams one connection may have open.
     pub max_concurrent_streams: u32,
     /// HTTP/2 keepalive ping interval (dead connections are dropped).
     #[serde(with = "humantime_serde")]
     pub http2_keepalive_interval: Duration,
-    /// How long to wait for a keepalive ping answer.
     #[serde(with = "humantime_serde")]
     pub http2_keepalive_timeout: Duration,
     /// TLS for the gRPC port; plaintext when absent.
@@ -398,29 +330,20 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             metrics_listen: None,
-            // 64 KiB holds any SMS thread or research query many times over;
-            // bigger inputs are almost always a caller bug.
+            // Any SMS thread or research query many times over; more is a caller bug.
             max_input_bytes: 64 * 1024,
-            // An SMS thread of 100 messages is already months of texting;
-            // each entry becomes a prompt line, so the count is bounded
-            // apart from the bytes.
+            // Months of texting; each entry is a prompt line, so counted apart from the bytes.
             max_history_entries: 100,
-            // Business payloads are a few levels deep; 32 leaves room while
-            // keeping every recursive walk over the input shallow.
+            // Payloads are a few levels deep; 32 keeps every recursive walk shallow.
             max_input_depth: 32,
-            // Four times the input limit: room for a template that repeats
-            // its input and for escaping, no more.
+            // Room for a template that repeats its input, and for escaping.
             max_prompt_bytes: 256 * 1024,
             // 4 MiB is tonic's default; inputs are capped far lower anyway.
             max_message_bytes: 4 * 1024 * 1024,
-            // An SMS thread at its 100-entry cap is a few KiB, a research
-            // query less; four times max_input_bytes leaves room for
-            // framing. Decoded, a message of empty repeated entries takes
-            // many times its wire size, so the bound stays small.
+            // Room for framing; decoded, empty repeated entries grow many times, so it stays small.
             max_sms_message_bytes: 256 * 1024,
             max_research_message_bytes: 256 * 1024,
-            // Each in-flight call mostly waits on a provider; 1024 keeps
-            // memory bounded (~tens of MB) while far above normal load.
+            // Calls mostly wait on a provider; 1024 bounds memory (~tens of MB), far above load.
             max_concurrent_requests: 1024,
             max_concurrent_streams: 256,
             http2_keepalive_interval: Duration::from_secs(30),
@@ -440,24 +363,17 @@ impl Default for ServerConfig {
 pub struct TaskConfig {
     /// Ordered targets: the first is primary, the rest are fallbacks.
     pub chain: Vec<TargetConfig>,
-    /// Output token cap sent to the provider.
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
-    /// Sampling temperature.
     #[serde(default)]
     pub temperature: Option<f32>,
     /// Confidence below which a classification needs human review.
     #[serde(default = "default_review_threshold")]
     pub review_threshold: f64,
-    /// `sms_generate`: replace typographic characters (curly quotes, dashes,
-    /// the ellipsis, non-breaking spaces) with GSM-7 equivalents when that
-    /// keeps the reply GSM-7, before its segments are counted ("smart
-    /// encoding"; on by default).
+    /// `sms_generate`: swap typographic characters for GSM-7 ones when that keeps it GSM-7.
     #[serde(default = "default_smart_encoding")]
     pub smart_encoding: bool,
-    /// JSON schema the answer of a generic (`Execute`) task must match; the
-    /// model is asked for JSON of this shape and a non-matching answer counts
-    /// as a malformed response (the chain moves on).
+    /// JSON schema an `Execute` answer must match; one that does not is malformed (next target).
     #[serde(default)]
     pub output_schema: Option<serde_json::Value>,
 }
@@ -480,7 +396,6 @@ fn default_smart_encoding() -> bool {
 pub struct TargetConfig {
     /// Provider name (a key of `providers`).
     pub provider: String,
-    /// Model name sent to the provider.
     pub model: String,
 }
 
@@ -493,9 +408,7 @@ impl Config {
             .or_else(|| p.kind.default_base_url().map(str::to_owned))
     }
 
-    /// Whether `[pricing]` prices `model` at `provider`: its
-    /// provider-qualified entry or its own (`price = "unknown"` counts, as
-    /// a price written down).
+    /// Whether `[pricing]` prices `model` at `provider` (`price = "unknown"` counts).
     pub fn priced(&self, provider: &str, model: &str) -> bool {
         is_priced(&self.pricing, provider, model)
     }

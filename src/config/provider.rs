@@ -1,5 +1,4 @@
-//! `[providers.<name>]`: each provider's wire format, endpoint, key,
-//! timeouts, limits and breaker, and the mock's behaviour.
+//! `[providers.<name>]`: wire format, endpoint, key, timeouts, limits, breaker, mock.
 
 use super::Secret;
 use serde::Deserialize;
@@ -9,13 +8,10 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
-    /// OpenAI Chat Completions.
     Openai,
-    /// Anthropic Messages.
     Anthropic,
     /// Perplexity (OpenAI-style, with citations).
     Perplexity,
-    /// Google Gemini generateContent.
     Gemini,
     /// Any OpenAI-compatible server (DeepSeek, vLLM, Ollama, llama.cpp).
     OpenaiCompatible,
@@ -52,7 +48,6 @@ impl ProviderKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
-    /// Wire format.
     pub kind: ProviderKind,
     /// API base URL; defaults to the kind's public endpoint.
     #[serde(default)]
@@ -63,54 +58,38 @@ pub struct ProviderConfig {
     /// Bound on one attempt, connection to last byte.
     #[serde(default = "defaults::timeout", with = "humantime_serde")]
     pub timeout: Duration,
-    /// Bound on establishing the connection.
     #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Longest silence allowed between two events of a stream.
     #[serde(default = "defaults::stream_idle_timeout", with = "humantime_serde")]
     pub stream_idle_timeout: Duration,
-    /// Requests per minute: the account's with `[cluster]`, else this
-    /// replica's; none means unlimited.
+    /// Requests per minute: the account's with `[cluster]`, else this replica's; none: no limit.
     #[serde(default)]
     pub rpm: Option<u32>,
-    /// Tokens (input + output) per minute, as `rpm`: a call's estimate is
-    /// taken when it is sent and corrected by what the provider reports.
+    /// Tokens per minute, as `rpm`: a call's estimate is taken at send, corrected by the report.
     #[serde(default)]
     pub tpm: Option<u64>,
-    /// Requests in flight at once: this replica's, 64 when not set. With
-    /// `[cluster]` a value set here is the account's, shared by every
-    /// replica (the default stays a per-replica bound).
+    /// Requests in flight: this replica's (64 if unset), or with `[cluster]` the account's if set.
     #[serde(default)]
     pub max_concurrency: Option<usize>,
-    /// The HTTP version spoken to the provider: `"1.1"` (the default, over
-    /// TLS too: it costs ~20 % less CPU per call than HTTP/2, ADR 0019) or
-    /// `"2"` (negotiated by ALPN over `https://`, prior knowledge over
-    /// `http://`; multiplexed).
+    /// `"1.1"` (default, over TLS too: ~20 % less CPU per call than HTTP/2, ADR 0019) or `"2"`
+    /// (ALPN over `https://`, prior knowledge over `http://`).
     #[serde(default)]
     pub http_version: Option<HttpVersion>,
-    /// The older spelling of `http_version = "2"` for a plaintext `http://`
-    /// upstream that serves h2c (a sidecar, an internal gateway).
+    /// Older spelling of `http_version = "2"` for an `http://` upstream serving h2c.
     #[serde(default)]
     pub http2_prior_knowledge: bool,
-    /// A PEM file of CA certificates trusted for this provider besides the
-    /// system's roots: a private gateway, or a test upstream with its own CA.
+    /// A PEM file of CA certificates trusted besides the system's roots.
     #[serde(default)]
     pub tls_ca: Option<std::path::PathBuf>,
-    /// Calls one HTTP/2 connection to this provider carries at once; more
-    /// open another connection (up to `max_concurrency` calls in all). An
-    /// HTTP/2 server caps the streams of a connection
-    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`, often 100–256), and the client
-    /// never opens a second connection by itself: calls past the cap would
-    /// wait unseen inside it.
+    /// Calls one HTTP/2 connection carries before another opens: a server caps its streams
+    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`), and calls past the cap would wait unseen.
     #[serde(default = "defaults::streams_per_connection")]
     pub streams_per_connection: usize,
-    /// Most bytes one answer may hold: a whole body, one streamed line or
-    /// event, and the text a stream accumulates. Past it the attempt fails
-    /// with `RESPONSE_TOO_LARGE` and the chain moves on; it is what bounds
-    /// the memory a call in flight holds (docs/operations.md).
+    /// Most bytes of an answer (a body, a streamed line or event, a stream's text); past it the
+    /// attempt fails (`RESPONSE_TOO_LARGE`). It bounds a call's memory (docs/operations.md).
     #[serde(default = "defaults::max_response_bytes")]
     pub max_response_bytes: usize,
-    /// Circuit breaker numbers.
     #[serde(default)]
     pub breaker: BreakerConfig,
     /// An active health check of the provider (SPEC §18); none by default.
@@ -141,21 +120,17 @@ impl ProviderConfig {
         self.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY)
     }
 
-    /// Whether calls speak HTTP/2 (`http_version = "2"`, or the older
-    /// `http2_prior_knowledge`).
+    /// Whether calls speak HTTP/2 (`http_version = "2"`, or `http2_prior_knowledge`).
     pub fn http2(&self) -> bool {
         self.http_version
             .map_or(self.http2_prior_knowledge, |v| v == HttpVersion::Http2)
     }
 }
 
-/// A provider's `max_concurrency` when not set: per replica, a bound on
-/// memory and on one replica's share of a provider, not an account limit.
+/// Per replica: a bound on memory and on one replica's share of a provider, not an account's.
 pub const DEFAULT_MAX_CONCURRENCY: usize = 64;
 
-/// Default of a provider's `max_response_bytes`: a few MiB, far above any
-/// chat answer (a 16k-token reply is ~64 KB of text, and a stream carries it
-/// line by line), small enough that a hostile upstream cannot exhaust memory.
+/// Far above any chat answer (a 16k-token reply is ~64 KB), far below exhausting memory.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 mod defaults {
@@ -173,13 +148,11 @@ mod defaults {
     pub fn max_response_bytes() -> usize {
         super::DEFAULT_MAX_RESPONSE_BYTES
     }
-    /// SPEC §18's example: often enough to see an outage before callers
-    /// do, rare enough to cost nothing at a provider.
+    /// SPEC §18's example: sees an outage before callers do, costs nothing at a provider.
     pub fn probe_interval() -> Duration {
         Duration::from_secs(30)
     }
-    /// A model list answers in well under a second; five leaves room for a
-    /// slow network without keeping a dead provider "unknown" for long.
+    /// A model list answers in well under a second; five allows a slow network.
     pub fn probe_timeout() -> Duration {
         Duration::from_secs(5)
     }
@@ -194,7 +167,6 @@ mod defaults {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProbeConfig {
-    /// Time between two probes.
     #[serde(default = "defaults::probe_interval", with = "humantime_serde")]
     pub interval: Duration,
     /// Bound on one probe; a provider that hangs fails its probe here.
@@ -209,8 +181,7 @@ pub enum BreakerMode {
     /// `failure_threshold` counted failures in a row (the seed's rule).
     #[default]
     Consecutive,
-    /// A share of failures of at least `error_rate` among at least
-    /// `min_requests` counted calls in the last `window`.
+    /// At least `error_rate` failures among at least `min_requests` calls in the last `window`.
     ErrorRate,
 }
 
@@ -228,14 +199,12 @@ impl BreakerMode {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerConfig {
-    /// What opens the breaker.
     pub mode: BreakerMode,
     /// Consecutive failures that open the breaker (`consecutive` mode).
     pub failure_threshold: u32,
     /// Share of failed calls that opens the breaker (`error_rate` mode).
     pub error_rate: f64,
-    /// Fewest counted calls in the window before `error_rate` can open it:
-    /// one failure out of one call is no evidence.
+    /// Fewest counted calls in the window before `error_rate` applies: 1 of 1 is no evidence.
     pub min_requests: u32,
     /// The sliding window `error_rate` is measured over.
     #[serde(with = "humantime_serde")]
@@ -268,21 +237,16 @@ impl Default for BreakerConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MockConfig {
-    /// Fixed latency of every call.
     #[serde(with = "humantime_serde")]
     pub latency: Duration,
     /// Share of calls that fail with a 503-like error, in [0, 1].
     pub failure_rate: f64,
-    /// Fixed reply text. When absent, a request that asks for JSON gets a
-    /// deterministic object matching its schema, and any other request gets
-    /// a short echo of its size.
+    /// Fixed reply text; absent, a JSON request gets an object matching its schema, else an echo.
     pub reply: Option<String>,
     /// Seed of the failure draw, so runs are reproducible.
     pub seed: u64,
-    /// Scripted tool calls, for agent tests and benchmarks: when tools are
-    /// offered, the model's n-th answer of a turn (counted from the last
-    /// user message) calls the tools of entry n; past the script it answers
-    /// with text.
+    /// Scripted tool calls: with tools offered, a turn's n-th answer (from the last user
+    /// message) calls entry n's tools; past the script it answers with text.
     pub tool_script: Vec<Vec<MockToolCall>>,
 }
 

@@ -2,8 +2,7 @@
 
 use std::fmt;
 
-/// A secret value (an API key). `Debug` and `Display` print `[REDACTED]`, so a
-/// secret can sit inside any config struct that gets logged without leaking.
+/// A secret value (an API key): `Debug` and `Display` print `[REDACTED]`, so it never leaks.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
@@ -31,8 +30,7 @@ impl fmt::Display for Secret {
     }
 }
 
-/// Read as a plain string (`[cluster] redis_url`, which may hold a
-/// password); only ever printed redacted.
+/// Read as a plain string (`[cluster] redis_url` may hold a password); printed redacted.
 impl<'de> serde::Deserialize<'de> for Secret {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d).map(Self)

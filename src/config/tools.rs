@@ -1,11 +1,9 @@
-//! `[tools."<name>"]`, `[mcp_servers.<name>]`, `[mcp_endpoint]` and
-//! `[auth.roles.<role>]`: the tools of SPEC §9 as configured.
+//! `[tools]`, `[mcp_servers]`, `[mcp_endpoint]` and `[auth.roles]`: the tools of SPEC §9.
 
 use serde::{Deserialize, Deserializer};
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
-/// `name` and version of a `[tools."<key>"]` key, the version from the
-/// entry or else from the key (`name@1.2.0`).
+/// `name` and version of a `[tools."<key>"]` key; the entry's version wins over `name@1.2.0`.
 pub fn name_and_version(key: &str, version: Option<&str>) -> (String, Option<String>) {
     match key.split_once('@') {
         Some((name, v)) => (name.to_owned(), Some(version.unwrap_or(v).to_owned())),
@@ -20,9 +18,7 @@ pub const DEFAULT_MAX_TOOL_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolLimitsConfig {
-    /// Longest a tool invocation may take: a tool's `timeout`, an MCP
-    /// server's `timeout` and an agent's `tool_timeout` past it are capped
-    /// to it at load (with a note), not refused.
+    /// Longest a tool invocation may take; longer tool, MCP server and agent timeouts are capped.
     #[serde(with = "humantime_serde", default = "default_max_timeout")]
     pub max_timeout: Duration,
 }
@@ -40,9 +36,7 @@ fn default_max_timeout() -> Duration {
 }
 
 impl ToolLimitsConfig {
-    /// Caps the timeouts of `config`'s tools, MCP servers and agents at
-    /// `max_timeout`, and says which in `config.notes`. Nothing is capped
-    /// while `max_timeout` itself is out of bounds (a load error).
+    /// Caps timeouts at `max_timeout` with a note each; none while it is itself out of bounds.
     pub fn cap(config: &mut super::Config) {
         let max = config.tool_limits.max_timeout;
         if max.is_zero() || max > super::validate::bounds::MAX_WAIT {
@@ -76,8 +70,7 @@ impl ToolLimitsConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolKind {
-    /// Built into the service (`system.echo`, ...); configuring one
-    /// changes its settings (quota, cost, enabled), not its code.
+    /// Built in (`system.echo`, ...): its section sets quota, cost and `enabled`, not its code.
     Builtin,
     /// A workflow webhook: the input POSTed as JSON to `url`.
     Http,
@@ -90,12 +83,9 @@ pub struct ToolConfig {
     /// Semantic version; the key may carry it instead (`"crm.lookup@1.2.0"`).
     #[serde(default)]
     pub version: Option<String>,
-    /// How it runs.
     pub kind: ToolKind,
-    /// What it does, for callers and models.
     #[serde(default)]
     pub description: String,
-    /// Whether it may be called.
     #[serde(default = "yes")]
     pub enabled: bool,
     /// Writes or sends something (a `viewer` may never call it).
@@ -104,28 +94,22 @@ pub struct ToolConfig {
     /// Capability a caller's role needs; default `tool:<name>`.
     #[serde(default)]
     pub capability: Option<String>,
-    /// Acts on the caller's team's data: refused without a team. Default
-    /// true; a built-in's is its own (setting it is a load error).
+    /// Acts on the caller's team's data (refused without a team); default true, not for built-ins.
     #[serde(default)]
     pub tenant_scoped: Option<bool>,
-    /// How long one invocation may take (capped by
-    /// `tool_limits.max_timeout`, 60 s).
+    /// Capped by `tool_limits.max_timeout`.
     #[serde(with = "humantime_serde", default = "default_timeout")]
     pub timeout: Duration,
-    /// JSON Schema (draft 2020-12) of the input: a TOML table or a JSON
-    /// string.
+    /// JSON Schema (draft 2020-12) of the input: a TOML table or a JSON string.
     #[serde(default = "any_object", deserialize_with = "schema")]
     pub input_schema: serde_json::Value,
     /// JSON Schema of the output, when checked.
     #[serde(default, deserialize_with = "optional_schema")]
     pub output_schema: Option<serde_json::Value>,
-    /// What an invocation costs.
     #[serde(default)]
     pub cost: CostConfig,
-    /// Per-team limits.
     #[serde(default)]
     pub quota: QuotaConfig,
-    /// `http`: the webhook URL.
     #[serde(default)]
     pub url: Option<String>,
     /// `http`: the header carrying the webhook's secret.
@@ -137,15 +121,12 @@ pub struct ToolConfig {
     /// The secret itself, read from `auth_env` at load; never in the file.
     #[serde(skip)]
     pub auth_value: Option<super::Secret>,
-    /// `http`: retries of a failed POST.
     #[serde(default)]
     pub retry: ToolRetryConfig,
-    /// `http`: invocations with the same idempotency key within this
-    /// window reach the webhook once.
+    /// `http`: invocations with the same idempotency key in this window reach the webhook once.
     #[serde(with = "humantime_serde", default = "default_idempotency_window")]
     pub idempotency_window: Duration,
-    /// `http`: the response header naming the workflow's execution, kept
-    /// with the invocation.
+    /// `http`: the response header naming the workflow's execution, kept with the invocation.
     #[serde(default = "default_execution_header")]
     pub execution_id_header: String,
 }
@@ -189,12 +170,9 @@ fn optional_schema<'de, D: Deserializer<'de>>(d: D) -> Result<Option<serde_json:
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CostConfidence {
-    /// The model is the price.
     Exact,
-    /// The model approximates the price.
     #[default]
     Estimate,
-    /// Nobody knows; the model is a guess.
     Unknown,
 }
 
@@ -204,11 +182,8 @@ pub enum CostConfidence {
 pub enum CostUnit {
     /// Tokens of a text field (about four characters each).
     Token,
-    /// Characters of a text field.
     Character,
-    /// Entries of an array field.
     Record,
-    /// Seconds the invocation took.
     Second,
 }
 
@@ -216,9 +191,7 @@ pub enum CostUnit {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PerUnitCost {
-    /// What is counted.
     pub unit: CostUnit,
-    /// USD per unit.
     pub usd: f64,
     /// The input field counted (not for `second`).
     #[serde(default)]
@@ -229,13 +202,10 @@ pub struct PerUnitCost {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostConfig {
-    /// USD per invocation.
     #[serde(default)]
     pub fixed_usd: f64,
-    /// USD per counted unit.
     #[serde(default)]
     pub per_unit: Option<PerUnitCost>,
-    /// How sure the model is.
     #[serde(default)]
     pub confidence: CostConfidence,
 }
@@ -247,13 +217,11 @@ pub struct QuotaConfig {
     /// Invocations per team per clock hour.
     #[serde(default)]
     pub max_per_hour: Option<u32>,
-    /// Invocations of a team running at once.
     #[serde(default)]
     pub max_concurrent: Option<u32>,
 }
 
-/// `retry = { max_attempts, initial_backoff, max_backoff, attempt_timeout }`
-/// of a webhook.
+/// A webhook's `retry = { max_attempts, initial_backoff, max_backoff, attempt_timeout }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ToolRetryConfig {
@@ -262,12 +230,10 @@ pub struct ToolRetryConfig {
     /// Backoff cap after the first failure; doubles per retry (full jitter).
     #[serde(with = "humantime_serde")]
     pub initial_backoff: Duration,
-    /// Largest backoff cap.
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
-    /// How long one POST may take before it is given up and retried;
-    /// unset, a POST may take the rest of the tool's timeout (a workflow
-    /// still working is not interrupted by a second POST).
+    /// How long one POST may take before it is retried; unset, the rest of the tool's timeout
+    /// (a workflow still working is not interrupted by a second POST).
     #[serde(with = "humantime_serde")]
     pub attempt_timeout: Option<Duration>,
 }
@@ -305,13 +271,10 @@ pub struct McpServerConfig {
     /// Its tools write or send (a `viewer` may never call them).
     #[serde(default = "yes")]
     pub side_effects: bool,
-    /// Its tools act on a team's data.
     #[serde(default)]
     pub tenant_scoped: bool,
-    /// Cost of each of its tools' invocations.
     #[serde(default)]
     pub cost: CostConfig,
-    /// Per-team limits of each of its tools.
     #[serde(default)]
     pub quota: QuotaConfig,
 }
@@ -326,15 +289,12 @@ fn default_refresh() -> Duration {
 pub struct McpEndpointConfig {
     /// Where to listen (Streamable HTTP).
     pub listen: SocketAddr,
-    /// The endpoint's path.
     #[serde(default = "default_mcp_path")]
     pub path: String,
-    /// `Host` header values accepted (DNS-rebinding protection); default
-    /// the loopback names.
+    /// `Host` values accepted (DNS-rebinding protection); default the loopback names.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
-    /// Sessions open at once; an `initialize` past it is refused (503)
-    /// until one closes or has been idle for 5 minutes.
+    /// Sessions open at once; past it `initialize` gets 503 until one closes or idles 5 minutes.
     #[serde(default = "default_mcp_max_sessions")]
     pub max_sessions: usize,
 }
@@ -347,18 +307,15 @@ fn default_mcp_max_sessions() -> usize {
     1000
 }
 
-/// `[tool_worker]`: the runner of ASYNC invocations, and the leases that
-/// keep an invocation from being lost when a process dies mid-run.
+/// `[tool_worker]`: the ASYNC runner, and leases so a process dying mid-run loses nothing.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolWorkerConfig {
     /// How often the worker looks for work, unless a run ends first.
     #[serde(with = "humantime_serde", default = "default_poll")]
     pub poll_interval: Duration,
-    /// How long past the tool's timeout an invocation is held by the
-    /// process running it. When the lease runs out the holder is taken
-    /// for dead: an ASYNC invocation is run again under the same
-    /// idempotency key, a SYNC one is marked FAILED (`INTERRUPTED`).
+    /// How long past the tool's timeout the running process holds an invocation; then it is
+    /// taken for dead: an ASYNC one runs again (same idempotency key), a SYNC one FAILED.
     #[serde(with = "humantime_serde", default = "default_lease_slack")]
     pub lease_slack: Duration,
 }
@@ -389,8 +346,7 @@ pub struct RoleConfig {
     pub capabilities: Vec<String>,
 }
 
-/// The capabilities of roles not configured: `viewer` the read-only
-/// built-ins, `caller` and `admin` every tool.
+/// Unconfigured roles' capabilities: `viewer` the read-only built-ins, the others every tool.
 pub fn default_roles() -> BTreeMap<String, RoleConfig> {
     let role = |caps: &[&str]| RoleConfig {
         capabilities: caps.iter().map(|c| (*c).to_owned()).collect(),

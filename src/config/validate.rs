@@ -3,19 +3,14 @@
 use super::{Config, Invalid, ProviderKind};
 use std::time::Duration;
 
-/// Largest accepted price, USD per 1M tokens: the dearest models cost a
-/// few hundred; a price past this is a typo (per token instead of per
-/// million), and would make every call's cost absurd.
+/// Largest price, USD per 1M tokens: the dearest cost a few hundred; more is a per-token typo.
 pub const MAX_PRICE_PER_MTOK: f64 = 10_000.0;
 
-/// Largest accepted `max_tokens` of a task (and of a stored prompt
-/// version's override): above every model's output window, and it bounds
-/// the output tokens a provider may plausibly report.
+/// Largest task `max_tokens`: above every model's output window; bounds plausible output.
 pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
 
-/// Checks that a database URL names a SQLite file or a PostgreSQL
-/// database. An in-memory SQLite database is refused: the ledger's writer
-/// has its own connection to the file, and usage must outlive the process.
+/// Checks a database URL names a SQLite file or a PostgreSQL database, not in-memory SQLite:
+/// the ledger's writer has its own connection, and usage must outlive the process.
 fn database_url(url: &str) -> Result<(), &'static str> {
     if let Some(rest) = url.strip_prefix("sqlite:") {
         let rest = rest.strip_prefix("//").unwrap_or(rest);
@@ -185,9 +180,7 @@ pub mod tools;
 /// Most teams `telemetry.team_labels` may list.
 const MAX_TEAM_LABELS: usize = 200;
 
-/// Every problem found, in a stable order (providers, tasks, server, database).
-/// A list past its bound is all that is reported: nothing else is looked
-/// at in a config that large.
+/// Every problem, in a stable order; a list past its bound is all that is reported.
 pub(super) fn check(config: &Config) -> Vec<Invalid> {
     let mut out = Vec::new();
     lists::check(config, &mut |path, message| {
@@ -207,11 +200,34 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             message: message.to_owned(),
         })
     };
-
     for (name, p) in &config.providers {
         provider(config, name, p, &mut bad);
     }
+    tasks(config, &mut bad);
+    pricing(config, &mut bad);
+    unpriced_targets(config, &mut bad);
+    auth(config, &mut bad);
+    telemetry(config, &mut bad);
+    metering(config, &mut bad);
+    if config.database.sqlite_wal_autocheckpoint == 0 {
+        bad(
+            "database.sqlite_wal_autocheckpoint".into(),
+            "must be at least 1 (0 would let the WAL grow without bound)",
+        );
+    }
+    retry(config, &mut bad);
+    server(config, &mut bad);
+    database(config, &mut bad);
+    if let Some(cluster) = &config.cluster {
+        cluster_check(cluster, &mut bad);
+    }
+    tools::check(config, &mut bad);
+    agents::check(config, &mut bad);
+    bounds::check(config, &mut bad);
+    out
+}
 
+fn tasks(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (name, t) in &config.tasks {
         let at = |key: &str| format!("tasks.{name}.{key}");
         if t.chain.is_empty() {
@@ -253,7 +269,9 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             bad(at("review_threshold"), "must be between 0 and 1");
         }
     }
+}
 
+fn pricing(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (model, price) in &config.pricing {
         let at = |key: &str| format!("pricing.\"{model}\".{key}");
         match (&price.price, price.input_per_mtok, price.output_per_mtok) {
@@ -284,6 +302,10 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             ),
         }
     }
+}
+
+/// With metering on, every task target needs a price (or an explicit "unknown").
+fn unpriced_targets(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if config.metering.enabled {
         for (name, t) in &config.tasks {
             for (i, target) in t.chain.iter().enumerate() {
@@ -299,6 +321,9 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             }
         }
     }
+}
+
+fn auth(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let mut names = std::collections::BTreeSet::new();
     for (i, key) in config.auth.keys.iter().enumerate() {
         let at = |k: &str| format!("auth.keys[{i}].{k}");
@@ -320,11 +345,13 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     if config.auth.refresh_interval == Duration::ZERO {
         bad("auth.refresh_interval".into(), "must be greater than zero");
     }
+}
+
+fn telemetry(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if !(0.0..=1.0).contains(&config.telemetry.sample_ratio) {
         bad("telemetry.sample_ratio".into(), "must be between 0 and 1");
     }
-    // Each listed team is a label value of its own: a bounded list keeps
-    // the series a scrape carries bounded.
+    // Each listed team is a label value of its own: a bounded list bounds a scrape's series.
     if config.telemetry.team_labels.len() > MAX_TEAM_LABELS {
         bad(
             "telemetry.team_labels".into(),
@@ -345,6 +372,9 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must start with http:// or https://",
         );
     }
+}
+
+fn metering(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let m = &config.metering;
     if let Some(cost) = m.default_limits.max_cost_usd
         && (!cost.is_finite() || cost < 0.0)
@@ -372,12 +402,9 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be greater than zero",
         );
     }
-    if config.database.sqlite_wal_autocheckpoint == 0 {
-        bad(
-            "database.sqlite_wal_autocheckpoint".into(),
-            "must be at least 1 (0 would let the WAL grow without bound)",
-        );
-    }
+}
+
+fn retry(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if config.retry.max_attempts == 0 {
         bad(
             "retry.max_attempts".into(),
@@ -390,6 +417,9 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             "must be at least retry.base_backoff",
         );
     }
+}
+
+fn server(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if config.server.max_concurrent_requests == 0 {
         bad(
             "server.max_concurrent_requests".into(),
@@ -442,19 +472,15 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
             bad(key.into(), "must be greater than zero");
         }
     }
+}
+
+fn database(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     if let Err(why) = database_url(&config.database.url) {
         bad("database.url".into(), why);
     }
     if config.database.max_connections == 0 {
         bad("database.max_connections".into(), "must be at least 1");
     }
-    if let Some(cluster) = &config.cluster {
-        cluster_check(cluster, &mut bad);
-    }
-    tools::check(config, &mut bad);
-    agents::check(config, &mut bad);
-    bounds::check(config, &mut bad);
-    out
 }
 
 #[cfg(test)]

@@ -1,7 +1,4 @@
-//! A model call in our own terms, whatever the wire format: the request,
-//! its messages, the answer and its token counts. The providers translate
-//! these to and from each wire format; the router, the pipeline and the
-//! features speak only these.
+//! A model call in our own terms; providers translate it to and from each wire format.
 
 use super::{ToolCall, ToolOutcome, ToolSpec};
 use serde_json::Value;
@@ -10,25 +7,20 @@ use tokio::time::Instant;
 /// Who wrote a conversation message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Role {
-    /// The end user / the input.
     #[default]
     User,
     /// The model (earlier replies, e.g. our outbound SMS).
     Assistant,
-    /// A tool's result, answering one of the model's tool calls.
     Tool,
 }
 
 /// One conversation message sent to a model.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatMessage {
-    /// Author.
     pub role: Role,
-    /// Text (an assistant message with tool calls may have none).
+    /// May be empty in an assistant message with tool calls.
     pub content: String,
-    /// The tool calls of an assistant message.
     pub tool_calls: Vec<ToolCall>,
-    /// The result a [`Role::Tool`] message carries.
     pub tool_result: Option<ToolOutcome>,
 }
 
@@ -42,7 +34,7 @@ impl ChatMessage {
         }
     }
 
-    /// Bytes of everything it carries: text, tool calls, a tool result.
+    /// Bytes of the text, tool calls and tool result.
     pub(crate) fn bytes(&self) -> usize {
         self.content.len()
             + self
@@ -53,63 +45,46 @@ impl ChatMessage {
             + self.tool_result.as_ref().map_or(0, |r| r.content.len())
     }
 
-    /// Whether it carries tool calls or a tool result.
     fn has_tool_parts(&self) -> bool {
         !self.tool_calls.is_empty() || self.tool_result.is_some()
     }
 }
 
-/// Ask the model for JSON matching a schema (OpenAI `response_format`,
-/// Gemini `responseSchema`; others get it as an instruction in the prompt).
+/// JSON matching a schema (OpenAI `response_format`, Gemini `responseSchema`, else a prompt).
 #[derive(Debug, Clone, PartialEq)]
 pub struct JsonSchemaFormat {
-    /// Schema name (`[a-zA-Z0-9_-]`), e.g. `sms_classification`.
+    /// `[a-zA-Z0-9_-]`, e.g. `sms_classification`.
     pub name: String,
-    /// The JSON schema.
     pub schema: Value,
 }
 
-/// One call to a model, in our own terms.
 #[derive(Debug, Clone)]
 pub struct CompletionRequest {
-    /// Model name to send.
     pub model: String,
-    /// System prompt.
     pub system: Option<String>,
-    /// Conversation, oldest first; the last one is the current input.
+    /// Oldest first; the last one is the current input.
     pub messages: Vec<ChatMessage>,
-    /// Sampling temperature.
     pub temperature: Option<f32>,
-    /// Output token cap.
     pub max_tokens: u32,
-    /// Structured output request.
     pub response_format: Option<JsonSchemaFormat>,
-    /// Tools the model may call (none: a plain completion).
     pub tools: Vec<ToolSpec>,
-    /// Trace ID, sent upstream as `x-trace-id`.
     pub trace_id: String,
-    /// W3C `traceparent` to send upstream, when tracing is on.
     pub traceparent: Option<String>,
-    /// When this attempt must be over (the smaller of the request deadline and
-    /// the provider timeout). Providers stop waiting at this instant.
+    /// The earlier of the request deadline and the provider timeout; providers stop there.
     pub deadline: Instant,
 }
 
 /// Token counts reported by the provider.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokenUsage {
-    /// Prompt tokens.
     pub input_tokens: u64,
-    /// Completion tokens.
     pub output_tokens: u64,
 }
 
-/// Input tokens a provider may bill beyond our text's bytes: its own chat
-/// framing, a structured-output schema, tool prompts it adds.
+/// Input tokens billed beyond our bytes: chat framing, a schema, tool prompts.
 const INPUT_SLACK: u64 = 16_384;
 
-/// Output tokens a provider may report beyond `max_tokens`: reasoning or
-/// "thinking" tokens some count in the output.
+/// Output tokens some report beyond `max_tokens`: reasoning ("thinking") tokens.
 const OUTPUT_SLACK: u64 = 1_024;
 
 impl TokenUsage {
@@ -121,15 +96,8 @@ impl TokenUsage {
         }
     }
 
-    /// `Ok` when the provider's counts are plausible for `req`; else `Err`
-    /// with the counts capped at what is plausible, the amount the attempt
-    /// is charged (docs/metering.md, *Implausible usage*).
-    ///
-    /// Plausible: input at most twice the bytes of our text plus
-    /// [`INPUT_SLACK`] (every token of a byte-level tokenizer is at least
-    /// one byte), output at most twice `max_tokens` plus [`OUTPUT_SLACK`].
-    /// An answer claiming more (a broken or hostile upstream, `u64::MAX`)
-    /// is malformed: it would otherwise saturate the cost and the ledger.
+    /// `Err` capped at 2x our bytes plus [`INPUT_SLACK`] and 2x `max_tokens` plus
+    /// [`OUTPUT_SLACK`] (the charge; docs/metering.md): a hostile count would saturate the cost.
     pub fn plausible_for(self, req: &CompletionRequest) -> Result<TokenUsage, TokenUsage> {
         let input = u64::try_from(req.input_bytes())
             .unwrap_or(u64::MAX)
@@ -151,49 +119,34 @@ impl TokenUsage {
 /// Why the model stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FinishReason {
-    /// Natural end of the answer.
     #[default]
     Stop,
-    /// Output token cap reached.
     Length,
-    /// Blocked by the provider's content filter.
     ContentFilter,
-    /// The model asked for tool calls.
     ToolCalls,
-    /// Anything else the provider reported.
     Other,
 }
 
 /// A source the provider cited (Perplexity citations / search results).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Citation {
-    /// Source URL.
     pub url: String,
-    /// Title, when given.
     pub title: Option<String>,
 }
 
 /// A finished model answer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Completion {
-    /// Answer text.
     pub text: String,
-    /// Tokens billed.
     pub usage: TokenUsage,
-    /// Why it stopped.
     pub finish_reason: FinishReason,
-    /// Sources, when the provider gives them.
     pub citations: Vec<Citation>,
-    /// The model that answered as the provider names it (often a dated
-    /// version of the one asked for: `gpt-4o-mini-2024-07-18`), when it
-    /// says.
+    /// As the provider names it, often dated (`gpt-4o-mini-2024-07-18`).
     pub model: Option<String>,
-    /// The tool calls the model asked for, in its order.
     pub tool_calls: Vec<ToolCall>,
 }
 
 impl CompletionRequest {
-    /// Bytes of everything sent as input: system prompt, messages, tools.
     fn input_bytes(&self) -> usize {
         self.system.as_deref().map_or(0, str::len)
             + self.messages.iter().map(ChatMessage::bytes).sum::<usize>()
@@ -204,17 +157,14 @@ impl CompletionRequest {
                 .sum::<usize>()
     }
 
-    /// The tokens a `tpm` limit takes for this call when it is sent: the
-    /// input at about four bytes a token, plus `max_tokens`, the most it
-    /// can answer. Corrected by the provider's report when it ends.
+    /// What a `tpm` limit takes: input at ~4 bytes a token plus `max_tokens`, until reported.
     pub fn token_estimate(&self) -> u64 {
         u64::try_from(self.input_bytes().div_ceil(4))
             .unwrap_or(u64::MAX)
             .saturating_add(u64::from(self.max_tokens))
     }
 
-    /// Whether the request offers tools or carries tool calls or results:
-    /// a wire format without tool calling must refuse it, never drop them.
+    /// Whether tools are in play: a wire format without tool calling must refuse, never drop.
     pub fn uses_tools(&self) -> bool {
         !self.tools.is_empty() || self.messages.iter().any(ChatMessage::has_tool_parts)
     }
@@ -223,9 +173,7 @@ impl CompletionRequest {
 /// One event of a streamed answer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
-    /// Next piece of text.
     Delta(String),
-    /// End of stream with the assembled answer (text, usage, finish reason).
     Done(Completion),
 }
 

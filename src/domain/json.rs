@@ -2,8 +2,7 @@
 
 use serde_json::Value;
 
-/// Nesting depth of a JSON value (a scalar is 0, `{}` or `[]` is 1),
-/// walked without recursion.
+/// Nesting depth (a scalar is 0, `{}` or `[]` is 1), walked without recursion.
 pub fn depth(value: &Value) -> usize {
     let mut deepest = 0;
     let mut stack = vec![(value, 0_usize)];
@@ -19,10 +18,8 @@ pub fn depth(value: &Value) -> usize {
     deepest
 }
 
-/// Bytes of `value` as compact JSON text, counted without building the
-/// text: the size of a JSON input whichever encoding brought it.
+/// Bytes of `value` as compact JSON, counted without building the text.
 pub fn bytes(value: &Value) -> usize {
-    /// A writer that keeps nothing but the count.
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -34,7 +31,6 @@ pub fn bytes(value: &Value) -> usize {
         }
     }
     let mut count = Count(0);
-    // A `Value` always serializes (its keys are strings) and counting never
-    // fails; were it ever to, the input counts as too large, not as empty.
+    // Serializing a `Value` into a counter cannot fail; were it to, the input is too large.
     serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
 }

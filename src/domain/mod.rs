@@ -1,6 +1,4 @@
-//! Plain domain types and helpers every layer may use: no I/O, and no
-//! import from any other module of the crate (this is the ground floor,
-//! beside `config`).
+//! Plain domain types every layer may use: no I/O, no import from another module of the crate.
 
 pub mod completion;
 pub mod json;
@@ -22,16 +20,13 @@ use tokio::time::Instant;
 /// Where a request comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Channel {
-    /// SMS inbox pipeline.
     Sms,
-    /// Web front end.
     Web,
-    /// Backend job.
     #[default]
     System,
 }
 
-/// Latency/success trade-off.
+/// Latency or success first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Priority {
     /// A human waits: fail over rather than wait.
@@ -62,8 +57,7 @@ impl Priority {
     }
 }
 
-/// What a key may do beyond calling tasks for its teams. Each role's tool
-/// capabilities are configured (`[auth.roles.<role>]`).
+/// What a key may do beyond calling tasks; each role's tool capabilities are configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
@@ -71,8 +65,7 @@ pub enum Role {
     Viewer,
     /// Calls the AI RPCs and tools and reads usage for its teams.
     Caller,
-    /// Also manages prompts (`PromptAdmin`) and reads the audit log
-    /// (`AuditService`) for its teams.
+    /// Also manages prompts (`PromptAdmin`) and reads its teams' audit log (`AuditService`).
     Admin,
 }
 
@@ -97,16 +90,14 @@ impl Role {
     }
 }
 
-/// The 32 bytes of a 64-character hex SHA-256 (an API key's stored hash);
-/// `None` when malformed.
+/// The 32 bytes of a 64-character hex SHA-256 (a key's stored hash); `None` if malformed.
 pub fn parse_hash(hex_hash: &str) -> Option<[u8; 32]> {
     let mut out = [0u8; 32];
     hex::decode_to_slice(hex_hash.trim(), &mut out).ok()?;
     Some(out)
 }
 
-/// `now + d` without the panic `Instant + Duration` has on overflow: an
-/// absurd duration from config saturates at roughly a century from now.
+/// `now + d` that saturates (about a century ahead) where `Instant + Duration` would panic.
 pub fn instant_after(now: Instant, d: Duration) -> Instant {
     const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     now.checked_add(d)

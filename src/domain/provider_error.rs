@@ -2,56 +2,32 @@
 
 use std::time::Duration;
 
-/// Longest wait we take from a provider's `Retry-After` (5 min; the
-/// breaker's cooldown cap is the same). A larger value (`1e20`, a date
-/// decades ahead) is a broken or hostile header, not advice; and no retry
-/// ever sleeps past the request deadline.
+/// Longest `Retry-After` honoured (as the breaker's cooldown cap): more is a broken header.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
-/// A failed provider call, classified per SPEC §4.
-///
-/// The text fields are short summaries for logs (status line, provider error
-/// type); raw upstream bodies are never kept here, so nothing of them can
-/// reach a client.
+/// A failed provider call, classified per SPEC §4. Text fields are short log summaries,
+/// never raw upstream bodies, so nothing of those can reach a client.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum ProviderError {
-    /// No complete answer before the provider's own timeout (incl. stream
-    /// idle).
     #[error("timed out")]
     Timeout,
-    /// The caller's deadline (gRPC deadline or `budget.max_latency_ms`)
-    /// ended the attempt before the provider's own timeout: the caller's
-    /// doing, so it never counts against the provider. Set by the router,
-    /// which knows both deadlines; a provider only ever reports `Timeout`.
+    /// The caller's deadline ended the attempt: not the provider's fault (set by the router).
     #[error("the caller's deadline ended the attempt")]
     Deadline,
-    /// The connection could not be made, refused the request, or broke
-    /// mid-call.
     #[error("connection failed: {}", .0.as_str())]
     Connect(ConnectFailure),
-    /// The provider answered with a non-success HTTP status.
     #[error("HTTP {status}: {summary}")]
     Status {
-        /// HTTP status code (429, 500, 529, ...).
         status: u16,
-        /// Parsed `Retry-After` / `retry-after-ms`, when sent.
         retry_after: Option<Duration>,
         /// Provider error type/code, never the raw body.
         summary: String,
     },
-    /// The answer could not be understood (bad JSON, missing fields, a
-    /// structured answer that fails validation, a truncated stream).
     #[error("malformed response: {0}")]
     Malformed(String),
-    /// The answer (a body, a streamed line or event, the streamed text)
-    /// grew past the provider's `max_response_bytes`: a provider failure
-    /// that falls back, and the reason no call holds more than that.
+    /// The answer grew past `max_response_bytes`: a provider failure that falls back.
     #[error("response larger than {limit} bytes")]
-    TooLarge {
-        /// The provider's `max_response_bytes`.
-        limit: usize,
-    },
-    /// The provider cannot be built from its config.
+    TooLarge { limit: usize },
     #[error("{0}")]
     Unsupported(String),
 }
@@ -59,25 +35,16 @@ pub enum ProviderError {
 /// What broke at the connection level: the transport's own error kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectFailure {
-    /// The connection could not be made (refused, unreachable, DNS, TLS).
     Connect,
-    /// The server refused the HTTP/2 stream (`REFUSED_STREAM`).
     RefusedStream,
-    /// The HTTP/2 stream was above a GOAWAY's last stream ID.
     GoAway,
     /// The connection went away before the request was written.
     Canceled,
-    /// The server reset the HTTP/2 stream.
     StreamReset,
-    /// The HTTP/2 connection failed with a protocol error.
     Protocol,
-    /// The connection was reset or closed under the call.
     ConnectionReset,
-    /// The server closed the connection before the whole response.
     IncompleteMessage,
-    /// Reading the response body failed.
     Body,
-    /// Any other transport failure.
     Transport,
 }
 
@@ -98,10 +65,8 @@ impl ConnectFailure {
         }
     }
 
-    /// The provider cannot have seen the request: the connection was never
-    /// made, the stream was refused or above a GOAWAY's last stream ID
-    /// (RFC 9113 §8.7), or it was never written. Such a call is resent at
-    /// once within the same attempt.
+    /// Never seen by the provider (no connection, refused, past a GOAWAY's last stream ID per
+    /// RFC 9113 §8.7, never written): resent at once within the same attempt.
     pub const fn unsent(self) -> bool {
         matches!(
             self,
@@ -112,10 +77,7 @@ impl ConnectFailure {
         )
     }
 
-    /// The connection itself broke: other connections of the same pool may
-    /// be dead the same way (see `http::Clients`). A refused stream leaves
-    /// a healthy connection that now knows the server's limit; a failed
-    /// connect never had one.
+    /// The connection itself broke, so others of its pool may be dead too (`http::Clients`).
     pub const fn broke_connection(self) -> bool {
         matches!(
             self,
@@ -129,9 +91,7 @@ impl ConnectFailure {
 }
 
 impl ProviderError {
-    /// The connection-level failure, if this is one: on a multiplexed
-    /// connection one such event fails every call on it at once, so the
-    /// breaker counts it once (`resilience::breaker`).
+    /// The connection-level failure: it fails every call on its connection, so counts once.
     pub fn connection_failure(&self) -> Option<ConnectFailure> {
         match self {
             ProviderError::Connect(failure) => Some(*failure),
@@ -159,18 +119,15 @@ impl ProviderError {
         match self {
             ProviderError::Timeout | ProviderError::Connect(_) => true,
             ProviderError::Status { status, .. } => matches!(status, 408 | 429) || *status >= 500,
-            // A model that produced bad structure is asked again at the next
-            // target rather than re-rolled at the same one.
+            // Bad structure is asked of the next target, not re-rolled at the same one.
             ProviderError::Malformed(_)
             | ProviderError::TooLarge { .. }
             | ProviderError::Unsupported(_) => false,
-            // Nothing is left of the time another try would need.
             ProviderError::Deadline => false,
         }
     }
 
-    /// Counts as a failure for the provider's circuit breaker. Client errors
-    /// (4xx other than 408) are our fault, and 429 is a cooldown, not a failure.
+    /// Counts against the breaker; 4xx but 408 is our fault and 429 a cooldown, so neither does.
     pub fn counts_against_breaker(&self) -> bool {
         match self {
             ProviderError::Timeout
@@ -195,12 +152,7 @@ impl ProviderError {
         }
     }
 
-    /// A short description for the attempt's log line: the provider's
-    /// error type (`rate_limit_error`, `overloaded_error`, ...) or the
-    /// transport's error kind. Never the body, and nothing for a malformed
-    /// answer: its description can quote the model's output (a parse error
-    /// naming the value it rejected), and model output can echo the user's
-    /// text, which stays out of logs.
+    /// The error type or transport kind, for logs; never a body or model output (user text).
     pub fn summary(&self) -> Option<&str> {
         match self {
             ProviderError::Status { summary, .. } => Some(summary),

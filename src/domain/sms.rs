@@ -1,28 +1,19 @@
-//! SMS segment counting (GSM 03.38 / 3GPP TS 23.038).
-//!
-//! GSM-7 text takes 160 septets in a single SMS and 153 per part when
-//! concatenated (the UDH takes the rest); characters of the extension table
-//! take two septets (ESC + char) and are never split across parts. Any other
-//! character forces UCS-2: 70 UTF-16 code units single, 67 per part, and a
-//! surrogate pair (e.g. an emoji) is never split across parts.
+//! SMS segment counting (GSM 03.38 / 3GPP TS 23.038): GSM-7 is 160 septets single, 153 a part,
+//! UCS-2 70 code units single, 67 a part; an escape pair or surrogate pair never splits.
 
 /// Encoding an SMS needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SmsEncoding {
-    /// GSM 03.38 7-bit default alphabet.
     Gsm7,
-    /// UCS-2 (UTF-16 code units).
     Ucs2,
 }
 
 /// Size of a text as SMS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SmsSize {
-    /// Encoding required.
     pub encoding: SmsEncoding,
-    /// Segments (0 for empty text).
     pub segments: u32,
-    /// Units used: septets for GSM-7, UTF-16 code units for UCS-2.
+    /// Septets for GSM-7, UTF-16 code units for UCS-2.
     pub units: u32,
 }
 
@@ -67,7 +58,6 @@ pub fn measure(text: &str) -> SmsSize {
     }
 }
 
-/// Parts needed when no character may straddle two parts.
 fn pack(widths: &[u32], capacity: u32) -> u32 {
     let mut parts = 1;
     let mut used = 0;
@@ -81,10 +71,7 @@ fn pack(widths: &[u32], capacity: u32) -> u32 {
     parts
 }
 
-/// The usual typographic characters a model writes, with their GSM-7
-/// equivalents: curly quotes and apostrophes, dashes, the ellipsis, and
-/// the non-breaking and other fixed-width spaces (the zero-width ones
-/// vanish).
+/// Typographic characters a model writes, with GSM-7 equivalents (zero-width ones vanish).
 fn plain(c: char) -> Option<&'static str> {
     Some(match c {
         '\u{2018}' | '\u{2019}' | '\u{201A}' | '\u{201B}' | '\u{2032}' | '\u{00B4}' => "'",
@@ -100,11 +87,7 @@ fn plain(c: char) -> Option<&'static str> {
     })
 }
 
-/// "Smart encoding": `text` with its typographic characters replaced by
-/// GSM-7 equivalents ([`plain`]) when that makes the whole text GSM-7 (a
-/// curly apostrophe alone would otherwise force UCS-2 and halve the
-/// capacity); `text` unchanged when it is GSM-7 already or would stay
-/// UCS-2 anyway.
+/// "Smart encoding": typographic characters replaced when that makes the text GSM-7 (2x room).
 pub fn normalize(text: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
     if text.chars().all(|c| gsm7_width(c).is_some()) {
@@ -115,15 +98,13 @@ pub fn normalize(text: &str) -> std::borrow::Cow<'_, str> {
         match plain(c) {
             Some(replacement) => out.push_str(replacement),
             None if gsm7_width(c).is_some() => out.push(c),
-            // Another character keeps it UCS-2: nothing to gain.
             None => return Cow::Borrowed(text),
         }
     }
     Cow::Owned(out)
 }
 
-/// Characters that surely fit in `segments` parts of GSM-7 (used to tell the
-/// model its length budget).
+/// Characters that surely fit in `segments` GSM-7 parts (the model's length budget).
 pub fn gsm7_char_budget(segments: u32) -> u32 {
     match segments {
         0 => 0,
@@ -156,17 +137,14 @@ mod tests {
         assert_eq!(measure(curly).encoding, SmsEncoding::Ucs2);
         assert_eq!(measure(&normalize(curly)).encoding, SmsEncoding::Gsm7);
         assert_eq!(normalize("a\u{00A0}b\u{200B}c"), "a bc");
-        // Already GSM-7: untouched, borrowed.
         assert!(matches!(
             normalize("Plain text, €5 [ok]"),
             std::borrow::Cow::Borrowed(_)
         ));
-        // Another non-GSM character keeps UCS-2: the model's text stays.
         let emoji = "It\u{2019}s great 😀";
         assert_eq!(normalize(emoji), emoji);
 
-        // The boundaries again: 160 GSM-7 septets with a curly apostrophe
-        // are one segment once normalised, three UCS-2 segments before.
+        // 160 septets with a curly apostrophe: one segment once normalised, three before.
         let at_limit = format!("{}\u{2019}", "a".repeat(159));
         assert_eq!(measure(&at_limit).segments, 3);
         let fixed = normalize(&at_limit);
@@ -178,7 +156,6 @@ mod tests {
                 units: 160
             }
         );
-        // An ellipsis adds two septets: 158 + "..." is 161, two segments.
         let grows = format!("{}\u{2026}", "a".repeat(158));
         assert_eq!(measure(&normalize(&grows)).segments, 2);
         assert_eq!(measure(&normalize(&grows)).units, 161);
@@ -193,34 +170,28 @@ mod tests {
         check(&"a".repeat(161), Gsm7, 2, 161);
         check(&"a".repeat(306), Gsm7, 2, 306);
         check(&"a".repeat(307), Gsm7, 3, 307);
-        // Extension characters count twice.
         for ext in ["€", "[", "]", "{", "}", "^", "~", "\\", "|"] {
             check(ext, Gsm7, 1, 2);
         }
         check(&"€".repeat(80), Gsm7, 1, 160);
         check(&"€".repeat(81), Gsm7, 2, 162);
-        // 152 septets then an escape pair: the pair moves to part two, so
-        // 306 septets need three parts, not two.
+        // The escape pair moves to part two, so 306 septets need three parts.
         check(
             &format!("{}€{}", "a".repeat(152), "a".repeat(152)),
             Gsm7,
             3,
             306,
         );
-        // Basic-table specials stay GSM-7.
         check("@£$¥èéùìòÇØøÅåΔ_ΦΓΛΩΠΨΣΘΞÆæßÉ¤¡ÄÖÑÜ§¿äöñüà", Gsm7, 1, 42);
-        // Any non-GSM character forces UCS-2.
         check("Olá", Ucs2, 1, 3);
         check(&"a".repeat(70), Gsm7, 1, 70);
         check(&format!("{}ç", "a".repeat(69)), Ucs2, 1, 70);
         check(&format!("{}ç", "a".repeat(70)), Ucs2, 2, 71);
         check(&"ç".repeat(134), Ucs2, 2, 134);
         check(&"ç".repeat(135), Ucs2, 3, 135);
-        // Emoji are surrogate pairs: two code units, never split.
         check("😀", Ucs2, 1, 2);
         check(&"😀".repeat(35), Ucs2, 1, 70);
         check(&"😀".repeat(36), Ucs2, 2, 72);
-        // A pair that would straddle the part boundary moves whole.
         check(
             &format!("{}😀{}", "a".repeat(66), "a".repeat(66)),
             Ucs2,

@@ -1,13 +1,9 @@
-//! Token counts with the model family's tokenizer (`tiktoken-rs` for
-//! OpenAI families; a documented over-count for the rest): reservations
-//! (`usage::estimate`) and the agents' prompt budgets count with the same
-//! rules. See `usage::estimate` for the two precisions.
+//! Token counts by the model family's tokenizer (`tiktoken-rs` for OpenAI, an over-count
+//! otherwise); reservations and agents' prompt budgets count alike (see `usage::estimate`).
 
 /// A model family's tokenizer.
 pub(crate) enum Tokenizer {
-    /// `o200k_base`.
     O200k,
-    /// `cl100k_base`.
     Cl100k,
     /// One token per three bytes.
     Approximate,
@@ -44,15 +40,12 @@ pub enum Precision {
     Exact,
 }
 
-/// Whether [`Precision::Exact`] can give a smaller estimate than the bound
-/// for `model` (it has a real tokenizer).
+/// Whether `model` has a real tokenizer, so [`Precision::Exact`] can be below the bound.
 pub fn has_tokenizer(model: &str) -> bool {
     !matches!(tokenizer_for(model), Tokenizer::Approximate)
 }
 
-/// Tokens in `text` for `model` as far as a check against `limit` needs
-/// them: the free bound when it is within `limit` (the text fits whatever
-/// the exact count is), else the exact count.
+/// Tokens in `text`: the free bound when within `limit`, else the exact count.
 pub fn count_within(model: &str, text: &str, limit: u64) -> u64 {
     let bound = count(model, text, Precision::Bound);
     if bound <= limit {

@@ -1,11 +1,6 @@
-//! The prompt store's resolution cache: resolved prompts by (team, key),
-//! each served for [`CACHE_TTL`] after it was read.
-//!
-//! Teams come and go (any caller can name a new one), and an entry past its
-//! TTL is never served again, so an insert sweeps expired entries out when
-//! the cache has doubled since its last sweep, or (past [`SWEEP_AT`]
-//! entries) a TTL after it: the cache holds about what was read in the
-//! last two TTLs, at a constant amortized cost per insert.
+//! The prompt store's resolution cache by (team, key), each entry served for [`CACHE_TTL`]. Any
+//! caller can name a new team, so an insert sweeps expired entries once the cache has doubled
+//! since the last sweep, or past [`SWEEP_AT`] a TTL after it: about two TTLs' reads are kept.
 
 use super::Prompt;
 use std::{collections::HashMap, time::Duration};
@@ -21,14 +16,11 @@ const SWEEP_AT: usize = 1024;
 #[derive(Debug, Default)]
 pub(super) struct PromptCache {
     entries: HashMap<(String, String), (Prompt, Instant)>,
-    /// Entries at which the next insert sweeps.
     sweep_at: usize,
-    /// When the last sweep ran.
     swept: Option<Instant>,
 }
 
 impl PromptCache {
-    /// The prompt of `key`, if it was read less than [`CACHE_TTL`] ago.
     pub(super) fn fresh(&self, key: &(String, String)) -> Option<Prompt> {
         self.entries
             .get(key)
@@ -36,7 +28,6 @@ impl PromptCache {
             .map(|(prompt, _)| prompt.clone())
     }
 
-    /// Keeps `prompt` for `key`, read now.
     pub(super) fn insert(&mut self, key: (String, String), prompt: Prompt) {
         self.entries.insert(key, (prompt, Instant::now()));
         let len = self.entries.len();
@@ -49,12 +40,10 @@ impl PromptCache {
         }
     }
 
-    /// Forgets `key` (its versions changed here).
     pub(super) fn remove(&mut self, key: &(String, String)) {
         self.entries.remove(key);
     }
 
-    /// Forgets every entry (a global version changed here).
     pub(super) fn clear(&mut self) {
         self.entries.clear();
     }
@@ -84,12 +73,9 @@ mod tests {
 
         tokio::time::advance(CACHE_TTL).await;
         assert!(cache.fresh(&key(0)).is_none(), "served past its TTL");
-        // One new team reaches the sweep: only it is fresh.
         cache.insert(key(SWEEP_AT), super::super::builtin("sms_classify"));
         assert_eq!(cache.len(), 1);
 
-        // A steady stream of new teams, one per millisecond, each read
-        // once: the cache holds about a TTL's worth of them, never all.
         for team in 0..100_000 {
             cache.insert(
                 key(SWEEP_AT + 1 + team),
@@ -104,8 +90,7 @@ mod tests {
             cache.len()
         );
 
-        // A burst of new teams, then a quiet TTL: the next insert sweeps
-        // the burst out although the cache has not doubled since.
+        // A burst, then a quiet TTL: swept although the cache has not doubled.
         let before = cache.len();
         for team in 0..before / 2 {
             cache.insert(key(1_000_000 + team), super::super::builtin("sms_classify"));

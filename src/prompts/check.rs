@@ -1,5 +1,4 @@
-//! What a new prompt version must be before it is stored: every field
-//! able to serve a call.
+//! What a new prompt version must be before it is stored: able to serve a call.
 
 use super::{
     store::{NewPrompt, PromptError},
@@ -7,12 +6,9 @@ use super::{
 };
 use crate::config::MAX_OUTPUT_TOKENS;
 
-/// Most bytes of a prompt key.
 const MAX_KEY_BYTES: usize = 128;
 
-/// Refuses a version whose fields could never serve a call, before
-/// anything is stored: every later call would fail otherwise (a template
-/// that cannot render, an output cap the provider rejects).
+/// Refuses a version that could never serve a call, rather than fail every later call.
 pub(super) fn check(new: &NewPrompt) -> Result<(), PromptError> {
     if new.key.trim().is_empty() {
         return Err(PromptError::Invalid {
@@ -20,8 +16,7 @@ pub(super) fn check(new: &NewPrompt) -> Result<(), PromptError> {
             why: "is required".into(),
         });
     }
-    // A key is logged, audited and matched against task names: a bounded
-    // line of text.
+    // Logged, audited and matched against task names: a bounded line of text.
     if new.key.len() > MAX_KEY_BYTES || new.key.chars().any(char::is_control) {
         return Err(PromptError::Invalid {
             field: "prompt_key",
@@ -36,8 +31,6 @@ pub(super) fn check(new: &NewPrompt) -> Result<(), PromptError> {
     }
     let user_vars = template::variables(&new.user_template)?;
     let system_vars = template::variables(&new.system)?;
-    // A typed task provides a fixed set of variables: refuse a version
-    // that could never render rather than fail every call later.
     if let Some(provided) = super::typed_variables(&new.key) {
         for (field, used) in [
             ("user_prompt_template", &user_vars),
@@ -61,9 +54,8 @@ pub(super) fn check(new: &NewPrompt) -> Result<(), PromptError> {
             why: format!("{t} is outside [0, 2]"),
         });
     }
-    // `optional` in the API and the CLI: absent is "use the task's cap",
-    // so an explicit 0 is a mistake (the provider answers 400), and a cap
-    // past the config's bound would escape it.
+    // Absent means the task's cap, so an explicit 0 is a mistake (the provider answers 400);
+    // past the config's bound a cap would escape it.
     if let Some(m) = new
         .max_tokens
         .filter(|m| !(1..=MAX_OUTPUT_TOKENS).contains(m))
@@ -99,7 +91,6 @@ mod tests {
         assert!(refused(&new(&"k".repeat(129), "{{x}}".into())));
         assert!(refused(&new("two\nlines", "{{x}}".into())));
         assert!(check(&new(&"k".repeat(128), "{{x}}".into())).is_ok());
-        // Distinct names, each once: every name is kept, in order.
         let template: String = (0..50_000)
             .map(|i| format!("{{{{v{i}}}}} {{{{v{i}}}}} "))
             .collect();

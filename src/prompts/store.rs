@@ -1,11 +1,7 @@
-//! The versioned prompt store (`ai_prompts`).
-//!
-//! Resolution for (team, key): the team's active version, else the global
-//! (`team_id = ''`) active version, else the built-in default (version 0).
-//! The database enforces one active version per (team, key). Resolved prompts
-//! are cached briefly so the hot path rarely reads the database; changes made
-//! through this process invalidate the cache at once, other replicas see them
-//! within the TTL.
+//! The versioned prompt store (`ai_prompts`). (team, key) resolves to the team's active version,
+//! else the global (`team_id = ''`) one, else the built-in (version 0); the database allows one
+//! active version per (team, key). Resolutions are cached: this process's changes invalidate the
+//! cache at once, other replicas' within [`CACHE_TTL`].
 
 pub use super::cache::CACHE_TTL;
 use super::{Prompt, builtin, cache::PromptCache, check::check, template};
@@ -39,8 +35,7 @@ pub enum PromptError {
         /// Why.
         why: String,
     },
-    /// The version may not become active: as an agent's layer 2 it would
-    /// leave the agent no room in its window (SPEC §11.5).
+    /// Activation would leave an agent using it as layer 2 no room in its window (SPEC §11.5).
     #[error("{0}")]
     ExceedsWindow(String),
     /// Storage failed.
@@ -48,16 +43,13 @@ pub enum PromptError {
     Store(#[from] StoreError),
 }
 
-/// Checks a system prompt about to become the active one of a prompt key
-/// (`key`, `system`): `Err` says why it may not. Set by the composition
-/// root, which knows the agents using each key.
+/// Checks a system prompt about to become active (`key`, `system`); `Err` says why not. Set by
+/// the composition root, which knows the agents using each key.
 pub type ActivationCheck = Arc<dyn Fn(&str, &str) -> Result<(), String> + Send + Sync>;
 
-/// Checks a new version's model override for its prompt key (`key`,
-/// `model`): `Err` says why the model cannot be used.
+/// Checks a new version's model override (`key`, `model`); `Err` says why it cannot be used.
 pub type ModelCheck = Arc<dyn Fn(&str, &str) -> Result<(), String> + Send + Sync>;
 
-/// How an owning team reads in messages.
 fn owner_label(team: &str) -> String {
     if team.is_empty() {
         "the global default".to_owned()
@@ -179,8 +171,6 @@ pub struct PromptStore {
     cache: Arc<Mutex<PromptCache>>,
     check: Option<ActivationCheck>,
     model_check: Option<ModelCheck>,
-    /// Most bytes of a version's system prompt and template together,
-    /// variables left out.
     max_text_bytes: usize,
 }
 
@@ -196,29 +186,25 @@ impl PromptStore {
         }
     }
 
-    /// The store, refusing a new version whose system prompt and template
-    /// hold more than `bytes` besides their variables: the most a rendered
-    /// prompt may be (`server.max_prompt_bytes`), so such a version could
-    /// serve no call.
+    /// Refuses versions whose system prompt and template hold more than `bytes` besides their
+    /// variables (`server.max_prompt_bytes`): they could serve no call.
     pub fn with_max_text_bytes(mut self, bytes: usize) -> Self {
         self.max_text_bytes = bytes;
         self
     }
 
-    /// The store, refusing a new version whose model override `check`
-    /// refuses.
+    /// Refuses a new version whose model override `check` refuses.
     pub fn with_model_check(mut self, check: ModelCheck) -> Self {
         self.model_check = Some(check);
         self
     }
 
-    /// The store, refusing to activate a version `check` refuses.
+    /// Refuses to activate a version `check` refuses.
     pub fn with_activation_check(mut self, check: ActivationCheck) -> Self {
         self.check = Some(check);
         self
     }
 
-    /// Runs the model check on a version's model override, if any.
     fn model_may_serve(&self, key: &str, model: Option<&str>) -> Result<(), PromptError> {
         match (&self.model_check, model.filter(|m| !m.is_empty())) {
             (Some(check), Some(model)) => check(key, model).map_err(|why| PromptError::Invalid {
@@ -229,8 +215,7 @@ impl PromptStore {
         }
     }
 
-    /// Runs the activation check on a blocking thread (it may count
-    /// tokens of a long text), never inside a write transaction.
+    /// The activation check, on a blocking thread (it may count tokens), never in a transaction.
     async fn may_activate(&self, key: &str, system: &str) -> Result<(), PromptError> {
         let Some(check) = self.check.clone() else {
             return Ok(());
@@ -377,8 +362,8 @@ impl PromptStore {
             key: key.to_owned(),
             version,
         };
-        // A version never changes: checked before the write lock. Its
-        // model too, for a version stored before metering was on.
+        // A version never changes: checked before the write lock, its model too, as it may
+        // predate the model check.
         let stored: Option<(String, Option<String>)> = on_store!(&self.store, |pool| {
             sqlx::query_as("SELECT system_prompt, model FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
                 .bind(team)
@@ -480,8 +465,7 @@ impl PromptStore {
     }
 }
 
-/// The audit log's `prompt.activated` event of (team, key) `version`
-/// (global prompts are team `''`'s chain).
+/// The audit log's `prompt.activated` event (global prompts are team `''`'s chain).
 fn activated(
     team: &str,
     key: &str,
@@ -502,8 +486,7 @@ fn activated(
     e
 }
 
-/// Appends to the audit trail with `$exec` (a transaction of either
-/// backend). A macro for the same reason as `insert_usage_record!`.
+/// Appends to the prompt audit trail within `$exec`, a transaction of either backend.
 macro_rules! audit {
     ($exec:expr, $at:expr, $actor:expr, $action:expr, $team:expr, $key:expr, $version:expr) => {
         sqlx::query(

@@ -1,6 +1,5 @@
-//! `{{name}}` templates. Variables are substituted once, left to right: text
-//! inserted from a variable is never scanned again, so user text containing
-//! `{{...}}` cannot pull in other variables.
+//! `{{name}}` templates, substituted once left to right: inserted text is never rescanned, so
+//! user text holding `{{...}}` cannot pull in other variables.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -26,9 +25,7 @@ pub fn render(template: &str, vars: &BTreeMap<String, String>) -> Result<String,
     render_bounded(template, vars, usize::MAX)
 }
 
-/// Renders `template` with `vars`, refusing before the text passes `limit`
-/// bytes: a template may use a variable several times, so the output can
-/// outgrow its inputs, and it is never built past the limit.
+/// Renders, refusing before the text passes `limit` bytes (repeated variables outgrow the inputs).
 pub fn render_bounded(
     template: &str,
     vars: &BTreeMap<String, String>,
@@ -58,8 +55,7 @@ pub fn render_bounded(
     Ok(out)
 }
 
-/// Bytes of `template` outside its `{{variables}}`: what every rendering
-/// of it holds, whatever the values (an unclosed `{{` counts as text).
+/// Bytes of `template` outside its `{{variables}}` (an unclosed `{{` counts as text).
 pub fn literal_len(template: &str) -> usize {
     let mut len = 0;
     let mut rest = template;
@@ -77,8 +73,7 @@ pub fn literal_len(template: &str) -> usize {
 /// Names of the variables a template uses, in order of first use.
 pub fn variables(template: &str) -> Result<Vec<String>, TemplateError> {
     let mut names: Vec<String> = Vec::new();
-    // A set beside the list: an admin's template of many distinct names
-    // must not cost a scan of the list per use.
+    // A set beside the list: many distinct names must not cost a list scan per use.
     let mut seen: HashSet<&str> = HashSet::new();
     let mut rest = template;
     while let Some(open) = rest.find("{{") {

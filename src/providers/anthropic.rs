@@ -1,17 +1,8 @@
-//! The `anthropic` provider: Anthropic's Messages API (`POST /v1/messages`),
-//! plain and streamed.
-//!
-//! Anthropic has no native structured output, so a JSON request carries its
-//! schema as an instruction in the top-level `system` field. The API rejects
-//! conversations that do not alternate user/assistant starting with the user;
-//! [`turns::alternating_parts`] reshapes ours first. Tools are offered as
-//! `tools` with an `input_schema`; the model's calls are `tool_use` blocks
-//! (`input_json_delta` pieces in a stream), their results `tool_result`
-//! blocks of the next user turn.
-//!
-//! Streaming follows Anthropic's event sequence (`message_start`,
-//! `content_block_*`, `message_delta`, `message_stop`, `ping`, `error`); the
-//! parsing is in [`stream`]. Nothing here logs message contents or the key.
+//! The `anthropic` provider: the Messages API (`POST /v1/messages`), plain and streamed.
+//! No native structured output: a JSON request's schema goes into `system`. Turns must alternate
+//! starting with the user ([`turns::alternating_parts`]). Tools are `tools` with an
+//! `input_schema`; calls are `tool_use` blocks (`input_json_delta` pieces when streamed),
+//! results `tool_result` blocks of the next user turn. Stream parsing is in [`stream`].
 
 mod stream;
 #[cfg(test)]
@@ -29,18 +20,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-/// The API version we speak; the event and field names below are those of it.
+/// The API version whose event and field names we speak.
 const API_VERSION: &str = "2023-06-01";
 
-/// Anthropic accepts temperatures in [0, 1]; our config allows up to 2 (the
-/// OpenAI range), so a higher value is clamped rather than sent and refused.
+/// Anthropic accepts [0, 1]; our config allows up to 2 (OpenAI's range), so clamp, not refuse.
 const MAX_TEMPERATURE: f32 = 1.0;
 
 /// A provider speaking the Anthropic Messages API.
 pub struct AnthropicProvider {
     clients: http::Clients,
     url: String,
-    /// `{base_url}/models`, the probe's request.
     models_url: String,
     /// `x-api-key`, marked sensitive so it never shows in debug output.
     api_key: Option<HeaderValue>,
@@ -49,8 +38,7 @@ pub struct AnthropicProvider {
 }
 
 impl AnthropicProvider {
-    /// A provider calling `{base_url}/messages` with the config's key and
-    /// timeouts.
+    /// A provider calling `{base_url}/messages` with the config's key and timeouts.
     pub fn new(config: &ProviderConfig, base_url: &str) -> Result<Self, ProviderError> {
         let api_key = config
             .api_key
@@ -99,8 +87,7 @@ impl Provider for AnthropicProvider {
         let message: MessagesResponse =
             lease.checked(http::json(response, req.deadline, self.max_response).await)?;
         let answer = message.into_completion()?;
-        // The body cap bounds the parsing; this bounds what is handed on,
-        // as for a stream.
+        // The body cap bounds parsing; this bounds what is handed on, as for a stream.
         tool_calls::check_count(answer.tool_calls.len(), self.max_response)?;
         Ok(answer)
     }
@@ -138,8 +125,7 @@ impl Provider for AnthropicProvider {
         }))
     }
 
-    /// `GET /models?limit=1`: the Models API lists models without
-    /// generating anything.
+    /// `GET /models?limit=1`: the Models API, nothing generated.
     async fn probe(&self, probe: ProbeRequest) -> Result<(), ProviderError> {
         let request = |client: &reqwest::Client| {
             let builder = (client.get(&self.models_url)).header("anthropic-version", API_VERSION);
@@ -152,7 +138,6 @@ impl Provider for AnthropicProvider {
     }
 }
 
-/// Request body of `POST /messages`.
 #[derive(Debug, Serialize)]
 struct MessagesRequest<'a> {
     model: &'a str,
@@ -176,11 +161,8 @@ struct WireMessage {
     content: Value,
 }
 
-/// A turn's content: its text as a string when that is all it holds (the
-/// plain form), else blocks: `tool_result` (answering a `tool_use` by its
-/// ID, `is_error` for a failed or refused call), `text`, `tool_use` (the
-/// arguments as the JSON object Anthropic wants; malformed ones go as `{}`,
-/// and the call's result says why).
+/// A turn's content: a plain string when it is only text, else blocks; `tool_use` input as the
+/// object Anthropic wants (malformed arguments as `{}`: the call's result says why).
 fn content(parts: Vec<Part>) -> Value {
     if let [Part::Text(text)] = parts.as_slice() {
         return Value::String(text.clone());
@@ -199,8 +181,7 @@ fn content(parts: Vec<Part>) -> Value {
     )
 }
 
-/// The request body for `req`. Kept separate from sending so tests can
-/// inspect the exact JSON.
+/// The request body, apart from sending so tests can inspect the exact JSON.
 fn body(req: &CompletionRequest, stream: bool) -> MessagesRequest<'_> {
     let messages = turns::alternating_parts(&req.messages)
         .into_iter()
@@ -230,7 +211,6 @@ fn body(req: &CompletionRequest, stream: bool) -> MessagesRequest<'_> {
     }
 }
 
-/// A non-streamed answer; only the fields we use.
 #[derive(Debug, Deserialize)]
 struct MessagesResponse {
     content: Vec<ContentBlock>,
@@ -251,8 +231,7 @@ struct MessagesResponseHead {
     usage: Option<WireUsage>,
 }
 
-/// One `content[]` block: `text` blocks carry answer text, `tool_use`
-/// blocks the model's tool calls; others (`thinking`, ...) are skipped.
+/// One `content[]` block: `text` or `tool_use`; others (`thinking`, …) are skipped.
 #[derive(Debug, Deserialize)]
 struct ContentBlock {
     #[serde(rename = "type")]
@@ -267,8 +246,7 @@ struct ContentBlock {
     input: Option<Value>,
 }
 
-/// `usage` as sent in a response, `message_start` or `message_delta`; any
-/// field may be absent (or null) depending on where it appears.
+/// `usage` of a response, `message_start` or `message_delta`; any field may be absent or null.
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
 struct WireUsage {
     #[serde(default)]
@@ -282,10 +260,8 @@ struct WireUsage {
 }
 
 impl WireUsage {
-    /// Prompt tokens processed. Anthropic's `input_tokens` excludes cache
-    /// writes and reads; we never set `cache_control` so those are zero in
-    /// practice, and when present they are added so no prompt token goes
-    /// unmetered.
+    /// Prompt tokens: `input_tokens` excludes cache writes and reads, zero as we never set
+    /// `cache_control`, but added so no prompt token goes unmetered.
     fn prompt_tokens(&self) -> Option<u64> {
         let parts = [
             self.input_tokens,
@@ -338,7 +314,6 @@ impl MessagesResponse {
     }
 }
 
-/// Maps Anthropic's `stop_reason`.
 fn finish_reason(stop_reason: Option<&str>) -> FinishReason {
     match stop_reason {
         Some("end_turn" | "stop_sequence") => FinishReason::Stop,

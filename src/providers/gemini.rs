@@ -1,26 +1,13 @@
-//! The `gemini` provider: Google's Gemini API (`models/{model}:generateContent`
-//! and `:streamGenerateContent?alt=sse`).
+//! The `gemini` provider: `models/{model}:generateContent` and `:streamGenerateContent?alt=sse`.
 //!
-//! A JSON request sets `responseMimeType: application/json` and carries its
-//! schema as an instruction in `systemInstruction`, not as `responseSchema`:
-//! Gemini's schema dialect is an OpenAPI subset that rejects common JSON
-//! Schema keywords, and the task layer validates the answer anyway.
-//!
-//! Decisions:
-//! - A prompt Gemini blocks (`promptFeedback.blockReason`, no candidates) is
-//!   [`ProviderError::Malformed`]: there is no answer, re-asking the same
-//!   target gets the same block, and the router moves on to the next target,
-//!   which may well answer.
-//! - Streams have no end marker; the server just closes. A stream that closes
-//!   before any chunk carried a `finishReason` was cut off: `Malformed`.
-//! - Tools are `functionDeclarations` with `parametersJsonSchema` (full JSON
-//!   Schema, not the OpenAPI subset of `parameters`). A `functionCall` part
-//!   always arrives whole; Gemini gives it no ID (newer models may), so ours
-//!   is its place in the answer (`call_0`, ...), and a result answers by
-//!   the function's name in a `functionResponse` part. A turn of calls ends
-//!   with `STOP`, read as [`FinishReason::ToolCalls`].
-//!
-//! Nothing here logs message contents or the key.
+//! - A JSON request sets `responseMimeType` and carries its schema as a system instruction, not
+//!   `responseSchema`: Gemini's OpenAPI subset rejects common JSON Schema keywords, and the task
+//!   layer validates the answer anyway.
+//! - A blocked prompt (`promptFeedback.blockReason`) is `Malformed`: re-asking gets the same
+//!   block, while the next target may answer.
+//! - Streams have no end marker: one that closes before a `finishReason` was cut off.
+//! - Tools use `parametersJsonSchema` (full JSON Schema). A `functionCall` arrives whole and
+//!   without an ID, so ours is its place (`call_0`, …); a turn of calls ends with `STOP`.
 
 #[cfg(test)]
 mod tests;
@@ -42,16 +29,14 @@ use std::time::Duration;
 pub struct GeminiProvider {
     clients: http::Clients,
     base_url: String,
-    /// `x-goog-api-key`, marked sensitive so it never shows in debug output.
-    /// (The header rather than `?key=`, which would put the key in URLs.)
+    /// `x-goog-api-key` (not `?key=`, which would put it in URLs), marked sensitive.
     api_key: Option<HeaderValue>,
     stream_idle: Duration,
     max_response: usize,
 }
 
 impl GeminiProvider {
-    /// A provider calling `{base_url}/models/...` with the config's key and
-    /// timeouts.
+    /// A provider calling `{base_url}/models/...` with the config's key and timeouts.
     pub fn new(config: &ProviderConfig, base_url: &str) -> Result<Self, ProviderError> {
         let api_key = config
             .api_key
@@ -161,7 +146,6 @@ impl Provider for GeminiProvider {
     }
 }
 
-/// Request body of `generateContent` / `streamGenerateContent`.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct GenerateRequest {
@@ -177,14 +161,11 @@ struct GenerateRequest {
 struct Content {
     #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<&'static str>,
-    /// `{text}`, `{functionCall}` or `{functionResponse}` parts.
     parts: Vec<Value>,
 }
 
-/// A part on the wire. A call's arguments go as the object Gemini wants
-/// (malformed ones as `{}`: the call's result says why); a result as the
-/// `response` object (a JSON text that is not an object is wrapped as
-/// `{"result": ...}`, a failed call's as `{"error": ...}`).
+/// A part on the wire: malformed call arguments go as `{}` (the call's result says why); a
+/// result that is not a JSON object is wrapped as `{"result": …}`, a failure as `{"error": …}`.
 fn part(p: Part) -> Value {
     match p {
         Part::Text(text) => json!({"text": text}),
@@ -211,11 +192,9 @@ struct GenerationConfig {
     response_mime_type: Option<&'static str>,
 }
 
-/// The request body for `req`. Kept separate from sending so tests can
-/// inspect the exact JSON.
+/// The request body, apart from sending so tests can inspect the exact JSON.
 fn body(req: &CompletionRequest) -> GenerateRequest {
-    // Gemini also wants user-first alternating turns ("model" for the
-    // assistant); tool results are the user's side.
+    // User-first alternating turns, "model" for the assistant; tool results are the user's side.
     let contents = turns::alternating_parts(&req.messages)
         .into_iter()
         .map(|(role, parts)| Content {
@@ -253,8 +232,7 @@ fn body(req: &CompletionRequest) -> GenerateRequest {
     }
 }
 
-/// A `GenerateContentResponse` (whole answer or one stream chunk); only the
-/// fields we use, all optional so a sparse chunk still parses.
+/// A `GenerateContentResponse`, whole or one chunk; all optional, so a sparse chunk parses.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct GenerateResponse {
@@ -264,7 +242,6 @@ struct GenerateResponse {
     usage_metadata: Option<UsageMetadata>,
     #[serde(default)]
     prompt_feedback: Option<PromptFeedback>,
-    /// The answering model (`gemini-2.0-flash-001`).
     #[serde(default)]
     model_version: Option<String>,
     /// An error sent in place of a chunk once the stream had started.
@@ -295,7 +272,6 @@ struct ResponsePart {
     /// Thought summaries (thinking models) are not part of the answer.
     #[serde(default)]
     thought: bool,
-    /// A tool call: always whole, even in a stream.
     #[serde(default)]
     function_call: Option<FunctionCall>,
 }
@@ -338,7 +314,6 @@ struct WireError {
     status: Option<String>,
 }
 
-/// One SSE `data:` payload; `None` for an empty one.
 fn parse_chunk(data: &str) -> Result<Option<GenerateResponse>, ProviderError> {
     if data.trim().is_empty() {
         return Ok(None);
@@ -353,20 +328,16 @@ fn parse_chunk(data: &str) -> Result<Option<GenerateResponse>, ProviderError> {
     })
 }
 
-/// The answer assembled from one or more `GenerateContentResponse`s.
 #[derive(Debug)]
 struct StreamState {
     text: String,
     usage: TokenUsage,
     finish: Option<FinishReason>,
     model: Option<String>,
-    /// Most bytes of text it may accumulate, and apart, of tool-call IDs,
-    /// names and arguments.
+    /// Most bytes of text, and apart, of tool-call IDs, names and arguments.
     limit: usize,
-    /// The tool calls so far (at most [`super::tool_calls::MAX_TOOL_CALLS`]).
     calls: Vec<ToolCall>,
-    /// Bytes of IDs, names and arguments in `calls`, kept as a running
-    /// total so each call costs the same however many came before it.
+    /// Running total of `calls`' bytes, so each call costs the same however many came before.
     call_bytes: usize,
 }
 
@@ -393,8 +364,7 @@ impl StreamState {
     fn on_chunk(&mut self, chunk: GenerateResponse) -> Result<String, ProviderError> {
         if let Some(error) = chunk.error {
             return Err(ProviderError::Status {
-                // An error after a 200 head: take its own code when it is
-                // an HTTP error's (it labels metrics), else a 500.
+                // After a 200 head: its own code if an HTTP one (it labels metrics), else 500.
                 status: error
                     .code
                     .filter(|c| (400..=599).contains(c))
@@ -410,7 +380,6 @@ impl StreamState {
         if let Some(u) = chunk.usage_metadata {
             self.usage = TokenUsage {
                 input_tokens: u.prompt_token_count,
-                // Saturating: upstream numbers must not be able to panic us.
                 output_tokens: u
                     .candidates_token_count
                     .saturating_add(u.thoughts_token_count),
@@ -435,8 +404,6 @@ impl StreamState {
                     ));
                 }
                 check_count(self.calls.len().saturating_add(1), self.limit)?;
-                // Gemini's calls have no ID (newer models may send one):
-                // ours is the call's place in the answer.
                 let id = call
                     .id
                     .filter(|id| !id.is_empty())
@@ -469,7 +436,6 @@ impl StreamState {
     }
 
     fn finish(self) -> Completion {
-        // Gemini ends a turn of calls with STOP like any other.
         let finish_reason = match self.finish.unwrap_or(FinishReason::Other) {
             FinishReason::Stop if !self.calls.is_empty() => FinishReason::ToolCalls,
             other => other,
@@ -485,8 +451,7 @@ impl StreamState {
     }
 }
 
-/// An upstream enum value made safe for logs and metrics: identifier
-/// characters only, bounded length (as `http::error_type` does).
+/// An upstream enum value made safe for logs and metrics, as `http::error_type` does.
 fn label(value: &str) -> String {
     value
         .chars()
@@ -495,7 +460,6 @@ fn label(value: &str) -> String {
         .collect()
 }
 
-/// Maps Gemini's `finishReason`.
 fn finish_reason(reason: &str) -> FinishReason {
     match reason {
         "STOP" => FinishReason::Stop,
@@ -503,7 +467,6 @@ fn finish_reason(reason: &str) -> FinishReason {
         "SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT" | "SPII" | "IMAGE_SAFETY" => {
             FinishReason::ContentFilter
         }
-        // LANGUAGE, OTHER, MALFORMED_FUNCTION_CALL, FINISH_REASON_UNSPECIFIED, ...
         _ => FinishReason::Other,
     }
 }

@@ -1,11 +1,6 @@
-//! HTTP plumbing shared by every wire format: the clients ([`clients`]),
-//! sending with a deadline, and classifying failures (status,
-//! `Retry-After`, transport errors) into [`ProviderError`].
-//!
-//! Error bodies are read only to pick out the provider's error *type/code*
-//! (e.g. `rate_limit_error`, `overloaded_error`); the human-readable message
-//! and the rest of the body are dropped here, so they can never reach logs
-//! shown to clients or the client itself.
+//! HTTP plumbing shared by every wire format: the clients, sending with a deadline, and mapping
+//! failures (status, `Retry-After`, transport) to [`ProviderError`]. Of an error body only the
+//! provider's error type/code is kept, so its message can never reach logs or clients.
 
 mod clients;
 
@@ -23,10 +18,8 @@ use tokio::time::Instant;
 /// Largest error body we read to find the error type.
 const MAX_ERROR_BODY: usize = 16 * 1024;
 
-/// Adds the trace headers every provider call carries.
-/// `traceparent` names the current span (the provider attempt) when trace
-/// export is on, so the provider's spans nest under it; otherwise the
-/// caller's own `traceparent` passes through.
+/// Adds the trace headers: `traceparent` names the current span (the attempt) when trace export
+/// is on, so the provider's spans nest under it; otherwise the caller's passes through.
 pub fn with_trace(builder: RequestBuilder, req: &CompletionRequest) -> RequestBuilder {
     let builder = builder.header("x-trace-id", &req.trace_id);
     match crate::telemetry::otel::traceparent_of(&tracing::Span::current())
@@ -37,15 +30,9 @@ pub fn with_trace(builder: RequestBuilder, req: &CompletionRequest) -> RequestBu
     }
 }
 
-/// Sends a request, waiting at most until `deadline` for the response head.
-/// A non-2xx status becomes [`ProviderError::Status`].
-///
-/// Not an `async fn`, and the error path is boxed: this future lives inside
-/// every call in flight, for as long as the provider takes. An `async fn`
-/// would keep the request builder (272 bytes) for its whole life and be as
-/// large as its largest state, the error body's read (920 bytes in all);
-/// this one holds the pending request and its timer (~150 bytes), and
-/// only a failed call allocates the read.
+/// Sends a request, waiting until `deadline` for the response head; a non-2xx becomes
+/// [`ProviderError::Status`]. Not an `async fn`, and the error path boxed: this future lives as
+/// long as the call, so it holds only the pending request and its timer (ADR 0009).
 pub fn send(
     builder: RequestBuilder,
     deadline: Instant,
@@ -64,9 +51,8 @@ pub fn send(
     }
 }
 
-/// Sends a probe's request (a model list, built by `request` on one of
-/// `clients`): a 2xx whose body is JSON of at most `limit` bytes, read
-/// before the probe's deadline, proves the provider answers.
+/// Sends a probe's request: a 2xx whose body is JSON of at most `limit` bytes, read before the
+/// deadline, proves the provider answers.
 pub async fn probe(
     clients: &Clients,
     request: impl FnOnce(&reqwest::Client) -> RequestBuilder,
@@ -80,12 +66,10 @@ pub async fn probe(
     Ok(())
 }
 
-/// The [`ProviderError::Status`] of a non-2xx response.
 async fn status_error(response: Response, deadline: Instant) -> ProviderError {
     let status = response.status().as_u16();
     let retry_after = retry_after(response.headers(), SystemTime::now());
-    // The body only serves to name the error type; a slow or broken body
-    // must not hold the attempt past its deadline.
+    // Only to name the error type: a slow body must not hold the attempt past its deadline.
     let body = tokio::time::timeout_at(deadline, read_capped(response))
         .await
         .unwrap_or_default();
@@ -107,9 +91,7 @@ async fn read_capped(mut response: Response) -> Vec<u8> {
     body
 }
 
-/// Reads and decodes a JSON success body before `deadline`, refusing one
-/// longer than `limit` bytes (by its `Content-Length` at once, else as soon
-/// as it grows past it).
+/// Decodes a JSON body read before `deadline`, refusing more than `limit` bytes.
 pub async fn json<T: DeserializeOwned>(
     response: Response,
     deadline: Instant,
@@ -138,8 +120,7 @@ async fn read_limited(mut response: Response, limit: usize) -> Result<Vec<u8>, P
     Ok(body)
 }
 
-/// Appends a streamed piece to the text accumulated so far, refusing to grow
-/// it past `limit` bytes.
+/// Appends a streamed piece to `text`, refusing to grow it past `limit` bytes.
 pub fn append_limited(text: &mut String, piece: &str, limit: usize) -> Result<(), ProviderError> {
     if text.len().saturating_add(piece.len()) > limit {
         return Err(ProviderError::TooLarge { limit });
@@ -148,8 +129,7 @@ pub fn append_limited(text: &mut String, piece: &str, limit: usize) -> Result<()
     Ok(())
 }
 
-/// A JSON decoding failure, described by its category and position only:
-/// serde's own message can quote upstream text.
+/// A JSON decoding failure by category and position only: serde's message can quote upstream text.
 pub fn malformed_json(e: &serde_json::Error) -> ProviderError {
     ProviderError::Malformed(format!(
         "response JSON: {:?} error at line {} column {}",
@@ -159,13 +139,9 @@ pub fn malformed_json(e: &serde_json::Error) -> ProviderError {
     ))
 }
 
-/// Maps a reqwest transport failure.
-///
-/// reqwest reports every failure to read a body frame as a *decode* error,
-/// the connection's own included (a reset or a GOAWAY while the body is
-/// read): those are connection failures, counted once per connection event
-/// by the breaker, not a malformed answer per call. Only a decode error
-/// with no transport error under it is the body's fault.
+/// Maps a reqwest transport failure. reqwest calls any failure to read a body frame a *decode*
+/// error, a reset or GOAWAY included: those are connection failures (counted once per event);
+/// only a decode error with no transport error under it is the body's fault.
 pub fn transport_error(e: &reqwest::Error) -> ProviderError {
     if e.is_timeout() {
         ProviderError::Timeout
@@ -176,21 +152,17 @@ pub fn transport_error(e: &reqwest::Error) -> ProviderError {
     }
 }
 
-/// Whether a transport error (h2's, hyper's, the socket's) lies under `e`.
 fn from_transport(e: &reqwest::Error) -> bool {
     sources(e)
         .any(|err| err.is::<h2::Error>() || err.is::<hyper::Error>() || err.is::<std::io::Error>())
 }
 
-/// The errors under `e`, nearest first.
 fn sources(e: &reqwest::Error) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
     use std::error::Error as _;
     std::iter::successors(e.source(), |&err| err.source())
 }
 
-/// What broke under a reqwest error, read from its source chain (hyper's
-/// and h2's own errors, the socket's), and whether the request provably
-/// never reached the provider.
+/// What broke under a reqwest error, and whether the request provably never reached the provider.
 pub fn connect_failure(e: &reqwest::Error) -> ConnectFailure {
     if e.is_connect() {
         // Refused, unreachable, DNS, TLS handshake: nothing was sent.
@@ -231,9 +203,8 @@ fn h2_failure(e: &h2::Error) -> ConnectFailure {
     if e.is_remote() && e.reason() == Some(h2::Reason::REFUSED_STREAM) {
         return ConnectFailure::RefusedStream;
     }
-    // h2 gives this error only to our streams above the GOAWAY's last
-    // stream ID; the ones at or below it fail later, as the connection
-    // closes (broken pipe), and may have been processed.
+    // h2 gives this only to our streams above the GOAWAY's last stream ID; those at or below it
+    // fail later, as the connection closes, and may have been processed.
     if e.is_go_away() && e.is_remote() {
         return ConnectFailure::GoAway;
     }
@@ -246,9 +217,8 @@ fn h2_failure(e: &h2::Error) -> ConnectFailure {
     ConnectFailure::Protocol
 }
 
-/// The provider's error type/code from a JSON error body, e.g.
-/// `{"error":{"type":"rate_limit_error"}}` (OpenAI, Anthropic) or
-/// `{"error":{"status":"RESOURCE_EXHAUSTED"}}` (Gemini). Never the message.
+/// The provider's error type/code from a JSON error body (`error.type` for OpenAI and Anthropic,
+/// `error.status` for Gemini). Never the message.
 pub fn error_type(body: &[u8]) -> String {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
         return "non-JSON error body".into();
@@ -269,10 +239,9 @@ pub fn error_type(body: &[u8]) -> String {
 
 pub use crate::domain::MAX_RETRY_AFTER;
 
-/// How long the provider asked us to wait: `retry-after-ms` (OpenAI),
-/// `retry-after` in seconds or as an HTTP-date; at most [`MAX_RETRY_AFTER`].
-/// A negative, NaN, infinite or unparsable value is ignored (`None`), so a
-/// header can never panic the request (`Duration::from_secs_f64` would).
+/// The wait the provider asked for: `retry-after-ms` (OpenAI), else `retry-after` in seconds or
+/// as an HTTP-date, at most [`MAX_RETRY_AFTER`]. Negative, NaN or infinite values are ignored
+/// rather than panicking `Duration::from_secs_f64`.
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let get = |name: &str| {
         headers
@@ -300,8 +269,6 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     )
 }
 
-/// `secs` as a wait of at most [`MAX_RETRY_AFTER`]; `None` when it is not a
-/// non-negative finite number.
 fn capped_secs(secs: f64) -> Option<Duration> {
     if !secs.is_finite() || secs < 0.0 {
         return None;

@@ -1,12 +1,7 @@
-//! Upstream providers: one [`Provider`] implementation per wire format.
-//!
-//! Wire types (each provider's JSON) stay private to its module and are
-//! converted to our own [`Completion`] / [`StreamEvent`] here. A provider
-//! never retries, never sleeps and never decides about fallback: it makes one
-//! HTTP call and classifies what happened as a [`ProviderError`]; the router
-//! and `resilience` decide what to do with that.
-//!
-//! Nothing here may log message contents or API keys.
+//! Upstream providers: one [`Provider`] per wire format. Wire types stay private to their module
+//! and become our [`Completion`] / [`StreamEvent`]. A provider makes one HTTP call and classifies
+//! the outcome as a [`ProviderError`]: it never retries, sleeps or falls back (the router and
+//! `resilience` do), and never logs message contents or API keys.
 
 pub mod anthropic;
 pub mod gemini;
@@ -20,8 +15,7 @@ mod turns;
 
 pub use tool_calls::WireNames;
 
-// The neutral types every adapter translates, in scope for the adapters
-// (`super::Completion`).
+// The neutral types, in scope for the adapters as `super::Completion` and so on.
 use crate::{
     config::{Config, ProviderConfig, ProviderKind},
     domain::{
@@ -33,12 +27,10 @@ use futures::stream::BoxStream;
 use std::{collections::BTreeMap, sync::Arc};
 use tokio::time::Instant;
 
-/// An active health check of one provider (SPEC §18): never metered, never
-/// counted by the breaker.
+/// An active health check of one provider (SPEC §18): never metered, never seen by the breaker.
 #[derive(Debug, Clone)]
 pub struct ProbeRequest {
-    /// A model the config routes to this provider, for the kinds whose
-    /// cheapest check is a one-token completion.
+    /// A model routed to this provider, for kinds whose cheapest check is a one-token completion.
     pub model: Option<String>,
     /// A trace ID of the probe's own, sent as `x-trace-id`.
     pub trace_id: String,
@@ -55,18 +47,15 @@ pub trait Provider: Send + Sync + 'static {
     /// Makes one non-streaming call.
     async fn complete(&self, req: CompletionRequest) -> Result<Completion, ProviderError>;
 
-    /// Makes one streaming call. Errors before the first event come back as
-    /// `Err`; errors mid-stream as an `Err` item.
+    /// Makes one streaming call: errors before the first event as `Err`, later as `Err` items.
     async fn stream(&self, req: CompletionRequest) -> Result<CompletionStream, ProviderError>;
 
-    /// Sends the kind's cheapest request that proves the provider answers
-    /// (a model list where the API has one) and reads the answer.
+    /// Sends the kind's cheapest request that proves the provider answers (a model list if any).
     async fn probe(&self, req: ProbeRequest) -> Result<(), ProviderError>;
 }
 
-/// The system prompt with an instruction to answer in JSON matching the
-/// request's schema appended, for wire formats without native structured
-/// output (Anthropic, Gemini's schema subset, OpenAI-compatible servers).
+/// The system prompt plus an instruction to answer in JSON of the request's schema, for wire
+/// formats without native structured output (Anthropic, Gemini's schema subset, compatibles).
 pub fn system_with_schema(req: &CompletionRequest) -> Option<String> {
     match (&req.system, &req.response_format) {
         (system, None) => system.clone(),
@@ -113,8 +102,7 @@ fn build(
     p: &ProviderConfig,
     config: &Config,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
-    // Every kind but `mock` has a default base URL, and validation requires
-    // one for `openai_compatible`, so this only fails on a broken config.
+    // Every kind but `mock` has a default base URL: this fails only on a broken config.
     let base_url = || {
         config
             .base_url(name)

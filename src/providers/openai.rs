@@ -11,8 +11,6 @@
 //! becomes [`ProviderError::Status`] with the error's own numeric code when it
 //! has one in 400..=599, else 502: the upstream failed mid-answer, which is
 //! retryable and counts against the breaker like any 5xx.
-//!
-//! Nothing here logs or keeps message contents, error messages or the key.
 
 use super::{
     ChatMessage, Citation, Completion, CompletionRequest, CompletionStream, FinishReason,

@@ -1,14 +1,11 @@
-//! Server-sent events over a provider response, with the stream idle
-//! timeout, the attempt deadline and a size limit applied to every event.
+//! Server-sent events over a provider response, with the stream idle timeout, the attempt
+//! deadline and a size limit applied to every event.
 //!
-//! The parser is ours, not a crate's: `eventsource-stream` (unmaintained)
-//! buffered an unterminated line without limit and panicked on a leading
-//! byte-order mark, and the maintained alternatives offer no size limit we
-//! could set per provider. It follows the WHATWG event-stream rules we
-//! rely on: lines end in CRLF, LF or CR; `:` starts a comment; `data` lines
-//! join with `\n`; a blank line dispatches an event that has data; `id` and
-//! `retry` are ignored (a provider stream is never resumed); an event not
-//! finished when the stream ends is dropped.
+//! The parser is ours: `eventsource-stream` buffers an unterminated line without limit and panics
+//! on a leading BOM, and no maintained crate takes a per-provider size limit. WHATWG rules: lines
+//! end in CRLF, LF or CR; `:` starts a comment; `data` lines join with `\n`; a blank line
+//! dispatches an event with data; `id` and `retry` are ignored (a provider stream is never
+//! resumed); an event unfinished at the end is dropped.
 
 use super::ProviderError;
 use crate::domain::instant_after;

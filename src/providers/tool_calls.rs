@@ -1,13 +1,9 @@
-//! Tool calls on the wire (the neutral types are `domain::tool_call`).
-//!
-//! Tool names travel in the alphabet every provider accepts,
-//! `^[a-zA-Z0-9_-]{1,64}$` ([`WireNames`]): `system.echo` is sent as
-//! `system__echo` and mapped back, unambiguously.
+//! Tool calls on the wire. Names travel in every provider's alphabet, `^[a-zA-Z0-9_-]{1,64}$`
+//! ([`WireNames`]): `system.echo` is sent as `system__echo` and maps back unambiguously.
 
 use crate::domain::ToolCall;
 use std::collections::{BTreeMap, HashMap};
 
-/// Most bytes of one tool name on the wire.
 const MAX_WIRE_NAME: usize = 64;
 
 /// Our tool names and their wire names, both ways.
@@ -18,10 +14,8 @@ pub struct WireNames {
 }
 
 impl WireNames {
-    /// Wire names for `names`: `.` becomes `__`, any other character
-    /// outside `[a-zA-Z0-9_-]` becomes `_`, the result is cut to 64 bytes,
-    /// and a name that would collide with an earlier one gets a numeric
-    /// suffix, so the mapping is one to one.
+    /// Wire names for `names`: `.` becomes `__`, other characters outside the alphabet `_`, cut
+    /// to 64 bytes; a collision gets a numeric suffix, so the mapping is one to one.
     pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
         let mut out = Self::default();
         for name in names {
@@ -48,8 +42,7 @@ impl WireNames {
         self.to_wire.get(name).map(String::as_str)
     }
 
-    /// Our name of `wire`: `None` for a name we did not offer (the model
-    /// made it up).
+    /// Our name of `wire`; `None` for one we did not offer (the model made it up).
     pub fn ours(&self, wire: &str) -> Option<&str> {
         self.from_wire.get(wire).map(String::as_str)
     }
@@ -72,15 +65,11 @@ fn encode(name: &str) -> String {
     out
 }
 
-/// Most tool calls one answer may make. Far above what a model asks for in
-/// one turn (parallel calls come in handfuls, and an agent runs at most its
-/// `max_tool_calls` anyway), yet small enough that a provider streaming a new
-/// call index in every chunk cannot make us hold, or later dispatch, an
-/// unbounded list. More is refused like an answer past its byte limit.
+/// Most tool calls one answer may make: far above the handful a model asks for, small enough
+/// that a provider streaming ever new call indexes cannot make us hold an unbounded list.
 pub const MAX_TOOL_CALLS: usize = 128;
 
-/// `Err(TooLarge)` when an answer holds more than [`MAX_TOOL_CALLS`] calls;
-/// `limit` is the provider's `max_response_bytes`, which the error reports.
+/// `Err(TooLarge)`, reporting `limit`, when an answer holds more than [`MAX_TOOL_CALLS`] calls.
 pub fn check_count(calls: usize, limit: usize) -> Result<(), super::ProviderError> {
     if calls > MAX_TOOL_CALLS {
         return Err(super::ProviderError::TooLarge { limit });
@@ -88,24 +77,14 @@ pub fn check_count(calls: usize, limit: usize) -> Result<(), super::ProviderErro
     Ok(())
 }
 
-/// Tool calls assembled from a stream's pieces, by the index the provider
-/// gives each call. Arguments arrive as text fragments split anywhere (mid
-/// key, mid escape sequence): they are only parsed once the call is
-/// complete.
-///
-/// Everything it keeps (IDs, names, arguments) counts against one byte
-/// limit, and it holds at most [`MAX_TOOL_CALLS`] calls, so a stream of
-/// ever new call indexes cannot grow it without bound.
+/// Tool calls assembled from a stream's pieces by call index; arguments, split anywhere, are
+/// parsed only once complete. Everything kept counts against one byte limit.
 #[derive(Debug, Default)]
 pub struct CallBuffer {
     calls: Vec<Partial>,
-    /// Where each index's call is in `calls`. Indexes need not arrive in
-    /// order or be dense (Anthropic's are content-block indexes, shared
-    /// with text blocks), so a map rather than arithmetic; a map rather than
-    /// a scan so that each piece costs the same however many calls came
-    /// before it.
+    /// Index → place in `calls`: indexes may be sparse and out of order (Anthropic's are
+    /// content-block indexes), and a map keeps each piece's cost flat.
     positions: HashMap<u64, usize>,
-    /// Bytes of IDs, names and arguments kept, over all calls.
     bytes: usize,
 }
 
@@ -117,11 +96,8 @@ struct Partial {
 }
 
 impl CallBuffer {
-    /// Adds a piece of call `key`: its ID and name when this piece has
-    /// them (replacing earlier ones), and a fragment of its arguments.
-    /// `Err(TooLarge)`, keeping nothing of the piece, once the IDs, names
-    /// and arguments of all calls would pass `limit` bytes, or when the
-    /// piece would begin call number [`MAX_TOOL_CALLS`] + 1.
+    /// Adds a piece of call `key` (an ID or name replaces the earlier one); `Err(TooLarge)`,
+    /// keeping nothing, past `limit` bytes or [`MAX_TOOL_CALLS`] calls.
     pub fn add(
         &mut self,
         key: u64,
@@ -136,8 +112,7 @@ impl CallBuffer {
         if existing.is_none() {
             check_count(self.calls.len().saturating_add(1), limit)?;
         }
-        // A repeated ID or name replaces the one kept (some servers repeat
-        // them in every chunk), so only the difference counts.
+        // Some servers repeat the ID and name in every chunk: only the difference counts.
         let (old_id, old_name) = existing.map_or((0, 0), |c| (c.id.len(), c.name.len()));
         let bytes = self
             .bytes
@@ -170,8 +145,7 @@ impl CallBuffer {
         self.calls.is_empty()
     }
 
-    /// The calls, in the order they began. A call without a name is
-    /// malformed.
+    /// The calls, in the order they began; one without a name is malformed.
     pub fn finish(self) -> Result<Vec<ToolCall>, super::ProviderError> {
         self.calls
             .into_iter()
@@ -208,7 +182,6 @@ mod tests {
             "system.echo",
         ]);
         assert_eq!(names.wire("system.echo"), Some("system__echo"));
-        // Already the other's wire name: a suffix keeps both distinct.
         assert_eq!(names.wire("system__echo"), Some("system__echo_2"));
         assert_eq!(
             names.wire("everything.get-sum"),
@@ -233,7 +206,6 @@ mod tests {
     fn arguments_split_anywhere_are_whole_at_the_end() {
         let mut buffer = CallBuffer::default();
         let text = r#"{"note":"caf\u00e9 ☕ \"quoted\""}"#;
-        // One character at a time: mid key, mid escape sequence.
         let pieces: Vec<String> = text.chars().map(String::from).collect();
         buffer
             .add(0, Some("call_1"), Some("crm__add_note"), "", 1 << 20)
@@ -280,8 +252,6 @@ mod tests {
 
     #[test]
     fn ids_and_names_count_toward_the_limit() {
-        // Every piece begins a new call with no arguments: only its ID and
-        // name can fill the buffer.
         let mut buffer = CallBuffer::default();
         let name = "n".repeat(100);
         let refused = (0..64u64)
@@ -329,7 +299,6 @@ mod tests {
             buffer.add(1, Some("c"), Some("t"), "", 1 << 20),
             Err(crate::providers::ProviderError::TooLarge { limit: 1 << 20 })
         );
-        // Pieces of calls already begun still find their call.
         for &key in &keys {
             buffer.add(key, None, None, "}", 1 << 20).unwrap();
         }

@@ -1,37 +1,14 @@
-//! Circuit breaker, one per provider (SPEC §4).
+//! Circuit breaker, one per provider (SPEC §4; states and what counts: docs/routing.md).
 //!
-//! ```text
-//! CLOSED ──failure_threshold consecutive counted failures──▶ OPEN   (mode consecutive)
-//! CLOSED ──error_rate of ≥ min_requests calls in window──▶ OPEN      (mode error_rate)
-//! OPEN ──open_for elapsed──▶ HALF_OPEN (at most half_open_max_probes calls at once)
-//! HALF_OPEN ──success_threshold successes──▶ CLOSED
-//! HALF_OPEN ──1 failure──▶ OPEN (a fresh open period)
-//! ```
+//! Every state change bumps a *generation*, and a [`Permit`]'s result is ignored once it moved:
+//! a slow call started while CLOSED cannot close a breaker that opened meanwhile, nor re-open
+//! one that recovered. A connection-level failure counts once per *connection epoch*: one GOAWAY
+//! or reset fails every call on the connection, and a call that started before the last counted
+//! one is part of that event. A 429 only starts a cooldown. The `error_rate` window is cleared
+//! on opening and closing, so a recovered provider starts afresh.
 //!
-//! In `error_rate` mode the CLOSED state counts successes and failures in
-//! a sliding window ([`window`]); half-open is the same in both modes. The
-//! window is cleared whenever the breaker opens or closes, so a recovered
-//! provider is not re-opened by the failures that opened it.
-//!
-//! Every state change bumps a *generation*. A [`Permit`] remembers the
-//! generation it was issued in, and its result is ignored when the breaker has
-//! changed state since: a slow call started while CLOSED cannot close a breaker
-//! that has meanwhile opened, and cannot re-open one that has recovered.
-//!
-//! Independently of the state, a 429 puts the provider in *cooldown* until its
-//! `Retry-After`; it is skipped meanwhile but nothing counts as a failure.
-//!
-//! A connection-level failure (a GOAWAY, a reset, a refused connect) counts
-//! once per *connection event*, not once per call it broke: on a multiplexed
-//! HTTP/2 connection one event fails every stream on it at once, and a burst
-//! of stale pooled HTTP/1.1 connections fails together too. Each counted
-//! connection failure starts a new *connection epoch*; a permit remembers the
-//! epoch it was issued in, and a connection failure of a call that started
-//! before the last counted one is part of an event already counted.
-//!
-//! The breaker never sleeps or waits: OPEN → HALF_OPEN happens lazily when
-//! the breaker is next looked at. Its lock is a plain mutex, held only for a
-//! few field updates and never across an `.await`.
+//! OPEN → HALF_OPEN happens lazily when the breaker is next looked at; the mutex is held for a
+//! few field updates, never across an `.await`.
 
 mod permit;
 mod window;
@@ -51,14 +28,10 @@ use std::{
 use tokio::time::Instant;
 use window::Window;
 
-/// Cooldown after a 429 that carried no `Retry-After`: long enough not to
-/// hammer a provider that is shedding load, short enough that a one-off 429
-/// barely matters.
+/// Cooldown after a 429 without `Retry-After`: spares a shedding provider, barely slows a one-off.
 pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 
-/// Longest cooldown one 429 can impose. A broken or hostile `Retry-After`
-/// (hours, days) must not silently disable a provider; after this the
-/// provider is tried again and can ask for more.
+/// Longest cooldown one 429 imposes: a broken `Retry-After` must not silently disable a provider.
 pub const MAX_COOLDOWN: Duration = crate::domain::MAX_RETRY_AFTER;
 
 /// Where the breaker is in its cycle.
@@ -73,8 +46,7 @@ pub enum BreakerState {
 }
 
 impl BreakerState {
-    /// Value of the `circuit_breaker_state{provider}` gauge:
-    /// 0 = closed, 1 = half-open, 2 = open (higher is worse).
+    /// Value of the `circuit_breaker_state{provider}` gauge: higher is worse.
     pub const fn metric_value(self) -> u8 {
         match self {
             BreakerState::Closed => 0,
@@ -93,8 +65,7 @@ impl BreakerState {
     }
 }
 
-/// Why [`CircuitBreaker::try_acquire`] refused a call. The caller skips the
-/// provider without calling it.
+/// Why [`CircuitBreaker::try_acquire`] refused a call: the provider is skipped uncalled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {
     /// The breaker is open; probing starts in `retry_in`.
@@ -123,8 +94,7 @@ impl Rejected {
         }
     }
 
-    /// True for a 429 cooldown (recorded as "skipped: rate limited"), false
-    /// for the breaker proper (recorded as "skipped: circuit open").
+    /// True for a 429 cooldown, false for the breaker proper.
     pub const fn is_cooldown(&self) -> bool {
         matches!(self, Rejected::CoolingDown { .. })
     }
@@ -157,8 +127,7 @@ impl Outcome {
 pub struct BreakerSnapshot {
     /// Current state (OPEN whose period has ended already shows HALF_OPEN).
     pub state: BreakerState,
-    /// Counted failures in a row: below the threshold while CLOSED, at or
-    /// above it once the breaker has opened; reset when it closes.
+    /// Counted failures in a row; reset when the breaker closes.
     pub consecutive_failures: u32,
     /// Wall-clock time the breaker last opened; `None` while CLOSED.
     pub opened_at: Option<SystemTime>,
@@ -170,8 +139,7 @@ pub struct BreakerSnapshot {
     pub probes_in_flight: u32,
     /// End of a 429 cooldown still in force.
     pub cooldown_until: Option<Instant>,
-    /// Counted calls and failures in the sliding window (`error_rate`
-    /// mode; zeros in `consecutive` mode).
+    /// Counted calls and failures in the window (zeros in `consecutive` mode).
     pub window: WindowCounts,
     /// Bumped on every state change.
     pub generation: u64,
@@ -190,8 +158,7 @@ struct Inner {
     state: Mutex<State>,
 }
 
-/// [`BreakerConfig`] with zeros raised to 1 (config validation rejects them;
-/// this keeps a hand-built config from producing a breaker that never admits).
+/// [`BreakerConfig`] with zeros raised to 1, so even a hand-built config admits calls.
 #[derive(Debug, Clone, Copy)]
 struct Settings {
     mode: BreakerMode,
@@ -214,10 +181,8 @@ enum Phase {
 struct State {
     phase: Phase,
     generation: u64,
-    /// Bumped on every counted connection-level failure.
     connection_epoch: u64,
     consecutive_failures: u32,
-    /// Calls of the last `window`, counted in `error_rate` mode only.
     window: Window,
     opened_at: Option<SystemTime>,
     cooldown_until: Option<Instant>,
@@ -253,9 +218,8 @@ impl CircuitBreaker {
         }
     }
 
-    /// Asks to make one call. On `Err` the provider must be skipped without
-    /// a network call. The permit's result is reported with
-    /// [`Permit::record`]; dropping it unrecorded means "cancelled".
+    /// Asks to make one call; on `Err` skip the provider without a network call. Dropping the
+    /// permit unrecorded means "cancelled".
     pub fn try_acquire(&self) -> Result<Permit, Rejected> {
         let now = Instant::now();
         let mut st = self.inner.lock();
@@ -283,10 +247,8 @@ impl CircuitBreaker {
         ))
     }
 
-    /// Skips the provider until `now + d` (capped at [`MAX_COOLDOWN`])
-    /// without counting a failure; an existing longer cooldown is kept. Use
-    /// [`DEFAULT_COOLDOWN`] when a 429 carried no `Retry-After`
-    /// ([`Permit::record_error`] does this for you).
+    /// Skips the provider for `d` (at most [`MAX_COOLDOWN`]) without counting a failure; a
+    /// longer cooldown already running stays.
     pub fn cooldown(&self, d: Duration) {
         self.inner.cooldown(d);
     }
@@ -331,8 +293,7 @@ impl CircuitBreaker {
 }
 
 impl Inner {
-    /// A poisoned lock only means another thread panicked mid-update; the
-    /// state is plain counters, so carry on rather than propagate the panic.
+    /// A poisoned lock still holds plain counters: carry on.
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -343,17 +304,14 @@ impl Inner {
         st.cooldown_until = Some(st.cooldown_until.map_or(until, |u| u.max(until)));
     }
 
-    /// Applies one permit's result (`None` = cancelled) under the lock.
-    /// `connection_epoch` is set for a connection-level failure of a call
-    /// whose permit was issued in that epoch: it counts only when no
-    /// connection failure was counted since the call started.
+    /// Applies one permit's result (`None`: cancelled). `connection_epoch` is set for a
+    /// connection failure, which counts only if none was counted since the call started.
     fn finish(&self, generation: u64, outcome: Option<Outcome>, connection_epoch: Option<u64>) {
         let now = Instant::now();
         let mut st = self.lock();
         st.refresh(now);
         if st.generation != generation {
-            // Stale: the breaker changed state after this permit was issued.
-            // Any probe slot it held belonged to a period that is over.
+            // Stale: issued before the last state change, in a period that is over.
             return;
         }
         let outcome = match (outcome, connection_epoch) {
@@ -406,8 +364,7 @@ impl Inner {
                     }
                 }
             }
-            // No permit is issued while OPEN and entering OPEN bumps the
-            // generation, so a current-generation permit never lands here.
+            // No permit is issued while OPEN, and opening bumps the generation.
             Phase::Open { .. } => {}
         }
     }
@@ -429,8 +386,7 @@ impl Settings {
 }
 
 impl State {
-    /// The only time-driven transition: OPEN → HALF_OPEN once the open
-    /// period is over.
+    /// The only time-driven transition: OPEN → HALF_OPEN.
     fn refresh(&mut self, now: Instant) {
         if let Phase::Open { until } = self.phase
             && now >= until

@@ -1,14 +1,7 @@
-//! Rolling per-provider call statistics for the ops RPC: recent error rate
-//! and latency percentiles.
-//!
-//! The window holds at most `capacity` calls (the most recent) and forgets
-//! calls older than `max_age`, so memory is bounded and an idle provider's
-//! numbers do not describe an outage from an hour ago. Only real calls are
-//! recorded: skipped targets (breaker open, saturated) say nothing about the
-//! provider. Attempts the caller cut short (its deadline or budget ran
-//! out, or it went away) are counted apart: they say nothing about the
-//! provider either, but an operator wants to see them. This is for display,
-//! never for routing decisions (the breaker owns those).
+//! Rolling per-provider call statistics for display; the breaker owns routing decisions. The
+//! last `capacity` calls within `max_age`: bounded memory, and an idle provider does not show an
+//! hour-old outage. Only real calls count; attempts the caller cut short are counted apart, as
+//! they say nothing about the provider.
 
 use std::{
     collections::VecDeque,
@@ -17,8 +10,7 @@ use std::{
 };
 use tokio::time::Instant;
 
-/// Calls kept per provider: enough for a meaningful p99 (the 99th of 100),
-/// small enough that a snapshot's sort costs nothing.
+/// Calls kept per provider: enough for a p99, few enough for a cheap sort.
 pub const DEFAULT_CAPACITY: usize = 100;
 
 /// Calls older than this no longer count as "recent".
@@ -35,16 +27,12 @@ struct Window {
     capacity: usize,
     max_age: Duration,
     samples: VecDeque<Sample>,
-    /// Attempts cut short by the caller, kept apart from `samples` so a
-    /// burst of impatient callers never pushes real calls out.
+    /// Apart from `samples`, so impatient callers never push real calls out.
     cut_short: VecDeque<(Instant, CutShort)>,
-    /// When calls that never reached the provider were resent at once on
-    /// a fresh connection (within their attempt).
     resent: VecDeque<Instant>,
 }
 
-/// Why an attempt ended without a result of the provider's own: the
-/// caller's doing, never counted as a provider failure.
+/// Why an attempt ended without the provider's result: the caller's doing, never its failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CutShort {
     /// The caller's gRPC deadline or `budget.max_latency_ms` ran out.
@@ -58,7 +46,6 @@ struct Sample {
     at: Instant,
     latency: Duration,
     ok: bool,
-    /// Failed at the connection level (reset, GOAWAY, refused connect).
     connection: bool,
 }
 
@@ -79,12 +66,9 @@ pub struct HealthSnapshot {
     pub deadline_exceeded: usize,
     /// Attempts abandoned by a caller that went away (not calls).
     pub cancelled: usize,
-    /// Failed calls whose connection broke or could not be made (a part of
-    /// `errors`; the breaker counts each connection event once).
+    /// Failed calls whose connection broke or could not be made (part of `errors`).
     pub connection_errors: usize,
-    /// Calls that never reached the provider (a refused stream, above a
-    /// GOAWAY, a failed connect) and were resent at once on a fresh
-    /// connection, within the same attempt.
+    /// Calls that never reached the provider and were resent at once, in the same attempt.
     pub resent: usize,
 }
 
@@ -109,9 +93,7 @@ impl ProviderHealth {
         }
     }
 
-    /// Records one finished call: its latency, and whether it succeeded.
-    /// Latency is recorded for failures too (a timeout is what the caller
-    /// experienced).
+    /// Records one finished call, a failure's latency too (a timeout is what the caller saw).
     pub fn record(&self, latency: Duration, ok: bool) {
         self.push(latency, ok, false);
     }
@@ -163,8 +145,7 @@ impl ProviderHealth {
         self.snapshot().error_rate
     }
 
-    /// Nearest-rank latency percentile `pct` (in `(0, 100]`) over the window,
-    /// successes and failures alike; `None` without calls.
+    /// Nearest-rank latency percentile `pct` over the window; `None` without calls.
     pub fn latency_percentile(&self, pct: f64) -> Option<Duration> {
         nearest_rank(&self.sorted_latencies(), pct)
     }
@@ -217,7 +198,6 @@ impl ProviderHealth {
 }
 
 impl Window {
-    /// Drops samples older than `max_age` (they sit at the front).
     fn prune(&mut self, now: Instant) {
         while let Some(oldest) = self.samples.front() {
             if now.saturating_duration_since(oldest.at) <= self.max_age {
@@ -246,9 +226,7 @@ fn sorted(samples: &VecDeque<Sample>) -> Vec<Duration> {
     latencies
 }
 
-/// The nearest-rank percentile of ascending `sorted`: the smallest value with
-/// at least `pct`% of the values at or below it, i.e. the value of 1-based
-/// rank `ceil(pct/100 · n)`. `pct` outside `(0, 100]` is clamped.
+/// Nearest-rank percentile of ascending `sorted`: rank `ceil(pct/100 · n)`, `pct` clamped.
 fn nearest_rank(sorted: &[Duration], pct: f64) -> Option<Duration> {
     let n = sorted.len();
     if n == 0 {
@@ -259,8 +237,7 @@ fn nearest_rank(sorted: &[Duration], pct: f64) -> Option<Duration> {
     } else {
         pct.clamp(0.0, 100.0)
     };
-    // pct·n/100, not pct/100·n: with integer pct the product is exact, so
-    // the 7th percentile of 100 is rank 7, not 8 through rounding.
+    // pct·n/100: with integer pct the product is exact, so the 7th of 100 is rank 7, not 8.
     let rank = (pct * n as f64 / 100.0).ceil() as usize;
     sorted.get(rank.clamp(1, n) - 1).copied()
 }

@@ -1,16 +1,8 @@
-//! A provider's limits: `rpm`, `tpm` and `max_concurrency` (SPEC §4, §12).
-//!
-//! Without `[cluster]` they are this replica's ([`local`]). With it they
-//! are the account's, shared by every replica through the cluster store:
-//! one script admits a call, and its settlement gives the lease back and
-//! corrects its tokens, sent in the background off the call's path. While
-//! the store is down, `on_unavailable = "local"` enforces `limit ×
-//! fallback_share` here, and `"refuse"` refuses the call with
-//! [`LimitRejected::StoreUnavailable`].
-//!
-//! A call's token estimate is its input bytes / 4 plus its `max_tokens`
-//! (`CompletionRequest::token_estimate`): what it could bill at most,
-//! corrected at settlement by what the provider reported.
+//! A provider's `rpm`, `tpm` and `max_concurrency` (SPEC §4, §12): this replica's ([`local`]), or
+//! with `[cluster]` the account's, shared through the store and settled off the call's path.
+//! While the store is down, `on_unavailable` keeps `limit × fallback_share` here or refuses.
+//! A call's estimate, input bytes / 4 plus `max_tokens`, is what it could bill at most; the
+//! settlement corrects it.
 
 mod local;
 mod tokens;
@@ -26,8 +18,7 @@ use crate::config::{ProviderConfig, cluster::OnUnavailable};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Why no permit was granted. The provider is skipped (INTERACTIVE) or the
-/// deadline would have passed while waiting (BACKGROUND).
+/// Why no permit was granted: the target is skipped, or a wait would pass the deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum LimitRejected {
     /// Every concurrency slot is in use (until the deadline, when waiting).
@@ -54,8 +45,7 @@ pub enum LimitRejected {
 }
 
 impl LimitRejected {
-    /// The attempt's error code: `SATURATED` for our own limits, or
-    /// `CLUSTER_STORE_UNAVAILABLE`.
+    /// The attempt's error code.
     pub const fn code(&self) -> &'static str {
         match self {
             LimitRejected::StoreUnavailable { .. } => "CLUSTER_STORE_UNAVAILABLE",
@@ -77,7 +67,6 @@ struct Shared {
     cluster: Cluster,
     provider: std::sync::Arc<str>,
     quota: ProviderQuota,
-    /// The longest a call holds its slot (the provider's timeout).
     hold: Duration,
 }
 
@@ -96,9 +85,7 @@ enum Held {
 }
 
 impl LimitPermit {
-    /// Ends the call: its slot back, its token estimate corrected to
-    /// `actual` (`None` when the provider reported nothing: the estimate
-    /// stands).
+    /// Ends the call: its slot back, its estimate corrected to `actual` when reported.
     pub fn settle(mut self, actual: Option<u64>) {
         match std::mem::replace(&mut self.held, Held::Settled) {
             Held::Local(permit) => permit.settle(actual),
@@ -125,10 +112,8 @@ impl ProviderLimits {
         }
     }
 
-    /// The account's limits of provider `name`, kept in `cluster`, with
-    /// the fallback share of them kept here. A provider that sets none of
-    /// `rpm`, `tpm` and `max_concurrency` has nothing to share: its calls
-    /// never wait for the store.
+    /// The account's limits of `name`, kept in `cluster`, with the fallback share here. Without
+    /// `rpm`, `tpm` or `max_concurrency` there is nothing to share: it stays local.
     pub fn shared(name: &str, config: &ProviderConfig, cluster: &Cluster) -> Self {
         if config.rpm.is_none() && config.tpm.is_none() && config.max_concurrency.is_none() {
             return Self::local(config);
@@ -189,8 +174,7 @@ impl ProviderLimits {
         })
     }
 
-    /// Where the limits are counted now: `local`, `shared`, `fallback`
-    /// (the store is down; this replica's share) or `refusing`.
+    /// Where the limits are counted now: `local`, `shared`, `fallback` or `refusing`.
     pub fn mode(&self) -> &'static str {
         match &self.shared {
             None => "local",
@@ -213,16 +197,12 @@ impl ProviderLimits {
     }
 }
 
-/// Why the store did not admit a call.
 enum Fallback {
-    /// It answered no (until the deadline).
     Refused(LimitRejected),
-    /// It could not answer.
     StoreDown,
 }
 
-/// Longest pause between two asks of a waiting call: a slot freed early
-/// (a call that ended) is not announced, so a waiter looks again.
+/// Longest pause between asks: a slot freed early is not announced, so a waiter looks again.
 const MAX_POLL: Duration = Duration::from_millis(100);
 
 impl Shared {
@@ -260,8 +240,7 @@ impl Shared {
         }
     }
 
-    /// Sends the settlement without making the call wait for it; while
-    /// the store is down it is dropped (the lease expires by itself).
+    /// Settles off the call's path; dropped while the store is down (the lease expires).
     fn settle_later(self, lease: Lease, actual: Option<u64>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;

@@ -1,46 +1,11 @@
-//! Resilience primitives for provider calls (SPEC §4): circuit breaker,
-//! retry/backoff policy, per-provider rate and concurrency limits, and rolling
-//! health statistics.
+//! Resilience primitives for provider calls (SPEC §4): circuit breaker, retry policy, limits and
+//! rolling health. Bookkeeping or bounded waits only: no network call, no message content, no
+//! choice of target (the router owns the chain walk; order and rules in docs/routing.md).
 //!
-//! Everything here is synchronous bookkeeping or a bounded wait; nothing in
-//! this module makes a network call, logs message contents, or decides *which*
-//! target to call — the router owns the chain walk and asks these types for
-//! permission and advice.
-//!
-//! # Layering (the order the router applies them, per target)
-//!
-//! ```text
-//! for target in chain:
-//!   loop (attempt = 1, 2, ...):
-//!     1. breaker.try_acquire()          OPEN / HALF_OPEN full / 429 cooldown
-//!                                       -> skip target, no network call
-//!     2. limits.try_acquire()           INTERACTIVE: saturated -> skip target
-//!        limits.acquire_until(deadline) BACKGROUND: wait, never past deadline
-//!     3. call the provider (attempt deadline = min(request deadline, timeout))
-//!     4. health.record(latency, ok)     every real call, never skipped ones;
-//!                                       an attempt the caller cut short
-//!                                       (deadline, gone) is counted apart
-//!        permit.record(Outcome::Success) / permit.record_error(&err)
-//!                                       (a 429 also starts the cooldown)
-//!     5. on error: policy.decide(..)    RetryAfter(d): drop both permits,
-//!                                       sleep d, next attempt at this target
-//!                                       NextTarget / GiveUp
-//! ```
-//!
-//! Why this order:
-//! - The breaker comes first so an open provider costs nothing: no rate-limit
-//!   token is spent and no concurrency slot is held for a call that will not
-//!   happen. If step 2 then fails, dropping the breaker permit unrecorded
-//!   frees its half-open probe slot and changes nothing else.
-//! - Limits are per replica and local; they shape our own traffic, whereas the
-//!   breaker reacts to the provider's behaviour.
-//! - Both permits must be dropped before a backoff sleep: a sleeping request
-//!   must not hold a concurrency slot or a half-open probe slot.
-//! - A stream records its breaker outcome when it ends (completed or failed),
-//!   not when the first byte arrives.
-//!
-//! All timing uses [`tokio::time::Instant`], so tests drive it with tokio's
-//! paused clock instead of sleeping.
+//! The breaker is asked first, so an open provider costs no rate token and holds no slot; a
+//! stream records its outcome when it ends, not at its first byte; both permits are dropped
+//! before a backoff sleep, so a sleeper holds no slot and no half-open probe.
+//! Time is [`tokio::time::Instant`], so tests drive it with the paused clock.
 
 pub mod breaker;
 pub mod health;
@@ -74,8 +39,7 @@ pub struct ProviderGuards {
 }
 
 impl ProviderGuards {
-    /// Fresh guards (breaker closed, no history) for one configured
-    /// provider, its limits shared through `cluster` when there is one.
+    /// Fresh guards for one provider, its limits shared through `cluster` if there is one.
     pub fn from_config(name: &str, config: &ProviderConfig, cluster: Option<&Cluster>) -> Self {
         Self {
             breaker: CircuitBreaker::new(name, &config.breaker),
@@ -89,8 +53,7 @@ impl ProviderGuards {
     }
 }
 
-/// The guards of every configured provider plus the retry policy: what the
-/// router holds. Clones share the same state.
+/// Every provider's guards and the retry policy: what the router holds. Clones share state.
 #[derive(Debug, Clone)]
 pub struct Resilience {
     providers: BTreeMap<String, ProviderGuards>,

@@ -1,8 +1,5 @@
-//! The last active probe of a provider (SPEC §18): what the probe loop
-//! (`router::probe`) found, for `GetProviderHealth` and `/health/providers`.
-//!
-//! A probe result is a signal of its own: it never feeds the breaker or
-//! the rolling call statistics, which describe real calls only.
+//! A provider's last active probe (SPEC §18), for `GetProviderHealth` and `/health/providers`.
+//! Never fed to the breaker or the call statistics, which describe real calls only.
 
 use std::{
     sync::{Arc, Mutex, PoisonError},
@@ -16,8 +13,7 @@ pub struct ProbeResult {
     pub at: SystemTime,
     /// Time from sending to the answer, or to the failure.
     pub latency: Duration,
-    /// `None` when the provider answered 2xx with a well-formed body; else
-    /// the stable error code (`TIMEOUT`, `HTTP_503`, `CONNECT`, …).
+    /// `None` for a 2xx with a well-formed body, else the error code (`TIMEOUT`, `HTTP_503`, …).
     pub error_code: Option<String>,
 }
 

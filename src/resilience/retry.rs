@@ -1,15 +1,7 @@
-//! Retry policy: exponential backoff with full jitter, `Retry-After`, the
-//! request deadline and the request's priority (SPEC §4).
-//!
-//! The policy only *decides*; it never sleeps. The router sleeps for the
-//! returned duration (after dropping its breaker and limit permits) and calls
-//! the same target again, or moves on.
-//!
-//! Attempts are numbered from 1 per target. After attempt `n` fails, the
-//! backoff cap is `base · 2^(n-1)` (1 s, 2 s, 4 s, ...) limited to
-//! `max_backoff`, and the wait is drawn uniformly from `[0, cap]` ("full
-//! jitter", which spreads the retries of many clients that failed together).
-//! With the default 3 attempts, waits are drawn after attempts 1 and 2.
+//! Retry policy (SPEC §4): exponential backoff with full jitter, `Retry-After`, the deadline and
+//! the priority. It only decides; the router sleeps, having dropped its permits. After attempt
+//! `n` the wait is uniform in `[0, min(base · 2^(n-1), max_backoff)]`: full jitter spreads the
+//! retries of clients that failed together.
 
 use crate::{domain::Priority, domain::ProviderError};
 use rand::RngExt;
@@ -31,13 +23,9 @@ pub enum Decision {
     GiveUp,
 }
 
-/// A source of jitter: fractions in `[0, 1)`.
-///
-/// Every [`rand::Rng`] is one (pass `&mut rand::rng()` in production); tests
-/// use [`FixedJitter`] for exact, deterministic waits.
+/// A source of jitter: any [`rand::Rng`], or [`FixedJitter`] for exact waits in tests.
 pub trait JitterSource {
-    /// The next fraction of the backoff cap to wait, in `[0, 1)`. Values out
-    /// of range (or NaN) are clamped into `[0, 1]`.
+    /// The next fraction of the backoff cap to wait, in `[0, 1)`; others are clamped.
     fn fraction(&mut self) -> f64;
 }
 
@@ -47,8 +35,7 @@ impl<R: rand::Rng + ?Sized> JitterSource for R {
     }
 }
 
-/// Always the same fraction: `FixedJitter(0.0)` waits nothing (beyond any
-/// `Retry-After`), `FixedJitter(1.0)` waits the full cap.
+/// Always the same fraction: 0.0 waits nothing beyond `Retry-After`, 1.0 the full cap.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FixedJitter(pub f64);
 
@@ -58,9 +45,7 @@ impl JitterSource for FixedJitter {
     }
 }
 
-/// The jitter a router draws from: `Copy` and `Send` (unlike `rand::rng()`,
-/// which is made fresh for each draw), so a router can hold one and tests can
-/// make its backoff exact.
+/// The jitter a router holds: `Copy` and `Send`, unlike `rand::rng()`, and fixable in tests.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Jitter {
     /// Fresh randomness for every draw (production).
@@ -79,8 +64,7 @@ impl JitterSource for Jitter {
     }
 }
 
-/// How failed attempts at one target are retried. `Default` is the SPEC's
-/// seed policy.
+/// How failed attempts at one target are retried; `Default` is the SPEC's seed policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Calls per target, the first included; 1 disables retries.
@@ -105,8 +89,7 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The backoff cap after attempt `attempt` (1-based) failed:
-    /// `base · 2^(attempt-1)`, at most `max_backoff`.
+    /// The backoff cap after attempt `attempt` (1-based) failed.
     pub fn backoff_cap(&self, attempt: u32) -> Duration {
         let doublings = attempt.saturating_sub(1);
         let factor = 1u32.checked_shl(doublings).unwrap_or(u32::MAX);
@@ -115,8 +98,7 @@ impl RetryPolicy {
             .min(self.max_backoff)
     }
 
-    /// The wait after attempt `attempt` failed: uniform in `[0, cap]`, but
-    /// never less than the provider's `Retry-After`.
+    /// The wait after attempt `attempt` failed: uniform in `[0, cap]`, at least `Retry-After`.
     pub fn backoff(
         &self,
         attempt: u32,
@@ -130,22 +112,9 @@ impl RetryPolicy {
         retry_after.map_or(jittered, |ra| jittered.max(ra))
     }
 
-    /// What to do after attempt `attempt` (1-based, per target) failed with
-    /// `err`, at `now`, given the request `deadline`.
-    ///
-    /// `has_next_target` says whether the chain has a target after this one.
-    ///
-    /// - Not retryable ([`ProviderError::is_retryable`]) or out of attempts:
-    ///   move on.
-    /// - A wait ending at or after the deadline leaves no time for the call:
-    ///   move on (the router then notices the deadline itself).
-    /// - INTERACTIVE with a next target: retry here only if the wait is at
-    ///   most `interactive_max_wait`, else fail over at once.
-    /// - Otherwise (BACKGROUND, or INTERACTIVE at the last target): retry
-    ///   after the wait.
-    ///
-    /// "Move on" is [`Decision::NextTarget`] when there is one, else
-    /// [`Decision::GiveUp`].
+    /// What to do after attempt `attempt` (1-based, per target) failed with `err`. A wait that
+    /// reaches the deadline moves on (the router then notices the deadline); INTERACTIVE with a
+    /// next target retries here only within `interactive_max_wait`, else fails over at once.
     #[allow(clippy::too_many_arguments)] // each input is one fact the caller has at hand
     pub fn decide(
         &self,
@@ -165,8 +134,7 @@ impl RetryPolicy {
         if !err.is_retryable() || attempt >= self.max_attempts {
             return move_on;
         }
-        // A 429 without `Retry-After` still puts the provider in its
-        // default cooldown; a retry inside it would only be skipped.
+        // A bare 429 still starts the default cooldown; a retry inside it would only be skipped.
         let retry_after = err.retry_after().or_else(|| {
             err.is_rate_limited()
                 .then_some(super::breaker::DEFAULT_COOLDOWN)

@@ -75,8 +75,7 @@ pub(super) async fn sweep_conversations_periodically(
     }
 }
 
-/// Reloads the database's API keys, so created and revoked keys take effect
-/// on every replica without a restart.
+/// Reloads API keys, so created and revoked keys reach every replica.
 pub(super) async fn refresh_keys_periodically(
     auth: Authenticator,
     keys: KeyStore,
@@ -96,9 +95,8 @@ pub(super) async fn refresh_keys_periodically(
 }
 
 pub(super) async fn set_health(health: &Health, status: ServingStatus) {
-    // Every service shares the one database: they turn together, the main
-    // service and the overall status last, so a watcher of either sees the
-    // others already turned.
+    // One database behind every service: they turn together, the main one
+    // and the overall status last, so their watchers see the rest turned.
     for service in SERVICE_NAMES.iter().rev() {
         health.reporter.set_service_status(service, status).await;
     }
@@ -106,8 +104,7 @@ pub(super) async fn set_health(health: &Health, status: ServingStatus) {
     let _ = health.ready.send(status == ServingStatus::Serving);
 }
 
-/// Keeps the health status in step with the database: NOT_SERVING while it
-/// cannot be reached, SERVING again when it can.
+/// Keeps health in step with the database: NOT_SERVING while unreachable.
 pub(super) async fn probe_database(
     store: Store,
     health: Health,

@@ -28,11 +28,8 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
 impl App {
-    /// Builds the application on `config`, to be served on `listener`:
-    /// connects and migrates the database (claiming a SQLite file), sweeps
-    /// orphaned reservations, starts the ledger writers, builds the
-    /// pipeline and the services, and binds the metrics endpoint. Nothing
-    /// is served until [`App::run`].
+    /// Connects, migrates and claims the database, builds the pipeline and
+    /// services and binds the listeners; nothing is served until [`App::run`].
     pub async fn build(listener: TcpListener, config: Config) -> anyhow::Result<App> {
         let config = Arc::new(config);
         let store = Store::connect(&config.database)
@@ -129,11 +126,13 @@ impl App {
             store,
             _claim: claim,
             auth,
-            api,
-            prompt_admin,
-            tools,
-            agents,
-            audit,
+            services: super::routes::Authenticated {
+                api,
+                prompt_admin,
+                tools,
+                agents,
+                audit,
+            },
             pipeline: background_pipeline,
             mcp_listener,
             health,
@@ -150,9 +149,8 @@ impl App {
     }
 }
 
-/// What a scrape refreshes: every breaker's state as GetProviderHealth
-/// reports it (an open breaker turns half-open with time, not traffic), and
-/// the process's CPU, memory and file descriptors.
+/// What a scrape refreshes: breaker states (an open breaker turns half-open
+/// with time, not traffic) and the process's CPU, memory and descriptors.
 fn scrape_hook(pipeline: Pipeline) -> metrics::OnScrape {
     let process = metrics_process::Collector::default();
     process.describe();
@@ -212,8 +210,7 @@ pub(super) fn server_tls(tls: &crate::config::TlsConfig) -> anyhow::Result<Serve
         read(&tls.key, "key")?,
     ));
     if let Some(ca) = &tls.client_ca {
-        // Clients without a certificate signed by this CA are refused in
-        // the handshake (mTLS).
+        // mTLS: a client without a certificate signed by this CA fails the handshake.
         out = out.client_ca_root(Certificate::from_pem(read(ca, "client_ca")?));
     }
     Ok(out)

@@ -1,8 +1,6 @@
 //! Wiring: storage, providers, router, the call pipeline and the gRPC
-//! services. [`App::build`] puts the application together and binds what it
-//! listens on; [`App::run`] serves until a shutdown signal, then drains.
-//! [`serve`] is both in one step (what `ai-orchestrator serve` and the
-//! tests call).
+//! services. [`App::build`] builds and binds, [`App::run`] serves then
+//! drains, and [`serve`] does both (the CLI and the tests call it).
 
 mod background;
 mod build;
@@ -13,12 +11,7 @@ mod run;
 pub use prompts::prompt_store;
 pub use run::reflected_descriptor_sets;
 
-use crate::{
-    api::{OrchestratorApi, admin::PromptAdminApi},
-    auth::Authenticator,
-    config::Config,
-    store::Store,
-};
+use crate::{auth::Authenticator, config::Config, store::Store};
 use std::{future::Future, net::SocketAddr, sync::Arc};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 use tonic_health::server::HealthReporter;
@@ -26,8 +19,7 @@ use tonic_health::server::HealthReporter;
 /// Fully-qualified name of the main service, as reported by health checks.
 pub const SERVICE_NAME: &str = "ai.orchestrator.v1.Orchestrator";
 
-/// Every service this server answers, by fully-qualified name: each has a
-/// health status of its own, as the overall one (`""`).
+/// Every service we answer, by full name: each has its own health status.
 pub const SERVICE_NAMES: [&str; 5] = [
     SERVICE_NAME,
     crate::api::pb::tool_service_server::SERVICE_NAME,
@@ -36,9 +28,7 @@ pub const SERVICE_NAMES: [&str; 5] = [
     crate::api::pb::prompt_admin_server::SERVICE_NAME,
 ];
 
-/// Serves the orchestrator on `listener` until `shutdown` completes, then
-/// marks health NOT_SERVING, stops accepting, lets in-flight calls finish
-/// (up to `server.shutdown_grace`) and closes the database.
+/// [`App::build`] then [`App::run`]: serves until `shutdown`, then drains.
 pub async fn serve(
     listener: TcpListener,
     config: Config,
@@ -54,15 +44,9 @@ pub struct App {
     /// The SQLite file's claim, held until the server has stopped.
     _claim: Option<std::fs::File>,
     auth: Authenticator,
-    api: OrchestratorApi,
-    prompt_admin: PromptAdminApi,
-    tools: crate::api::tools::ToolServiceApi,
-    agents: crate::api::agent::AgentApi,
-    audit: crate::api::audit::AuditApi,
-    /// The pipeline, for the background work on it (the ASYNC tool worker,
-    /// the MCP clients, the MCP endpoint).
+    services: routes::Authenticated,
+    /// For the ASYNC tool worker, the MCP clients and the MCP endpoint.
     pipeline: crate::call::Pipeline,
-    /// Where the MCP endpoint is served, if configured.
     mcp_listener: Option<TcpListener>,
     health: Health,
     health_service:
@@ -76,7 +60,6 @@ pub struct App {
     stop_writer: watch::Sender<bool>,
     writer_done: Option<JoinHandle<()>>,
     key_store: crate::auth::keys::KeyStore,
-    /// The shared store of fleet-wide limits, watched while serving.
     cluster: Option<crate::cluster::Cluster>,
 }
 

@@ -1,9 +1,7 @@
-//! The prompt store as the service and the CLI open it: refusing to
-//! activate a system prompt that would leave an agent using its key no room
-//! in its window (SPEC §11.5: layers 1–2 are never cut; a turn checks the
-//! same again, for versions activated under an earlier config), and, with
-//! metering on, a model override that has no price (SPEC §5: a call whose
-//! cost is unknown could never count against a cost cap); and a version
+//! The prompt store as the service and the CLI open it. It refuses a system
+//! prompt that leaves an agent using its key no room in its window (SPEC
+//! §11.5: layers 1–2 are never cut), an unpriced model override with metering
+//! on (SPEC §5: an unknown cost never counts against a cap), and a version
 //! whose texts alone pass `server.max_prompt_bytes`.
 
 use crate::{
@@ -22,13 +20,10 @@ pub fn prompt_store(store: Store, config: &Config) -> PromptStore {
         .with_max_text_bytes(config.server.max_prompt_bytes)
 }
 
-/// A model override replaces the primary target's model of the task named
-/// by the prompt key; with metering on it must be priced there, as the
-/// chain's own models must be at load.
+/// A model override replaces the model of the primary target of the task
+/// named by the prompt key: with metering on it must be priced there.
 fn model_check(config: &Config) -> ModelCheck {
     let metered = config.metering.enabled;
-    // A task's primary provider, and whether it prices a model: all the
-    // check needs of the config.
     let primaries: std::collections::BTreeMap<String, String> = config
         .tasks
         .iter()

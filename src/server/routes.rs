@@ -1,13 +1,10 @@
-//! The gRPC services behind one router, each RPC family with the decode
-//! limit of its own (`server.max_*message_bytes`): an SMS RPC never needs
-//! 4 MiB, and a message of a million empty history entries costs far more
-//! memory decoded than on the wire, so the SMS and research methods get a
-//! small limit while `Execute`, tools and agents keep the large one.
-//!
-//! tonic sets a decode limit per service; a method gets its own by being
-//! routed, ahead of its service's catch-all route, to a second handle on
-//! the same service built with a smaller limit. The message is refused
-//! from its 5-byte frame header (`OUT_OF_RANGE`), before its body is read.
+//! The gRPC services behind one router, each RPC family with its own decode
+//! limit (`server.max_*message_bytes`): a message of a million empty history
+//! entries costs far more memory decoded than on the wire, so SMS and
+//! research get a small limit while `Execute`, tools and agents keep 4 MiB.
+//! tonic sets one limit per service, so such a method is routed, ahead of
+//! its service's catch-all, to a second handle with the smaller limit; the
+//! message is refused from its 5-byte frame header (`OUT_OF_RANGE`), unread.
 
 use crate::{
     api::{
@@ -38,8 +35,7 @@ pub(super) struct Authenticated {
     pub audit: AuditApi,
 }
 
-/// `Orchestrator` methods with a limit of their own, and which; never
-/// above `max_message_bytes`, the limit of every message.
+/// `Orchestrator` methods with their own limit, never above `max_message_bytes`.
 fn method_limits(server: &ServerConfig) -> [(&'static str, usize); 3] {
     let sms = server.max_sms_message_bytes.min(server.max_message_bytes);
     let research = (server.max_research_message_bytes).min(server.max_message_bytes);

@@ -1,10 +1,5 @@
-//! The database: SQLite (embedded default, one file) or PostgreSQL
-//! (production, shared by replicas), chosen by the URL scheme.
-//!
-//! Both backends run the same schema from `migrations/{sqlite,postgres}`,
-//! numbered alike and embedded in the binary; they differ only in column
-//! types. Queries that must be atomic are written per backend in the modules
-//! that own them (`usage`, `prompts`); this module only owns connections.
+//! The database: SQLite (one file) or PostgreSQL (shared by replicas), by URL scheme. Only
+//! connections live here; atomic queries live per backend in the modules that own them.
 
 pub mod statement;
 
@@ -27,8 +22,7 @@ pub enum StoreError {
     /// The database could not be reached or a query failed.
     #[error("database error: {0}")]
     Sqlx(#[from] sqlx::Error),
-    /// The ledger writer's own SQLite connection failed (see
-    /// `usage::ledger::sqlite`).
+    /// The ledger writer's own SQLite connection failed.
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
     /// A migration failed.
@@ -43,8 +37,7 @@ pub enum StoreError {
          process (use PostgreSQL to run replicas)"
     )]
     InUse(std::path::PathBuf),
-    /// A blocking task of the ledger (a SQLite batch) panicked or was
-    /// cancelled.
+    /// A blocking task of the ledger panicked or was cancelled.
     #[error("the ledger's blocking task failed: {0}")]
     Blocking(#[from] tokio::task::JoinError),
     /// An operation this backend does not offer.
@@ -52,10 +45,7 @@ pub enum StoreError {
     Unsupported(&'static str),
 }
 
-/// Runs the same code against whichever pool `store` holds: `$pool` is bound
-/// to the `SqlitePool` or the `PgPool`, and `$body` is compiled once per
-/// backend. For queries whose SQL is valid on both (`$1` placeholders,
-/// `CAST(.. AS BIGINT)`, `COALESCE`), so they are written once.
+/// Runs `$body` once per backend with `$pool` bound to its pool, for SQL valid on both.
 #[macro_export]
 macro_rules! on_store {
     ($store:expr, |$pool:ident| $body:expr) => {
@@ -75,11 +65,8 @@ pub enum Store {
     Postgres(PgPool),
 }
 
-/// The embedded migrations of one backend. A database migrated by a newer
-/// release is accepted ("ignore missing"): migrations only ever add tables,
-/// columns and indexes, drop an index no query needs, or rebuild a table
-/// with the same columns and IDs (0005), so an older binary still works on
-/// the newer schema, which is what a rollback or a rolling upgrade needs.
+/// A schema migrated by a newer release is accepted: migrations never drop or change a column,
+/// so an older binary still runs on it (rollback, rolling upgrade).
 fn migrator(postgres: bool) -> sqlx::migrate::Migrator {
     let mut migrator = if postgres {
         sqlx::migrate!("./migrations/postgres")
@@ -110,11 +97,8 @@ impl Store {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| StoreError::BadUrl(e.to_string()))?
             .create_if_missing(true)
-            // WAL lets readers (GetUsage) run beside the single writer.
             .journal_mode(SqliteJournalMode::Wal)
-            // FULL (default): a commit is on disk before we acknowledge the
-            // call, even on power loss; group commit amortises the fsync.
-            // NORMAL is the operator's trade (see docs/configuration.md).
+            // FULL: a commit is on disk before the call is acknowledged; NORMAL is opt-in.
             .synchronous(match config.sqlite_synchronous {
                 SqliteDurability::Full => SqliteSynchronous::Full,
                 SqliteDurability::Normal => SqliteSynchronous::Normal,
@@ -127,9 +111,7 @@ impl Store {
             std::fs::create_dir_all(parent)?;
         }
         let pool = SqlitePoolOptions::new()
-            // A connection to a local file cannot go stale; the default ping
-            // before every acquire is a round trip to the connection's worker
-            // thread (two context switches) on every ledger batch.
+            // A local file cannot go stale; the ping would cost every ledger batch a round trip.
             .test_before_acquire(false)
             .max_connections(config.max_connections)
             .acquire_timeout(config.acquire_timeout)
@@ -138,8 +120,7 @@ impl Store {
         Ok(Store::Sqlite(pool))
     }
 
-    /// Applies every pending migration. Safe to run from several replicas:
-    /// sqlx takes a database lock while migrating.
+    /// Applies every pending migration; sqlx's lock makes it safe from several replicas.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
             Store::Sqlite(pool) => migrator(false).run(pool).await?,

@@ -1,7 +1,5 @@
-//! A write prepared by the service that owns its table and run by someone
-//! else's transaction: the ledger's group commit runs an agent turn's
-//! conversation rows beside the turn's usage records and audit events.
-//! Its SQL is valid on both backends (`$1` placeholders).
+//! A write prepared by the service that owns its table and run in another's transaction (an
+//! agent turn's conversation rows in the ledger's group commit); SQL valid on both backends.
 
 /// One argument of a [`Statement`].
 #[derive(Debug, Clone, PartialEq)]

@@ -1,16 +1,10 @@
-//! The log pipeline's two hot-path pieces, kept cheap because every request
-//! opens spans whether or not a line is ever logged (log lines must carry
-//! their request's `trace_id`, so our spans are on at any log level):
-//!
-//! - [`LogFilter`], one global filter: `RUST_LOG` for log lines, plus our
-//!   own spans always. It replaces a per-layer filter, under which
-//!   `tracing-subscriber` asks the filter about every `trace!` callsite of
-//!   h2 and hyper on every call instead of caching "never" once per callsite.
-//! - [`SpanFields`], the span-field store of the JSON log layer: fields are
-//!   written once as a JSON object when the span opens and appended to when
-//!   a field is recorded later. `tracing-subscriber`'s own `JsonFields`
-//!   builds a map of `serde_json::Value`s per span and re-parses the whole
-//!   object on every `record`.
+//! The log pipeline's hot-path pieces, kept cheap because every request opens
+//! spans (log lines carry their `trace_id`, so our spans are on at any level):
+//! - [`LogFilter`], one global filter: `RUST_LOG` for lines, our spans always.
+//!   A per-layer filter would be asked about every h2/hyper `trace!` on every
+//!   call instead of caching "never" once per callsite.
+//! - [`SpanFields`]: a span's fields written once as a JSON object, appended
+//!   to on `record` (`JsonFields` re-parses the whole object each time).
 
 mod event;
 
@@ -39,15 +33,12 @@ fn is_our_span(meta: &Metadata<'_>) -> bool {
     meta.is_span() && meta.target().starts_with(OURS)
 }
 
-/// The global filter: whatever `RUST_LOG` enables (default `info`), and
-/// this crate's spans at any level so a `warn` line still names its
-/// request's `trace_id`.
+/// The global filter: what `RUST_LOG` enables (default `info`), and our spans
+/// at any level so a `warn` line still names its request's `trace_id`.
 pub struct LogFilter {
     env: EnvFilter,
-    /// Whether `RUST_LOG` has span or field directives (`target[span]=..`),
-    /// the only ones for which `EnvFilter` tracks entered spans. Without
-    /// them its span callbacks do nothing but take a lock, so they are not
-    /// forwarded.
+    /// Whether `RUST_LOG` has span directives (`target[span]=..`): without
+    /// them `EnvFilter`'s span callbacks only take a lock, so are not forwarded.
     dynamic: bool,
 }
 
@@ -60,8 +51,7 @@ impl LogFilter {
         }
     }
 
-    /// The filter for a `RUST_LOG`-style directive string; `info` if it
-    /// does not parse.
+    /// The filter for a `RUST_LOG`-style string; `info` if it does not parse.
     pub fn new(spec: &str) -> Self {
         match EnvFilter::try_new(spec) {
             Ok(env) => Self {
@@ -132,8 +122,7 @@ where
     }
 }
 
-/// Span fields as one JSON object (what the JSON log layer prints as
-/// `span`), written directly instead of through a map of values.
+/// Span fields as one JSON object (the JSON log line's `span`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SpanFields;
 
@@ -174,9 +163,8 @@ struct JsonObject<W> {
     spans: bool,
 }
 
-/// Span fields named in OpenTelemetry's namespaces (`otel.kind`,
-/// `rpc.method`, `gen_ai.usage.input_tokens`, ...) are for the exported
-/// span; log lines carry our own names for the same facts.
+/// Span fields in OpenTelemetry's namespaces (`otel.kind`, `rpc.method`, ...)
+/// are for export; log lines carry our own names for the same facts.
 const EXPORT_ONLY: [&str; 4] = ["otel.", "rpc.", "gen_ai.", "error."];
 
 impl<W: fmt::Write> JsonObject<W> {
@@ -278,8 +266,7 @@ impl<W: fmt::Write> Visit for JsonObject<W> {
     }
 }
 
-/// A `fmt::Write` that escapes what it is given for the inside of a JSON
-/// string (RFC 8259 §7).
+/// A `fmt::Write` escaping for the inside of a JSON string (RFC 8259 §7).
 struct Escaped<W>(W);
 
 impl<W: fmt::Write> fmt::Write for Escaped<W> {

@@ -1,9 +1,7 @@
-//! Prometheus metrics: the names we export, helpers that record them, and
-//! the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) on its own port.
-//!
-//! Label values are low-cardinality by construction: provider and model
-//! names come from the config, statuses are stable codes, and teams appear
-//! only as one of [`TEAM_BUCKETS`] hash buckets. Never a message, never a key.
+//! Prometheus metrics: the names we export, recording helpers, and the HTTP
+//! endpoint (`/metrics`, `/healthz`, `/readyz`) on its own port. Labels are
+//! low-cardinality by construction: config names, stable codes, teams as one
+//! of [`TEAM_BUCKETS`] hash buckets; never a message, never a key.
 
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
@@ -42,8 +40,7 @@ const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// The process-wide recorder, installed on first use. Several servers in one
-/// process (tests) share it.
+/// The process-wide recorder, installed on first use; tests' servers share it.
 pub fn handle() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
         let builder = PrometheusBuilder::new()
@@ -111,10 +108,9 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
-/// Families exported as gauges (the recorder's counters are integers) that
-/// only ever increase: USD amounts. Their `TYPE` is rewritten to `counter`
-/// at render, which is what their `_total` names promise and what
-/// `rate()` and `increase()` expect.
+/// USD families, gauges because the recorder's counters are integers. They
+/// only increase, so `render` types them `counter`, as their `_total` names
+/// promise and `rate()` expects.
 const FLOAT_COUNTERS: &[&str] = &["llm_cost_usd_total", "usage_team_cost_usd_total"];
 
 /// The Prometheus text of every metric, as `/metrics` serves it.
@@ -131,6 +127,13 @@ pub fn render() -> String {
 
 /// HELP text of every family (a scrape shows it beside the `TYPE`).
 fn describe() {
+    describe_providers();
+    describe_usage();
+    describe_tools_and_agents();
+    describe_grpc();
+}
+
+fn describe_providers() {
     describe_counter!(
         "llm_requests_total",
         "Provider calls made, by provider, model and status (ok or the attempt's error code)."
@@ -182,6 +185,9 @@ fn describe() {
         Unit::Seconds,
         "Request time outside provider calls and their waits: our own work."
     );
+}
+
+fn describe_usage() {
     describe_histogram!(
         "usage_ledger_wait_seconds",
         Unit::Seconds,
@@ -213,6 +219,9 @@ fn describe() {
         "usage_team_calls_total",
         "Metered calls per team (listed teams by name, the rest as other)."
     );
+}
+
+fn describe_tools_and_agents() {
     describe_counter!(
         "tool_invocations_total",
         "Tool invocations, by tool and status (PENDING when an ASYNC one is accepted)."
@@ -242,6 +251,9 @@ fn describe() {
         "agent_tool_calls_total",
         "Tool calls asked for by agents' models, by agent, tool and status (DENIED included)."
     );
+}
+
+fn describe_grpc() {
     describe_counter!(
         "orchestrator_errors_total",
         "Errors returned to callers, by stable ErrorInfo reason."
@@ -321,16 +333,14 @@ pub fn fallback(task: &str, from: &str, to: &str) {
         .increment(1);
 }
 
-/// Request time outside provider attempts. It includes the router's waits
-/// between attempts (retry backoff, `Retry-After`, rate-limiter waits), which
-/// attempts do not time: alert on its median (docs/operations.md §10).
+/// Request time outside provider attempts, the router's waits included
+/// (backoff, `Retry-After`, rate limits): alert on its median (docs/operations.md §10).
 pub fn overhead(d: Duration) {
     histogram!("orchestrator_overhead_seconds").record(d.as_secs_f64());
 }
 
-/// A ledger operation answered (`op`: `reserve` or `settle`): how long its
-/// caller waited on the ledger writer, queue included. With SQLite's
-/// default durability a settlement's wait includes the WAL sync.
+/// How long a ledger operation (`reserve` or `settle`) waited on the writer,
+/// queue included; with SQLite's default durability, a settlement's WAL sync too.
 pub fn ledger_wait(op: &'static str, d: Duration) {
     histogram!("usage_ledger_wait_seconds", "op" => op).record(d.as_secs_f64());
 }
@@ -342,8 +352,7 @@ pub fn ledger_commit(ops: usize, d: Duration) {
     histogram!("usage_ledger_commit_seconds").record(d.as_secs_f64());
 }
 
-/// One `fdatasync` of the SQLite WAL after a commit (`"full"` durability),
-/// which every settlement of the batch waits for.
+/// One `fdatasync` of the SQLite WAL (`"full"`), which the batch's settlements await.
 pub fn ledger_sync(d: Duration) {
     histogram!("usage_ledger_sync_seconds").record(d.as_secs_f64());
 }
@@ -355,8 +364,7 @@ pub fn team_bucket(team: &str) -> String {
     format!("b{:02}", h.finish() % TEAM_BUCKETS)
 }
 
-/// The `team` label of a team's usage: its ID when `listed`
-/// (`telemetry.team_labels`), else `other`.
+/// A team's `team` label: its ID when in `telemetry.team_labels`, else `other`.
 fn team_label(team: &str, listed: &std::collections::BTreeSet<String>) -> String {
     if listed.contains(team) {
         team.to_owned()
@@ -365,8 +373,7 @@ fn team_label(team: &str, listed: &std::collections::BTreeSet<String>) -> String
     }
 }
 
-/// One metered call of `team`, and what it cost (when every model it used
-/// has a price).
+/// One metered call of `team`, and its cost when every model it used is priced.
 pub fn team_usage(team: &str, listed: &std::collections::BTreeSet<String>, cost_usd: Option<f64>) {
     let (label, bucket) = (team_label(team, listed), team_bucket(team));
     counter!("usage_team_calls_total", "team" => label.clone(), "team_bucket" => bucket.clone())
@@ -382,16 +389,13 @@ pub fn quota_rejection(team: &str) {
     counter!("usage_quota_rejections_total", "team_bucket" => team_bucket(team)).increment(1);
 }
 
-/// An error returned to a caller, by its stable `ErrorInfo.reason` (a
-/// fixed set, so bounded cardinality): tells `ALL_PROVIDERS_FAILED` from
-/// `STORAGE_UNAVAILABLE`, `OVERLOADED` from `QUOTA_EXCEEDED`, which the
-/// gRPC code alone cannot.
+/// An error returned, by its stable `ErrorInfo.reason` (a fixed set): tells
+/// apart what one gRPC code covers (`OVERLOADED` from `QUOTA_EXCEEDED`).
 pub fn error_reason(reason: &'static str) {
     counter!("orchestrator_errors_total", "reason" => reason).increment(1);
 }
 
-/// One tool invocation ended (or, ASYNC, was accepted: `PENDING`), by its
-/// status.
+/// One tool invocation ended (or, ASYNC, was accepted: `PENDING`).
 pub fn tool_invocation(tool: &str, status: &'static str, took: Duration) {
     counter!("tool_invocations_total", "tool" => tool.to_owned(), "status" => status).increment(1);
     if status != "PENDING" {
@@ -424,8 +428,7 @@ pub fn workflow_retry(tool: &str) {
     counter!("workflow_retries_total", "tool" => tool.to_owned()).increment(1);
 }
 
-/// `service/method` as the grpc-ecosystem labels: `(grpc_service,
-/// grpc_method)`; `other` for both when unknown.
+/// `service/method` as grpc-ecosystem's `(grpc_service, grpc_method)`.
 fn service_and_method(method: &'static str) -> (&'static str, &'static str) {
     method.split_once('/').unwrap_or((method, method))
 }
@@ -447,18 +450,14 @@ pub fn grpc_handled(kind: &'static str, method: &'static str, code: &'static str
         .record(took.as_secs_f64());
 }
 
-/// What a scrape refreshes before rendering: gauges computed from state
-/// (breaker states that turn half-open with time, process figures).
+/// Refreshes state-derived gauges (breakers, process figures) before a scrape.
 pub type OnScrape = std::sync::Arc<dyn Fn() + Send + Sync>;
 
-/// What `/health/providers` answers: whether every chain has a healthy
-/// target, and the JSON report (`router::ProvidersReport`).
+/// What `/health/providers` answers: whether every chain is healthy, and the JSON report.
 pub type ProvidersHealth = std::sync::Arc<dyn Fn() -> (bool, String) + Send + Sync>;
 
-/// Serves `/metrics`, `/healthz` (the process is up), `/readyz` (health
-/// is SERVING) and `/health/providers` (200, or 503 when some chain has no
-/// healthy target) on `listener` until `shutdown` turns true; `on_scrape`
-/// runs before each `/metrics` render.
+/// Serves `/metrics`, `/healthz` (up), `/readyz` (SERVING) and
+/// `/health/providers` (503 when a chain has no healthy target) until `shutdown`.
 pub async fn serve_http(
     listener: TcpListener,
     ready: watch::Receiver<bool>,

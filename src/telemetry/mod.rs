@@ -1,7 +1,5 @@
-//! Logs, trace IDs, Prometheus metrics and OpenTelemetry export.
-//!
-//! Must never log message contents, prompts, replies or API keys: fields are
-//! chosen by hand at each call site, never whole requests.
+//! Logs, trace IDs, Prometheus metrics and OpenTelemetry export. Never logs
+//! contents, prompts, replies or keys: call sites pick fields by hand.
 
 pub mod logs;
 pub mod metrics;
@@ -14,10 +12,8 @@ use std::{
 };
 use tracing_subscriber::{fmt, prelude::*};
 
-/// A stream polled inside `span`: what `tracing::Instrument` does for a
-/// future. The span stays open until the stream is dropped, so a response
-/// stream's request span covers the whole stream, and spans and log lines
-/// made while it is polled (provider attempts) are its children.
+/// A stream polled inside `span`, as `tracing::Instrument` does a future: a
+/// request span covers its whole response stream and parents its attempts.
 pub struct InSpan<S> {
     inner: S,
     span: tracing::Span,
@@ -54,10 +50,8 @@ pub enum LogFormat {
     Text,
 }
 
-/// The JSON log layer used in production: one object per line, with the
-/// request's `trace_id` (and, when traces are exported, the `span_id`) at
-/// the top level and the current span's fields under `span` (see
-/// [`logs::JsonEvent`]). Span fields are kept by [`logs::SpanFields`].
+/// The production log layer: one JSON object per line ([`logs::JsonEvent`]),
+/// span fields kept by [`logs::SpanFields`].
 pub fn json_layer<S, W>(writer: W) -> impl tracing_subscriber::Layer<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
@@ -71,8 +65,7 @@ where
     )
 }
 
-/// The human-readable layer: colours only on a terminal (a file or a pipe
-/// gets plain text).
+/// The human-readable layer, coloured only on a terminal.
 fn text_layer<S>() -> impl tracing_subscriber::Layer<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
@@ -82,16 +75,12 @@ where
 }
 
 /// Installs the global subscriber. `RUST_LOG` filters log lines (default
-/// `info`) but never our spans: a `warn` line still carries its request's
-/// `trace_id`, and trace export does not depend on the log level.
-/// With a `tracer`, our spans are also exported over OpenTelemetry, with the
-/// log lines `RUST_LOG` lets through as their events; spans of other crates
-/// are never exported (their fields are not ours to vet).
-/// Safe to call twice (the second call does nothing), which tests rely on.
+/// `info`), never our spans: a `warn` line keeps its `trace_id`, and export
+/// ignores the level. A `tracer` exports our spans only (other crates' fields
+/// are not ours to vet). A second call does nothing; tests rely on that.
 pub fn init_logging(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tracer>) {
-    // No `Option` layer when export is off: an absent layer under the log
-    // layer would turn every disabled callsite's cached "never" into
-    // "sometimes" and cost a filter call per h2/hyper `trace!`.
+    // No `Option` layer when export is off: it would turn each disabled
+    // callsite's cached "never" into "sometimes", a filter call per `trace!`.
     let registry = tracing_subscriber::registry().with(logs::LogFilter::from_env());
     let _ = match (format, tracer) {
         (LogFormat::Json, None) => registry.with(json_layer(std::io::stdout)).try_init(),

@@ -1,10 +1,7 @@
-//! OpenTelemetry traces: OTLP/gRPC export when an endpoint is configured,
-//! continuation of a caller's W3C `traceparent`, and the `traceparent` sent
-//! upstream from the current span.
-//!
-//! Spans come from `tracing` (the `request` span per RPC and its
-//! `provider_attempt` children) through `tracing-opentelemetry`; their fields
-//! are chosen at the call sites and never hold contents or keys.
+//! OpenTelemetry traces: OTLP/gRPC export when an endpoint is configured, a
+//! caller's W3C `traceparent` continued, ours sent upstream. Spans come from
+//! `tracing` through `tracing-opentelemetry`; their fields never hold
+//! contents or keys.
 
 use crate::config::TelemetryConfig;
 use opentelemetry::{
@@ -23,8 +20,7 @@ use opentelemetry_sdk::{
 use std::{sync::Arc, time::Duration};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-/// The collector endpoint: `OTEL_EXPORTER_OTLP_ENDPOINT` (the standard
-/// variable, so platform-injected settings work), else the config.
+/// The collector: `OTEL_EXPORTER_OTLP_ENDPOINT` (platform-injected settings work), else config.
 pub fn endpoint(config: &TelemetryConfig) -> Option<String> {
     std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
         .ok()
@@ -103,14 +99,12 @@ pub fn sampler(ratio: f64) -> Sampler {
 }
 
 tokio::task_local! {
-    /// The trace ID the root span being started must take (see
-    /// [`start_root`]).
+    /// The trace ID the root span being started must take ([`start_root`]).
     static ROOT_TRACE_ID: TraceId;
 }
 
-/// Span and trace IDs: random, except the trace ID of a request's root
-/// span, which is the request's own (generated) trace ID, so a log line, a
-/// span and a usage record share one ID. Install it on the tracer provider.
+/// Random IDs, except a request's root span takes the request's trace ID, so
+/// a log line, a span and a usage record share one ID.
 #[derive(Debug, Default)]
 pub struct RequestIds(RandomIdGenerator);
 
@@ -126,9 +120,8 @@ impl IdGenerator for RequestIds {
     }
 }
 
-/// Starts `span`, a root, with `trace_id` as its OpenTelemetry trace ID
-/// when that is a valid W3C trace-id (ours are: 32 hex digits). A no-op
-/// while export is off.
+/// Starts root `span` with `trace_id` as its trace ID when that is a valid
+/// W3C trace-id (ours are). A no-op while export is off.
 pub fn start_root(span: &tracing::Span, trace_id: &str) {
     let Ok(id) = TraceId::from_hex(trace_id) else {
         return;
@@ -136,13 +129,11 @@ pub fn start_root(span: &tracing::Span, trace_id: &str) {
     if trace_id.len() != 32 || id == TraceId::INVALID {
         return;
     }
-    // Building the span's context starts it, and asks the provider's ID
-    // generator for its trace ID right here.
+    // Building the span's context starts it: the ID generator runs here.
     ROOT_TRACE_ID.sync_scope(id, || drop(span.context()));
 }
 
-/// Records `span`'s OpenTelemetry span ID in its `span_id` field (log lines
-/// carry it, see `logs::JsonEvent`). A no-op while export is off.
+/// Records `span`'s OpenTelemetry span ID as its `span_id` field, for logs.
 pub fn record_span_id(span: &tracing::Span) {
     let cx = span.context();
     let span_ref = cx.span();
@@ -203,8 +194,7 @@ impl Extractor for OneHeader<'_> {
 pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
     let cx = TraceContextPropagator::new().extract(&OneHeader(traceparent));
     if cx.span().span_context().is_valid() {
-        // Fails only when the span is disabled or already started; either
-        // way the trace simply starts here.
+        // Fails only for a disabled or started span: the trace starts here.
         let _ = span.set_parent(cx);
     }
 }

@@ -30,11 +30,9 @@ pub struct BadTraceId {
     pub field: &'static str,
 }
 
-/// Picks the request's trace ID.
-///
-/// A malformed `context.trace_id` or `x-trace-id` is refused (it would end up
-/// in logs and upstream headers); a malformed `traceparent` is ignored, as
-/// W3C Trace Context requires.
+/// Picks the request's trace ID. A malformed `context.trace_id` or `x-trace-id`
+/// is refused (it would reach logs and upstream headers); a malformed
+/// `traceparent` is ignored, as W3C Trace Context requires.
 pub fn resolve(
     context_trace_id: &str,
     metadata: &MetadataMap,
@@ -58,8 +56,7 @@ pub fn resolve(
     Ok((generate(), TraceSource::Generated))
 }
 
-/// A new trace ID: a UUIDv7 as 32 lower-case hex digits, so it is also a
-/// valid W3C trace-id and sorts by time.
+/// A new trace ID: a UUIDv7 in 32 hex digits, a W3C trace-id that sorts by time.
 pub fn generate() -> String {
     uuid::Uuid::now_v7().simple().to_string()
 }

@@ -1,6 +1,5 @@
-//! Validation of `[agents]`: a chain through providers that exist (and, for
-//! an agent with tools, that can call tools), caps within bounds, tool
-//! patterns that can match.
+//! Validation of `[agents]`: a chain through existing providers (tool-capable for an agent
+//! with tools), caps within bounds, tool patterns that can match.
 
 use crate::config::{Config, ProviderKind};
 
@@ -90,8 +89,7 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                 "the history layer needs room for the new message",
             );
         }
-        // Layer 1 is fixed here; layer 2 when a prompt version is
-        // activated, and again when a turn starts.
+        // Layer 1 is fixed here; layer 2 when a prompt version is activated and when a turn starts.
         let room = u64::from(a.context_window).saturating_sub(a.variable_tokens());
         let fixed = a
             .chain

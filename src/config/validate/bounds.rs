@@ -1,39 +1,24 @@
-//! Bounds on values the running service adds to a clock reading, doubles,
-//! or sizes a semaphore or a table by. Serde accepts any `u64` seconds or
-//! `usize`, and past these bounds the arithmetic panics (`Instant +
-//! Duration`, `Duration * 2`, `Semaphore::new`) or an allocation exhausts
-//! memory: on the first connection, retry or idle poll, long after start-up.
-//! Refused here instead, naming the key. A value is bounded only where the
-//! runtime arithmetic that would break on it is known (each check says
-//! where).
+//! Bounds on values the service adds to a clock reading, doubles, or sizes a semaphore or a
+//! table by: past these the arithmetic panics (`Instant + Duration`, `Duration * 2`,
+//! `Semaphore::new`) or memory runs out, long after start-up. Each check names where.
 
 use crate::config::Config;
 use std::time::Duration;
 
-/// Longest backoff cap, lease slack, keepalive period or database wait.
-/// The defaults are seconds; an hour is past any useful setting, and far
-/// below where `Instant + Duration` or `Duration * 2` overflows (~2^63 s) or
-/// where SQLite's busy timeout (an `i32` of milliseconds, ~24 days) does.
+/// Longest backoff cap, lease slack, keepalive or database wait: an hour is past any use, far
+/// below overflowing `Instant + Duration` (~2^63 s) or SQLite's busy timeout (~24 days).
 pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 
-/// Shortest pause of the ASYNC tool worker between looks for work (unless
-/// a run ends first): below it the worker queries the database in a tight
-/// loop.
+/// Shortest ASYNC tool worker pause: below it the worker polls the database in a tight loop.
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
-/// Most calls in flight one provider may be configured for. Its HTTP
-/// clients get `ceil(max_concurrency / streams_per_connection)` slots at
-/// start-up; at this bound and one stream per connection that is ~7 MB of
-/// empty slots, while a larger value could exhaust memory before serving.
-/// Far above what one replica sends to one provider (the benchmark runs at
-/// 20,000), and far below the semaphore's own limit, which
-/// `ProviderLimits::new` clamps to.
+/// Most calls in flight one provider may be configured for: its HTTP clients get
+/// `ceil(max_concurrency / streams_per_connection)` slots at start-up (~7 MB here); more could
+/// exhaust memory before serving. Below the semaphore's limit `ProviderLimits::new` clamps to.
 pub const MAX_PROVIDER_CONCURRENCY: usize = 100_000;
 
-/// Largest `max_response_bytes` (1 GiB): a body announcing up to the limit is
-/// read into a buffer of that capacity up front, so an unbounded limit lets
-/// an upstream's `Content-Length` request any allocation. A chat answer is
-/// kilobytes; the default is 4 MiB.
+/// Largest `max_response_bytes` (1 GiB): a body is read into a buffer of its announced size
+/// up front, so an unbounded limit lets an upstream's `Content-Length` pick any allocation.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 30;
 
 /// `must be at most 1h`, the bound as a duration key is written.
@@ -44,8 +29,7 @@ pub(super) fn at_most(limit: Duration) -> String {
     )
 }
 
-/// Every value past its bound, in a stable order (server, providers, retry,
-/// database, tool worker).
+/// Every value past its bound (server, providers, retry, database, tool worker).
 pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let s = &config.server;
     // `Semaphore::new` panics past its limit (src/call/mod.rs).
@@ -93,9 +77,8 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
             );
         }
     }
-    // The router draws a wait as a share of the cap (`Duration::mul_f64`,
-    // which panics past ~2^64 s); a zero cap retries without a pause.
-    // `max_backoff >= base_backoff` is checked with the other retry keys.
+    // The router draws a wait as a share of the cap (`Duration::mul_f64` panics past ~2^64 s);
+    // a zero cap retries without a pause. `max_backoff >= base_backoff` is checked elsewhere.
     let r = &config.retry;
     if r.base_backoff.is_zero() {
         bad(
@@ -127,9 +110,8 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
             ),
         );
     }
-    // A SYNC invocation is leased for `tool.timeout + lease_slack`
-    // (`Duration + Duration`, which panics), and the worker adds the slack
-    // to the clock in milliseconds.
+    // A SYNC invocation is leased for `tool.timeout + lease_slack` (`Duration + Duration`
+    // panics), and the worker adds the slack to the clock in milliseconds.
     if w.lease_slack > MAX_WAIT {
         bad("tool_worker.lease_slack".into(), &at_most(MAX_WAIT));
     }

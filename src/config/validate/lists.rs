@@ -1,24 +1,17 @@
-//! Bounds on how many entries every list and table of the config may hold,
-//! checked before any per-entry work: a typo or a generated config with
-//! 20,000 chain targets gets one error naming the key in milliseconds,
-//! instead of 20,000 errors each costing a walk of the whole list.
-//!
-//! Each bound is far above any real deployment (docs/configuration.md,
-//! *Limits*) and keeps what start-up does per entry (schema compilation,
-//! client pools, a probe loop, an MCP connection) bounded.
+//! Bounds on how many entries each list and table may hold, checked before per-entry work:
+//! 20,000 chain targets get one error naming the key, not 20,000 errors each walking the list.
+//! Each bound is far above any real deployment (docs/configuration.md, *Limits*).
 
 use crate::config::Config;
 
-/// Largest config file read, in bytes: a thousand tools with schemas fit
-/// in a fraction of it.
+/// Largest config file read, in bytes: a thousand tools with schemas fit in a fraction.
 pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Providers: each gets HTTP client pools, a breaker and maybe a probe loop.
 pub const MAX_PROVIDERS: usize = 64;
 /// Tasks.
 pub const MAX_TASKS: usize = 1_000;
-/// Targets of one task's or agent's chain: a walk past a handful of
-/// providers outlives any deadline anyway.
+/// Targets of one chain: a walk past a handful of providers outlives any deadline.
 pub const MAX_CHAIN_TARGETS: usize = 16;
 /// Prices.
 pub const MAX_PRICES: usize = 10_000;
@@ -163,10 +156,7 @@ mod tests {
         );
     }
 
-    /// Within the bounds, a config with thousands of bad entries still gets
-    /// every error, each with its origin, at once: looking up where each
-    /// value came from once merged every source again (20,000 errors took
-    /// minutes).
+    /// Within the bounds, thousands of bad entries get every error, each with its origin, at once.
     #[test]
     fn thousands_of_errors_within_the_bounds_are_all_reported() {
         let mut toml = String::from(BASE);

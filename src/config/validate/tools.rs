@@ -1,10 +1,9 @@
-//! Validation of `[tools]`, `[mcp_servers]`, `[mcp_endpoint]` and
-//! `[auth.roles]`: a tool whose schema does not compile, a webhook without
-//! a URL or an unknown role stops the server at start-up, naming the key.
+//! Validation of `[tools]`, `[mcp_servers]`, `[mcp_endpoint]` and `[auth.roles]`: a bad
+//! schema, a webhook without a URL or an unknown role stops start-up, naming the key.
 
 use super::bounds::{MAX_WAIT, at_most};
 use crate::config::{
-    Config, McpServerConfig, ToolKind,
+    Config, McpServerConfig, ToolConfig, ToolKind,
     tools::{CostConfig, CostUnit, name_and_version},
 };
 use std::time::Duration;
@@ -15,8 +14,7 @@ pub const BUILTINS: [&str; 3] = ["system.echo", "system.health", "sms.segments"]
 /// The roles a key may hold.
 pub const ROLES: [&str; 3] = ["viewer", "caller", "admin"];
 
-/// Most MCP endpoint sessions `mcp_endpoint.max_sessions` may allow: each
-/// holds a worker task and its buffers, and a cap past this is no cap.
+/// Most `mcp_endpoint.max_sessions`: each holds a worker task and buffers; more is no cap.
 const MAX_MCP_SESSIONS: usize = 100_000;
 
 /// A tool or server name: letters, digits, `_`, `-` and `.`, from 1 to 64.
@@ -92,7 +90,7 @@ fn timeout_problem(timeout: Duration) -> Option<String> {
 /// Keys a built-in's section may not set: its code decides them (or they
 /// are a webhook's), and a key accepted but ignored would mislead.
 fn builtin_problems(
-    t: &crate::config::ToolConfig,
+    t: &ToolConfig,
     version: Option<&str>,
     at: &dyn Fn(&str) -> String,
     bad: &mut dyn FnMut(String, &str),
@@ -144,94 +142,7 @@ fn url_ok(url: &str) -> bool {
 /// Every problem of the tool sections.
 pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (key, t) in &config.tools {
-        let at = |k: &str| format!("tools.\"{key}\".{k}");
-        let (name, version) = name_and_version(key, t.version.as_deref());
-        if !valid_name(&name) {
-            bad(
-                format!("tools.\"{key}\""),
-                "a tool name is 1-64 letters, digits, `_`, `-` or `.`",
-            );
-        }
-        if let Some(v) = &version
-            && semver::Version::parse(v).is_err()
-        {
-            bad(at("version"), "must be a semantic version (1.2.0)");
-        }
-        if let Some(problem) = timeout_problem(t.timeout) {
-            bad(at("timeout"), &problem);
-        }
-        if let Some(problem) = schema_problem(&t.input_schema) {
-            bad(at("input_schema"), &problem);
-        }
-        if let Some(schema) = &t.output_schema
-            && let Some(problem) = schema_problem(schema)
-        {
-            bad(at("output_schema"), &problem);
-        }
-        cost_problems(&t.cost, &at, bad);
-        for (k, v) in [
-            ("quota.max_per_hour", t.quota.max_per_hour),
-            ("quota.max_concurrent", t.quota.max_concurrent),
-        ] {
-            if v == Some(0) {
-                bad(at(k), "must be at least 1 (leave it out for no limit)");
-            }
-        }
-        match t.kind {
-            ToolKind::Builtin => {
-                if !BUILTINS.contains(&name.as_str()) {
-                    bad(
-                        format!("tools.\"{key}\".kind"),
-                        &format!(
-                            "no built-in tool `{name}` (built-ins: {})",
-                            BUILTINS.join(", ")
-                        ),
-                    );
-                }
-                builtin_problems(t, version.as_deref(), &at, bad);
-            }
-            ToolKind::Http => {
-                match &t.url {
-                    None => bad(at("url"), "required for kind http"),
-                    Some(url) if !url_ok(url) => {
-                        bad(at("url"), "must start with http:// or https://")
-                    }
-                    Some(_) => {}
-                }
-                if t.auth_header.is_some() != t.auth_env.is_some() {
-                    bad(at("auth_env"), "auth_header and auth_env go together");
-                }
-                if t.retry.max_attempts == 0 {
-                    bad(at("retry.max_attempts"), "must be at least 1");
-                }
-                if t.retry.initial_backoff > t.retry.max_backoff {
-                    bad(
-                        at("retry.initial_backoff"),
-                        "must not exceed retry.max_backoff",
-                    );
-                }
-                // The webhook's retry loop draws its pause as a share of the
-                // cap (`Duration::mul_f64`, which panics near 2^64 s) and
-                // doubles the cap; a zero cap retries without a pause. A
-                // tool's deadline is at most `tool_limits.max_timeout` (at
-                // most an hour), so an hour is plenty.
-                if t.retry.initial_backoff.is_zero() {
-                    bad(
-                        at("retry.initial_backoff"),
-                        "must be greater than zero (zero retries without a pause)",
-                    );
-                }
-                if t.retry.max_backoff > MAX_WAIT {
-                    bad(at("retry.max_backoff"), &at_most(MAX_WAIT));
-                }
-                if let Some(problem) = t.retry.attempt_timeout.and_then(timeout_problem) {
-                    bad(at("retry.attempt_timeout"), &problem);
-                }
-                if t.idempotency_window.is_zero() {
-                    bad(at("idempotency_window"), "must be greater than zero");
-                }
-            }
-        }
+        tool(key, t, bad);
     }
     for (name, s) in &config.mcp_servers {
         server(name, s, bad);
@@ -261,6 +172,94 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                 "unknown role (roles: viewer, caller, admin)",
             );
         }
+    }
+}
+
+fn tool(key: &str, t: &ToolConfig, bad: &mut dyn FnMut(String, &str)) {
+    let at = |k: &str| format!("tools.\"{key}\".{k}");
+    let (name, version) = name_and_version(key, t.version.as_deref());
+    if !valid_name(&name) {
+        bad(
+            format!("tools.\"{key}\""),
+            "a tool name is 1-64 letters, digits, `_`, `-` or `.`",
+        );
+    }
+    if let Some(v) = &version
+        && semver::Version::parse(v).is_err()
+    {
+        bad(at("version"), "must be a semantic version (1.2.0)");
+    }
+    if let Some(problem) = timeout_problem(t.timeout) {
+        bad(at("timeout"), &problem);
+    }
+    if let Some(problem) = schema_problem(&t.input_schema) {
+        bad(at("input_schema"), &problem);
+    }
+    if let Some(schema) = &t.output_schema
+        && let Some(problem) = schema_problem(schema)
+    {
+        bad(at("output_schema"), &problem);
+    }
+    cost_problems(&t.cost, &at, bad);
+    for (k, v) in [
+        ("quota.max_per_hour", t.quota.max_per_hour),
+        ("quota.max_concurrent", t.quota.max_concurrent),
+    ] {
+        if v == Some(0) {
+            bad(at(k), "must be at least 1 (leave it out for no limit)");
+        }
+    }
+    match t.kind {
+        ToolKind::Builtin => {
+            if !BUILTINS.contains(&name.as_str()) {
+                bad(
+                    format!("tools.\"{key}\".kind"),
+                    &format!(
+                        "no built-in tool `{name}` (built-ins: {})",
+                        BUILTINS.join(", ")
+                    ),
+                );
+            }
+            builtin_problems(t, version.as_deref(), &at, bad);
+        }
+        ToolKind::Http => http_problems(t, &at, bad),
+    }
+}
+
+/// The keys only a webhook (kind http) has.
+fn http_problems(t: &ToolConfig, at: &dyn Fn(&str) -> String, bad: &mut dyn FnMut(String, &str)) {
+    match &t.url {
+        None => bad(at("url"), "required for kind http"),
+        Some(url) if !url_ok(url) => bad(at("url"), "must start with http:// or https://"),
+        Some(_) => {}
+    }
+    if t.auth_header.is_some() != t.auth_env.is_some() {
+        bad(at("auth_env"), "auth_header and auth_env go together");
+    }
+    if t.retry.max_attempts == 0 {
+        bad(at("retry.max_attempts"), "must be at least 1");
+    }
+    if t.retry.initial_backoff > t.retry.max_backoff {
+        bad(
+            at("retry.initial_backoff"),
+            "must not exceed retry.max_backoff",
+        );
+    }
+    // The retry loop's pause is a share of the cap (`Duration::mul_f64` panics near 2^64 s).
+    if t.retry.initial_backoff.is_zero() {
+        bad(
+            at("retry.initial_backoff"),
+            "must be greater than zero (zero retries without a pause)",
+        );
+    }
+    if t.retry.max_backoff > MAX_WAIT {
+        bad(at("retry.max_backoff"), &at_most(MAX_WAIT));
+    }
+    if let Some(problem) = t.retry.attempt_timeout.and_then(timeout_problem) {
+        bad(at("retry.attempt_timeout"), &problem);
+    }
+    if t.idempotency_window.is_zero() {
+        bad(at("idempotency_window"), "must be greater than zero");
     }
 }
 
@@ -319,7 +318,6 @@ quota = { max_per_hour = 1000, max_concurrent = 10 }
         assert!(paths(ok).is_empty(), "{:?}", paths(ok));
         let broken = ok.replace(r#"{ type = "string" }"#, r#"{ type = "strng" }"#);
         assert_eq!(paths(&broken), [r#"tools."crm.add_note".input_schema"#]);
-        // As a JSON string too.
         let as_json = r#"
 [tools."crm.echo"]
 kind = "http"
@@ -418,7 +416,6 @@ timeout = "5s"
             config.notes,
             [r#"tools."crm.slow".timeout = 1m 30s is over tool_limits.max_timeout: capped to 1m"#]
         );
-        // A cap of one's own.
         let lower = load(&format!("[tool_limits]\nmax_timeout = \"2s\"\n{toml}"));
         assert_eq!(lower.tools["crm.slow"].timeout, Duration::from_secs(2));
         assert_eq!(lower.tools["crm.quick"].timeout, Duration::from_secs(2));

@@ -1,5 +1,4 @@
-//! A provider's HTTP clients: how many, built how, and when one is
-//! replaced.
+//! A provider's HTTP clients: how many, built how, and when one is replaced.
 
 use crate::{
     config::ProviderConfig,
@@ -13,30 +12,14 @@ use std::{
     time::Duration,
 };
 
-/// The HTTP clients of one provider, each with its own connection pool,
-/// filled in order: a call takes the first client carrying fewer than
-/// `streams_per_connection` calls.
-///
-/// hyper's client keeps one HTTP/2 connection per host and does not open a
-/// second when the server's `SETTINGS_MAX_CONCURRENT_STREAMS` is reached
-/// (hyperium/hyper#2197, #3623): further calls wait inside it, unseen by
-/// the provider's limits and counted as provider latency. With calls that
-/// last seconds that caps a provider at ~100–256 calls in flight, so each
-/// batch of `streams_per_connection` calls gets a client of its own. A
-/// client is built on first use: under ordinary load a provider has one
-/// connection, and its calls share it. Over HTTP/1.1 the split only divides
-/// the idle pool.
-///
-/// A connection-level failure (a reset, a GOAWAY, a connection closed under
-/// a call) makes the failed call's client suspect: its pool may hold more
-/// connections that died the same way (a server that dropped its idle
-/// keep-alive connections resets every one of them on reuse). The slot then
-/// gets a fresh client with an empty pool for the calls that follow; calls
-/// already on the old one finish on it.
+/// One provider's HTTP clients, each with its own pool, filled in order: a call takes the first
+/// carrying fewer than `streams_per_connection` calls. hyper never opens a second HTTP/2
+/// connection to a host at its stream limit (hyperium/hyper#2197, ADR 0010): calls would queue
+/// unseen inside it. After a connection-level failure the slot gets a fresh client with an empty
+/// pool, as the old pool may hold more dead connections; calls on the old one finish there.
 pub struct Clients {
     config: ProviderConfig,
     per_client: usize,
-    /// The first is built at start-up, the others on first use.
     slots: Box<[Arc<Slot>]>,
 }
 
@@ -46,16 +29,14 @@ struct Slot {
     in_flight: AtomicUsize,
 }
 
-/// A slot's client (`None` until built, or once replaced), and how many
-/// times it was replaced.
+/// A slot's client (`None` until built, or once replaced) and how often it was replaced.
 #[derive(Default)]
 struct Built {
     client: Option<reqwest::Client>,
     generation: u64,
 }
 
-/// One call's client and its place on it, released when dropped: hold it
-/// until the call's response has been read to the end.
+/// One call's client and its place on it, released when dropped: hold it until the body is read.
 pub struct Lease {
     client: reqwest::Client,
     slot: Arc<Slot>,
@@ -68,9 +49,7 @@ impl Lease {
         &self.client
     }
 
-    /// Hands back `result`, first replacing this call's client with a fresh
-    /// one when its connection broke (see [`Clients`] and
-    /// [`ConnectFailure::broke_connection`]).
+    /// Hands back `result`, first retiring this call's client if its connection broke.
     pub fn checked<T>(&self, result: Result<T, ProviderError>) -> Result<T, ProviderError> {
         if let Err(e) = &result
             && e.connection_failure()
@@ -78,7 +57,6 @@ impl Lease {
         {
             let mut built = lock(&self.slot.client);
             if built.generation == self.generation {
-                // Built anew on the slot's next lease.
                 built.client = None;
                 built.generation += 1;
             }
@@ -99,8 +77,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Clients {
-    /// The clients of one provider; the first is built now, so a config the
-    /// client cannot work with fails at start-up.
+    /// The clients of one provider; the first is built now, so an unusable config fails at start.
     pub fn new(config: &ProviderConfig) -> Result<Self, ProviderError> {
         let per_client = config.streams_per_connection.max(1);
         let count = config.concurrency().div_ceil(per_client).max(1);
@@ -115,8 +92,7 @@ impl Clients {
         })
     }
 
-    /// A client for one call: the first with room, else the least loaded
-    /// (more calls than `max_concurrency` allows are not sent anyway).
+    /// A client for one call: the first with room, else the least loaded.
     pub fn lease(&self) -> Lease {
         let take = |in_flight: &AtomicUsize| {
             in_flight
@@ -128,7 +104,6 @@ impl Clients {
         let slot = match self.slots.iter().find(|slot| take(&slot.in_flight)) {
             Some(slot) => slot,
             None => {
-                // All full: the least loaded, the first on a tie.
                 let least = self
                     .slots
                     .iter()
@@ -143,10 +118,8 @@ impl Clients {
         self.lease_of(slot)
     }
 
-    /// A lease on `slot`, whose place is already taken. Its client is built
-    /// on first use (or after a connection failure replaced it) from the
-    /// config the first one was built from, so building cannot fail
-    /// differently; should it fail, the call uses another slot's client.
+    /// Builds a missing client from the config the first was built from, so it cannot fail
+    /// differently; should it fail, another slot's client serves the call.
     fn lease_of(&self, slot: &Arc<Slot>) -> Lease {
         let mut built = lock(&slot.client);
         let generation = built.generation;
@@ -167,7 +140,6 @@ impl Clients {
         }
     }
 
-    /// Some built client (the first slot's is built at start-up).
     fn any_client(&self) -> reqwest::Client {
         self.slots
             .iter()
@@ -175,7 +147,6 @@ impl Clients {
             .unwrap_or_default()
     }
 
-    /// Clients built so far (one connection pool each).
     #[cfg(test)]
     fn built(&self) -> usize {
         self.slots
@@ -210,17 +181,14 @@ fn client(config: &ProviderConfig, idle: usize) -> Result<reqwest::Client, Provi
         None => builder,
     };
     builder
-        // A provider's redirect is an answer, not an instruction: followed,
-        // it would take the API key to another host (reqwest strips only
-        // `Authorization`, not `x-api-key` or `x-goog-api-key`). It ends
-        // the attempt as an HTTP status error.
+        // A redirect is an answer, not an instruction: followed, it would take the API key to
+        // another host (reqwest strips only `Authorization`, not `x-api-key`/`x-goog-api-key`).
         .redirect(reqwest::redirect::Policy::none())
-        // Calls that never reached the provider are resent by the router,
-        // which counts and shows them; reqwest would resend protocol NACKs
-        // on its own, unseen.
+        // The router resends calls that never reached the provider, and counts them; reqwest
+        // would resend protocol NACKs on its own, unseen.
         .retry(reqwest::retry::never())
         .connect_timeout(config.connect_timeout)
-        // Nagle off upstream too: small request frames must not wait for ACKs.
+        // Nagle off: small request frames must not wait for ACKs.
         .tcp_nodelay(true)
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(idle.min(config.concurrency()).max(1))
@@ -255,12 +223,10 @@ mod tests {
         assert_eq!((loads(&c), c.built()), (vec![0, 0, 0], 1));
         let mut held: Vec<Lease> = (0..5).map(|_| c.lease()).collect();
         assert_eq!((loads(&c), c.built()), (vec![2, 2, 1], 3));
-        // All full (as far as max_concurrency goes): the least loaded.
         held.push(c.lease());
         assert_eq!(loads(&c), vec![2, 2, 2]);
         held.push(c.lease());
         assert_eq!(loads(&c), vec![3, 2, 2]);
-        // A freed place on the first client is taken before the others.
         held.swap_remove(0);
         held.swap_remove(0);
         assert_eq!(loads(&c), vec![1, 2, 2]);

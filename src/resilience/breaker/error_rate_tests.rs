@@ -1,5 +1,4 @@
-//! `mode = "error_rate"` on tokio's paused clock: one call a second, so the
-//! window slides while the pattern runs.
+//! `mode = "error_rate"` on the paused clock: one call a second, so the window slides meanwhile.
 
 // Tests may panic on a broken expectation; the crate-wide deny is for library code.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,9 +16,7 @@ fn error_rate_breaker() -> CircuitBreaker {
     CircuitBreaker::new("test", &config)
 }
 
-/// Runs `pattern` (true = a counted failure) over and over, one call a
-/// second, for `calls` calls or until the breaker refuses one. Returns the
-/// number of calls made.
+/// Runs `pattern` (true = failure) one call a second, `calls` times or until refused; calls made.
 async fn run(b: &CircuitBreaker, pattern: &[bool], calls: usize) -> usize {
     for (n, failed) in pattern.iter().cycle().take(calls).enumerate() {
         let Ok(permit) = b.try_acquire() else {
@@ -38,12 +35,10 @@ async fn run(b: &CircuitBreaker, pattern: &[bool], calls: usize) -> usize {
 #[tokio::test(start_paused = true)]
 async fn a_provider_failing_40_percent_stays_closed() {
     let b = error_rate_breaker();
-    // Failures last in each group of five: no run of the window reaches half.
     let made = run(&b, &[false, false, false, true, true], 300).await;
     assert_eq!(made, 300);
     let snap = b.snapshot();
     assert_eq!(snap.state, BreakerState::Closed);
-    // The window holds the last 30 s only (within one bucket), 40 % failed.
     assert!((27..=30).contains(&snap.window.calls), "{:?}", snap.window);
     let share = f64::from(snap.window.failures) / f64::from(snap.window.calls);
     assert!((0.35..0.45).contains(&share), "{:?}", snap.window);
@@ -53,8 +48,7 @@ async fn a_provider_failing_40_percent_stays_closed() {
 async fn a_provider_failing_60_percent_opens_once_min_requests_are_seen() {
     let b = error_rate_breaker();
     let made = run(&b, &[true, true, true, false, false], 300).await;
-    // 7 of the first 11 calls failed: the 11th is the first failure with at
-    // least 10 calls in the window (the 10th was a success).
+    // The 11th call is the first failure with 10 calls in the window.
     assert_eq!(made, 11);
     let snap = b.snapshot();
     assert_eq!(snap.state, BreakerState::Open);
@@ -79,7 +73,6 @@ async fn failures_older_than_the_window_slide_out() {
     }
     advance(Duration::from_secs(31)).await;
     assert_eq!(b.snapshot().window, WindowCounts::default());
-    // A tenth failure alone is one call in the window, not ten.
     b.try_acquire().unwrap().record(Outcome::Failure);
     assert_eq!(b.state(), BreakerState::Closed);
     assert_eq!(
@@ -112,14 +105,11 @@ async fn half_open_is_as_in_consecutive_mode_and_recovery_starts_afresh() {
     assert_eq!(b.state(), BreakerState::Open);
     advance(Duration::from_secs(30)).await;
     assert_eq!(b.state(), BreakerState::HalfOpen);
-    // One probe at a time; one failure re-opens.
     let probe = b.try_acquire().unwrap();
     assert_eq!(b.try_acquire().unwrap_err(), Rejected::HalfOpenBusy);
     probe.record(Outcome::Failure);
     assert_eq!(b.state(), BreakerState::Open);
     advance(Duration::from_secs(30)).await;
-    // Two successes close it, and the window starts empty: nine failures
-    // right after recovery are still below min_requests.
     for _ in 0..2 {
         b.try_acquire().unwrap().record(Outcome::Success);
     }
@@ -143,8 +133,6 @@ async fn a_stale_failure_neither_counts_nor_reopens() {
         b.try_acquire().unwrap().record(Outcome::Success);
     }
     assert_eq!(b.state(), BreakerState::Closed);
-    // Issued before the breaker opened: its failure belongs to a period
-    // that is over.
     slow.record(Outcome::Failure);
     assert_eq!(b.snapshot().window, WindowCounts::default());
 }

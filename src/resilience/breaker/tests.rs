@@ -29,7 +29,6 @@ fn status(code: u16, retry_after: Option<Duration>) -> ProviderError {
     }
 }
 
-/// One call through the breaker, counting how often the "provider" is hit.
 fn call(b: &CircuitBreaker, calls: &AtomicU32, outcome: Outcome) -> Result<(), Rejected> {
     let permit = b.try_acquire()?;
     calls.fetch_add(1, Ordering::SeqCst);
@@ -43,7 +42,6 @@ fn fail_n(b: &CircuitBreaker, n: u32) {
     }
 }
 
-/// Trips the breaker and waits out the open period.
 async fn half_open(b: &CircuitBreaker) {
     fail_n(b, 5);
     advance(OPEN_FOR).await;
@@ -140,8 +138,7 @@ async fn half_open_admits_exactly_n_of_50_concurrent_callers() {
 
 #[test]
 fn half_open_admits_exactly_n_across_real_threads() {
-    // Real parallelism against the mutex; open_for = 0 makes the breaker
-    // half-open as soon as it is looked at, so no clock is needed.
+    // open_for = 0: half-open as soon as looked at, so no clock is needed.
     for n in [1, 4] {
         let config = BreakerConfig {
             open_for: Duration::ZERO,
@@ -275,7 +272,6 @@ async fn ignored_outcomes_do_not_count() {
     for _ in 0..20 {
         b.try_acquire().unwrap().record(Outcome::Ignored);
     }
-    // Neither a failure nor a success: the run of 4 is intact.
     assert_eq!(b.snapshot().consecutive_failures, 4);
     assert_eq!(b.state(), BreakerState::Closed);
     fail_n(&b, 1);
@@ -354,7 +350,6 @@ async fn cooldown_defaults_without_retry_after_and_is_capped() {
             until: start + DEFAULT_COOLDOWN
         }
     );
-    // A shorter cooldown does not cut a longer one short.
     b.cooldown(Duration::from_millis(10));
     assert_eq!(b.snapshot().cooldown_until, Some(start + DEFAULT_COOLDOWN));
 
@@ -383,8 +378,6 @@ fn reset() -> ProviderError {
     ProviderError::Connect(crate::domain::ConnectFailure::ConnectionReset)
 }
 
-/// One connection event fails every call that was on the connection: 30
-/// calls started together and broken together count once.
 #[tokio::test(start_paused = true)]
 async fn a_connection_event_counts_once_however_many_calls_it_broke() {
     let b = breaker();
@@ -396,7 +389,6 @@ async fn a_connection_event_counts_once_however_many_calls_it_broke() {
     assert_eq!(snap.state, BreakerState::Closed);
     assert_eq!(snap.consecutive_failures, 1);
 
-    // Calls started after it, broken by a new event: one more each event.
     for event in 2..=4 {
         let calls: Vec<Permit> = (0..10).map(|_| b.try_acquire().unwrap()).collect();
         for permit in calls {
@@ -404,13 +396,10 @@ async fn a_connection_event_counts_once_however_many_calls_it_broke() {
         }
         assert_eq!(b.snapshot().consecutive_failures, event);
     }
-    // A provider that is really down still opens: a fifth event.
     b.try_acquire().unwrap().record_error(&reset());
     assert_eq!(b.state(), BreakerState::Open);
 }
 
-/// Other failures keep counting per call, and a success in between resets
-/// the count as always.
 #[tokio::test(start_paused = true)]
 async fn only_connection_failures_share_a_count() {
     let b = breaker();

@@ -1,23 +1,15 @@
-//! The sliding window of the `error_rate` mode: counted successes and
-//! failures of the last `window`, in a fixed ring of buckets.
-//!
-//! A bucket ring instead of one entry per call keeps memory and the cost of
-//! a look constant at any call rate (5,000 calls a second over 30 s would be
-//! 150,000 entries). The price is granularity: the window is the current
-//! bucket and the nine before it, so a call counts for between 0.9 and 1
-//! × `window` (it leaves up to one bucket early), which only matters for
-//! a rate sitting right at the threshold.
+//! The `error_rate` mode's sliding window: a fixed ring of buckets, so memory and a look cost the
+//! same at any call rate (one entry per call would be 150,000 at 5,000/s over 30 s). The price:
+//! a call counts for 0.9 to 1 × `window`, which matters only right at the threshold.
 
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Buckets the window is cut into: 3 s each for the default 30 s window.
+/// Buckets in the window: 3 s each for the default 30 s.
 pub(super) const BUCKETS: usize = 10;
 
-/// Counted calls of the last `window`.
 #[derive(Debug)]
 pub(super) struct Window {
-    /// Start of bucket 0; bucket numbers count widths from here.
     origin: Instant,
     width: Duration,
     /// `(bucket number, successes, failures)`, slot = number % BUCKETS.
@@ -34,8 +26,7 @@ pub struct WindowCounts {
 }
 
 impl WindowCounts {
-    /// Whether these counts open a breaker: at least `min_requests` calls
-    /// and a failure share of at least `error_rate`.
+    /// At least `min_requests` calls, and a failure share of at least `error_rate`.
     pub(super) fn trips(self, min_requests: u32, error_rate: f64) -> bool {
         self.calls >= min_requests.max(1)
             && f64::from(self.failures) >= error_rate * f64::from(self.calls)
@@ -43,7 +34,6 @@ impl WindowCounts {
 }
 
 impl Window {
-    /// An empty window of length `window` (at least `BUCKETS` ns).
     pub(super) fn new(window: Duration, now: Instant) -> Self {
         let width = (window / BUCKETS as u32).max(Duration::from_nanos(1));
         Self {
@@ -53,7 +43,6 @@ impl Window {
         }
     }
 
-    /// Counts one call that ended at `now`.
     pub(super) fn record(&mut self, now: Instant, failed: bool) {
         let number = self.bucket(now);
         let slot = &mut self.ring[(number % BUCKETS as u64) as usize];
@@ -67,7 +56,6 @@ impl Window {
         }
     }
 
-    /// The calls of the buckets still inside the window at `now`.
     pub(super) fn counts(&self, now: Instant) -> WindowCounts {
         let current = self.bucket(now);
         let oldest = current.saturating_sub(BUCKETS as u64 - 1);
@@ -82,7 +70,6 @@ impl Window {
             })
     }
 
-    /// Forgets every call: a breaker that opened or closed starts afresh.
     pub(super) fn clear(&mut self) {
         self.ring = [(u64::MAX, 0, 0); BUCKETS];
     }

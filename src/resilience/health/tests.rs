@@ -13,7 +13,6 @@ fn ms(n: u64) -> Duration {
 #[tokio::test(start_paused = true)]
 async fn error_rate_and_percentiles_on_known_data() {
     let h = ProviderHealth::default();
-    // Latencies 1..=100 ms recorded out of order; every 4th call failed.
     for i in (1..=100u64).rev() {
         h.record(ms(i), i % 4 != 0);
     }
@@ -87,7 +86,6 @@ async fn the_window_forgets_calls_older_than_max_age() {
     advance(Duration::from_secs(30)).await;
     h.record(ms(200), true);
     advance(Duration::from_secs(30)).await;
-    // The failure is exactly 60 s old: still in.
     assert_eq!(h.snapshot().calls, 2);
     advance(Duration::from_millis(1)).await;
     let snap = h.snapshot();
@@ -108,7 +106,6 @@ async fn attempts_cut_short_by_the_caller_are_counted_apart_from_calls() {
     let snap = h.snapshot();
     assert_eq!((snap.calls, snap.errors, snap.error_rate), (1, 0, 0.0));
     assert_eq!(snap.p99, Some(ms(10)), "no latency of a cut attempt");
-    // Bounded like the calls: the last `capacity` of them.
     assert_eq!((snap.deadline_exceeded, snap.cancelled), (2, 1));
     advance(Duration::from_secs(61)).await;
     let snap = h.snapshot();

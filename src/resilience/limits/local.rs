@@ -1,26 +1,11 @@
-//! Per-provider request rate (RPM, `governor`), token rate (TPM,
-//! [`TokenBucket`]) and concurrency (`tokio::sync::Semaphore`) limits kept
-//! by this replica alone (SPEC §4): the limits without `[cluster]`, and the
-//! fallback share of them while the cluster store is down.
+//! This replica's limits (SPEC §4): RPM with `governor`, TPM with a [`TokenBucket`], concurrency
+//! with a semaphore; the limits without `[cluster]`, the fallback share while its store is down.
+//! [`LocalLimits::try_acquire`] never waits (INTERACTIVE); [`LocalLimits::acquire_until`] waits
+//! up to a deadline (BACKGROUND). The slot is taken first, then tokens, then the rate token:
+//! slot and tokens can be given back, a governor token cannot.
 //!
-//! Two ways in:
-//! - [`LocalLimits::try_acquire`] never waits: INTERACTIVE requests skip a
-//!   saturated provider and move on to the next target.
-//! - [`LocalLimits::acquire_until`] waits for a concurrency slot and a rate
-//!   token, but never past the deadline: BACKGROUND requests.
-//!
-//! The concurrency slot is taken first, then the call's tokens, then the
-//! rate token: a slot and tokens can be given back, a governor token
-//! cannot, so a request refused by either must not have spent one. The
-//! [`LocalPermit`] releases the slot when dropped.
-//!
-//! # Clock
-//!
-//! governor's default clock (quanta) reads real time, which tokio's paused
-//! test clock cannot move. The limiter therefore runs on [`TokioClock`], a
-//! governor clock reading [`tokio::time::Instant`]: in production it is the
-//! monotonic clock, in tests `tokio::time::advance` drives the rate limit,
-//! so the exact code that runs in production is the code under test.
+//! governor's default clock reads real time, which tokio's paused clock cannot move; on
+//! [`TokioClock`] the tests drive the very code that runs in production.
 
 use super::{LimitRejected, tokens::TokenBucket};
 use governor::{
@@ -57,8 +42,7 @@ impl Default for TokioClock {
 }
 
 impl Clock for TokioClock {
-    // governor implements its `Reference` for `Duration`: an offset from
-    // `origin` is all the GCRA needs.
+    // governor's `Reference` is implemented for `Duration`: an offset is all the GCRA needs.
     type Instant = Duration;
 
     fn now(&self) -> Duration {
@@ -68,8 +52,7 @@ impl Clock for TokioClock {
 
 type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
 
-/// Permission to send one request; holds one concurrency slot until
-/// dropped, and the call's token estimate until settled.
+/// Permission to send one request: a slot until dropped, the token estimate until settled.
 #[derive(Debug)]
 #[must_use = "the concurrency slot is released as soon as the permit is dropped"]
 pub struct LocalPermit {
@@ -77,7 +60,6 @@ pub struct LocalPermit {
     tokens: Option<Taken>,
 }
 
-/// Tokens a call took: from which bucket, how many, when.
 #[derive(Debug)]
 struct Taken {
     bucket: Arc<TokenBucket>,
@@ -86,8 +68,7 @@ struct Taken {
 }
 
 impl LocalPermit {
-    /// Corrects the call's token estimate to `actual` (`None`: the
-    /// estimate stands) and releases the slot.
+    /// Corrects the call's token estimate to `actual`, if reported, and releases the slot.
     pub fn settle(self, actual: Option<u64>) {
         if let (Some(taken), Some(actual)) = (&self.tokens, actual) {
             taken.bucket.settle(taken.estimate, actual, taken.at);
@@ -110,12 +91,8 @@ struct Inner {
 }
 
 impl LocalLimits {
-    /// Limits of `rpm` requests per minute (`None` or 0 = unlimited; config
-    /// validation rejects 0) and `max_concurrency` calls in flight (at least
-    /// 1, at most [`Semaphore::MAX_PERMITS`]).
-    ///
-    /// The rate uses governor's `Quota::per_minute`: a burst of up to `rpm`
-    /// requests, then one every `60 s / rpm`.
+    /// At most `rpm` requests a minute (governor's `per_minute`: a burst of `rpm`, then one every
+    /// 60 s / `rpm`; `None` or 0: unlimited), `tpm` tokens, and `max_concurrency` calls at once.
     pub fn new(rpm: Option<u32>, tpm: Option<u64>, max_concurrency: usize) -> Self {
         let max_concurrency = max_concurrency.clamp(1, Semaphore::MAX_PERMITS);
         let rate = rpm
@@ -131,12 +108,10 @@ impl LocalLimits {
         }
     }
 
-    /// A permit for a call of `estimate` tokens now, or why not. Never
-    /// waits.
+    /// A permit for a call of `estimate` tokens now, or why not.
     pub fn try_acquire(&self, estimate: u64) -> Result<LocalPermit, LimitRejected> {
         let slot = match Arc::clone(&self.inner.slots).try_acquire_owned() {
             Ok(slot) => slot,
-            // The semaphore is never closed; treat it as full if it were.
             Err(TryAcquireError::NoPermits | TryAcquireError::Closed) => {
                 return Err(LimitRejected::Saturated);
             }
@@ -154,7 +129,6 @@ impl LocalLimits {
         }
     }
 
-    /// Takes the call's tokens, to be settled.
     fn take_tokens(&self, estimate: u64) -> Result<Option<Taken>, LimitRejected> {
         let Some(bucket) = &self.inner.tokens else {
             return Ok(None);
@@ -171,9 +145,7 @@ impl LocalLimits {
             .map_err(|retry_in| LimitRejected::TokensLimited { retry_in })
     }
 
-    /// Waits for a concurrency slot and then a rate token, never past
-    /// `deadline`. Gives up at the deadline when no slot frees up, and at once
-    /// when the rate limiter's next opening is at or after the deadline.
+    /// Waits for a slot, then the tokens and a rate token, never past `deadline`.
     pub async fn acquire_until(
         &self,
         deadline: Instant,
@@ -182,11 +154,9 @@ impl LocalLimits {
         let slots = Arc::clone(&self.inner.slots);
         let slot = match tokio::time::timeout_at(deadline, slots.acquire_owned()).await {
             Ok(Ok(slot)) => slot,
-            // Deadline reached, or (never happens) the semaphore was closed.
             Ok(Err(_)) | Err(_) => return Err(LimitRejected::Saturated),
         };
-        // Holding the slot while waiting for tokens and the rate keeps
-        // them from being spent by a request that would then find no slot.
+        // Holding the slot while waiting keeps the tokens and the rate for a call that can go.
         let tokens = loop {
             match self.take_tokens(estimate) {
                 Ok(tokens) => break tokens,
@@ -215,8 +185,7 @@ impl LocalLimits {
         }
     }
 
-    /// Takes a rate token: `None` when taken (or unlimited), else how long
-    /// until one is available.
+    /// Takes a rate token: `None` when taken (or unlimited), else how long until one is.
     fn rate_wait(&self) -> Option<Duration> {
         let limiter = self.inner.rate.as_ref()?;
         match limiter.check() {
@@ -243,7 +212,6 @@ impl LocalLimits {
     }
 }
 
-/// Returns tokens taken for a call that was then refused.
 fn give_back(tokens: Option<Taken>) {
     if let Some(taken) = tokens {
         taken.bucket.give_back(taken.estimate, taken.at);

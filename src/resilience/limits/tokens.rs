@@ -1,9 +1,6 @@
-//! `tpm` on one replica: a bucket that drains at `tpm` tokens a minute.
-//! A call adds its estimate when it is sent (refused while that would
-//! overfill the bucket, unless the bucket is empty: a call larger than
-//! `tpm` still goes alone), and its settlement corrects the estimate by
-//! what the provider reported. The same rule as the shared store's script
-//! (`cluster::scripts::ADMIT`), on tokio's clock.
+//! `tpm` on one replica: a bucket draining `tpm` tokens a minute, by the rule of the shared
+//! store's script (`cluster::scripts::ADMIT`) on tokio's clock. A call is refused while it would
+//! overfill the bucket, unless the bucket is empty: a call larger than `tpm` goes alone.
 
 use std::{
     sync::{Mutex, PoisonError},
@@ -42,7 +39,6 @@ impl TokenBucket {
         self.tpm as f64 / MINUTE
     }
 
-    /// The level drained to `now`.
     fn drained(&self, level: Level, now: Instant) -> f64 {
         let elapsed = now.saturating_duration_since(level.at).as_secs_f64();
         (level.tokens - elapsed * self.per_second()).max(0.0)
@@ -55,7 +51,6 @@ impl TokenBucket {
         let tokens = self.drained(*level, now);
         let after = tokens + estimate as f64;
         if tokens > 0.0 && after > self.tpm as f64 {
-            // A call larger than tpm goes alone, once the bucket is empty.
             let excess = tokens.min(after - self.tpm as f64);
             let wait = excess / self.per_second();
             return Err(Duration::from_secs_f64(wait.min(MINUTE)).max(Duration::from_nanos(1)));
@@ -67,10 +62,8 @@ impl TokenBucket {
         Ok(())
     }
 
-    /// Corrects a take of `estimate` tokens at `taken_at` to `actual`. A
-    /// give-back is capped at what of the estimate has not drained since:
-    /// the rest already left the bucket, and taking it again would erase
-    /// other calls' tokens.
+    /// Corrects a take of `estimate` tokens at `taken_at` to `actual`. A give-back is capped at
+    /// what has not drained since: taking more would erase other calls' tokens.
     pub fn settle(&self, estimate: u64, actual: u64, taken_at: Instant) {
         let now = Instant::now();
         let mut delta = actual as f64 - estimate as f64;
@@ -84,8 +77,7 @@ impl TokenBucket {
         *level = Level { tokens, at: now };
     }
 
-    /// Gives back all of a take of `estimate` tokens at `taken_at` (a call
-    /// refused after taking them).
+    /// Gives back a whole take (a call refused after taking it).
     pub fn give_back(&self, estimate: u64, taken_at: Instant) {
         self.settle(estimate, 0, taken_at);
     }
@@ -106,7 +98,6 @@ mod tests {
         assert_eq!(bucket.try_take(1_000), Err(Duration::from_secs(10)));
         advance(Duration::from_secs(10)).await;
         bucket.try_take(1_000).unwrap();
-        // The provider reported 3,000 fewer than estimated: room again.
         bucket.settle(4_000, 1_000, Instant::now());
         bucket.try_take(3_000).unwrap();
         assert!(bucket.try_take(1).is_err());
@@ -116,25 +107,21 @@ mod tests {
     async fn a_call_larger_than_tpm_goes_alone_on_an_empty_bucket() {
         let bucket = TokenBucket::new(1_000);
         bucket.try_take(500).unwrap();
-        // It waits for the bucket to empty (30 s), not for room it can
-        // never have.
+        // It waits for the bucket to empty, not for room it can never have.
         assert_eq!(bucket.try_take(5_000), Err(Duration::from_secs(30)));
         advance(Duration::from_secs(30)).await;
         bucket.try_take(5_000).unwrap();
         assert!(bucket.try_take(1).is_err());
     }
 
-    /// A long call's give-back is capped at what has not drained: it must
-    /// not erase the tokens a later call took.
     #[tokio::test(start_paused = true)]
     async fn a_late_give_back_never_erases_later_takes() {
         let bucket = TokenBucket::new(6_000);
         let first = Instant::now();
         bucket.try_take(4_000).unwrap();
-        // 40 s later the first call's 4,000 have drained (100 a second).
+        // Meanwhile the first call's 4,000 drain: nothing is left to give back.
         advance(Duration::from_secs(40)).await;
         bucket.try_take(4_000).unwrap();
-        // The first ends having used 100: nothing of it is left to give back.
         bucket.settle(4_000, 100, first);
         assert!(
             bucket.try_take(2_001).is_err(),

@@ -62,7 +62,6 @@ fn backoff_stays_within_zero_and_the_cap() {
             .map(|_| p.backoff(attempt, None, &mut rng))
             .collect();
         assert!(waits.iter().all(|w| *w <= cap), "attempt {attempt}");
-        // Full jitter really spreads over the whole range.
         assert!(waits.iter().any(|w| *w < cap / 10));
         assert!(waits.iter().any(|w| *w > cap * 9 / 10));
         assert_eq!(
@@ -103,14 +102,10 @@ fn backoff_is_never_shorter_than_retry_after() {
             }
         }
     }
-    // The jittered wait wins when it is the longer one.
     let w = p.backoff(1, Some(Duration::from_millis(100)), &mut FixedJitter(0.5));
     assert_eq!(w, Duration::from_millis(500));
 }
 
-/// A 429 without `Retry-After` cools the provider down for
-/// `DEFAULT_COOLDOWN`: the retry waits that long at least, or it would be
-/// skipped as still cooling down. Other errors keep their full jitter.
 #[test]
 fn a_429_without_retry_after_waits_out_the_default_cooldown() {
     use crate::resilience::breaker::DEFAULT_COOLDOWN;
@@ -138,7 +133,6 @@ fn a_429_without_retry_after_waits_out_the_default_cooldown() {
             Decision::RetryAfter(SEC.mul_f64(jitter))
         );
     }
-    // INTERACTIVE with a fallback does not wait for it.
     assert_eq!(
         decide(
             &status(429, None),
@@ -217,10 +211,8 @@ fn never_a_wait_ending_at_or_past_the_deadline() {
             assert!(retry_after.is_none_or(|ra| w >= ra));
         }
     }
-    // Exactly at the deadline is not useful either.
     let d = decide(&server_error(), 1, Priority::Background, false, SEC, 1.0);
     assert_eq!(d, Decision::GiveUp);
-    // A Retry-After beyond the deadline means moving on, whatever the priority.
     let d = decide(
         &status(429, Some(30 * SEC)),
         1,
@@ -230,7 +222,6 @@ fn never_a_wait_ending_at_or_past_the_deadline() {
         0.0,
     );
     assert_eq!(d, Decision::NextTarget);
-    // A deadline already past.
     let past = p.decide(
         &server_error(),
         1,
@@ -247,12 +238,10 @@ fn never_a_wait_ending_at_or_past_the_deadline() {
 fn interactive_fails_over_rather_than_waiting() {
     let i = Priority::Interactive;
     let err = server_error();
-    // 500 ms > 250 ms cap: go to the next target now.
     assert_eq!(
         decide(&err, 1, i, true, 60 * SEC, 0.5),
         Decision::NextTarget
     );
-    // A short wait is fine.
     assert_eq!(
         decide(&err, 1, i, true, 60 * SEC, 0.2),
         Decision::RetryAfter(Duration::from_millis(200))
@@ -261,7 +250,6 @@ fn interactive_fails_over_rather_than_waiting() {
         decide(&err, 1, i, true, 60 * SEC, 0.25),
         Decision::RetryAfter(DEFAULT_INTERACTIVE_MAX_WAIT)
     );
-    // The server asking for 1 s rules out a quick retry.
     let limited = status(429, Some(SEC));
     assert_eq!(
         decide(&limited, 1, i, true, 60 * SEC, 0.0),
@@ -306,9 +294,7 @@ fn background_uses_the_full_schedule_even_with_a_next_target() {
     );
 }
 
-/// Drives the policy the way the router does, against an always-failing
-/// target, and counts the calls it gets. (`router::tests` drives the real
-/// `Router::run` the same way.)
+/// Drives the policy as the router does, against an always-failing target; counts the calls.
 async fn calls_until_done(deadline_in: Duration) -> (u32, Decision, Duration) {
     let policy = RetryPolicy::default();
     let start = Instant::now();
@@ -338,7 +324,7 @@ async fn a_background_walk_makes_exactly_three_calls_then_gives_up() {
         calls_until_done(60 * SEC).await,
         (3, Decision::GiveUp, 3 * SEC)
     );
-    // With 2.5 s the second wait (2 s, after 1 s) would end past the deadline.
+    // With 2.5 s left, the second wait (2 s, after 1 s) would end past the deadline.
     let short = calls_until_done(Duration::from_millis(2_500)).await;
     assert_eq!(short, (2, Decision::GiveUp, SEC));
 }

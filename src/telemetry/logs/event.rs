@@ -1,8 +1,6 @@
-//! The JSON line of one log event: timestamp, level, the event's own
-//! fields at the top level, its target, the request's `trace_id` and the
-//! current span's OpenTelemetry `span_id` at the top level too (so a log
-//! search by either finds the line without knowing the span layout), and
-//! the innermost span with its fields as `span`.
+//! One log event's JSON line: timestamp, level, fields, target, then the
+//! `trace_id` and `span_id` at the top level too (a search by either needs no
+//! span layout), and the innermost span with its fields as `span`.
 
 use super::{Escaped, JsonObject};
 use std::fmt::{self, Write};
@@ -17,8 +15,7 @@ use tracing_subscriber::{
     registry::LookupSpan,
 };
 
-/// The correlation IDs a span carries (its `trace_id` and `span_id`
-/// fields), kept in the span's extensions by [`CorrelationIds`].
+/// A span's `trace_id` and `span_id`, kept in its extensions by [`CorrelationIds`].
 #[derive(Debug, Default, Clone)]
 struct Ids {
     trace_id: Option<String>,
@@ -42,8 +39,7 @@ impl Visit for Ids {
     }
 }
 
-/// Remembers the `trace_id` / `span_id` fields of every span that has
-/// them, for [`JsonEvent`] to lift to the top of each line.
+/// Keeps spans' `trace_id` / `span_id` for [`JsonEvent`] to lift to the top.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CorrelationIds;
 
@@ -130,8 +126,7 @@ where
             writer.write_str(",\"span\":{\"name\":\"")?;
             write!(Escaped(&mut writer), "{name}")?;
             writer.write_char('"')?;
-            // The span's fields are a JSON object already (`SpanFields`):
-            // its members follow the name.
+            // `SpanFields` wrote a JSON object: its members follow the name.
             let members = fields
                 .strip_prefix('{')
                 .and_then(|f| f.strip_suffix('}'))

@@ -57,7 +57,6 @@ async fn acquire_until_gives_up_at_the_deadline() {
     assert_eq!(err, LimitRejected::Saturated);
     assert_eq!(start.elapsed(), 5 * SEC);
 
-    // A slot freed before the deadline is taken at that moment.
     let start = Instant::now();
     tokio::spawn(async move {
         tokio::time::sleep(2 * SEC).await;
@@ -85,7 +84,6 @@ async fn the_rpm_limit_is_enforced() {
     drop(limits.try_acquire(0).unwrap());
     assert!(limits.try_acquire(0).is_err());
 
-    // Steady state: one admission per 20 s, whatever the demand.
     let mut admitted = 0;
     for _ in 0..120 {
         advance(SEC).await;
@@ -103,7 +101,6 @@ async fn acquire_until_waits_for_the_rate_limit_within_the_deadline() {
     let limits = LocalLimits::new(Some(1), None, 64);
     drop(limits.try_acquire(0).unwrap());
 
-    // The next token is 60 s away: a 30 s deadline fails at once.
     let start = Instant::now();
     let err = limits.acquire_until(start + 30 * SEC, 0).await.unwrap_err();
     assert_eq!(err, LimitRejected::RateLimited { retry_in: 60 * SEC });
