@@ -25,8 +25,7 @@ pub enum AttemptOutcome {
     SkippedRateLimited,
     /// Answered, but unusable.
     Malformed,
-    /// Cut at the caller's deadline or budget before the provider's own
-    /// timeout: not a failure of the provider.
+    /// Cut at the caller's deadline or budget: not a failure of the provider.
     Deadline,
     /// Abandoned by a caller that went away: not a failure of the provider.
     Cancelled,
@@ -49,10 +48,8 @@ pub struct AttemptRecord {
     pub retry: u32,
     /// Tokens it consumed (a malformed answer still costs tokens).
     pub usage: TokenUsage,
-    /// Time spent waiting *for* this attempt before it was made: the retry
-    /// backoff (incl. `Retry-After`) before it and the provider's rate and
-    /// concurrency limits. Waiting on a provider, not work of ours, so the
-    /// overhead metric leaves it out.
+    /// Waited before the attempt (backoff, `Retry-After`, the provider's
+    /// limits): not our work, so the overhead metric leaves it out.
     pub waited: Duration,
 }
 
@@ -115,8 +112,7 @@ impl AttemptRecord {
         }
     }
 
-    /// Whether a provider was called (a request was sent, whatever came of
-    /// it); a skipped target was not.
+    /// Whether a request was sent (a skipped target was not called).
     pub fn reached_provider(&self) -> bool {
         !matches!(
             self.outcome,
@@ -150,8 +146,7 @@ pub fn total_usage(attempts: &[AttemptRecord]) -> TokenUsage {
         .fold(TokenUsage::default(), |acc, a| acc.saturating_add(a.usage))
 }
 
-/// A completion whose reported usage is implausible for `req`, as the
-/// malformed response it is, with the usage it is charged (capped).
+/// A completion with implausible usage for `req`: malformed, charged the capped usage.
 pub(super) fn implausible(
     completion: &Completion,
     req: &CompletionRequest,
@@ -164,11 +159,8 @@ pub(super) fn implausible(
     })
 }
 
-/// Who a failed attempt's error is charged to: a timeout at or after the
-/// request's own deadline was the caller's (its gRPC deadline or budget
-/// bound the attempt, not the provider's timeout), and becomes
-/// [`ProviderError::Deadline`]. Providers only see one deadline (the
-/// smaller of the two) and report `Timeout` either way.
+/// A timeout at or after the request's deadline was the caller's: it becomes
+/// [`ProviderError::Deadline`] (providers see one deadline, report `Timeout`).
 pub(super) fn attribute(err: ProviderError, request_deadline: Instant) -> ProviderError {
     if err.is_timeout() && Instant::now() >= request_deadline {
         ProviderError::Deadline
@@ -177,10 +169,8 @@ pub(super) fn attribute(err: ProviderError, request_deadline: Instant) -> Provid
     }
 }
 
-/// A provider call under way. [`InFlight::end`] records how it ended in the
-/// provider's health window and the metrics; dropped before that (the
-/// caller went away and the attempt's future with it), it is recorded as
-/// cancelled, which never counts against the provider.
+/// A provider call under way, recorded in health and metrics by
+/// [`InFlight::end`]; dropped before that, as cancelled (never the provider's fault).
 pub(super) struct InFlight<'a> {
     guards: &'a ProviderGuards,
     target: &'a TargetConfig,
@@ -190,7 +180,6 @@ pub(super) struct InFlight<'a> {
 }
 
 impl<'a> InFlight<'a> {
-    /// A call to `target` starting now.
     pub(super) fn start(guards: &'a ProviderGuards, target: &'a TargetConfig) -> Self {
         Self {
             guards,
@@ -201,14 +190,11 @@ impl<'a> InFlight<'a> {
         }
     }
 
-    /// When the call started.
     pub(super) fn started(&self) -> Instant {
         self.started
     }
 
-    /// Records the call's end (`None`: a usable answer) and returns its
-    /// latency. A cut at the caller's deadline is counted apart from the
-    /// provider's calls and errors.
+    /// Records the call's end (`None`: a usable answer) and returns its latency.
     pub(super) fn end(mut self, err: Option<&ProviderError>) -> Duration {
         self.ended = true;
         let elapsed = self.started.elapsed();
@@ -236,15 +222,13 @@ impl<'a> InFlight<'a> {
     }
 }
 
-/// Most times one attempt resends a call that never reached the provider:
-/// enough for a refused stream and a connection that went away under it,
+/// Resends per attempt: enough for a refused stream and a dropped connection,
 /// few enough that a provider refusing everything fails the attempt.
 pub(super) const MAX_RESENDS: u32 = 2;
 
 impl InFlight<'_> {
-    /// Whether `err` is a call that provably never reached the provider and
-    /// may be resent now within this attempt (at most [`MAX_RESENDS`]
-    /// times, never past `deadline`); counted as a resend when so.
+    /// Whether `err` provably never reached the provider and may be resent
+    /// now (at most [`MAX_RESENDS`] times, before `deadline`); counts it.
     pub(super) fn resend(&mut self, err: &ProviderError, deadline: Instant) -> bool {
         let Some(failure) = err.connection_failure() else {
             return false;
@@ -261,10 +245,8 @@ impl InFlight<'_> {
 }
 
 impl InFlight<'_> {
-    /// Sends `first` with `send` (`complete` or `stream`) within its
-    /// deadline, and sends the call again at once, built by `again`, while
-    /// it provably never reached the provider ([`Self::resend`]). Errors
-    /// are attributed against the request's `deadline`.
+    /// Sends `first` with `send` within its deadline, resending `again()`
+    /// while it never reached the provider ([`Self::resend`]).
     pub(super) async fn send<T, Fut>(
         &mut self,
         span: &tracing::Span,

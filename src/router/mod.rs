@@ -1,8 +1,6 @@
-//! Task → ordered chain of `(provider, model)` targets, and the walk along it.
-//!
-//! The chain is data from the config (validated at load time). The walk calls
-//! each target in order until one gives a usable answer, keeping a record of
-//! every attempt, and never starts an attempt after the request deadline.
+//! Task → ordered chain of `(provider, model)` targets, and the walk along it:
+//! each target in order until one answers usably, every attempt recorded,
+//! none started after the request deadline.
 
 mod attempt;
 mod probe;
@@ -22,8 +20,10 @@ use crate::{
     config::{Config, TargetConfig},
     domain::{Completion, CompletionRequest, ProviderError, TokenUsage},
     domain::{Priority, instant_after},
-    providers::Providers,
-    resilience::{Decision, Outcome, Resilience, retry::Jitter},
+    providers::{Provider, Providers},
+    resilience::{
+        Decision, LimitPermit, Outcome, Permit, ProviderGuards, Resilience, retry::Jitter,
+    },
 };
 use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
@@ -55,13 +55,10 @@ impl RouteError {
     pub const ALL_PROVIDERS_FAILED: &'static str = "ALL_PROVIDERS_FAILED";
     /// [`Self::reason`] of [`RouteError::DeadlineExceeded`].
     pub const DEADLINE_EXCEEDED: &'static str = "DEADLINE_EXCEEDED";
-    /// [`Self::reason`] of [`RouteError::AllProvidersFailed`] when every
-    /// target was refused because the cluster store was down
-    /// (`on_unavailable = "refuse"`).
+    /// [`Self::reason`] when every target was refused for a down cluster store.
     pub const CLUSTER_STORE_UNAVAILABLE: &'static str = "CLUSTER_STORE_UNAVAILABLE";
 
-    /// The stable name of this failure: the API's `ErrorInfo.reason` and
-    /// the usage record's `outcome`.
+    /// The stable name of this failure (`ErrorInfo.reason`, usage `outcome`).
     pub fn reason(&self) -> &'static str {
         match self {
             RouteError::UnknownTask(_) => Self::TASK_UNKNOWN,
@@ -78,8 +75,7 @@ impl RouteError {
         }
     }
 
-    /// The same failure carrying `attempts` instead (a call's failure
-    /// reports every attempt of the call, not only its last model call's).
+    /// The same failure reporting `attempts`: all of a call's, not its last model call's.
     pub fn with_attempts(self, attempts: Vec<AttemptRecord>) -> Self {
         match self {
             RouteError::UnknownTask(task) => RouteError::UnknownTask(task),
@@ -127,22 +123,19 @@ impl<T> Routed<T> {
 pub struct RouteOptions {
     /// INTERACTIVE fails over instead of sleeping; BACKGROUND retries fully.
     pub priority: Priority,
-    /// Model to use at the primary target instead of the chain's (a prompt
-    /// version's model override).
+    /// Model for the primary target instead of the chain's (a prompt version's).
     pub primary_model: Option<String>,
 }
 
 impl RouteOptions {
-    /// Makes `chain` the chain these options walk: the primary's model
-    /// overridden.
+    /// Overrides the primary's model in `chain`.
     pub fn call_as(&self, chain: &mut [TargetConfig]) {
         if let (Some(model), Some(primary)) = (&self.primary_model, chain.first_mut()) {
             primary.model.clone_from(model);
         }
     }
 
-    /// [`Self::call_as`] on a borrowed chain, copied only when it changes:
-    /// what a reservation must price and what `run` calls.
+    /// [`Self::call_as`] on a borrowed chain, copied only when it changes.
     pub fn chain_as_called<'a>(
         &self,
         chain: &'a [TargetConfig],
@@ -172,14 +165,12 @@ pub struct Router {
 enum Tried<T> {
     /// Served: the parsed answer and the completion.
     Served(T, Completion),
-    /// The target was skipped or failed; the attempt is recorded. `Some`
-    /// carries the error to decide about retrying.
+    /// Skipped or failed (recorded); `Some` error to decide about retrying.
     Failed(Option<ProviderError>),
 }
 
 impl Router {
-    /// A router over the configured tasks and providers, their limits
-    /// shared through `cluster` when there is one.
+    /// A router over the configured providers, limits shared through `cluster`.
     pub fn new(config: Arc<Config>, providers: Providers, cluster: Option<&Cluster>) -> Self {
         let resilience = Resilience::from_config(&config, cluster);
         Self {
@@ -190,8 +181,7 @@ impl Router {
         }
     }
 
-    /// The same router drawing its backoff jitter from `jitter`
-    /// (`Jitter::Fixed` makes every wait exact, for tests).
+    /// Draws backoff jitter from `jitter` (`Jitter::Fixed`: exact waits, for tests).
     pub fn with_jitter(mut self, jitter: Jitter) -> Self {
         self.jitter = jitter;
         self
@@ -202,7 +192,6 @@ impl Router {
         &self.resilience
     }
 
-    /// The kind of a configured provider.
     fn kind(&self, provider: &str) -> Option<crate::config::ProviderKind> {
         self.config.providers.get(provider).map(|p| p.kind)
     }
@@ -216,8 +205,7 @@ impl Router {
             .ok_or_else(|| RouteError::UnknownTask(task.to_owned()))
     }
 
-    /// When an attempt starting `now` must end: the request deadline or the
-    /// provider's own timeout, whichever comes first.
+    /// When an attempt starting `now` must end: the deadline or the provider timeout.
     fn attempt_deadline(&self, provider: &str, now: Instant, deadline: Instant) -> Instant {
         self.config
             .providers
@@ -226,17 +214,10 @@ impl Router {
             .map_or(deadline, |p| deadline.min(instant_after(now, p.timeout)))
     }
 
-    /// Calls `chain`'s targets in order until one answers and `parse`
-    /// accepts the answer, applying per target (see `resilience`): the
-    /// breaker (an open provider is skipped with no call), the rate and
-    /// concurrency limits, the call bounded by the provider timeout and the
-    /// deadline, then the retry policy. A `parse` error is a malformed
-    /// response: it counts against the provider and the walk moves on.
-    /// Nothing starts after `deadline`; every attempt is recorded.
-    ///
-    /// `request` is borrowed: each attempt sends its own copy with the
-    /// target's model and deadline, and a caller's future would otherwise
-    /// hold the request twice more through this one.
+    /// Calls `chain`'s targets in order (breaker, limits, timeout, retry policy)
+    /// until one answers and `parse` accepts it; a `parse` error counts as a
+    /// malformed answer. `request` is borrowed: each attempt sends its own
+    /// copy, and a caller's future would otherwise hold it twice more.
     pub async fn run<T>(
         &self,
         chain: &[TargetConfig],
@@ -328,56 +309,12 @@ impl Router {
         parse: &impl Fn(&Completion) -> Result<T, String>,
         attempts: &mut Vec<AttemptRecord>,
     ) -> Tried<T> {
-        let (Some(provider), Some(guards)) = (
-            self.providers.get(&target.provider),
-            self.resilience.get(&target.provider),
-        ) else {
-            // Config validation makes this unreachable; record it anyway.
-            attempts.push(AttemptRecord::skipped(
-                target,
-                AttemptOutcome::Error,
-                "UNKNOWN_PROVIDER",
-            ));
+        let (wait, estimate) = (wait_until(priority, deadline), request.token_estimate());
+        let Some(admitted) = self.admit(target, retry, wait, estimate, attempts).await else {
             return Tried::Failed(None);
         };
-        let permit = match guards.breaker.try_acquire() {
-            Ok(permit) => permit,
-            Err(rejected) => {
-                let outcome = if rejected.is_cooldown() {
-                    AttemptOutcome::SkippedRateLimited
-                } else {
-                    AttemptOutcome::SkippedCircuitOpen
-                };
-                attempts.push(
-                    AttemptRecord::skipped(target, outcome, rejected.code()).with_retry(retry),
-                );
-                return Tried::Failed(None);
-            }
-        };
-        let queued = Instant::now();
-        let slot = guards
-            .limits
-            .acquire(wait_until(priority, deadline), request.token_estimate())
-            .await;
-        let waited = queued.elapsed();
-        let slot = match slot {
-            Ok(slot) => slot,
-            Err(rejected) => {
-                // Dropping the unrecorded breaker permit frees its probe slot.
-                drop(permit);
-                attempts.push(
-                    AttemptRecord::skipped(
-                        target,
-                        AttemptOutcome::SkippedRateLimited,
-                        rejected.code(),
-                    )
-                    .with_retry(retry)
-                    .with_waited(waited),
-                );
-                return Tried::Failed(None);
-            }
-        };
-        let mut call = InFlight::start(guards, target);
+        let waited = admitted.waited;
+        let mut call = InFlight::start(admitted.guards, target);
         let attempt_deadline = self.attempt_deadline(&target.provider, call.started(), deadline);
         let req = CompletionRequest {
             model: target.model.clone(),
@@ -390,59 +327,133 @@ impl Router {
             deadline: attempt_deadline,
             ..request.clone()
         };
+        let provider = &admitted.provider;
         let called = call
             .send(&span, req, again, deadline, |req| provider.complete(req))
             .await;
-        match &called {
-            Ok(c) => span::answered(&span, c),
-            Err(e) => span::failed(&span, e),
-        }
-        let err = match called {
-            Ok(completion) => {
-                // An answer with absurd token counts is as unusable as one
-                // that does not parse, and is charged its plausible part.
-                let parsed = match implausible(&completion, request) {
-                    Some(refused) => Err(refused),
-                    None => parse(&completion)
-                        .map_err(|why| (ProviderError::Malformed(why), completion.usage)),
-                };
-                match parsed {
-                    Ok(value) => {
-                        let elapsed = call.end(None);
-                        slot.settle(tokens(completion.usage));
-                        permit.record(Outcome::Success);
-                        attempts.push(
-                            AttemptRecord::succeeded(target, retry, elapsed, completion.usage)
-                                .with_waited(waited),
-                        );
-                        return Tried::Served(value, completion);
-                    }
-                    Err((err, charged)) => {
-                        span::record_failure(&span, "MALFORMED_RESPONSE");
-                        let elapsed = call.end(Some(&err));
-                        slot.settle(tokens(charged));
-                        // An unusable answer still consumed tokens.
-                        attempts.push(
-                            AttemptRecord::failed(target, retry, elapsed, &err)
-                                .with_usage(charged)
-                                .with_waited(waited),
-                        );
-                        err
-                    }
-                }
+        match judge(called, request, parse, &span) {
+            Ok((value, completion)) => {
+                let elapsed = call.end(None);
+                admitted.slot.settle(tokens(completion.usage));
+                admitted.permit.record(Outcome::Success);
+                attempts.push(
+                    AttemptRecord::succeeded(target, retry, elapsed, completion.usage)
+                        .with_waited(waited),
+                );
+                Tried::Served(value, completion)
             }
-            Err(err) => {
+            Err((err, charged)) => {
                 let elapsed = call.end(Some(&err));
-                slot.settle(None);
-                attempts
-                    .push(AttemptRecord::failed(target, retry, elapsed, &err).with_waited(waited));
-                err
+                admitted.slot.settle(tokens(charged));
+                attempts.push(
+                    AttemptRecord::failed(target, retry, elapsed, &err)
+                        .with_usage(charged)
+                        .with_waited(waited),
+                );
+                admitted.permit.record_error(&err);
+                tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), summary = err.summary(), "provider attempt failed");
+                Tried::Failed(Some(err))
+            }
+        }
+    }
+
+    /// `target`'s breaker permit and a limit slot for `estimate` tokens
+    /// (waiting no later than `wait`), or `None` with the skip recorded.
+    async fn admit(
+        &self,
+        target: &TargetConfig,
+        retry: u32,
+        wait: Option<Instant>,
+        estimate: u64,
+        attempts: &mut Vec<AttemptRecord>,
+    ) -> Option<Admitted<'_>> {
+        let (Some(provider), Some(guards)) = (
+            self.providers.get(&target.provider),
+            self.resilience.get(&target.provider),
+        ) else {
+            // Config validation makes this unreachable; record it anyway.
+            attempts.push(AttemptRecord::skipped(
+                target,
+                AttemptOutcome::Error,
+                "UNKNOWN_PROVIDER",
+            ));
+            return None;
+        };
+        let permit = match guards.breaker.try_acquire() {
+            Ok(permit) => permit,
+            Err(rejected) => {
+                let outcome = if rejected.is_cooldown() {
+                    AttemptOutcome::SkippedRateLimited
+                } else {
+                    AttemptOutcome::SkippedCircuitOpen
+                };
+                attempts.push(
+                    AttemptRecord::skipped(target, outcome, rejected.code()).with_retry(retry),
+                );
+                return None;
             }
         };
-        permit.record_error(&err);
+        let queued = Instant::now();
+        let slot = guards.limits.acquire(wait, estimate).await;
+        let waited = queued.elapsed();
+        match slot {
+            Ok(slot) => Some(Admitted {
+                slot,
+                permit,
+                provider,
+                guards,
+                waited,
+            }),
+            Err(rejected) => {
+                // Dropping the unrecorded breaker permit frees its probe slot.
+                drop(permit);
+                attempts.push(
+                    AttemptRecord::skipped(
+                        target,
+                        AttemptOutcome::SkippedRateLimited,
+                        rejected.code(),
+                    )
+                    .with_retry(retry)
+                    .with_waited(waited),
+                );
+                None
+            }
+        }
+    }
+}
 
-        tracing::warn!(provider = %target.provider, model = %target.model, retry, code = %err.code(), summary = err.summary(), "provider attempt failed");
-        Tried::Failed(Some(err))
+/// A target's breaker permit and limit slot for one attempt (dropped in this order).
+struct Admitted<'a> {
+    slot: LimitPermit,
+    permit: Permit,
+    provider: Arc<dyn Provider>,
+    guards: &'a ProviderGuards,
+    waited: Duration,
+}
+
+/// The parsed answer, or the error ending the attempt and the tokens charged:
+/// absurd token counts make an answer malformed, charged their plausible part.
+fn judge<T>(
+    called: Result<Completion, ProviderError>,
+    request: &CompletionRequest,
+    parse: &impl Fn(&Completion) -> Result<T, String>,
+    span: &tracing::Span,
+) -> Result<(T, Completion), (ProviderError, TokenUsage)> {
+    match &called {
+        Ok(c) => span::answered(span, c),
+        Err(e) => span::failed(span, e),
+    }
+    let completion = called.map_err(|err| (err, TokenUsage::default()))?;
+    let parsed = match implausible(&completion, request) {
+        Some(refused) => Err(refused),
+        None => parse(&completion).map_err(|why| (ProviderError::Malformed(why), completion.usage)),
+    };
+    match parsed {
+        Ok(value) => Ok((value, completion)),
+        Err(refused) => {
+            span::record_failure(span, "MALFORMED_RESPONSE");
+            Err(refused)
+        }
     }
 }
 
@@ -455,9 +466,8 @@ fn wait_until(priority: Priority, deadline: Instant) -> Option<Instant> {
     }
 }
 
-/// What a `tpm` limit counts of a call: input and output tokens, or
-/// `None` when the provider reported none (many OpenAI-compatible servers
-/// send no usage in a stream): then the estimate stands.
+/// What a `tpm` limit counts of a call; `None` when the provider reported no
+/// usage (many OpenAI-compatible streams): the estimate stands.
 fn tokens(usage: TokenUsage) -> Option<u64> {
     let total = usage.input_tokens.saturating_add(usage.output_tokens);
     (total > 0).then_some(total)

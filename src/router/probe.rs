@@ -1,12 +1,9 @@
 //! Active provider probes (SPEC §18): one loop per provider with `probe`,
 //! sending the kind's cheapest request every `interval`.
 //!
-//! A probe is not a call: it is never metered, never recorded in the
-//! rolling call statistics, and never reported to the breaker, so a flaky
-//! probe cannot open a breaker that real traffic keeps closed, and a probe
-//! that passes cannot close one that real traffic opened. Its result is a
-//! signal of its own, in `GetProviderHealth`, `/health/providers` and the
-//! `provider_probe_up` gauge.
+//! A probe is never metered, counted in call statistics or reported to the
+//! breaker, so it can neither open nor close one against real traffic; its
+//! result shows in `GetProviderHealth`, `/health/providers`, `provider_probe_up`.
 
 use super::Router;
 use crate::{
@@ -21,8 +18,7 @@ use std::{sync::Arc, time::SystemTime};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 impl Router {
-    /// Starts one probe loop per provider that configures `probe`; each
-    /// ends when `stopped` turns true.
+    /// Starts one probe loop per provider with `probe`, until `stopped`.
     pub fn spawn_probes(&self, stopped: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
         let mut loops = Vec::new();
         for (name, p) in &self.config.providers {
@@ -67,8 +63,7 @@ fn routed_model(config: &Config, provider: &str) -> Option<String> {
         .map(|t| t.model.clone())
 }
 
-/// Probes at once, then every `interval` after the previous probe began,
-/// until `stopped`.
+/// Probes at once, then every `interval` after the previous probe began.
 async fn probe_periodically(
     target: Target,
     config: ProbeConfig,

@@ -1,11 +1,6 @@
-//! `/health/providers` (SPEC §18): which targets of each task and agent
-//! could serve a call now, and whether every chain still has one.
-//!
-//! A target is healthy when its provider's breaker is not open (half-open
-//! admits calls), it is not cooling down after a 429, and its latest probe,
-//! when it has probes, was answered. The endpoint is for dashboards and
-//! alerts; readiness (`/readyz`, gRPC health) never looks at providers, so
-//! a provider outage never takes replicas out of a load balancer.
+//! `/health/providers` (SPEC §18): which targets of each chain could serve a
+//! call now (breaker not open, no 429 cooldown, latest probe answered).
+//! Readiness never looks at providers: an outage must not drain replicas.
 
 use super::Router;
 use crate::{

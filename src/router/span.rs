@@ -1,7 +1,5 @@
-//! The span of one provider attempt, unary or streamed. Exported, it is the
-//! CLIENT span of the OpenTelemetry GenAI conventions (`gen_ai.*`, named
-//! `chat {model}`), with our own fields beside them; log lines inside it
-//! show only ours (see `telemetry::logs`).
+//! The span of one provider attempt: the OpenTelemetry GenAI CLIENT span
+//! (`gen_ai.*`, `chat {model}`) plus our own fields, the only ones logs show.
 
 use crate::{
     config::{ProviderKind, TargetConfig},
@@ -9,8 +7,7 @@ use crate::{
     telemetry::otel,
 };
 
-/// `gen_ai.provider.name` of a provider kind (the convention's well-known
-/// values where there is one).
+/// `gen_ai.provider.name` of a provider kind (the convention's value if any).
 fn provider_name(kind: Option<ProviderKind>) -> &'static str {
     match kind {
         Some(ProviderKind::Openai) => "openai",

@@ -1,7 +1,6 @@
-//! The real [`Router::run`] on tokio's paused clock, against mock providers:
-//! exact attempt counts, backoff waits within their bounds, and no attempt
-//! started after the deadline. Attempt start times are read from the
-//! `provider_attempt` spans, so nothing here re-implements the walk.
+//! The real [`Router::run`] on tokio's paused clock against mock providers:
+//! attempt counts, backoff bounds, nothing started after the deadline.
+//! Start times come from the `provider_attempt` spans, not a re-implemented walk.
 
 use super::*;
 use crate::{
@@ -23,9 +22,8 @@ const SEC: Duration = Duration::from_secs(1);
 /// Latency of every mock call.
 const CALL: Duration = Duration::from_millis(100);
 
-/// `flaky` always fails with a (retryable) 503; `spare` always answers.
-/// Seed retry policy: 3 attempts, caps 1 s, 2 s, 4 s; INTERACTIVE waits at
-/// most 250 ms at a target with a next one.
+/// `flaky` always fails with a retryable 503; `spare` always answers. Retry:
+/// 3 attempts, caps 1 s, 2 s, 4 s; INTERACTIVE waits at most 250 ms.
 fn config() -> Config {
     let toml = r#"
 [database]
@@ -80,8 +78,7 @@ fn request() -> CompletionRequest {
     }
 }
 
-/// When each `provider_attempt` span was opened (the call about to be made),
-/// with its provider.
+/// When each `provider_attempt` span was opened, with its provider.
 #[derive(Clone, Default)]
 struct AttemptStarts(Arc<Mutex<Vec<(String, Instant)>>>);
 
@@ -185,8 +182,7 @@ async fn background_makes_exactly_three_attempts_with_the_full_backoff() {
         [t0, t0 + CALL + SEC, t0 + 2 * CALL + 3 * SEC]
     );
     assert_eq!(t0.elapsed(), 3 * CALL + 3 * SEC, "no wait after the last");
-    // The backoff is credited to the attempt it waited for (the overhead
-    // metric counts it as waiting on the provider, not as our work).
+    // The backoff is credited to the attempt it waited for.
     let waited: Vec<Duration> = attempts.iter().map(|a| a.waited).collect();
     assert_eq!(waited, [Duration::ZERO, SEC, 2 * SEC]);
 }

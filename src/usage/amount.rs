@@ -1,8 +1,6 @@
-//! What the ledger counts: tokens, requests and cost, as one value.
-//!
-//! Every sum saturates instead of wrapping and nothing goes below zero, so
-//! no provider's numbers and no bug can turn a team's month negative (the
-//! database's CHECK constraints say the same, docs/metering.md).
+//! What the ledger counts: tokens, requests and cost, as one value. Sums
+//! saturate and nothing goes below zero, so no provider's numbers or bug can
+//! turn a team's month negative (as the CHECK constraints, docs/metering.md).
 
 use std::ops::{Add, AddAssign, Sub, SubAssign};
 
@@ -43,7 +41,6 @@ impl Amount {
 impl Add for Amount {
     type Output = Amount;
 
-    /// Saturating, part by part.
     fn add(self, other: Amount) -> Amount {
         Amount {
             tokens: self.tokens.saturating_add(other.tokens),
@@ -62,7 +59,6 @@ impl AddAssign for Amount {
 impl Sub for Amount {
     type Output = Amount;
 
-    /// Saturating, and never below zero, part by part.
     fn sub(self, other: Amount) -> Amount {
         Amount {
             tokens: self.tokens.saturating_sub(other.tokens).max(0),

@@ -1,22 +1,8 @@
-//! Token estimates for reservations, before any provider call.
-//!
-//! Two precisions:
-//! - [`Precision::Bound`], used first on every call: costs nothing and never
-//!   under-counts OpenAI models, because every token of a byte-level BPE
-//!   vocabulary is at least one byte, so a text has at most as many tokens as
-//!   bytes (English averages about four bytes per token).
-//! - [`Precision::Exact`], used only when the bound is refused by a cap or a
-//!   budget: OpenAI model families are counted with their real tokenizer
-//!   (`tiktoken-rs`: `o200k_base` for gpt-4o/4.1/5 and o-series,
-//!   `cl100k_base` for gpt-4/3.5), so a call that fits is never refused for
-//!   the bound's slack. The tokenizer tables take ~50 MB (o200k) and ~20 MB
-//!   (cl100k) of memory and ~40 µs per KB of text, so they are only built
-//!   when first needed, on a blocking thread.
-//!
-//! Other models (Claude, Gemini, Llama, ...) have no public Rust tokenizer
-//! here, so both precisions use the documented approximation of one token
-//! per three bytes of UTF-8, which over-counts English (≈ 4 bytes/token) on
-//! purpose. Every message adds a few tokens of chat framing.
+//! Token estimates for reservations. [`Precision::Bound`] is free and never
+//! under-counts OpenAI models (a BPE token is at least a byte);
+//! [`Precision::Exact`], when a cap refuses the bound, runs the real
+//! tokenizer (tens of MB, built on first use). Other models: a token per
+//! three bytes, over-counting English on purpose.
 
 /// What a model call sends, as far as counting its input goes.
 #[derive(Debug, Clone, Copy)]
@@ -54,9 +40,7 @@ fn json_len(value: &serde_json::Value) -> usize {
     n.0
 }
 
-/// Estimated input tokens of `input` sent to `model`. With
-/// [`Precision::Exact`] and a real tokenizer this is CPU-heavy: call it
-/// from a blocking thread.
+/// Estimated input tokens of `input` to `model`; `Exact` is CPU-heavy.
 pub fn input_tokens(model: &str, input: &Input<'_>, precision: Precision) -> u64 {
     let system = input
         .system

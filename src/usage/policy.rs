@@ -1,12 +1,6 @@
-//! The cap rule: the one statement of when a call fits a team's monthly
-//! caps, and how a refusal is explained.
-//!
-//! A call fits when, for every cap that is set, what the team has used
-//! (spent plus reserved) plus what the call asks for stays within the cap.
-//! [`check`] is that rule in Rust (a SQLite file's in-memory admission);
-//! [`GUARDED_RESERVE`] is the same rule in SQL, where PostgreSQL applies it
-//! atomically on the locked row, so replicas sharing the ledger never
-//! overshoot. A property test holds the two together.
+//! The cap rule: a call fits when for every set cap used plus asked stays
+//! within it; [`check`] in Rust, [`GUARDED_RESERVE`] in SQL (atomic on the
+//! locked row), a property test holding the two together.
 
 use super::amount::Amount;
 
@@ -22,8 +16,7 @@ pub struct Caps {
 }
 
 impl Caps {
-    /// Each set cap with what `used` and `requested` hold of it, in the
-    /// order a refusal names them: requests, tokens, cost.
+    /// Each set cap with `used` and `requested`, in refusal order.
     fn each(&self, used: Amount, requested: Amount) -> impl Iterator<Item = Check> {
         let limits = [self.requests, self.tokens, self.cost_micros];
         let kinds = [CapKind::Requests, CapKind::Tokens, CapKind::Cost];
@@ -87,8 +80,7 @@ impl CapKind {
     }
 }
 
-/// A refused admission: the cap, its limit, what is used (spent + reserved)
-/// and what the call asked for.
+/// A refused admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refusal {
     /// The cap that would be exceeded.
@@ -167,9 +159,7 @@ impl Balance {
     }
 }
 
-/// The cap rule: `requested` fits `balance` under `caps` when every set cap
-/// holds what is used plus what is requested. Else the first cap it would
-/// exceed (requests, tokens, cost) refuses it.
+/// The cap rule; else the first cap exceeded (requests, tokens, cost) refuses.
 pub fn check(balance: &Balance, caps: &Caps, requested: Amount) -> Result<(), Refusal> {
     match caps.each(balance.used(), requested).find(Check::exceeded) {
         Some(check) => Err(check.refusal()),
@@ -177,15 +167,8 @@ pub fn check(balance: &Balance, caps: &Caps, requested: Amount) -> Result<(), Re
     }
 }
 
-/// Why `requested` was refused, described against the balance re-read after
-/// [`GUARDED_RESERVE`] refused it.
-///
-/// Usually the re-read shows the cap that is exceeded. Under PostgreSQL's
-/// READ COMMITTED it can see a settlement committed after the guard
-/// refused, so the call seems to fit; the refusal then names the cap
-/// closest to being exceeded (the largest share of its limit used with the
-/// call), with its real limit and use, rather than a cap that played no
-/// part.
+/// Why [`GUARDED_RESERVE`] refused `requested`, against the re-read balance;
+/// if it now seems to fit (READ COMMITTED), the cap closest to its limit.
 pub fn refusal(balance: &Balance, caps: &Caps, requested: Amount) -> Refusal {
     if let Err(refusal) = check(balance, caps, requested) {
         return refusal;
@@ -200,8 +183,7 @@ pub fn refusal(balance: &Balance, caps: &Caps, requested: Amount) -> Refusal {
     caps.each(balance.used(), requested)
         .max_by(|x, y| share(x).total_cmp(&share(y)))
         .map_or(
-            // No cap at all: the guard always admits, so this is never
-            // reached; describe the request count as it stands.
+            // No cap: the guard always admits, so this is never reached.
             Refusal {
                 cap: CapKind::Requests,
                 limit: balance.used().requests,
@@ -212,14 +194,9 @@ pub fn refusal(balance: &Balance, caps: &Caps, requested: Amount) -> Refusal {
         )
 }
 
-/// [`check`] in SQL, shared by both backends: reserves `($3, $4, $5)` =
-/// (tokens, requests, cost) for team `$1`, month `$2` when it fits under the
-/// team's caps: its `tenant_limits` row when it has one (a NULL there is "no
-/// cap"), else the defaults `($6, $7, $8)`. Resolving the caps inside the
-/// statement saves a round trip per reservation group. Under PostgreSQL's
-/// READ COMMITTED, a concurrently updated ledger row makes the server
-/// re-check the `WHERE` on its newest version, so the guard holds across
-/// replicas.
+/// [`check`] in SQL: reserves `($3, $4, $5)` for `($1, $2)` under its
+/// `tenant_limits` row (NULL: no cap) or `($6, $7, $8)`. READ COMMITTED
+/// re-checks the `WHERE` on a concurrently updated row: it holds across replicas.
 pub const GUARDED_RESERVE: &str = "WITH caps (t, r, c) AS (\
 SELECT max_tokens, max_requests, max_cost_micros FROM tenant_limits WHERE team_id = $1 \
 UNION ALL SELECT CAST($6 AS BIGINT), CAST($7 AS BIGINT), CAST($8 AS BIGINT) \

@@ -1,7 +1,5 @@
-//! Cost of a call from the pricing table.
-//!
-//! Prices are USD per 1M tokens, which is exactly micro-USD per token, so
-//! costs are kept as integer micro-USD: sums and cap checks are exact.
+//! Cost of a call from the pricing table. USD per 1M tokens is micro-USD per
+//! token, so costs are integer micro-USD: sums and cap checks are exact.
 
 use crate::config::PriceConfig;
 use std::collections::{BTreeMap, HashMap};
@@ -11,9 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 pub enum Price {
     /// Micro-USD per input and per output token (= USD per 1M tokens).
     PerToken {
-        /// Per input token.
+        /// Input.
         input: f64,
-        /// Per output token.
+        /// Output.
         output: f64,
     },
     /// Explicitly unknown: cost recorded as null.
@@ -64,8 +62,7 @@ impl Pricing {
         match self.price(provider, model) {
             Price::PerToken { input, output } => {
                 let micros = input_tokens as f64 * input + output_tokens as f64 * output;
-                // `as` saturates (and NaN is 0): a cost never wraps or goes
-                // negative, whatever the counts.
+                // `as` saturates (NaN is 0): a cost never wraps or goes negative.
                 Some(micros.ceil().max(0.0) as i64)
             }
             Price::Unknown => None,
@@ -78,8 +75,7 @@ pub fn usd(micros: i64) -> f64 {
     micros as f64 / 1e6
 }
 
-/// Micro-USD as exact decimal USD for people to read: `126000` →
-/// `0.126`, `5` → `0.000005`, `-1500000` → `-1.5`.
+/// Micro-USD as exact decimal USD: `126000` → `0.126`, `-1500000` → `-1.5`.
 pub fn usd_text(micros: i64) -> String {
     let sign = if micros < 0 { "-" } else { "" };
     let abs = micros.unsigned_abs();

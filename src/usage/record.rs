@@ -46,8 +46,7 @@ pub struct UsageRecord {
     pub priority: String,
     /// The agent conversation the call belongs to ('' outside agents).
     pub conversation_id: String,
-    /// The model call's number within its agent turn, from 1 (0 outside
-    /// agents).
+    /// The model call's number in its agent turn, from 1 (0 outside agents).
     pub iteration: i64,
 }
 
@@ -102,9 +101,8 @@ macro_rules! bind_usage_record {
     }};
 }
 
-/// Inserts `record` with the executor `exec` (a pool or a transaction of
-/// either backend). A macro because the two backends' executors share no
-/// object-safe trait; the SQL is the same.
+/// Inserts `record` with `exec` (a pool or transaction of either backend):
+/// a macro, as the backends' executors share no object-safe trait.
 #[macro_export]
 macro_rules! insert_usage_record {
     ($exec:expr, $r:expr) => {{

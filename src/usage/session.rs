@@ -1,10 +1,5 @@
-//! Per-request metering: reserve the estimated usage before any provider
-//! call, settle the actual usage (and write the usage record) after.
-//!
-//! A [`MeterSession`] lives as long as the request. If the request is dropped
-//! before it settles (the client cancelled, the stream was abandoned), the
-//! session settles itself from `Drop` on a detached task, charging its
-//! reservations at their estimate: usage may be over-estimated, never lost.
+//! Per-request metering: reserve before any provider call, settle after. A
+//! session dropped unsettled settles at its estimates: over-counted, never lost.
 
 use super::{
     UsageRecord,
@@ -82,8 +77,7 @@ impl Meter {
         self.writer.is_some()
     }
 
-    /// A session for one request; `budget_usd` not positive (the proto's
-    /// unset 0) is no budget.
+    /// A session for one request; a `budget_usd` not positive is no budget.
     pub fn session(&self, who: Who, started_at_ms: i64, budget_usd: Option<f64>) -> MeterSession {
         let at =
             chrono::DateTime::from_timestamp_millis(started_at_ms).unwrap_or_else(chrono::Utc::now);
@@ -100,8 +94,7 @@ impl Meter {
     }
 }
 
-/// What one model call is expected to use at most: reserved before the
-/// call, released when it settles.
+/// What one model call is expected to use at most.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Estimate {
     /// Input tokens.
@@ -169,9 +162,7 @@ impl MeterSession {
         self.started_at_ms
     }
 
-    /// Whether a refusal of a reservation could go away with a tighter
-    /// estimate of the same call (a token or cost cap, or the budget; a
-    /// request cap counts calls, not their size).
+    /// Whether a refusal could go away with a tighter estimate (not a request cap).
     pub fn refusal_depends_on_size(err: &MeterError) -> bool {
         match err {
             MeterError::Quota(refusal) => refusal.cap != CapKind::Requests,
@@ -180,10 +171,7 @@ impl MeterSession {
         }
     }
 
-    /// Reserves `estimate` for one model call of `task`, refused when the
-    /// team's caps or the request budget do not allow it. The first
-    /// reservation of a request counts it as a request; later ones (a
-    /// redraft) add only their tokens and cost.
+    /// Reserves `estimate` for a call of `task`; only the first counts a request.
     pub async fn reserve(&self, task: &str, estimate: Estimate) -> Result<(), MeterError> {
         let Some(writer) = &self.meter.writer else {
             return Ok(());
@@ -193,8 +181,7 @@ impl MeterSession {
             output_tokens: output,
             cost_micros: cost,
         } = estimate;
-        // The budget bounds the whole request: a second reservation (a
-        // redrafted SMS reply) adds to what the first one already holds.
+        // The budget bounds the whole request, redrafts included.
         let held: Amount = self
             .lock()
             .reservations
@@ -247,14 +234,7 @@ impl MeterSession {
         }
     }
 
-    /// Settles: releases the reservations, charges `record`'s actuals (when
-    /// a provider was involved) and writes `record`, durably.
-    /// The stored prompt version the call used (see [`Self::note_prompt`])
-    /// gets this call folded into its stats, success or not.
-    ///
-    /// The state is taken and the operation built when this is called; the
-    /// returned future only waits for the writer (see
-    /// [`LedgerWriter::submit`] for why it is kept small).
+    /// Settles durably with `record`; the future only waits for the writer.
     pub fn settle(
         &self,
         record: UsageRecord,
@@ -265,16 +245,11 @@ impl MeterSession {
         else {
             return Either::Left(future::ready(Ok(())));
         };
-        // A combinator, not an `async` block, so the submit future is held
-        // once, inline.
+        // A combinator, not an `async` block: the submit future is held once.
         Either::Right(writer.submit(Op::Settle(settle)).map_ok(drop).err_into())
     }
 
-    /// Like [`Self::settle`], for a call refused before any provider was
-    /// called (every target skipped: breaker open, cooldown, saturated):
-    /// its record is queued, and the reply does not wait for the disk. No
-    /// provider spent anything, and the promise that an acknowledged call
-    /// is recorded before its reply is about calls that reached one
+    /// [`Self::settle`] for a call no provider saw: not waiting for the disk
     /// (docs/metering.md, *Fast failures*).
     pub fn settle_refused(
         &self,
@@ -289,10 +264,7 @@ impl MeterSession {
         Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
     }
 
-    /// Releases what this session reserved, charging nothing and writing
-    /// no record: the call was refused after a reservation and before
-    /// anything ran (a tool's quota, checked after its cost was reserved).
-    /// Queued; the refusal does not wait for it.
+    /// Releases the reservations of a call refused after reserving; queued.
     pub fn release_refused(&self) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
         let reservations = {
             let mut state = self.lock();
@@ -319,10 +291,7 @@ impl MeterSession {
         Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
     }
 
-    /// The settlement of this session with `record`; `None` when metering
-    /// is off. Marks the session settled. `prompt_owner` names the team of
-    /// the stored prompt version the call used (`''` global; `None` for a
-    /// built-in prompt), whose stats this call is folded into.
+    /// The settlement with `record` (`None`: metering off); marks it settled.
     fn settlement(&self, mut record: UsageRecord, prompt_owner: Option<String>) -> Option<Settle> {
         self.meter.writer.as_ref()?;
         let reservations = {
@@ -342,8 +311,7 @@ impl MeterSession {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A poisoned lock only means another thread panicked mid-update of
-        // plain data; the data is still usable.
+        // Poisoned only by a panic mid-update of plain data: still usable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -1,5 +1,4 @@
-//! Sums over usage records for `GetUsage`: totals and groups by task,
-//! provider, model and UTC day, over a half-open period `[start, end)`.
+//! Sums over usage records for `GetUsage`: totals and groups over `[start, end)`.
 
 use crate::store::{Store, StoreError};
 use chrono::{DateTime, Datelike, TimeZone, Utc};
@@ -99,13 +98,10 @@ pub fn month_of(at: DateTime<Utc>) -> (i64, i64) {
     (start.timestamp_millis(), end.timestamp_millis())
 }
 
-/// Seconds of the earliest and latest instants a protobuf `Timestamp` may
-/// hold: 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z.
+/// Seconds a protobuf `Timestamp` may hold: 0001-01-01 to 9999-12-31T23:59:59Z.
 const TIMESTAMP_SECONDS: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
 
-/// Unix ms of a protobuf `Timestamp`'s `(seconds, nanos)`, or `None` when it
-/// is not a valid `Timestamp` (outside years 1..=9999, or `nanos` outside
-/// `0..1e9`). Callers supply these, so nothing here may overflow.
+/// Unix ms of a protobuf `Timestamp`, `None` when invalid (caller input: no overflow).
 pub fn timestamp_ms(seconds: i64, nanos: i32) -> Option<i64> {
     if !TIMESTAMP_SECONDS.contains(&seconds) || !(0..1_000_000_000).contains(&nanos) {
         return None;
@@ -120,17 +116,14 @@ pub fn month_of_ms(ms: i64) -> Option<(i64, i64)> {
     DateTime::from_timestamp_millis(ms).map(month_of)
 }
 
-/// One record's figures: latency, input, output, cost, error, degraded,
-/// unpriced (the last three 0 or 1).
+/// Latency, input, output, cost, error, degraded, unpriced (0 or 1).
 pub(super) type SumRow = (i64, i64, i64, i64, i64, i64, i64);
 
-/// A rollup row's sums: requests, input, output, cost, errors, degraded,
-/// unpriced.
+/// Requests, input, output, cost, errors, degraded, unpriced.
 pub(super) type RollupRow = (i64, i64, i64, i64, i64, i64, i64);
 
-/// The floor of the latency histogram bucket `ms` falls in: `ms` itself
-/// below 32 ms, then 32 buckets per doubling (within 1/32, about 3 %). The
-/// `usage_records_rollup` trigger of migration 0007 computes the same.
+/// The floor of `ms`'s latency bucket: exact below 32 ms, then 32 per
+/// doubling (~3 %), as the `usage_records_rollup` trigger (migration 0007).
 pub fn latency_floor(ms: i64) -> i64 {
     if ms < 32 {
         return ms.max(0);
@@ -140,12 +133,7 @@ pub fn latency_floor(ms: i64) -> i64 {
     ms / width * width
 }
 
-/// Sums the team's records in `[start_ms, end_ms)`, grouped by `dims`.
-///
-/// Whole UTC days come from the per-day rollups the database keeps (a few
-/// rows per day and group, however many records); only the partial days at
-/// the period's edges read records. Latency percentiles come from the
-/// rollups' histograms: exact below 32 ms, within about 3 % above.
+/// Sums the team's records in `[start_ms, end_ms)` by `dims`; whole days from rollups.
 pub async fn summarize(
     store: &Store,
     team: &str,
@@ -272,8 +260,7 @@ impl Acc {
     }
 }
 
-/// Nearest-rank percentile of a histogram (`floor → count`): the floor of
-/// the bucket holding that rank.
+/// Nearest-rank percentile of a histogram (`floor → count`).
 fn percentile(histogram: &BTreeMap<i64, u64>, p: u64) -> u32 {
     let total: u64 = histogram.values().fold(0, |a, c| a.saturating_add(*c));
     if total == 0 {

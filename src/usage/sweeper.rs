@@ -1,9 +1,6 @@
-//! Charges reservations orphaned by a crash at their estimate, so usage may
-//! be over-estimated but never lost.
-//!
-//! A reservation older than `metering.sweep_after` (longer than any request
-//! may live) has no live owner. At start-up on SQLite every reservation is an
-//! orphan: the file belongs to this one process.
+//! Charges reservations orphaned by a crash at their estimate: usage may be
+//! over-estimated, never lost. One older than `metering.sweep_after` has no
+//! live owner; at start-up on SQLite every one is an orphan.
 
 use super::UsageRecord;
 use crate::{
@@ -44,8 +41,7 @@ type OrphanRow = (
 );
 
 /// Charges every reservation created before `before_ms`; returns how many.
-/// Safe to run from several replicas at once: each orphan is claimed by a
-/// `DELETE` that only one of them can win.
+/// Safe on several replicas at once: one `DELETE` wins each orphan.
 pub async fn sweep(store: &Store, before_ms: i64) -> Result<u64, StoreError> {
     let mut total = 0;
     loop {
@@ -58,8 +54,7 @@ pub async fn sweep(store: &Store, before_ms: i64) -> Result<u64, StoreError> {
                 .bind(before_ms)
                 .fetch_all(&mut *tx)
                 .await?;
-            // Ledger rows in (team, month) order, as the ledger writers take
-            // them, so a sweep and a batch never wait on each other in a cycle.
+            // (team, month) order, as the writers lock rows: no wait cycle.
             rows.sort_by(|a, b| (&a.1, a.2).cmp(&(&b.1, b.2)));
             let mut swept = 0_u64;
             for (

@@ -1,10 +1,5 @@
-//! Group commit: a writer applies whatever operations are queued as one
-//! transaction, so one commit (and one fsync) covers a whole burst while
-//! every caller still waits until its own operation is done. One loop
-//! ([`run`]) for both backends, over an [`Applier`]: PostgreSQL's pooled
-//! writers ([`Pool`]) and a SQLite file's writer thread
-//! ([`super::sqlite::writer`]). A batch that fails is applied again one
-//! operation at a time ([`isolate`]), so a bad operation fails alone.
+//! Group commit: whatever is queued is one transaction, one loop ([`run`])
+//! per writer; a failed batch is applied again op by op ([`isolate`]).
 
 use super::{Done, Op, postgres};
 use crate::{
@@ -20,8 +15,7 @@ pub(super) type Reply = oneshot::Sender<Result<Done, Arc<crate::store::StoreErro
 /// How one operation of a batch went.
 pub(super) type Outcome = Result<Done, Arc<StoreError>>;
 
-/// Answers, in order, the replies whose outcome `now` accepts, leaving the
-/// others in `replies` (in order) for later.
+/// Answers the replies whose outcome `now` accepts, keeping the others in order.
 pub(super) fn answer(
     replies: &mut Vec<Reply>,
     outcomes: Vec<Outcome>,
@@ -41,13 +35,7 @@ pub(super) fn answer(
 /// Operations applied in one transaction, with what came of it.
 pub(super) type Unit<'a, R> = (&'a [Op], R);
 
-/// Applies `ops` as one transaction, and if that fails and they are
-/// several, each alone: an operation that breaks a constraint fails its own
-/// caller only, never the calls it shared a batch with. Returns each unit
-/// as last applied, in order, with its result.
-///
-/// Async for PostgreSQL's pooled transactions; the SQLite writer's
-/// blocking transaction answers with a ready future.
+/// Applies `ops` as one transaction, else each alone; each unit as last applied.
 pub(super) async fn isolate<'o, T, E, F>(
     ops: &'o [Op],
     mut apply: impl FnMut(&'o [Op]) -> F,
@@ -85,9 +73,7 @@ pub(super) fn outcomes(units: Vec<Unit<'_, Result<Vec<Done>, StoreError>>>) -> V
     out
 }
 
-/// Waits for the next operation, then takes whatever else is queued (up to
-/// `batch_max`) into `ops` and `replies`: the next batch. False once the
-/// queue is closed and empty.
+/// Waits for the next batch (up to `batch_max`); false once closed and empty.
 pub(super) async fn next_batch(
     rx: &mut mpsc::Receiver<(Op, Reply)>,
     stop: &mut watch::Receiver<bool>,
@@ -96,11 +82,8 @@ pub(super) async fn next_batch(
     replies: &mut Vec<Reply>,
 ) -> bool {
     loop {
-        // Once stopping, refuse new work; what is queued is still drained.
-        // Checked on every turn, not only while waiting: the stop can come
-        // while a batch is being applied (its callers were already
-        // answered), and a receiver left open would then wait forever for
-        // handles that are still alive.
+        // Once stopping, refuse new work and drain. Checked every turn: a stop
+        // during a batch would else leave the receiver waiting for live handles.
         if *stop.borrow() {
             rx.close();
         }
@@ -119,8 +102,7 @@ pub(super) async fn next_batch(
     }
 }
 
-/// Adds whatever is already queued to the batch, up to `batch_max`
-/// operations: it joins this transaction.
+/// Adds what is already queued to the batch, up to `batch_max` operations.
 pub(super) fn take_queued(
     rx: &mut mpsc::Receiver<(Op, Reply)>,
     batch_max: usize,
@@ -136,12 +118,9 @@ pub(super) fn take_queued(
     }
 }
 
-/// What applies a writer's batches: the one loop ([`run`]) asks it to
-/// gather a batch, then to apply it and answer its callers.
+/// What gathers, applies and answers a writer's batches for [`run`].
 pub(super) trait Applier {
-    /// Takes more queued operations into the batch before it is applied
-    /// (the SQLite writer holds reservations for a settlement to share
-    /// their commit); by default nothing.
+    /// Takes more queued operations into the batch; by default nothing.
     fn gather(
         &mut self,
         _rx: &mut mpsc::Receiver<(Op, Reply)>,
@@ -155,8 +134,7 @@ pub(super) trait Applier {
     fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) -> impl Future<Output = ()>;
 }
 
-/// The group-commit loop of one writer, until its queue is closed (every
-/// handle dropped, or `stop`) and drained.
+/// The group-commit loop of one writer, until its queue is closed and drained.
 pub(super) async fn run<A: Applier>(
     mut applier: A,
     mut rx: mpsc::Receiver<(Op, Reply)>,
@@ -216,9 +194,7 @@ mod tests {
         })
     }
 
-    /// A batch that fails is applied again one operation at a time, so
-    /// only the operation at fault fails; a batch that succeeds, or a lone
-    /// operation, is applied once.
+    /// A failed batch is applied again op by op: only the faulty one fails.
     #[tokio::test]
     async fn a_failed_batch_is_retried_operation_by_operation() {
         let ops = [reserve("a"), settle("bad"), reserve("c")];

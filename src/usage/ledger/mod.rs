@@ -1,13 +1,6 @@
-//! The reserve → settle ledger: one row per team and month of what was
-//! spent and what calls in flight hold, the reservations themselves and the
-//! usage records.
-//!
-//! A batch of operations is applied by one algorithm ([`plan::apply`]) over
-//! a small [`Backend`] trait, in one transaction, by one group-commit loop
-//! ([`group_commit`]): PostgreSQL through sharded pooled writers
-//! ([`postgres`]), a SQLite file through its own connection on a thread of
-//! its own, with admission decided in memory ([`sqlite`]). The SQL is shared
-//! by both backends.
+//! The reserve → settle ledger: per team and month what was spent and what
+//! calls in flight hold. One algorithm ([`plan::apply`]) over a [`Backend`]
+//! per database applies each batch in one transaction ([`group_commit`]).
 
 pub mod group_commit;
 mod plan;
@@ -63,10 +56,7 @@ pub struct Reserve {
     pub priority: String,
     /// Now, unix ms.
     pub created_at_ms: i64,
-    /// Already admitted in memory by a SQLite file's writer
-    /// ([`sqlite::Admission`]): written without the guard. Only that writer
-    /// sets it; a backend that does not admit in memory (PostgreSQL)
-    /// ignores it and guards the reservation like any other.
+    /// Admitted in memory ([`sqlite::Admission`]): written unguarded where trusted.
     pub admitted: bool,
 }
 
@@ -105,31 +95,25 @@ impl From<&Reserve> for Reservation {
     }
 }
 
-/// The end of a call: release its reservations, charge what it used, and
-/// write its usage record.
+/// The end of a call: release its reservations, charge it, record it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settle {
     /// Reservations to release.
     pub reservations: Vec<Reservation>,
-    /// Charge tokens/requests/cost to the ledger (false for answers given
-    /// without any provider, which never count against caps).
+    /// Charge the ledger (false for answers given without any provider).
     pub charge: bool,
     /// The usage record (team, month via `created_at_ms`, actuals).
     pub record: UsageRecord,
-    /// Whether `record` is written: false for a call refused after its
-    /// reservation (a tool's quota is checked after its cost is
-    /// reserved), which like every refusal leaves no record.
+    /// Whether `record` is written (not for a refusal after reserving).
     pub recorded: bool,
     /// Month the call was admitted in.
     pub month_start_ms: i64,
-    /// Team owning the stored prompt version used ('' = global), to fold
-    /// this call into that version's stats; `None` for built-in prompts.
+    /// Owner of the stored prompt version used ('' = global); `None` for built-ins.
     pub prompt_owner: Option<String>,
 }
 
 impl Settle {
-    /// What this settlement charges to the ledger (nothing for an answer
-    /// given without any provider).
+    /// What this settlement charges to the ledger.
     pub fn charged(&self) -> Amount {
         if !self.charge {
             return Amount::ZERO;
@@ -148,9 +132,7 @@ impl Settle {
         (&self.record.team_id, self.month_start_ms)
     }
 
-    /// `(owner, success)` when this call is folded into a stored prompt
-    /// version's stats: it used one (built-in prompts, version 0, have no
-    /// stats); success is 1.0 for an `ok` outcome, else 0.0.
+    /// `(owner, success)` to fold into a stored prompt version's stats.
     pub fn prompt_stats(&self) -> Option<(&str, f64)> {
         let owner = self
             .prompt_owner
@@ -172,30 +154,22 @@ pub enum Op {
     Reserve(Reserve),
     /// Finish a call.
     Settle(Settle),
-    /// Append audit events, all of one team, to its chain (see
-    /// [`crate::audit`]): in the group commit, durable like a settlement.
+    /// Append one team's audit events to its chain, durable like a settlement.
     Audit(Vec<AuditEvent>),
-    /// Write another service's rows of one team in the group commit (an
-    /// agent turn's conversation), so they never contend with it for the
-    /// SQLite lock.
+    /// Write another service's rows, never contending for the SQLite lock.
     Write(Write),
 }
 
-/// Rows of another service, written in a batch's transaction: its
-/// statements in order, the first one the guard. When the guard changes no
-/// row (a lease lost, a conversation gone), the rest are not run.
+/// Rows of another service; if the first statement (the guard) changes no row, no more run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Write {
     /// The team the rows belong to (its writer, on PostgreSQL).
     pub team_id: String,
     /// The statements, the guard first.
     pub statements: Vec<crate::store::Statement>,
-    /// Whether the caller waits for the rows to be on disk; otherwise it
-    /// hears once they are committed, and a later durable operation of the
-    /// team covers them.
+    /// Whether the caller waits for the disk (else a later durable op covers it).
     pub durable: bool,
-    /// Audit events of the team appended in the same transaction, whatever
-    /// the guard found: the write and its record stand or fall together.
+    /// Audit events appended whatever the guard found: they stand or fall together.
     pub audit: Vec<AuditEvent>,
 }
 
@@ -210,8 +184,7 @@ impl Op {
         }
     }
 
-    /// Whether its caller waits for it to be on disk (a settlement, audit
-    /// events, a durable write); a reservation admitted in memory does not.
+    /// Whether its caller waits for it to be on disk.
     pub fn durable(&self) -> bool {
         match self {
             Op::Settle(_) | Op::Audit(_) => true,
@@ -220,8 +193,7 @@ impl Op {
         }
     }
 
-    /// Whether a batch holding it goes at once, rather than lingering for
-    /// a settlement to join it as reservations do (ADR 0008).
+    /// Whether a batch holding it goes at once instead of lingering (ADR 0008).
     pub fn goes_at_once(&self) -> bool {
         !matches!(self, Op::Reserve(_))
     }
@@ -238,8 +210,7 @@ pub enum Done {
     Settled,
     /// Audit events appended.
     Audited,
-    /// Another service's rows: `stored` false when the guard changed no
-    /// row (nothing written); `durable` as the [`Write`] asked.
+    /// Another service's rows.
     Written {
         /// Whether the rows were written.
         stored: bool,
@@ -269,24 +240,17 @@ pub struct Delta {
     pub charged: Amount,
 }
 
-/// The statements a batch needs, on one transaction of one backend.
-/// Implemented once per driver; [`plan::apply`] is the one algorithm over it.
+/// The statements a batch needs, on one transaction; one impl per driver.
 pub(super) trait Backend {
-    /// Whether this backend's writer admits reservations in memory (and
-    /// [`Reserve::admitted`] may be trusted).
+    /// Whether [`Reserve::admitted`] may be trusted.
     const ADMITS_IN_MEMORY: bool;
-    /// Deletes these reservations; returns the IDs that were still open
-    /// (the others were swept as orphans).
+    /// Deletes these reservations; returns the IDs that were still open.
     async fn delete_reservations(&mut self, ids: &[&str]) -> Result<HashSet<String>, StoreError>;
-    /// Writes reservations.
     async fn insert_reservations(&mut self, rows: &[&Reserve]) -> Result<(), StoreError>;
-    /// Writes usage records.
     async fn insert_records(&mut self, rows: &[&UsageRecord]) -> Result<(), StoreError>;
     /// Applies `delta` to a ledger row, creating it when missing.
     async fn update_row(&mut self, key: (&str, i64), delta: &Delta) -> Result<(), StoreError>;
-    /// The guarded reservation of `amount` ([`super::policy::GUARDED_RESERVE`])
-    /// under the team's caps, `defaults` when it has no `tenant_limits`
-    /// row, creating the ledger row on the first miss: true when admitted.
+    /// [`super::policy::GUARDED_RESERVE`] of `amount`: true when admitted.
     async fn reserve_guarded(
         &mut self,
         key: (&str, i64),
@@ -297,15 +261,11 @@ pub(super) trait Backend {
     async fn team_caps(&mut self, team: &str) -> Result<Option<Caps>, StoreError>;
     /// A ledger row (zeros when missing).
     async fn balance(&mut self, key: (&str, i64)) -> Result<Balance, StoreError>;
-    /// Where `team`'s audit chain ends, creating its head row on the first
-    /// event and locking it for this transaction.
+    /// Where `team`'s audit chain ends, its head row created and locked.
     async fn audit_head(&mut self, team: &str) -> Result<Head, StoreError>;
-    /// Writes linked audit events.
     async fn insert_audit(&mut self, rows: &[Linked]) -> Result<(), StoreError>;
-    /// Moves `team`'s chain head.
     async fn set_audit_head(&mut self, team: &str, head: &Head) -> Result<(), StoreError>;
-    /// Runs a [`Write`]'s statements in order, stopping when the first
-    /// changes no row: true when it did (and the rest ran).
+    /// Runs a [`Write`]'s statements: true when the guard changed a row.
     async fn write(&mut self, statements: &[crate::store::Statement]) -> Result<bool, StoreError>;
     /// Folds a settlement into its stored prompt version's stats.
     async fn fold_prompt_stats(
@@ -326,12 +286,9 @@ const TEAM_CAPS: &str =
 const BALANCE: &str = "SELECT spent_tokens, spent_requests, spent_cost_micros, reserved_tokens, \
 reserved_requests, reserved_cost_micros FROM usage_ledger WHERE team_id = $1 AND month_start_ms = $2";
 
-/// Applies a batch's delta to a (team, month): `$3..$5` the net release
-/// (released minus reserved; negative reserves), `$6..$8` the charge. A
-/// release never takes a reserved amount below zero (the CHECK constraints
-/// would refuse the statement): more released than reserved can only
-/// follow an earlier inconsistency, and the row heals at zero instead of
-/// failing every later settlement.
+/// A batch's delta: `$3..$5` the net release, `$6..$8` the charge. A release
+/// stops at zero (CHECK constraints): after an earlier inconsistency the row
+/// heals instead of failing every later settlement.
 const UPDATE_ROW: &str = "UPDATE usage_ledger SET \
 reserved_tokens = CASE WHEN reserved_tokens > $3 THEN reserved_tokens - $3 ELSE 0 END, \
 reserved_requests = CASE WHEN reserved_requests > $4 THEN reserved_requests - $4 ELSE 0 END, \
@@ -340,8 +297,7 @@ spent_tokens = spent_tokens + $6, \
 spent_requests = spent_requests + $7, spent_cost_micros = spent_cost_micros + $8 \
 WHERE team_id = $1 AND month_start_ms = $2";
 
-/// Folds one call into the stats of the stored prompt version it used
-/// (`ai_prompts`: running means), in the settlement's transaction.
+/// Folds one call into its stored prompt version's running means.
 const RECORD_STATS: &str = "UPDATE ai_prompts SET \
 avg_latency_ms = (avg_latency_ms * usage_count + $4) / (usage_count + 1), \
 success_rate = (success_rate * usage_count + $5) / (usage_count + 1), \
@@ -351,11 +307,9 @@ WHERE team_id = $1 AND prompt_key = $2 AND version = $3";
 const INSERT_RESERVATION_HEAD: &str = "INSERT INTO usage_reservations (id, team_id, month_start_ms, \
 input_tokens, output_tokens, requests, cost_micros, task, user_id, trace_id, channel, priority, created_at_ms)";
 
-/// Columns of [`INSERT_RESERVATION_HEAD`].
 const RESERVATION_COLUMNS: usize = 13;
 
-/// The net release of a delta: released minus reserved, part by part
-/// (negative where the batch reserves more than it releases).
+/// Released minus reserved, part by part (negative: the batch reserves).
 fn net_release(d: &Delta) -> [i64; 3] {
     [
         d.released.tokens.saturating_sub(d.reserved.tokens),
@@ -448,14 +402,8 @@ pub async fn clear_caps(store: &Store, team: &str) -> Result<bool, StoreError> {
     Ok(n > 0)
 }
 
-/// Applies `ops` to `store` in one transaction, outside any ledger writer:
-/// through a pooled connection on PostgreSQL, through a connection of its
-/// own on a SQLite file. One result per op, in order.
-///
-/// Test support, not an API: a server's writer applies its own batches,
-/// and on a SQLite file this bypasses a running server's in-memory
-/// admission (and the configured busy timeout), so it must not be used
-/// beside one.
+/// Applies `ops` in one transaction, outside any writer. Test support: it
+/// bypasses a running server's in-memory admission.
 #[doc(hidden)]
 pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
     let Store::Sqlite(pool) = store else {

@@ -1,9 +1,5 @@
-//! The PostgreSQL backend of the ledger: a batch on one pooled connection's
-//! transaction, with multi-row statements (each statement is a network
-//! round trip, and writers commit batches for different teams in parallel,
-//! see [`super::group_commit`]). Admission stays in SQL, guarded on the
-//! locked row: replicas share the ledger and none of them alone knows all
-//! of it.
+//! The PostgreSQL ledger: multi-row statements (each a round trip); admission
+//! in SQL on the locked row, as replicas share the ledger.
 
 use super::{
     BALANCE, Backend, BalanceRow, Delta, Done, ENSURE_ROW, INSERT_RESERVATION_HEAD, Op,
@@ -22,8 +18,7 @@ use crate::{
 use sqlx::{Postgres, Transaction};
 use std::{collections::HashSet, sync::OnceLock};
 
-/// Applies `ops` in one transaction of `store` (PostgreSQL) and returns one
-/// result per op, in order.
+/// Applies `ops` in one transaction of `store`, one result per op.
 pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
     let Store::Postgres(pool) = store else {
         return Err(StoreError::Unsupported(
@@ -36,9 +31,7 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
     Ok(done)
 }
 
-/// Rows per multi-row statement. A batch is cut greedily into these sizes,
-/// so each statement kind has at most this many distinct SQL texts, all of
-/// them reused from the connection's prepared-statement cache.
+/// Rows per statement, cut greedily: few SQL texts, all cached prepared.
 const CHUNKS: [usize; 7] = [64, 32, 16, 8, 4, 2, 1];
 
 /// `(start, len)` chunks covering `0..n`.
@@ -70,8 +63,7 @@ fn values_sql(head: &str, columns: usize, rows: usize) -> String {
     format!("{head} VALUES {}", groups.join(", "))
 }
 
-/// The SQL of one statement kind for `rows` rows (a [`CHUNKS`] size),
-/// built once per size.
+/// The SQL of one statement kind for `rows` rows, built once per size.
 fn cached(
     cache: &'static OnceLock<Vec<String>>,
     build: fn(usize) -> String,
@@ -117,13 +109,9 @@ fn delete_reservations_sql(rows: usize) -> &'static str {
     )
 }
 
-/// A batch's transaction.
 struct Pg<'t, 'c> {
     tx: &'t mut Transaction<'c, Postgres>,
-    /// Ledger rows known to exist in this transaction: a guarded
-    /// reservation refused against one is refused, not a missing row to
-    /// create and retry (which would cost two more round trips per refusal
-    /// with the row locked).
+    /// Rows known to exist: a refusal there is final, not a missing row.
     ensured: HashSet<(String, i64)>,
 }
 
@@ -135,9 +123,7 @@ impl<'t, 'c> Pg<'t, 'c> {
         }
     }
 
-    /// Creates the ledger row of `(team, month)` unless this transaction
-    /// already knows it exists; true when it was just ensured (a retry can
-    /// tell more than the first try).
+    /// Creates the `(team, month)` row unless known; true when just ensured.
     async fn ensure_row(&mut self, team: &str, month: i64) -> Result<bool, StoreError> {
         if !self.ensured.insert((team.to_owned(), month)) {
             return Ok(false);
@@ -237,8 +223,7 @@ impl Backend for Pg<'_, '_> {
         defaults: &Caps,
         amount: Amount,
     ) -> Result<bool, StoreError> {
-        // The common case is one statement; the row is created on the
-        // first miss.
+        // Usually one statement; the row is created on the first miss.
         for attempt in 0..2 {
             let rows = sqlx::query(GUARDED_RESERVE)
                 .bind(team)

@@ -1,9 +1,4 @@
-//! The ledger writers' handle: where a call's reservations and settlements
-//! are queued ([`LedgerWriter::submit`]), one writer per SQLite file or
-//! `metering.ledger_writers` per PostgreSQL, a team always on the same one
-//! (its operations keep their order; batches of different teams commit in
-//! parallel). On a SQLite file a reservation is admitted in memory and
-//! queued, nobody waiting for its commit ([`super::sqlite::Admission`]).
+//! The ledger writers' handle; a team always on the same writer, in order.
 
 use super::{
     Done, Op, Reserve,
@@ -47,27 +42,19 @@ pub struct LedgerWriter {
     shards: Arc<[mpsc::Sender<(Op, Reply)>]>,
     /// A SQLite file's in-memory admission; `None` where SQL admits.
     admission: Option<Arc<Admission>>,
-    /// A SQLite file's WAL syncs that answered settlements (full
-    /// durability); `None` elsewhere.
     wal_syncs: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Where a batch is applied.
 enum Writer {
-    /// Through the pool (PostgreSQL), on a task.
     Pool(Store),
-    /// Through the writer's own SQLite connection, on a thread of its own
-    /// that waits for the queue itself ([`sqlite::writer`]).
+    /// Through its own SQLite connection, on its own thread ([`sqlite::writer`]).
     Sqlite(Box<SqliteWriter>),
 }
 
 impl LedgerWriter {
-    /// Starts the writers on `store`: one on its own connection for a
-    /// SQLite file (admitting calls in memory, caps re-read once older than
-    /// `limits_refresh`), `postgres_writers` for PostgreSQL. They
-    /// stop once every handle is dropped, or when `stop` turns true: then
-    /// they refuse new operations, commit everything already queued (the
-    /// usage flush on shutdown) and exit. The handle ends when all have.
+    /// Starts the writers on `store`; once every handle is dropped or `stop`
+    /// turns true they commit what is queued and exit.
     pub fn spawn(
         store: Store,
         config: &DatabaseConfig,
@@ -140,8 +127,7 @@ impl LedgerWriter {
         ))
     }
 
-    /// How many WAL syncs of a SQLite file answered settlements so far:
-    /// `None` unless the file has full durability (tests, ops).
+    /// WAL syncs of a SQLite file that answered settlements (full durability).
     pub fn wal_syncs(&self) -> Option<u64> {
         self.wal_syncs
             .as_ref()
@@ -165,17 +151,8 @@ impl LedgerWriter {
             .get(usize::try_from(hasher.finish() % n).unwrap_or(0))
     }
 
-    /// Queues `op` and waits until it is committed; on a SQLite file a
-    /// reservation is instead admitted in memory and queued, with nobody
-    /// waiting for its commit ([`super::sqlite::Admission`]).
-    ///
-    /// A plain function returning one of two futures, so each path's
-    /// future holds only what it needs: every call's future is as large as
-    /// its largest await, and with calls in flight for seconds that size is
-    /// memory per call. One `async` block for both paths held the ~400-byte
-    /// operation as a capture, the `match` that split it and the admission
-    /// path's own copies at once (2.3 KB, for settlements too); the
-    /// functions below take their operation once (see [`queue`]).
+    /// Queues `op` and waits for its commit (a SQLite reservation: admitted in
+    /// memory). Not `async`: each path's future holds only what it needs.
     pub fn submit(&self, op: Op) -> impl Future<Output = Result<Done, WriteError>> + Send + '_ {
         let started = Instant::now();
         let shard = self.shard(&op);
@@ -190,12 +167,7 @@ impl LedgerWriter {
 }
 
 impl LedgerWriter {
-    /// Queues `op` without waiting for its commit, only for room in the
-    /// queue: a settlement of a call refused before any provider was
-    /// called, whose record the durability promise does not cover
-    /// (docs/metering.md), or audit events a later durable operation of
-    /// the same team will wait for. It is committed in order with
-    /// everything queued after it for its team.
+    /// Queues `op` waiting only for room (not covered by durability, docs/metering.md).
     pub fn enqueue(&self, op: Op) -> impl Future<Output = Result<(), WriteError>> + Send + '_ {
         let unsent = Unsent::of(self.admission.as_deref(), &op);
         let shard = self.shard(&op);
@@ -213,10 +185,7 @@ impl LedgerWriter {
     }
 }
 
-/// Queues `op` for the writer and waits for its commit.
-///
-/// Not an `async fn`: one keeps its argument and a moved copy of it. The
-/// block captures `op` and moves it once, into the queue slot.
+/// Queues `op` and waits for its commit; an `async fn` would hold `op` twice.
 fn queue<'a>(
     shard: Option<&'a mpsc::Sender<(Op, Reply)>>,
     op: Op,
@@ -249,10 +218,7 @@ fn queue<'a>(
     }
 }
 
-/// Admits `r` in memory and queues its row for the writer's next batch;
-/// nobody waits for that commit (the reply's receiver is dropped).
-///
-/// Not an `async fn`, for the reason given at [`queue`].
+/// Admits `r` in memory and queues its row (not an `async fn`, as [`queue`]).
 #[allow(clippy::manual_async_fn)] // deliberately not one, see above
 fn admit<'a>(
     admission: &'a Admission,
@@ -276,10 +242,8 @@ fn admit<'a>(
         let slot = match shard.map(|s| (s, s.try_reserve())) {
             Some((_, Ok(slot))) => slot,
             Some((shard, Err(mpsc::error::TrySendError::Full(())))) => {
-                // The queue is full: wait for room, withdrawing the
-                // admission if the call is dropped meanwhile (its
-                // reservation would otherwise stay counted and never be
-                // written).
+                // Full: wait for room, withdrawing the admission if dropped
+                // meanwhile (else it stays counted and is never written).
                 let mut unqueued = Unqueued {
                     admission,
                     reserve: Some(&r),
@@ -311,10 +275,7 @@ fn admit<'a>(
     }
 }
 
-/// A settlement counted by in-memory admission and not queued yet: taken
-/// back when dropped before [`Unsent::sent`] (its caller was dropped while
-/// the queue was full, or the writer has stopped), so its charge does not
-/// stay counted for ever and its entry can be dropped once idle.
+/// A counted settlement not queued yet: taken back if dropped before [`Unsent::sent`].
 struct Unsent<'a>(Option<(&'a Admission, Settling)>);
 
 impl<'a> Unsent<'a> {
@@ -326,8 +287,7 @@ impl<'a> Unsent<'a> {
         })
     }
 
-    /// The settlement is in the writer's queue: the writer accounts for it
-    /// from now on.
+    /// Queued: the writer accounts for it from now on.
     fn sent(mut self) {
         self.0 = None;
     }
@@ -341,8 +301,7 @@ impl Drop for Unsent<'_> {
     }
 }
 
-/// An admission whose reservation is not queued yet: withdrawn when dropped
-/// while `reserve` is still set.
+/// An admission not queued yet: withdrawn if dropped while `reserve` is set.
 struct Unqueued<'a> {
     admission: &'a Admission,
     reserve: Option<&'a Reserve>,

@@ -38,8 +38,7 @@ fn refusal_names_the_exceeded_cap() {
 
 #[test]
 fn refusal_against_a_balance_that_fits_names_the_closest_cap() {
-    // Re-read after a concurrent settlement (READ COMMITTED): it fits
-    // now. Cost is at 90 % of its cap, tokens at 50 %, requests at 11 %.
+    // Re-read after a concurrent settlement: it fits now. Cost at 90 %.
     let b = Balance {
         spent_tokens: 400,
         spent_requests: 10,
@@ -69,8 +68,7 @@ fn refusal_against_a_balance_that_fits_names_the_closest_cap() {
     assert_eq!(r.remaining(), 10);
 }
 
-/// A ledger on the real SQLite schema (every migration, CHECK constraints
-/// included) to run the guard against.
+/// A ledger on the real SQLite schema, CHECK constraints included.
 fn ledger() -> rusqlite::Connection {
     let conn = rusqlite::Connection::open_in_memory().unwrap();
     for sql in [
@@ -86,9 +84,8 @@ fn ledger() -> rusqlite::Connection {
     conn
 }
 
-/// Runs [`GUARDED_RESERVE`] for `requested` against a row of `balance`
-/// under `caps` (as the team's `tenant_limits` row, or as the defaults the
-/// statement is given): true when it admitted.
+/// Whether [`GUARDED_RESERVE`] admits `requested` against `balance` under
+/// `caps` (the team's row, or the defaults).
 fn guard_admits(
     conn: &rusqlite::Connection,
     balance: &Balance,
@@ -156,8 +153,7 @@ fn part() -> impl Strategy<Value = i64> {
 }
 
 proptest! {
-    /// The SQL guard admits exactly what [`check`] admits, with the caps
-    /// as the team's own row and as the defaults.
+    /// The SQL guard admits exactly what [`check`] admits.
     #[test]
     fn the_sql_guard_agrees_with_the_cap_rule(
         spent in (part(), part(), part()),

@@ -7,9 +7,8 @@ use crate::{
     store::{Store, StoreError},
 };
 
-/// `CAST(column AS TEXT), ` for each dimension, and the `GROUP BY` list;
-/// `day_column` is how a table spells the UTC day. Fixed strings only,
-/// never caller input.
+/// The select and `GROUP BY` lists of `dims` (`day_column`: the table's UTC
+/// day). Fixed strings only, never caller input.
 fn dimension_sql(dims: &[Dimension], day_column: &str) -> (String, String) {
     let column = |d: &Dimension| match d {
         Dimension::Day => day_column,
@@ -81,8 +80,7 @@ pub(super) async fn rollups(
     Ok(rows.into_iter().filter(|(_, sums)| sums.0 > 0).collect())
 }
 
-/// The latency histogram of whole days `[first_day, end_day)`, per group:
-/// `(group, bucket floor, count)`.
+/// `(group, bucket floor, count)` of whole days `[first_day, end_day)`.
 pub(super) async fn latency_histogram(
     store: &Store,
     team: &str,
@@ -123,9 +121,8 @@ pub(super) async fn latency_histogram(
     Ok(rows)
 }
 
-/// Hands `each` every record of `[start_ms, end_ms)` (a partial day at the
-/// period's edge) with its group, as the rows arrive: a busy team's day is
-/// many records, and only their sums are kept.
+/// Hands `each` every record of `[start_ms, end_ms)` with its group as rows
+/// arrive: a busy team's day is many records, and only sums are kept.
 pub(super) async fn records(
     store: &Store,
     team: &str,

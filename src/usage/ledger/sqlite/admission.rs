@@ -1,39 +1,13 @@
-//! Admission decided in memory, for a SQLite file.
+//! Admission decided in memory, for a SQLite file: its one writer's process
+//! ([`super::claim`]) knows each ledger row as committed plus what it admitted
+//! or charged since, and admits against that sum without waiting.
 //!
-//! A SQLite file has one ledger writer in one process (the server holds the
-//! file exclusively, [`super::claim`]), so that process
-//! can know each team's ledger exactly: the balance as of the writer's last
-//! commit, plus what it has admitted or charged since and not yet committed.
-//! A call is then admitted (or refused) against that sum without waiting
-//! for the writer; its reservation row is written by the writer's next
-//! batch, nobody waiting for it.
-//!
-//! The sum never counts less than the ledger will hold once every queued
-//! operation is committed, so concurrent calls cannot overshoot a cap:
-//! - an admission adds its estimate to `pending` before it returns;
-//! - a settlement adds what it charges when it is submitted, and releases
-//!   its estimates only once committed (the writer re-reads the row);
-//! - after each commit the writer replaces `committed` with the row as its
-//!   transaction left it, and takes that batch's amounts out of `pending`,
-//!   under one lock, so whatever the batch really did (a reservation the
-//!   sweeper charged, a row another connection changed) is what counts;
-//! - a reservation whose batch failed stays counted until its call settles.
-//!
-//! Caps come from `tenant_limits` (or the config defaults) and are read
-//! again once older than `metering.limits_refresh`: `ai-orchestrator limits`
-//! is another process and cannot tell this one.
-//!
-//! Entries are kept only while they are needed. Once the map holds
-//! [`SWEEP_AT`] of them, those with nothing queued or in flight (every
-//! admitted reservation's call done with, nothing pending) are dropped with
-//! their teams' caps: their rows as committed are the whole ledger again,
-//! and are read back at the team's next call. A caller allowed to name
-//! teams therefore cannot grow this map past that bound, or twice the
-//! entries with calls in flight when that is more.
-//!
-//! PostgreSQL keeps admission in SQL (the guarded `UPDATE` of
-//! [`crate::usage::policy::GUARDED_RESERVE`]): replicas share its ledger,
-//! and none of them alone knows the whole of it.
+//! The sum never counts less than the ledger will hold, so concurrent calls
+//! cannot overshoot a cap: an admission adds to `pending` before it returns;
+//! a settlement adds its charge when submitted; after each commit, under one
+//! lock, `committed` becomes the row as left and the batch leaves `pending`;
+//! a reservation whose batch failed stays counted until it settles. Idle
+//! entries are dropped at [`SWEEP_AT`], so callers naming teams cannot grow it.
 
 use crate::{
     store::{Store, StoreError},
@@ -49,8 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Entries held before those with nothing in flight are dropped: a few
-/// MB, far more teams than one replica serves in a month.
+/// Entries held before idle ones are dropped: a few MB, more teams than a month's.
 const SWEEP_AT: usize = 10_000;
 
 /// One (team, month) as this process sees it.
@@ -60,8 +33,7 @@ struct Entry {
     committed: Balance,
     /// Admitted or charged since, not yet committed.
     pending: Amount,
-    /// Reservations admitted here whose call has not settled (committed
-    /// or rolled back) nor been withdrawn: while any is, the entry stays.
+    /// Admitted reservations not settled nor withdrawn; the entry stays while any is.
     open: usize,
 }
 
@@ -80,16 +52,11 @@ struct Inner {
     ledgers: HashMap<Key, Entry>,
     /// The least size at which a sweep runs ([`SWEEP_AT`]).
     sweep_floor: usize,
-    /// `ledgers`' size at which the next sweep runs.
     sweep_at: usize,
-    /// Sweeps that dropped an entry so far: a row read before one may be
-    /// older than an entry dropped by it, so such a read is read again.
+    /// Sweeps that dropped an entry: a row read before one is read again.
     sweeps: u64,
-    /// A team's caps, when they were read, and whether a caller is
-    /// reading them again.
     caps: HashMap<String, CachedCaps>,
-    /// Reservations admitted whose batch failed: `id → (key, amount)`,
-    /// still counted in their key's `pending` until their call settles.
+    /// Admitted reservations whose batch failed, in `pending` until they settle.
     held: HashMap<String, (Key, Amount)>,
 }
 
@@ -100,8 +67,7 @@ struct CachedCaps {
     refreshing: bool,
 }
 
-/// Clears a team's `refreshing` mark if its reader is dropped (a cancelled
-/// call) before storing what it read, so another caller reads instead.
+/// Clears a team's `refreshing` mark if its reader is dropped before storing.
 struct Refreshing<'a> {
     admission: &'a Admission,
     team: &'a str,
@@ -124,8 +90,7 @@ pub struct Admission {
     store: Store,
     limits_refresh: Duration,
     inner: Mutex<Inner>,
-    /// A test's pause of the next `admit` between its read of a row and
-    /// its use: it says when it got there, then waits.
+    /// A test's pause of the next `admit` between reading a row and using it.
     #[cfg(test)]
     pause: Mutex<
         Option<(
@@ -135,22 +100,17 @@ pub struct Admission {
     >,
 }
 
-/// What a settlement added to its entry when it was submitted
-/// ([`Admission::settling`]), to be taken back should it never reach the
-/// writer ([`Admission::unsent`]).
+/// What a settlement added to its entry, taken back by [`Admission::unsent`].
 #[derive(Debug)]
 pub struct Settling {
     key: Key,
     charged: Amount,
     reservations: usize,
-    /// Its reservations whose batch failed (`Inner::held`): almost always
-    /// none, so nothing is allocated.
     held: Vec<String>,
 }
 
 impl Admission {
-    /// Admission over `store`'s ledger; caps are re-read once older than
-    /// `limits_refresh`.
+    /// Admission over `store`'s ledger, caps re-read after `limits_refresh`.
     pub fn new(store: Store, limits_refresh: Duration) -> Self {
         Self {
             store,
@@ -191,9 +151,7 @@ impl Admission {
             .map(|e| e.open)
     }
 
-    /// Pauses the next `admit` that reads a row, right after the read: the
-    /// first receiver hears when it is there, and it goes on once the
-    /// sender is used or dropped.
+    /// Pauses the next `admit` after it reads a row, until the sender goes.
     #[cfg(test)]
     pub fn pause_after_read(
         &self,
@@ -208,23 +166,17 @@ impl Admission {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Plain data, updated in single steps: still consistent after a
-        // panic elsewhere.
+        // Plain data updated in single steps: consistent after a panic elsewhere.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits `r` (its amount now counts against the team's caps) or says
-    /// which cap refuses it. Reads the database only for a team's first
-    /// call of a month and when its caps are due for a refresh.
+    /// Admits `r` or says which cap refuses it.
     pub async fn admit(&self, r: &Reserve) -> Result<Result<(), Refusal>, StoreError> {
         let caps = self.caps(&r.team_id, r.default_caps).await?;
         let key = (r.team_id.clone(), r.month_start_ms);
-        // No entry means nothing of this key is queued or in flight here
-        // (an entry is dropped only once nothing is), so the row as
-        // committed is the whole ledger. A concurrent first call may load
-        // it too: the first entry in wins, either is exact, unless a sweep
-        // ran meanwhile (the row read may then predate an entry it
-        // dropped, and is read again).
+        // No entry: nothing of this key is queued or in flight, so the row as
+        // committed is exact. Of concurrent loads the first in wins, unless a
+        // sweep ran meanwhile: the row may predate an entry it dropped.
         let mut loaded = None;
         loop {
             let (known, sweeps) = {
@@ -287,11 +239,9 @@ impl Admission {
     /// Counts what `s` charges from now on, before the writer commits it.
     pub fn settling(&self, s: &Settle) -> Settling {
         let key = (s.record.team_id.clone(), s.month_start_ms);
-        // A settlement that charges has reservations, so its call was
-        // admitted here and its entry exists (they are open until it is
-        // done). Should it not, nothing was added, and nothing is taken
-        // back if the settlement is never sent: an entry made meanwhile
-        // read a row that this settlement is not in.
+        // A charging settlement's entry exists (its reservations keep it).
+        // Without one nothing is added, nor taken back if it is never sent:
+        // an entry made meanwhile read a row this settlement is not in.
         let mut inner = self.lock();
         let held = if inner.held.is_empty() {
             Vec::new()
@@ -320,11 +270,8 @@ impl Admission {
         }
     }
 
-    /// A settlement counted by [`Admission::settling`] that never reached
-    /// the writer (its caller was dropped while the queue was full): it
-    /// charges nothing, and its call is done with. Its reservations stay in
-    /// the ledger, counted as reserved, for the sweeper to charge; those
-    /// whose batch failed are in no ledger, and stop counting.
+    /// A settlement that never reached the writer charges nothing; its
+    /// reservations stay for the sweeper, except held ones (in no ledger).
     pub fn unsent(&self, s: &Settling) {
         let mut inner = self.lock();
         if let Some(entry) = inner.ledgers.get_mut(&s.key) {
@@ -336,9 +283,7 @@ impl Admission {
         }
     }
 
-    /// After the writer committed `ops` (in-memory admitted reservations
-    /// and settlements among them): the rows as its transaction left them
-    /// replace what was known, and the batch's amounts leave `pending`.
+    /// After the writer committed `ops`: `rows` replace what was known.
     pub fn committed(&self, ops: &[Op], rows: Rows) {
         let mut inner = self.lock();
         inner.take_out(ops);
@@ -349,9 +294,7 @@ impl Admission {
         }
     }
 
-    /// After a batch failed (rolled back): its settlements charged nothing,
-    /// and its reservations stay counted until their calls settle, since
-    /// those calls are already running.
+    /// After a rollback: reservations stay counted until their calls settle.
     pub fn failed(&self, ops: &[Op]) {
         let mut inner = self.lock();
         for op in ops {
@@ -366,10 +309,8 @@ impl Admission {
         }
     }
 
-    /// The caps `admit` would use for `team` now. Once they are due for a
-    /// refresh, one caller reads them again while the others keep using
-    /// the ones it is replacing: a busy team would otherwise send every
-    /// call of that moment to the pool at once.
+    /// The caps `admit` uses for `team`. When due, one caller re-reads them
+    /// while the others use the old ones, rather than all hitting the pool.
     async fn caps(&self, team: &str, defaults: Caps) -> Result<Caps, StoreError> {
         let mut guard = Refreshing {
             admission: self,
@@ -397,8 +338,7 @@ impl Admission {
         Ok(caps)
     }
 
-    /// `(committed, pending)` of a (team, month) while it is held, for
-    /// tests and ops.
+    /// `(committed, pending)` of a (team, month) while it is held.
     pub fn snapshot(&self, team: &str, month_start_ms: i64) -> Option<(Balance, Amount)> {
         self.lock()
             .ledgers
@@ -408,12 +348,8 @@ impl Admission {
 }
 
 impl Inner {
-    /// Before an entry of `team` is added at [`Inner::sweep_at`] entries:
-    /// drops those with nothing queued or in flight, and the caps of teams
-    /// left with none (read again at their next call). The next sweep
-    /// waits until the map holds twice what is left (at least
-    /// `sweep_floor`), so sweeping stays linear in the entries added even
-    /// when most are in flight.
+    /// At [`Inner::sweep_at`] entries drops idle ones and their caps; the next
+    /// sweep waits for twice what is left, so sweeping stays linear.
     fn make_room(&mut self, team: &str) {
         if self.ledgers.len() < self.sweep_at {
             return;
@@ -424,8 +360,7 @@ impl Inner {
         if self.ledgers.len() < before {
             self.sweeps += 1;
         }
-        // Caps are pruned even when no entry went: a team's caps can be
-        // read without an entry following (a failed read of its row).
+        // Pruned even when no entry went: caps can be read without an entry following.
         let mut teams: HashSet<&str> = self.ledgers.keys().map(|(t, _)| t.as_str()).collect();
         teams.insert(team);
         self.caps
@@ -433,7 +368,6 @@ impl Inner {
         self.sweep_at = self.sweep_floor.max(self.ledgers.len().saturating_mul(2));
     }
 
-    /// Takes a committed (or rolled back) batch's amounts out of `pending`.
     fn take_out(&mut self, ops: &[Op]) {
         for op in ops {
             match op {
@@ -449,8 +383,7 @@ impl Inner {
         }
     }
 
-    /// `s` is done with (committed or rolled back): its charge and any of
-    /// its reservations held after a failed batch leave `pending`.
+    /// `s` is done with: its charge and any held reservations leave `pending`.
     fn settled(&mut self, s: &Settle) {
         let key = (s.record.team_id.clone(), s.month_start_ms);
         if let Some(entry) = self.ledgers.get_mut(&key) {

@@ -1,24 +1,15 @@
-//! How the ledger writer waits for SQLite's write lock when another
-//! connection holds it (the pool's transactions: conversations, tool
-//! invocations, prompts, keys).
-//!
-//! SQLite's own busy handler (`busy_timeout`) sleeps 1, 2, 5, 10, 15, 20,
-//! 25 ms … between attempts: a lock held for one 1 ms commit costs the
-//! writer up to 3 ms, and one held a little longer under load 33, 53 or 78
-//! ms, while every metered call of every team queues behind the writer.
-//! The writer is one thread doing nothing else, so it asks again after
-//! 100 µs, then 200 µs, … up to every [`POLL_MAX`], until the database's
-//! `busy_timeout` has passed: the lock is taken within a fraction of a
-//! millisecond of a usual commit's release, for a few attempts (each a
-//! failed lock, microseconds of CPU).
+//! How the ledger writer waits for SQLite's write lock held by another
+//! connection. SQLite's own handler sleeps 1, 2, 5, 10 … ms between
+//! attempts, while every metered call queues behind the writer; the writer
+//! is a thread doing nothing else, so it asks again after 100 µs, 200 µs, …
+//! up to [`POLL_MAX`], until the database's `busy_timeout` has passed.
 
 use std::{
     cell::Cell,
     time::{Duration, Instant},
 };
 
-/// The first pause between two attempts at the lock; each next pause is
-/// one step longer.
+/// The first pause between two attempts; each next one is a step longer.
 pub const POLL_STEP: Duration = Duration::from_micros(100);
 
 /// The longest pause between two attempts.
@@ -27,20 +18,16 @@ pub const POLL_MAX: Duration = Duration::from_millis(1);
 thread_local! {
     /// How long this thread's ledger connection waits for the lock.
     static LIMIT: Cell<Duration> = const { Cell::new(Duration::from_secs(5)) };
-    /// When the current wait began.
     static SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
-/// Sets how long the ledger connection used on this thread waits for the
-/// lock before its statement fails with "database is locked" (the
-/// database's `busy_timeout`; 5 s until set). The busy handler runs on the
-/// thread that runs the statement: call it on the writer's thread.
+/// Sets how long this thread's ledger connection waits for the lock (5 s
+/// until set). The handler runs on the statement's thread: call it there.
 pub fn wait_at_most(limit: Duration) {
     LIMIT.set(limit);
 }
 
-/// The busy handler: `count` is SQLite's number of earlier calls for this
-/// wait. True to try again.
+/// The busy handler (`count`: earlier calls for this wait); true to try again.
 pub fn retry(count: i32) -> bool {
     let now = Instant::now();
     let since = match SINCE.get() {
@@ -53,15 +40,13 @@ pub fn retry(count: i32) -> bool {
     if now.duration_since(since) >= LIMIT.get() {
         return false;
     }
-    // SQLite calls it on the thread running the statement: the ledger
-    // writer's own thread, never a runtime worker.
+    // On the ledger writer's own thread, never a runtime worker.
     #[allow(clippy::disallowed_methods)]
     std::thread::sleep(pause(count));
     true
 }
 
-/// The pause before attempt `count + 1`: one [`POLL_STEP`] more each time,
-/// at most [`POLL_MAX`].
+/// The pause before attempt `count + 1`.
 fn pause(count: i32) -> Duration {
     let steps = u32::try_from(count).unwrap_or(0).saturating_add(1);
     POLL_STEP.saturating_mul(steps).min(POLL_MAX)
@@ -72,10 +57,8 @@ mod tests {
     use super::*;
     use rusqlite::{Connection, TransactionBehavior};
 
-    /// Never more than a millisecond between two attempts, however long
-    /// the wait: SQLite's own handler sleeps 1, 2, 5, 10, 15, 20, 25 ms.
-    /// (The schedule is what is tested: a wall-clock bound on a shared
-    /// machine would test its scheduler.)
+    /// At most a millisecond between attempts. The schedule is tested, not
+    /// the wall clock (that would test a shared machine's scheduler).
     #[test]
     fn attempts_are_at_most_a_millisecond_apart() {
         assert_eq!(pause(0), Duration::from_micros(100));
@@ -86,8 +69,7 @@ mod tests {
         assert_eq!(pause(-1), POLL_STEP, "an odd count starts over");
     }
 
-    /// The writer takes the lock once another connection releases it, and
-    /// gives up at its limit when it is held for good.
+    /// The writer takes a released lock, and gives up at its limit.
     #[test]
     fn the_writer_takes_the_lock_after_its_release_and_gives_up_at_its_limit() {
         let dir = tempfile::tempdir().unwrap();
@@ -99,8 +81,7 @@ mod tests {
         writer.execute("CREATE TABLE t (x INTEGER)", []).unwrap();
         writer.busy_handler(Some(retry)).unwrap();
 
-        // Another connection, on another thread, holds the lock until the
-        // writer has waited for it at least once.
+        // Another thread holds the lock until the writer has waited once.
         let (took_tx, took_rx) = std::sync::mpsc::channel::<()>();
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
         let other_path = path.clone();
@@ -129,8 +110,7 @@ mod tests {
             .unwrap();
         assert_eq!(rows, 2);
 
-        // Held for good: the writer gives up at its limit, not at the 5 s
-        // it would wait by default.
+        // Held for good: the writer gives up at its limit, not the default 5 s.
         wait_at_most(Duration::from_millis(50));
         let mut holder = Connection::open(&path).unwrap();
         let tx = holder

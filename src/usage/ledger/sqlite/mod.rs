@@ -1,14 +1,6 @@
-//! The SQLite backend of the ledger: a file has one writer, in one server
-//! process, with its own synchronous connection on a thread of its own
-//! ([`writer`]), admission decided in memory ([`admission`]) and the WAL
-//! synced after the commits somebody waits for ([`wal`]).
-//!
-//! Why its own connection and not sqlx's pool: sqlx drives SQLite from a
-//! worker thread per connection, so every statement of a batch would be a
-//! round trip between that thread and the runtime (docs/adr). A rusqlite
-//! connection, on the same linked SQLite library, runs the whole batch on
-//! the writer's thread. Everything else (reads, the sweeper, prompts,
-//! limits) stays on the sqlx pool; WAL and the busy timeout order them.
+//! The SQLite ledger: one writer per file on its own rusqlite connection
+//! ([`writer`]), not sqlx's pool, where each statement is a round trip to a
+//! worker thread (docs/adr); admission in memory ([`admission`]).
 
 pub mod admission;
 pub mod busy;
@@ -35,16 +27,13 @@ use futures::FutureExt;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, ToSql, Transaction, TransactionBehavior};
 use std::{collections::HashSet, ffi::CStr, path::PathBuf, str::FromStr, sync::OnceLock};
 
-/// Parameter names `$1`..`$18`, for binding by name: the shared SQL numbers
-/// its parameters, and SQLite indexes them in order of first appearance,
-/// which is not their number in `GUARDED_RESERVE` or `UPDATE_ROW`.
+/// Names to bind `$n` by: SQLite numbers them in order of first appearance.
 const NAMES: [&CStr; 21] = [
     c"$1", c"$2", c"$3", c"$4", c"$5", c"$6", c"$7", c"$8", c"$9", c"$10", c"$11", c"$12", c"$13",
     c"$14", c"$15", c"$16", c"$17", c"$18", c"$19", c"$20", c"$21",
 ];
 
-/// The database file behind a `sqlite:` URL, or `None` when the database
-/// lives only in memory.
+/// The database file behind a `sqlite:` URL; `None` in memory.
 pub fn file_of(url: &str) -> Option<PathBuf> {
     if url.contains(":memory:") || url.contains("mode=memory") {
         return None;
@@ -53,13 +42,8 @@ pub fn file_of(url: &str) -> Option<PathBuf> {
     Some(options.get_filename().to_path_buf())
 }
 
-/// Claims the database file for this server process until the returned
-/// handle is dropped (an advisory `flock`, released by the kernel if the
-/// process dies; SQLite's own locks are `fcntl` ones and unaffected).
-///
-/// A SQLite file belongs to one server: admission is decided in its memory
-/// and its start-up sweep charges every open reservation as orphaned. The
-/// `limits` CLI and other readers do not claim it.
+/// Claims the file for this process (an advisory `flock`) until dropped:
+/// admission lives in one server's memory.
 pub fn claim(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
     let file = std::fs::OpenOptions::new().read(true).open(path)?;
     match file.try_lock() {
@@ -69,12 +53,7 @@ pub fn claim(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
     }
 }
 
-/// Opens the writer's connection to the (already created and migrated)
-/// file: foreign keys; a busy handler that asks for the lock again within
-/// a millisecond, for the database's busy timeout as set on the thread
-/// that uses the connection ([`busy`]: set here for this thread's own
-/// statements, and by the writer's thread for its); commits that do not
-/// wait for the disk (the writer syncs the WAL itself, see [`wal`]).
+/// Opens the writer's connection to the migrated file, with [`busy`]'s handler.
 pub fn open(path: &std::path::Path, config: &DatabaseConfig) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
@@ -82,35 +61,27 @@ pub fn open(path: &std::path::Path, config: &DatabaseConfig) -> rusqlite::Result
     )?;
     busy::wait_at_most(config.busy_timeout);
     conn.busy_handler(Some(busy::retry))?;
-    // WAL is a property of the file (set by the pool on creation); asking
-    // again is harmless and makes this connection's view explicit.
+    // WAL is set on the file by the pool; asking again is harmless.
     let _mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-    // Commits do not wait for the disk: with `sqlite_synchronous = "full"`
-    // the writer syncs the WAL right after each commit, before it answers
-    // the settlements; with "normal" checkpoints do.
+    // Commits do not wait for the disk: the writer syncs the WAL ([`wal`]).
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    // SQLite's automatic checkpoint stays on this connection, between
-    // commits: a passive checkpoint beside a busy writer never catches up.
+    // Checkpoints between commits: a passive one beside a busy writer never catches up.
     conn.pragma_update(None, "wal_autocheckpoint", config.sqlite_wal_autocheckpoint)?;
     // Every SQL text the ledger uses, with room to spare.
     conn.set_prepared_statement_cache_capacity(32);
     Ok(conn)
 }
 
-/// Applies `ops` in one `BEGIN IMMEDIATE` transaction and returns one result
-/// per op, in order. Blocking: call it from the writer's thread (or a
-/// blocking task).
+/// Applies `ops` in one `BEGIN IMMEDIATE` transaction. Blocking.
 pub fn apply(conn: &mut Connection, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
     apply_reading(conn, ops).map(|(done, _)| done)
 }
 
-/// [`apply`], also returning the ledger row of every (team, month) the
-/// batch touched, as its transaction left them (for [`Admission`]).
+/// [`apply`], also returning every touched ledger row as left (for [`Admission`]).
 pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> Result<(Vec<Done>, Rows), StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    // Every statement runs synchronously, so the plan's future is ready
-    // when first polled.
+    // Every statement is synchronous: the plan's future is ready when first polled.
     let applied = plan::apply(&mut Sqlite { tx: &tx }, ops, true)
         .now_or_never()
         .unwrap_or(Err(StoreError::Unsupported(
@@ -120,7 +91,6 @@ pub fn apply_reading(conn: &mut Connection, ops: &[Op]) -> Result<(Vec<Done>, Ro
     Ok(applied)
 }
 
-/// A batch's transaction.
 struct Sqlite<'t, 'c> {
     tx: &'t Transaction<'c>,
 }
@@ -284,8 +254,7 @@ impl Backend for Sqlite<'_, '_> {
 
     async fn audit_head(&mut self, team: &str) -> Result<Head, StoreError> {
         use crate::audit::{chain, store};
-        // The transaction holds SQLite's write lock (IMMEDIATE): nobody
-        // else appends meanwhile.
+        // IMMEDIATE holds the write lock: nobody else appends meanwhile.
         self.execute(store::ENSURE_HEAD, &[&team, &chain::GENESIS])?;
         let (seq, hash) = self
             .tx

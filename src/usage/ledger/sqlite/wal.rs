@@ -1,28 +1,9 @@
-//! Durability of the SQLite ledger, one step after its commit: the writer
-//! commits with `synchronous = NORMAL` (the WAL is written, not synced),
-//! then, when the batch holds settlements, syncs the WAL (`fdatasync`) and
-//! only then answers them. Commits nobody waits for are synced by a thread
-//! beside the writer within [`BACKGROUND_EVERY`] ([`Background`]).
-//!
-//! Why: with `synchronous = FULL` every commit waited for its fsync before
-//! anyone heard back, so a metered call waited for two fsyncs in a row (its
-//! reservation's, then its record's), and on a disk whose fsync has a long
-//! tail under load both showed in the call's latency. A reservation is
-//! admitted in memory and nobody waits for its commit; a settlement is
-//! still answered only once its usage record is on disk (SPEC §5: no
-//! acknowledged call goes unrecorded). The WAL is written in order, so that
-//! sync also covers every earlier commit, the call's reservation included,
-//! and the writer syncs before it starts the next batch.
-//!
-//! What this trades (docs/metering.md): a reservation reaches the disk with
-//! the next settlement's sync or the background thread's, at most
-//! [`BACKGROUND_EVERY`] after its commit, while its provider call runs. A
-//! process crash after the commit loses nothing (the WAL is in the OS's
-//! page cache); a power loss in that window loses the reservation of a call
-//! that was never acknowledged, whose provider cost is then not recorded.
-//!
-//! It must never let a settlement be answered before a sync that started
-//! after its commit has finished.
+//! Durability of the SQLite ledger: commits use `synchronous = NORMAL`; a
+//! batch with settlements then syncs the WAL and only then answers them
+//! (SPEC §5), covering every earlier commit. A reservation reaches the disk
+//! at most [`BACKGROUND_EVERY`] later: a power loss in that window loses one
+//! of a call never acknowledged (docs/metering.md).
+//! It must never answer a settlement before a sync started after its commit.
 
 use std::{
     fs::File,
@@ -41,13 +22,11 @@ use std::{
 pub struct Wal {
     path: PathBuf,
     file: Option<File>,
-    /// Syncs that succeeded (ops and tests read it).
     synced: Arc<AtomicU64>,
 }
 
 impl Wal {
-    /// The WAL of the SQLite database file at `db` (SQLite names it
-    /// `<db>-wal`).
+    /// The WAL (`<db>-wal`) of the SQLite database file at `db`.
     pub fn of(db: &Path) -> Self {
         let mut path = db.as_os_str().to_owned();
         path.push("-wal");
@@ -58,11 +37,7 @@ impl Wal {
         }
     }
 
-    /// `fdatasync` of the file now at the WAL's path: every commit made
-    /// before this call is durable when it returns `Ok`. SQLite keeps one
-    /// WAL file for as long as a connection is open (the writer's always
-    /// is) and rewrites it in place; comparing inodes is a cheap guard
-    /// against ever syncing a file that is no longer the WAL.
+    /// `fdatasync` of the WAL (inode-checked): every earlier commit durable on `Ok`.
     pub fn sync(&mut self) -> std::io::Result<()> {
         let current = std::fs::metadata(&self.path)?.ino();
         let file = match self.file.take() {
@@ -88,22 +63,9 @@ impl Wal {
     }
 }
 
-/// Syncs commits that no caller waits for, at most [`BACKGROUND_EVERY`]
-/// after they were made, on a thread beside the writer.
-///
-/// With `sqlite_synchronous = "normal"` no commit syncs the WAL, and the
-/// automatic checkpoint (run inside the commit that crosses its threshold)
-/// would first sync the whole unsynced WAL, stalling every call queued
-/// behind that commit (docs/adr/0006). With `"full"` a batch of
-/// reservations alone (admitted in memory, nobody waiting) is not synced by
-/// the writer, so a settlement never waits behind it: the next
-/// settlement's sync covers it (the WAL is written in order), and until
-/// then this thread bounds how long it stays only in the OS's page cache.
-///
-/// The writer [`mark`](Self::mark)s what it leaves unsynced; the thread
-/// syncs only when something is marked, so an idle server does no I/O. The
-/// last marked commits are synced when the thread ends (dropped), so a
-/// clean stop leaves nothing unsynced in either mode.
+/// Syncs marked commits within [`BACKGROUND_EVERY`] on its own thread, and
+/// once more when dropped; else a checkpoint would sync the whole WAL inside
+/// a commit, stalling calls behind it (docs/adr/0006).
 pub struct Background {
     // Dropping it ends the thread.
     _stop: mpsc::Sender<()>,
@@ -113,13 +75,11 @@ pub struct Background {
     syncs: Arc<AtomicU64>,
 }
 
-/// How often [`Background`] syncs the WAL when commits are waiting for it:
-/// what a power loss can take of commits nobody waited for.
+/// How often [`Background`] syncs marked commits: what a power loss can take.
 pub const BACKGROUND_EVERY: Duration = Duration::from_millis(20);
 
 impl Background {
-    /// Starts syncing the WAL of the database file `db` every `every` while
-    /// commits are marked, until dropped.
+    /// Starts syncing `db`'s WAL every `every` while commits are marked.
     pub fn start(db: &Path, every: Duration) -> std::io::Result<Self> {
         let (stop, stopped) = mpsc::channel::<()>();
         let dirty = Arc::new(AtomicBool::new(false));
@@ -127,8 +87,7 @@ impl Background {
         let (marked, counter) = (dirty.clone(), syncs.clone());
         let mut wal = Wal::of(db);
         let mut pass = move || {
-            // Cleared before the sync: a commit marked during it is synced
-            // by the next pass.
+            // Cleared before the sync: a commit marked during it waits a pass.
             if !marked.swap(false, Ordering::AcqRel) {
                 return;
             }
@@ -155,14 +114,12 @@ impl Background {
         })
     }
 
-    /// Marks commits made so far as not synced by anyone else: the thread's
-    /// next pass syncs them.
+    /// Marks the commits so far for the thread's next pass.
     pub fn mark(&self) {
         self.dirty.store(true, Ordering::Release);
     }
 
-    /// Takes the mark back: the writer is about to sync everything
-    /// committed so far itself.
+    /// Takes the mark back: the writer is about to sync itself.
     pub fn unmark(&self) {
         self.dirty.store(false, Ordering::Release);
     }
@@ -196,8 +153,7 @@ mod tests {
         wal.sync().unwrap();
         let first = wal.file.as_ref().unwrap().metadata().unwrap().ino();
 
-        // Replaced (a new file at the same path; the old one kept so its
-        // inode number cannot be reused): the new one is synced.
+        // Replaced (the old file kept so its inode is not reused): the new one is synced.
         std::fs::rename(dir.path().join("ledger.db-wal"), dir.path().join("old")).unwrap();
         let mut f = File::create(dir.path().join("ledger.db-wal")).unwrap();
         f.write_all(b"other frames").unwrap();
@@ -245,8 +201,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(background.syncs(), before, "synced an unmarked commit");
 
-        // Marked, then dropped before a pass could run: synced on the way
-        // out, and the thread ends (it drops its counter handle).
+        // Marked, then dropped before a pass: synced on the way out, thread ended.
         let slow = Background::start(&db, Duration::from_secs(3600)).unwrap();
         slow.mark();
         let counter = slow.syncs.clone();

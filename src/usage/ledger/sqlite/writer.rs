@@ -1,18 +1,7 @@
-//! The SQLite ledger writer's thread: it owns the writer's connection
-//! ([`super`]), waits for the queue itself, and applies each batch where it
-//! stands: one commit, then, for settlements, the WAL sync they wait for
-//! ([`super::wal`]).
-//!
-//! Why a thread and not a task handing batches to the blocking pool: a
-//! settlement then went through four wake-ups (the writer task, a blocking
-//! thread, the caller, the writer task again through the blocking task's
-//! handle), and the writer task, once woken, queued behind every request
-//! task on the runtime's workers. Now it is two: this thread, then the
-//! caller. Batches still form while a batch commits and syncs.
-//!
-//! It must never answer a settlement before its commit is synced (with
-//! `sqlite_synchronous = "full"`), and never hold an operation somebody
-//! waits for.
+//! The SQLite ledger writer's thread (not a blocking-pool task: fewer
+//! wake-ups, never behind request tasks): one commit per batch, then the WAL
+//! sync settlements wait for. It must never answer a settlement before its
+//! commit is synced (`"full"`), nor hold an operation somebody waits for.
 
 use super::{
     Admission, apply_reading,
@@ -33,36 +22,22 @@ use std::{
 };
 use tokio::sync::mpsc;
 
-/// How long the writer holds a batch of reservations alone before
-/// committing it, waiting for a settlement to share its commit.
-///
-/// Nobody waits for a reservation (it is admitted in memory), but every
-/// commit costs the single writer ~0.1 ms of work it cannot do for a
-/// settlement somebody does wait for. A call's own settlement often comes
-/// within this time, and under load other calls' do, so most reservations
-/// ride along: one commit per call instead of two. It bounds how long a
-/// reservation stays only in memory, i.e. what a process crash can lose
-/// (docs/metering.md): ~0.1–2 ms after admission with this value, against
-/// ~0.1–1 ms without it.
+/// How long a batch of only reservations waits for a settlement to share its
+/// commit (one per call); bounds what a crash can lose (docs/metering.md).
 pub const LINGER: Duration = Duration::from_millis(1);
 
 /// The SQLite writer's connection and how its WAL reaches the disk.
 pub struct SqliteWriter {
     conn: rusqlite::Connection,
-    /// `"full"` (`database.sqlite_synchronous`): the WAL, synced by the
-    /// writer after each commit that carries settlements, before it answers
-    /// them. `None` for `"normal"`: nobody waits for a sync.
+    /// With `"full"`: synced before answering settlements.
     wal: Option<Wal>,
-    /// Syncs the commits the writer leaves unsynced (all of them in
-    /// `"normal"`, reservation-only batches in `"full"`) within
-    /// [`wal::BACKGROUND_EVERY`]; it ends with the writer.
+    /// Syncs the commits left unsynced within [`wal::BACKGROUND_EVERY`].
     background: wal::Background,
     admission: Arc<Admission>,
 }
 
 impl SqliteWriter {
-    /// The writer over `conn`, the ledger's file at `path`; with `full`
-    /// durability it syncs the WAL before answering settlements.
+    /// The writer over `conn`, the ledger's file at `path`.
     pub fn new(
         conn: rusqlite::Connection,
         path: &std::path::Path,
@@ -77,9 +52,7 @@ impl SqliteWriter {
         })
     }
 
-    /// Commits `ops` and answers `replies`: reservations once committed,
-    /// settlements once the WAL is synced (see [`super::wal`]).
-    /// Blocking.
+    /// Commits `ops` and answers `replies` (settlements once synced). Blocking.
     async fn commit(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
         let started = Instant::now();
         let conn = &mut self.conn;
@@ -112,8 +85,7 @@ impl SqliteWriter {
         };
         let durable: Vec<Outcome> = outcomes.iter().filter(|o| settled(o)).cloned().collect();
         answer(replies, outcomes, |o| !settled(o));
-        // This sync covers every commit so far, the unsynced reservations
-        // included.
+        // This sync covers every commit so far.
         self.background.unmark();
         let started = Instant::now();
         let synced = wal.sync();
@@ -137,9 +109,6 @@ impl SqliteWriter {
 }
 
 impl Applier for SqliteWriter {
-    /// Holds a batch of reservations alone for up to [`LINGER`], until a
-    /// settlement (or `batch_max` operations) joins it; a batch with
-    /// anything but reservations goes at once.
     fn gather(
         &mut self,
         rx: &mut mpsc::Receiver<(Op, Reply)>,
@@ -150,25 +119,18 @@ impl Applier for SqliteWriter {
         linger(rx, batch_max, ops, replies);
     }
 
-    /// Blocking (this is the writer's own thread): commits, then syncs for
-    /// the settlements.
     async fn apply(&mut self, ops: &[Op], replies: &mut Vec<Reply>) {
         let applied = std::panic::AssertUnwindSafe(self.commit(ops, replies))
             .catch_unwind()
             .await;
         if applied.is_err() {
-            // The transaction rolled back when it dropped; the replies
-            // still held are dropped by the loop, so their callers see the
-            // writer as stopped (STORAGE_UNAVAILABLE, as any ledger
-            // failure). The next batch goes on.
+            // Rolled back; the replies left are dropped: STORAGE_UNAVAILABLE.
             tracing::error!(batch = ops.len(), "ledger batch panicked");
         }
     }
 }
 
-/// Holds a batch of reservations alone for up to [`LINGER`], until a
-/// settlement (or `batch_max` operations) joins it; a batch with anything
-/// but reservations goes at once ([`Op::goes_at_once`]).
+/// Holds a batch of only reservations up to [`LINGER`] for a settlement.
 fn linger(
     rx: &mut mpsc::Receiver<(Op, Reply)>,
     batch_max: usize,
@@ -187,13 +149,8 @@ fn linger(
     }
 }
 
-/// Runs `future` on this thread until it completes (`Some`) or `deadline`
-/// passes (`None`).
-///
-/// Hand-written rather than `futures::executor::block_on` (no deadline) or
-/// tokio's `Handle::block_on` with a timer: this thread must not depend on
-/// the runtime's timer (1 ms ticks, and gone once the runtime shuts down
-/// while the writer drains), and parking with a timeout is all it takes.
+/// Runs `future` here until done or `deadline`; not tokio's timer, gone at
+/// runtime shutdown while the writer drains.
 pub(in crate::usage::ledger) fn block_on<F: Future>(
     future: F,
     deadline: Option<Instant>,
@@ -205,9 +162,7 @@ pub(in crate::usage::ledger) fn block_on<F: Future>(
         if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
             return Some(out);
         }
-        // A wake between the poll and the park leaves the thread's token
-        // set, so the park returns at once; spurious returns just poll
-        // again.
+        // A wake between poll and park leaves the token set: park returns at once.
         match deadline {
             None => std::thread::park(),
             Some(deadline) => {
@@ -221,7 +176,6 @@ pub(in crate::usage::ledger) fn block_on<F: Future>(
     }
 }
 
-/// Wakes a parked thread.
 struct Unpark(Thread);
 
 impl Wake for Unpark {
@@ -299,11 +253,7 @@ mod tests {
         (vec![op], vec![tx], rx)
     }
 
-    /// With full durability the writer syncs the WAL before it answers a
-    /// settlement, and leaves a batch of reservations alone (nobody waits
-    /// for it) to the background thread, so a settlement arriving meanwhile
-    /// does not queue behind a sync. A failed batch is neither synced nor
-    /// marked.
+    /// Settlements are answered after the sync; reservations left to the thread.
     #[tokio::test]
     async fn full_durability_syncs_before_settlements_and_leaves_reservations_to_the_thread() {
         let dir = tempfile::tempdir().unwrap();
@@ -323,8 +273,7 @@ mod tests {
         assert_eq!(synced(&writer), 1, "a settlement answered without a sync");
         assert!(!writer.background.marked(), "the writer's sync covers it");
 
-        // A batch that fails (the table is gone) is rolled back: no sync,
-        // no mark, its caller gets the error.
+        // A failing batch (table gone): no sync, no mark, the caller gets the error.
         writer
             .conn
             .execute_batch("ALTER TABLE usage_records RENAME TO gone")
@@ -337,16 +286,14 @@ mod tests {
         store.close().await;
     }
 
-    /// A reservation waits on the writer for a settlement to share its
-    /// commit, up to [`LINGER`]; a settlement or a write is never held back.
+    /// Reservations wait up to [`LINGER`] for a settlement; nothing else waits.
     #[test]
     fn reservations_linger_for_a_settlement_and_settlements_never_wait() {
         let (tx, mut rx) = mpsc::channel::<(Op, Reply)>(8);
         let r = reserve("r1");
         let queue = |op: Op| tx.try_send((op, oneshot::channel().0)).unwrap();
 
-        // A batch with a settlement goes at once: what is queued behind it
-        // stays for the next batch.
+        // A batch with a settlement goes at once.
         queue(Op::Reserve(reserve("r2")));
         let (mut ops, mut replies, _) = one(Op::Settle(settle(&r)));
         linger(&mut rx, 8, &mut ops, &mut replies);
@@ -367,8 +314,7 @@ mod tests {
         assert_eq!(ops.len(), 1, "a write was held");
         assert_eq!(rx.len(), 1);
 
-        // Reservations, then a settlement queued behind them: taken
-        // together, one commit.
+        // Reservations and a settlement queued behind them: one commit.
         queue(Op::Settle(settle(&r)));
         let (mut ops, mut replies, _) = one(Op::Reserve(r.clone()));
         linger(&mut rx, 8, &mut ops, &mut replies);
@@ -376,8 +322,7 @@ mod tests {
         assert_eq!(replies.len(), 3);
         assert!(rx.is_empty());
 
-        // Reservations alone, nothing else queued: held for LINGER, then
-        // committed as they are.
+        // Reservations alone: held for LINGER, then committed.
         let (mut ops, mut replies, _) = one(Op::Reserve(r.clone()));
         let started = Instant::now();
         linger(&mut rx, 8, &mut ops, &mut replies);

@@ -26,8 +26,7 @@ fn settle(team: &str) -> Op {
     })
 }
 
-/// A call dropped while its admitted reservation waits for room in a
-/// full queue takes its admission back; one that got in stays counted.
+/// A call dropped while waiting for room in a full queue takes its admission back.
 #[tokio::test]
 async fn an_admission_dropped_before_it_is_queued_is_withdrawn() {
     use futures::FutureExt;
@@ -51,14 +50,12 @@ async fn an_admission_dropped_before_it_is_queued_is_withdrawn() {
     let counted = |a: &Admission| a.snapshot("t", 0).map(|(_, pending)| pending);
     assert_eq!(counted(&admission), Some(Amount::new(0, 1, 0)));
 
-    // Caps and ledger row are known now, so the second call is admitted
-    // at once and then waits for room: dropped there, it is withdrawn.
+    // The second call is admitted at once, then waits for room: dropped, withdrawn.
     let waiting = writer.submit(reserve("t")).now_or_never();
     assert!(waiting.is_none(), "waits for room in the queue");
     assert_eq!(counted(&admission), Some(Amount::new(0, 1, 0)));
 
-    // A settlement dropped while it waits for room is taken back: its
-    // charge is not counted for ever, and its call is done with.
+    // A settlement dropped while it waits for room is taken back.
     let admitted = Reserve {
         team_id: "t".into(),
         requests: 1,
@@ -78,8 +75,7 @@ async fn an_admission_dropped_before_it_is_queued_is_withdrawn() {
     assert_eq!(counted(&admission), Some(Amount::new(0, 1, 0)));
     assert_eq!(admission.open("t", 0), Some(0));
 
-    // The same for one queued without waiting for its commit (a refused
-    // call's settlement).
+    // The same for one queued without waiting for its commit.
     let Op::Settle(mut settle) = settle_of(&admitted) else {
         unreachable!("a settlement")
     };
@@ -92,8 +88,7 @@ async fn an_admission_dropped_before_it_is_queued_is_withdrawn() {
     store.close().await;
 }
 
-/// A settlement that reached the writer is not also taken back: the
-/// team's other call stays open and counted.
+/// A settlement that reached the writer is not also taken back.
 #[tokio::test]
 async fn a_settlement_sent_is_not_taken_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -124,8 +119,7 @@ const TWO_REQUESTS: crate::usage::policy::Caps = crate::usage::policy::Caps {
     cost_micros: None,
 };
 
-/// A call's first reservation for `team`, this month, under
-/// [`TWO_REQUESTS`].
+/// A call's first reservation for `team` under [`TWO_REQUESTS`].
 fn reserve_for(id: &str, team: &str) -> Reserve {
     Reserve {
         id: id.into(),
@@ -160,8 +154,7 @@ async fn on_file(dir: &std::path::Path) -> (LedgerWriter, Arc<Admission>, Store)
     };
     let store = Store::connect(&config).await.unwrap();
     store.migrate().await.unwrap();
-    // Dropping the sender would stop the writers; they stop with the
-    // test's runtime instead.
+    // Dropping the sender would stop the writers.
     let (stop, stopping) = watch::channel(false);
     std::mem::forget(stop);
     let (writer, _handle) = LedgerWriter::spawn(
@@ -187,9 +180,8 @@ async fn call(writer: &LedgerWriter, id: &str, team: &str) -> Done {
     admitted
 }
 
-/// In-memory admission drops teams with nothing in flight once it
-/// holds enough of them, keeps those with a call open, and reads a
-/// dropped team's row back exactly: its caps still hold.
+/// Admission drops idle teams once it holds enough, keeps those with a
+/// call open, and reads a dropped team's row back exactly.
 #[tokio::test]
 async fn admission_forgets_idle_teams_and_reads_them_back_exactly() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,8 +223,7 @@ async fn admission_forgets_idle_teams_and_reads_them_back_exactly() {
     store.close().await;
 }
 
-/// A row read before a sweep may be older than the entry the sweep
-/// dropped: it is read again rather than trusted, so the cap holds.
+/// A row read before a sweep is read again rather than trusted: the cap holds.
 #[tokio::test]
 async fn a_row_read_across_a_sweep_is_read_again() {
     let dir = tempfile::tempdir().unwrap();
