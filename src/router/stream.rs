@@ -90,7 +90,7 @@ impl Router {
                         return;
                     }
                     let mut attempt = match walk.acquire(target, retry, slept, &mut attempts).await {
-                        Acquired::Ready(attempt) => attempt,
+                        Acquired::Ready(attempt) => *attempt,
                         Acquired::Skipped(code) => {
                             if let Some(event) = walk.fallback(index, code.to_owned()) {
                                 yield event;
@@ -169,7 +169,7 @@ struct Walk {
 
 /// How the next attempt at a target begins.
 enum Acquired<'a> {
-    Ready(Attempt<'a>),
+    Ready(Box<Attempt<'a>>),
     /// Refused by the breaker or the limits (recorded): the code.
     Skipped(&'static str),
     /// Not configured: config validation makes this unreachable.
@@ -291,7 +291,7 @@ impl Walk {
             &self.request.trace_id,
             retry,
         );
-        Acquired::Ready(Attempt {
+        Acquired::Ready(Box::new(Attempt {
             target,
             retry,
             waited,
@@ -301,7 +301,7 @@ impl Walk {
             slot,
             permit,
             provider,
-        })
+        }))
     }
 
     /// The `Fallback` event from `chain[index]`, only when the next target
