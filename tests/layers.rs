@@ -310,3 +310,35 @@ fn exported_macros_belong_to_their_home_module() {
     let homes = macro_homes(&files);
     assert_eq!(homes.get("on_store").map(String::as_str), Some("store"));
 }
+
+/// The rules the one-driver shape rests on (docs/architecture.md), pinned
+/// so that widening the table above cannot quietly break them: a feature
+/// knows no edge and not the pipeline that runs it (it sees its session),
+/// a provider knows no feature, the router, resilience nor the pipeline,
+/// and resilience classifies errors without a provider.
+#[test]
+fn features_know_no_edge_and_providers_no_feature() {
+    const EDGES: &[&str] = &["api", "cli", "server"];
+    let allowed = allowed();
+    let may = |module: &str, other: &str| allowed[module].contains(&other);
+    let mut broken = Vec::new();
+    for feature in ["tasks", "agent", "tools"] {
+        for upper in EDGES.iter().chain(&["call"]) {
+            if may(feature, upper) {
+                broken.push(format!("feature `{feature}` may import `{upper}`"));
+            }
+        }
+    }
+    let above_providers = ["tasks", "agent", "tools", "router", "resilience", "call"];
+    for upper in EDGES.iter().chain(&above_providers) {
+        if may("providers", upper) {
+            broken.push(format!("`providers` may import `{upper}`"));
+        }
+    }
+    for module in ["resilience", "tasks", "agent", "api", "cli"] {
+        if may(module, "providers") {
+            broken.push(format!("`{module}` may import `providers`"));
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
