@@ -13,14 +13,12 @@ pub mod sse;
 pub mod tool_calls;
 mod turns;
 
-pub use tool_calls::WireNames;
-
 // The neutral types, in scope for the adapters as `super::Completion` and so on.
 use crate::{
     config::{Config, ProviderConfig, ProviderKind},
     domain::{
         ChatMessage, Citation, Completion, CompletionRequest, ConnectFailure, FinishReason,
-        ProviderError, StreamEvent, TokenUsage, ToolCall, ToolOutcome, completion::Role,
+        ProviderError, StreamEvent, TokenUsage, ToolCall, ToolOutcome, WireNames, completion::Role,
     },
 };
 use futures::stream::BoxStream;

@@ -1,69 +1,8 @@
-//! Tool calls on the wire. Names travel in every provider's alphabet, `^[a-zA-Z0-9_-]{1,64}$`
-//! ([`WireNames`]): `system.echo` is sent as `system__echo` and maps back unambiguously.
+//! Tool calls on the wire: their count bounded, their streamed pieces assembled. Their names
+//! travel as `domain::WireNames`.
 
 use crate::domain::ToolCall;
-use std::collections::{BTreeMap, HashMap};
-
-const MAX_WIRE_NAME: usize = 64;
-
-/// Our tool names and their wire names, both ways.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WireNames {
-    to_wire: BTreeMap<String, String>,
-    from_wire: BTreeMap<String, String>,
-}
-
-impl WireNames {
-    /// Wire names for `names`: `.` becomes `__`, other characters outside the alphabet `_`, cut
-    /// to 64 bytes; a collision gets a numeric suffix, so the mapping is one to one.
-    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut out = Self::default();
-        for name in names {
-            if out.to_wire.contains_key(name) {
-                continue;
-            }
-            let base = encode(name);
-            let mut wire = base.clone();
-            let mut n = 2;
-            while out.from_wire.contains_key(&wire) {
-                let suffix = format!("_{n}");
-                let keep = MAX_WIRE_NAME.saturating_sub(suffix.len()).min(base.len());
-                wire = format!("{}{suffix}", &base[..keep]);
-                n += 1;
-            }
-            out.to_wire.insert(name.to_owned(), wire.clone());
-            out.from_wire.insert(wire, name.to_owned());
-        }
-        out
-    }
-
-    /// The wire name of `name`.
-    pub fn wire(&self, name: &str) -> Option<&str> {
-        self.to_wire.get(name).map(String::as_str)
-    }
-
-    /// Our name of `wire`; `None` for one we did not offer (the model made it up).
-    pub fn ours(&self, wire: &str) -> Option<&str> {
-        self.from_wire.get(wire).map(String::as_str)
-    }
-}
-
-fn encode(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 4);
-    for c in name.chars() {
-        match c {
-            '.' => out.push_str("__"),
-            c if c.is_ascii_alphanumeric() || c == '_' || c == '-' => out.push(c),
-            _ => out.push('_'),
-        }
-    }
-    if out.is_empty() {
-        out.push('_');
-    }
-    // ASCII only by now, so any byte is a character boundary.
-    out.truncate(MAX_WIRE_NAME);
-    out
-}
+use std::collections::HashMap;
 
 /// Most tool calls one answer may make: far above the handful a model asks for, small enough
 /// that a provider streaming ever new call indexes cannot make us hold an unbounded list.
@@ -169,38 +108,6 @@ impl CallBuffer {
 mod tests {
     use super::*;
     use serde_json::{Map, Value};
-
-    #[test]
-    fn wire_names_are_in_every_providers_alphabet_and_map_back() {
-        let long = "x".repeat(80);
-        let names = WireNames::new([
-            "system.echo",
-            "system__echo",
-            "everything.get-sum",
-            "crm.add note!",
-            long.as_str(),
-            "system.echo",
-        ]);
-        assert_eq!(names.wire("system.echo"), Some("system__echo"));
-        assert_eq!(names.wire("system__echo"), Some("system__echo_2"));
-        assert_eq!(
-            names.wire("everything.get-sum"),
-            Some("everything__get-sum")
-        );
-        assert_eq!(names.wire("crm.add note!"), Some("crm__add_note_"));
-        assert_eq!(names.wire(&long).map(str::len), Some(64));
-        for (ours, wire) in &names.to_wire {
-            assert!(
-                wire.len() <= 64
-                    && wire
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
-                "{wire}"
-            );
-            assert_eq!(names.ours(wire), Some(ours.as_str()));
-        }
-        assert_eq!(names.ours("made_up"), None);
-    }
 
     #[test]
     fn arguments_split_anywhere_are_whole_at_the_end() {

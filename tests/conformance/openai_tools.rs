@@ -8,9 +8,8 @@ use crate::harness::{
     collect, data_events, finished, only_request, request, serve, sse, tool_result,
 };
 use crate::openai::fixture;
-use ai_orchestrator::{
-    domain::{ChatMessage, FinishReason, ProviderError, ToolCall, ToolSpec, completion::Role},
-    providers::WireNames,
+use ai_orchestrator::domain::{
+    ChatMessage, FinishReason, ProviderError, ToolCall, ToolSpec, WireNames, completion::Role,
 };
 use serde_json::{Value, json};
 use wiremock::ResponseTemplate;

@@ -18,10 +18,9 @@ use crate::{
     call::{Call, CallContext, CallError, Pipeline, tool::AgentScope},
     config::agents::AgentConfig,
     domain::{
-        ChatMessage, Completion, CompletionRequest, ToolCall, ToolOutcome, ToolSpec,
+        ChatMessage, Completion, CompletionRequest, ToolCall, ToolOutcome, ToolSpec, WireNames,
         completion::Role,
     },
-    providers::WireNames,
     router::{RouteError, RouteEvent},
     telemetry::metrics,
 };

@@ -1,10 +1,7 @@
 //! Tool calls between our names and a provider's: wire names
 //! (`system__echo`) out and back, and call IDs unique in a conversation.
 
-use crate::{
-    domain::{ChatMessage, ToolCall, ToolOutcome},
-    providers::WireNames,
-};
+use crate::domain::{ChatMessage, ToolCall, ToolOutcome, WireNames};
 
 /// The model's tool calls in our terms: our tool names, and IDs unique in
 /// the conversation. A model may omit an ID or repeat one (Gemini numbers
@@ -70,10 +67,7 @@ pub(super) fn on_wire(names: &WireNames, m: &ChatMessage) -> ChatMessage {
 #[cfg(test)]
 mod tests {
     use super::ours;
-    use crate::{
-        domain::{ChatMessage, ToolCall, completion::Role},
-        providers::WireNames,
-    };
+    use crate::domain::{ChatMessage, ToolCall, WireNames, completion::Role};
 
     fn call(id: &str, name: &str) -> ToolCall {
         ToolCall {
