@@ -1,10 +1,11 @@
-//! Agents (SPEC §11): what a turn is made of, below the call pipeline that
-//! runs it (`call::turn`): the conversations it keeps, the layered prompt
-//! it sends, the memory suggestions it parses, why it stops.
+//! Agents (SPEC §11): the turn's loop (`turn`, over the session the call
+//! pipeline gives it), the conversations it keeps, the layered prompt it
+//! sends, the memory suggestions it parses, why it stops.
 
 pub mod conversations;
 pub mod memory;
 pub mod prompt;
+pub mod turn;
 
 use crate::config::agents::AgentConfig;
 

@@ -121,7 +121,7 @@ pub(super) async fn refused(
         &principal.name,
         &ctx.trace_id,
         &call.name,
-        &super::tools::arguments(call),
+        &crate::agent::turn::outcomes::arguments(call),
         reason,
     );
     if let Err(e) = submit(pipeline, event).await {

@@ -1,99 +1,35 @@
-//! An agent's turn (SPEC §11.3) over the call pipeline:
-//!
-//! ```text
-//! prepare   the conversation taken (a second turn is refused), the
-//!           layered prompt assembled, the agent's tools listed
-//! iterate   one model call (a call of its own: reserved, routed with
-//!           fallback before its first delta, metered with the
-//!           conversation and iteration) → its tool calls through the
-//!           entry point, concurrently → the results appended → again,
-//!           until a final answer or a cap
-//! complete  the turn's messages stored, audited, counted
-//! ```
-//!
-//! A model stream is read until its answer is complete and then dropped:
-//! after the tools run, the next model call opens a new stream.
+//! An agent's turn (SPEC §11.3) on the call pipeline: prepared here (the
+//! conversation taken, a second turn refused; the layered prompt
+//! assembled; the agent's tools listed), then run by the loop in
+//! `agent::turn` over this pipeline's session (`session`), each model call
+//! and each iteration's tools a call of its own.
 
 mod audit;
 mod calls;
-mod iterate;
 mod lease;
 mod prepare;
+mod session;
 mod tools;
 mod totals;
-mod wire;
 
 pub use prepare::TurnRequest;
 
 use super::{CallContext, CallError, CallMeta, Pipeline};
-use crate::{agent::StopReason, auth::Principal};
-use futures::{Stream, StreamExt, channel::mpsc};
-use iterate::{Emit, Turn};
+use crate::{
+    agent::{self, turn::Start},
+    auth::Principal,
+};
+use futures::Stream;
 use prepare::Prepared;
+use session::PipelineTurn;
 use tokio::sync::OwnedSemaphorePermit;
+use totals::Totals;
 
-/// What a turn reports, in order: `Started` first, `Completed` (or
-/// `Failed`) last.
-#[derive(Debug)]
-pub enum TurnEvent {
-    /// The turn runs in this conversation.
-    Started {
-        /// The conversation (new or continued).
-        conversation_id: String,
-    },
-    /// A piece of answer text.
-    Delta(String),
-    /// A tool call starts.
-    ToolCall {
-        /// The model's ID for it.
-        call_id: String,
-        /// Tool name.
-        tool: String,
-    },
-    /// A tool call ended.
-    ToolResult {
-        /// The model's ID for it.
-        call_id: String,
-        /// Tool name.
-        tool: String,
-        /// SUCCEEDED, FAILED, TIMED_OUT or DENIED.
-        status: &'static str,
-        /// How long it ran.
-        duration_ms: u64,
-        /// Why it did not succeed.
-        error_code: String,
-    },
-    /// A model call moved to its next target before any output.
-    Fallback {
-        /// Provider that failed.
-        from: String,
-        /// Provider tried next.
-        to: String,
-        /// Stable error code.
-        reason: String,
-    },
-    /// The answer's memory suggestions.
-    MemorySuggestions(Vec<String>),
-    /// The turn ended.
-    Completed(Box<TurnOutcome>),
-    /// The turn failed; nothing of it was stored.
-    Failed(CallError),
-}
+/// What a turn reports, in order (see [`agent::turn::TurnEvent`]).
+pub type TurnEvent = agent::turn::TurnEvent<CallMeta, CallError>;
 
 /// How a turn ended.
-#[derive(Debug)]
-pub struct TurnOutcome {
-    /// The final answer, or the text so far when a cap ended the turn.
-    pub text: String,
-    /// Model calls made.
-    pub iterations: u32,
-    /// Tool executions made.
-    pub tool_calls: u32,
-    /// Why it ended.
-    pub stop_reason: StopReason,
-    /// Every model call and tool of the turn, summed.
-    pub meta: CallMeta,
-}
+pub type TurnOutcome = agent::turn::TurnOutcome<CallMeta>;
 
 impl Pipeline {
     /// Runs one turn of `req` for `principal`. Errors before the first
@@ -115,10 +51,8 @@ impl Pipeline {
     }
 }
 
-/// The turn's events as it runs. The turn itself is a plain future that
-/// sends its events into a channel of one; the stream owns it, so dropping
-/// the stream drops the turn (cancelled as any call) and nothing runs
-/// unpolled.
+/// The turn's events as it runs: the loop (`agent::turn`) over this
+/// pipeline's session, inside the turn's span.
 fn run(
     pipeline: Pipeline,
     ctx: CallContext,
@@ -137,14 +71,42 @@ fn run(
         stop_reason = tracing::field::Empty,
         iterations = tracing::field::Empty,
     );
-    let (tx, rx) = mpsc::channel(0);
-    let work = async move {
-        let _slot = slot;
-        Turn::new(pipeline, ctx, principal, turn, Emit::new(tx))
-            .run()
-            .await;
+    let Prepared {
+        name,
+        agent,
+        conversation,
+        token,
+        held,
+        system,
+        messages,
+        tools,
+        known,
+        prompt,
+    } = turn;
+    let start = Start {
+        name: name.clone(),
+        agent: agent.clone(),
+        conversation_id: conversation.id.clone(),
+        turn: conversation.turns + 1,
+        system,
+        messages,
+        tools,
+        known,
+        deadline: ctx.deadline,
+        max_output: pipeline.config().server.max_prompt_bytes,
     };
-    let ended = futures::stream::once(work).filter_map(|()| std::future::ready(None));
-    let stream = futures::stream::select(rx, ended);
-    crate::telemetry::InSpan::new(Box::pin(stream), span)
+    let session = PipelineTurn {
+        pipeline,
+        ctx,
+        principal,
+        name,
+        agent,
+        conversation,
+        token,
+        held,
+        prompt,
+        totals: Totals::new(),
+        _slot: slot,
+    };
+    crate::telemetry::InSpan::new(Box::pin(agent::turn::run(session, start)), span)
 }

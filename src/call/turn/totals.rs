@@ -9,8 +9,6 @@ pub(super) struct Totals {
     /// Every model call and tool had a price.
     pub cost_known: bool,
     pub spent_usd: f64,
-    pub iterations: u32,
-    pub tool_calls: u32,
 }
 
 impl Totals {
@@ -19,8 +17,6 @@ impl Totals {
             meta: CallMeta::default(),
             cost_known: true,
             spent_usd: 0.0,
-            iterations: 0,
-            tool_calls: 0,
         }
     }
 

@@ -1,71 +1,176 @@
-//! A running turn: one model call per iteration, its tool calls through
-//! the entry point, until a final answer or a cap; then the turn stored
-//! (or failed, and nothing of it stored). Each step sends its events, in
-//! order, to the turn's stream.
+//! An agent's turn (SPEC §11.3):
+//!
+//! ```text
+//! iterate   one model call (a call of its own: reserved, routed with
+//!           fallback before its first delta, metered with the
+//!           conversation and iteration) → its tool calls through the
+//!           entry point, concurrently → the results appended → again,
+//!           until a final answer or a cap
+//! complete  the turn's messages stored, audited, counted
+//! ```
+//!
+//! The loop is here; it reaches the pipeline only through its
+//! [`TurnSession`], which `call::turn` implements (and prepares: the
+//! conversation taken, the layered prompt assembled, the tools listed).
+//! The turn is a plain future that sends its events into a channel of
+//! one; the stream [`run`] returns owns that future, so dropping the
+//! stream drops the turn (cancelled as any call) and nothing runs
+//! unpolled.
 
-use super::{
-    TurnEvent, TurnOutcome, audit,
-    calls::Opener,
-    lease::{Completed, Held, store_turn},
-    prepare::Prepared,
-    tools,
-    totals::Totals,
-    wire::{on_wire, ours},
-};
+pub mod outcomes;
+mod session;
+mod wire;
+
+pub use outcomes::Report;
+pub use session::{ModelEvent, ModelStream, Refused, StoredTurn, ToolCalls, TurnSession};
+
+use super::{StopReason, conversations::TurnRecord, memory};
 use crate::{
-    agent::{StopReason, conversations, memory},
-    auth::Principal,
-    call::{Call, CallContext, CallError, Pipeline, tool::AgentScope},
     config::agents::AgentConfig,
     domain::{
         ChatMessage, Completion, CompletionRequest, ToolCall, ToolOutcome, ToolSpec, WireNames,
         completion::Role,
     },
-    router::{RouteError, RouteEvent},
     telemetry::metrics,
 };
-use futures::{SinkExt, StreamExt, channel::mpsc, stream::FuturesUnordered};
+use futures::{SinkExt, Stream, StreamExt, channel::mpsc, stream::FuturesUnordered};
 use tokio::time::Instant;
+use wire::{on_wire, ours};
+
+/// What a turn reports, in order: `Started` first, `Completed` (or
+/// `Failed`) last.
+#[derive(Debug)]
+pub enum TurnEvent<M, E> {
+    /// The turn runs in this conversation.
+    Started {
+        /// The conversation (new or continued).
+        conversation_id: String,
+    },
+    /// A piece of answer text.
+    Delta(String),
+    /// A tool call starts.
+    ToolCall {
+        /// The model's ID for it.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+    },
+    /// A tool call ended.
+    ToolResult {
+        /// The model's ID for it.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// SUCCEEDED, FAILED, TIMED_OUT or DENIED.
+        status: &'static str,
+        /// How long it ran.
+        duration_ms: u64,
+        /// Why it did not succeed.
+        error_code: String,
+    },
+    /// A model call moved to its next target before any output.
+    Fallback {
+        /// Provider that failed.
+        from: String,
+        /// Provider tried next.
+        to: String,
+        /// Stable error code.
+        reason: String,
+    },
+    /// The answer's memory suggestions.
+    MemorySuggestions(Vec<String>),
+    /// The turn ended.
+    Completed(Box<TurnOutcome<M>>),
+    /// The turn failed; nothing of it was stored.
+    Failed(E),
+}
+
+/// How a turn ended.
+#[derive(Debug)]
+pub struct TurnOutcome<M> {
+    /// The final answer, or the text so far when a cap ended the turn.
+    pub text: String,
+    /// Model calls made.
+    pub iterations: u32,
+    /// Tool executions made.
+    pub tool_calls: u32,
+    /// Why it ended.
+    pub stop_reason: StopReason,
+    /// Every model call and tool of the turn, summed.
+    pub meta: M,
+}
+
+/// A turn ready to run, as the pipeline prepared it.
+pub struct Start {
+    /// The agent's name.
+    pub name: String,
+    /// Its config.
+    pub agent: AgentConfig,
+    /// The conversation.
+    pub conversation_id: String,
+    /// This turn's number, from 1.
+    pub turn: u32,
+    /// The system prompt: layers 1-4 (and the memory instruction).
+    pub system: String,
+    /// Layer 5: the kept history and the new message, last.
+    pub messages: Vec<ChatMessage>,
+    /// The tools offered, in our names.
+    pub tools: Vec<ToolSpec>,
+    /// Every tool the agent's patterns allow, offered or not: a call of
+    /// one maps back to its name, and the entry point says why it is
+    /// refused.
+    pub known: Vec<String>,
+    /// When the turn must be over.
+    pub deadline: Instant,
+    /// Most bytes of tool output a turn hands the model
+    /// (`server.max_prompt_bytes`).
+    pub max_output: usize,
+}
+
+/// Runs the turn of `start` through `session`: its events, `Started`
+/// first, `Completed` or `Failed` last.
+pub fn run<S: TurnSession>(
+    session: S,
+    start: Start,
+) -> impl Stream<Item = TurnEvent<S::Meta, S::Error>> + Send + use<S> {
+    let (tx, rx) = mpsc::channel(0);
+    let work = Turn::new(session, start, Emit(tx)).run();
+    let ended = futures::stream::once(work).filter_map(|()| std::future::ready(None));
+    futures::stream::select(rx, ended)
+}
 
 /// Where a turn's events go: its stream, which owns the turn.
-pub(super) struct Emit(mpsc::Sender<TurnEvent>);
+struct Emit<M, E>(mpsc::Sender<TurnEvent<M, E>>);
 
-impl Emit {
-    pub fn new(tx: mpsc::Sender<TurnEvent>) -> Self {
-        Self(tx)
-    }
-
-    async fn send(&mut self, event: TurnEvent) {
+impl<M, E> Emit<M, E> {
+    async fn send(&mut self, event: TurnEvent<M, E>) {
         // The receiver goes only with the stream, which drops the turn
         // with it: a failed send has no one to tell.
         let _ = self.0.send(event).await;
     }
 }
 
-/// A turn as it runs: what it was prepared with and what it has done.
-pub(super) struct Turn {
-    pipeline: Pipeline,
-    ctx: CallContext,
-    principal: Principal,
+/// A turn as it runs: what it was started with and what it has done.
+struct Turn<S: TurnSession> {
+    session: S,
     name: String,
     agent: AgentConfig,
-    conversation: conversations::Conversation,
-    token: String,
-    /// Gives the conversation back if the turn is dropped unfinished.
-    held: Held,
+    conversation_id: String,
+    turn: u32,
     system: String,
     /// What the model sees: the history, the message, the turn so far.
     messages: Vec<ChatMessage>,
     tools: Vec<ToolSpec>,
-    prompt: (String, String, u32),
     /// Every name the model may see, offered or in the history, with its
     /// wire name, once for the whole turn.
     names: WireNames,
-    scope: AgentScope,
+    deadline: Instant,
+    max_output: usize,
     started: Instant,
     /// What the turn stores: the user's message, then the turn's.
     stored: Vec<ChatMessage>,
-    totals: Totals,
+    iterations: u32,
+    tool_calls: u32,
     /// The text so far, answered when a cap ends the turn.
     so_far: String,
     final_text: String,
@@ -74,29 +179,23 @@ pub(super) struct Turn {
     admitted: u32,
     /// Tool output handed to the model so far.
     output_bytes: usize,
-    emit: Emit,
+    emit: Emit<S::Meta, S::Error>,
 }
 
-impl Turn {
-    pub fn new(
-        pipeline: Pipeline,
-        ctx: CallContext,
-        principal: Principal,
-        turn: Prepared,
-        emit: Emit,
-    ) -> Self {
-        let Prepared {
+impl<S: TurnSession> Turn<S> {
+    fn new(session: S, start: Start, emit: Emit<S::Meta, S::Error>) -> Self {
+        let Start {
             name,
             agent,
-            conversation,
-            token,
-            held,
+            conversation_id,
+            turn,
             system,
             messages,
             tools,
             known,
-            prompt,
-        } = turn;
+            deadline,
+            max_output,
+        } = start;
         let names = WireNames::new(
             known.iter().map(String::as_str).chain(
                 messages
@@ -104,29 +203,23 @@ impl Turn {
                     .flat_map(|m| m.tool_calls.iter().map(|c| c.name.as_str())),
             ),
         );
-        let scope = AgentScope {
-            tools: agent.tools.clone(),
-            timeout: agent.tool_timeout,
-        };
         let stored = vec![messages.last().cloned().unwrap_or_default()];
         Self {
-            pipeline,
-            ctx,
-            principal,
+            session,
             name,
             agent,
-            conversation,
-            token,
-            held,
+            conversation_id,
+            turn,
             system,
             messages,
             tools,
-            prompt,
             names,
-            scope,
+            deadline,
+            max_output,
             started: Instant::now(),
             stored,
-            totals: Totals::new(),
+            iterations: 0,
+            tool_calls: 0,
             so_far: String::new(),
             final_text: String::new(),
             suggestions: Vec::new(),
@@ -136,63 +229,41 @@ impl Turn {
         }
     }
 
-    /// Runs the turn to its end, its last event `Completed` or `Failed`.
-    pub async fn run(mut self) {
-        let conversation_id = self.conversation.id.clone();
+    async fn run(mut self) {
+        let conversation_id = self.conversation_id.clone();
         self.emit.send(TurnEvent::Started { conversation_id }).await;
-        let (ctx, principal) = (&self.ctx, &self.principal);
-        let message = self.messages.last();
-        audit::start(
-            &self.pipeline,
-            ctx,
-            principal,
-            &self.name,
-            &self.conversation.id,
-            message,
-        )
-        .await;
+        self.session.started(self.messages.last()).await;
         match self.iterate().await {
             Ok(stop) => self.complete(stop).await,
             Err(err) => self.fail(err).await,
         }
     }
 
-    fn opener(&self) -> Opener<'_> {
-        Opener {
-            pipeline: &self.pipeline,
-            ctx: &self.ctx,
-            task: format!("agent:{}", self.name),
-            conversation: &self.conversation.id,
-            prompt: &self.prompt,
-        }
-    }
-
     /// Iterations until the model answers or a cap (iterations, the
     /// deadline, the budget, tool calls) ends the turn.
-    async fn iterate(&mut self) -> Result<StopReason, CallError> {
+    async fn iterate(&mut self) -> Result<StopReason, S::Error> {
         loop {
-            if self.totals.iterations >= self.agent.max_iterations {
+            if self.iterations >= self.agent.max_iterations {
                 return Ok(StopReason::MaxIterations);
             }
-            if Instant::now() >= self.ctx.deadline {
+            if Instant::now() >= self.deadline {
                 return Ok(StopReason::Deadline);
             }
-            let Some(left) = self.totals.budget_left(self.ctx.budget_usd) else {
+            let Some(left) = self.session.budget_left() else {
                 return Ok(StopReason::Budget);
             };
-            self.totals.iterations += 1;
+            self.iterations += 1;
             let completion = match self.model_call(left).await? {
                 Ok(completion) => completion,
                 Err(stop) => return Ok(stop),
             };
-            let turn = self.conversation.turns + 1;
             let (names, history) = (&self.names, &self.messages);
             let calls = ours(
                 names,
                 &completion.tool_calls,
                 history,
-                turn,
-                self.totals.iterations,
+                self.turn,
+                self.iterations,
             );
             if calls.is_empty() {
                 return Ok(self.answer(&completion).await);
@@ -203,7 +274,8 @@ impl Turn {
         }
     }
 
-    /// The request of this iteration's model call.
+    /// The request of this iteration's model call (the session adds the
+    /// trace and the deadline).
     fn request(&self) -> CompletionRequest {
         let (agent, names) = (&self.agent, &self.names);
         CompletionRequest {
@@ -221,108 +293,59 @@ impl Turn {
                     ..t.clone()
                 })
                 .collect(),
-            trace_id: self.ctx.trace_id.clone(),
-            traceparent: self.ctx.traceparent.clone(),
-            deadline: self.ctx.deadline,
+            trace_id: String::new(),
+            traceparent: None,
+            deadline: self.deadline,
         }
     }
 
-    /// One model call, a call of its own with `left` of the budget: its
-    /// events passed through as they come, settled at its actual cost
-    /// before any tool runs (the tools' reservations see what is really
-    /// left). `Ok(Err(stop))` when the budget or the deadline ends the
-    /// turn here.
+    /// One model call with `left` of the budget, its events passed through
+    /// as they come. It is settled at its actual cost before any tool runs
+    /// (the tools' reservations see what is really left). `Ok(Err(stop))`
+    /// when the budget or the deadline ends the turn here.
     async fn model_call(
         &mut self,
         left: Option<f64>,
-    ) -> Result<Result<Completion, StopReason>, CallError> {
-        let call = self.opener().open(self.totals.iterations, left);
-        let events = match call.model_stream(&self.agent.chain, self.request()).await {
+    ) -> Result<Result<Completion, StopReason>, S::Error> {
+        let request = self.request();
+        let mut events = match self.session.model(self.iterations, left, request).await {
             Ok(events) => events,
             // Refused before any work: the call leaves no record.
-            Err(CallError::Budget { .. }) => {
-                self.totals.iterations -= 1;
+            Err(Refused::Budget) => {
+                self.iterations -= 1;
                 return Ok(Err(StopReason::Budget));
             }
-            Err(err) => {
-                let err = call.finish::<()>(Err(err)).await.err();
-                return Err(err.unwrap_or(CallError::Overloaded));
-            }
+            Err(Refused::Failed(err)) => return Err(err),
         };
         // What this call has streamed: part of the text so far if the
         // call is cut off.
         let mut partial = String::new();
-        let mut answered = None;
-        let pricing = self.pipeline.meter().pricing();
-        futures::pin_mut!(events);
         while let Some(event) = events.next().await {
             match event {
-                RouteEvent::Started { .. } => {}
-                RouteEvent::Fallback { from, to, reason } => {
+                ModelEvent::Fallback { from, to, reason } => {
                     let fallback = TurnEvent::Fallback { from, to, reason };
                     self.emit.send(fallback).await;
                 }
                 // A structured answer is JSON: its content is sent once parsed.
-                RouteEvent::Delta(text) if !self.agent.memory_suggestions => {
+                ModelEvent::Delta(text) if !self.agent.memory_suggestions => {
                     partial.push_str(&text);
                     self.emit.send(TurnEvent::Delta(text)).await;
                 }
-                RouteEvent::Delta(_) => {}
-                RouteEvent::Completed {
-                    completion,
-                    provider,
-                    model,
-                    degraded,
-                    attempts,
-                } => {
-                    let mut log = call.log();
-                    log.add(&attempts, pricing);
-                    log.served = Some((provider, model, degraded));
-                    drop(log);
-                    answered = Some(Ok(completion));
-                    break;
+                ModelEvent::Delta(_) => {}
+                ModelEvent::Answered(completion, meta) => {
+                    self.session.add(&meta, true);
+                    return Ok(Ok(*completion));
                 }
-                RouteEvent::Failed(err) => {
-                    call.log().add(err.attempts(), pricing);
-                    answered = Some(Err(err));
-                    break;
+                ModelEvent::Cut(meta) => {
+                    self.session.add(&meta, true);
+                    self.so_far.push_str(&partial);
+                    return Ok(Err(StopReason::Deadline));
                 }
+                ModelEvent::Failed(err) => return Err(err),
             }
         }
-        let completion = match answered {
-            Some(Ok(completion)) => completion,
-            failed => return self.model_failed(call, failed, partial).await,
-        };
-        let ((), meta) = call.finish(Ok(())).await?;
-        self.totals.add(&meta, true);
-        Ok(Ok(completion))
-    }
-
-    /// A model call that gave no answer, recorded with its outcome (a
-    /// record that cannot be written fails the turn, SPEC §5). Cut off by
-    /// the deadline, the turn ends with the text so far.
-    async fn model_failed(
-        &mut self,
-        call: Call,
-        failed: Option<Result<Completion, RouteError>>,
-        partial: String,
-    ) -> Result<Result<Completion, StopReason>, CallError> {
-        let err = failed
-            .and_then(Result::err)
-            .unwrap_or(RouteError::AllProvidersFailed {
-                attempts: Vec::new(),
-            });
-        let cut = matches!(err, RouteError::DeadlineExceeded { .. });
-        let meta = call.meta();
-        match call.finish::<()>(Err(CallError::Route(err))).await {
-            Err(CallError::Route(_)) if cut => {
-                self.totals.add(&meta, true);
-                self.so_far.push_str(&partial);
-                Ok(Err(StopReason::Deadline))
-            }
-            Err(err) => Err(err),
-            Ok(_) => Err(CallError::Storage("a failed model call finished".into())),
-        }
+        // A session always ends a model call with one of the three.
+        Ok(Err(StopReason::Deadline))
     }
 
     /// The model's final answer (its memory suggestions parsed out when
@@ -352,7 +375,7 @@ impl Turn {
         &mut self,
         completion: &Completion,
         calls: Vec<ToolCall>,
-    ) -> Result<Option<StopReason>, CallError> {
+    ) -> Result<Option<StopReason>, S::Error> {
         self.so_far.push_str(&completion.text);
         let assistant = ChatMessage {
             role: Role::Assistant,
@@ -369,17 +392,15 @@ impl Turn {
             let (call_id, tool) = (c.id.clone(), c.name.clone());
             self.emit.send(TurnEvent::ToolCall { call_id, tool }).await;
         }
-        let Some(left) = self.totals.budget_left(self.ctx.budget_usd) else {
+        let Some(left) = self.session.budget_left() else {
             self.refuse_over_budget(&calls).await;
             return Ok(Some(StopReason::Budget));
         };
-        let tool_call = self.opener().open(self.totals.iterations, left);
-        let results = match self.run_tools(&tool_call, &calls, room).await {
+        let on = self.session.tools(self.iterations, left);
+        let results = match self.run_tools(&on, &calls, room).await {
             Ok(results) => results,
             Err(err) => {
-                // A tool's record or audit could not be written.
-                let storage = Err(CallError::Storage(String::new()));
-                let _ = tool_call.finish::<()>(storage).await;
+                on.abandon().await;
                 return Err(err);
             }
         };
@@ -388,42 +409,42 @@ impl Turn {
             self.messages.push(message.clone());
             self.stored.push(message);
         }
-        let ((), meta) = tool_call.finish(Ok(())).await?;
-        self.totals.add(&meta, false);
+        let meta = on.finish().await?;
+        self.session.add(&meta, false);
         Ok(over_cap.then_some(StopReason::MaxToolCalls))
     }
 
     /// The budget was spent by the model call that asked for `calls`:
     /// each is answered as refused (and audited), so the stored history
-    /// pairs every call with a result.
+    /// pairs every call with a result (a provider refuses one that does
+    /// not).
     async fn refuse_over_budget(&mut self, calls: &[ToolCall]) {
         for c in calls {
-            let (ctx, principal) = (&self.ctx, &self.principal);
-            audit::refused(&self.pipeline, ctx, principal, c, "BUDGET_EXCEEDED").await;
-            let (outcome, report) = tools::refused_over_budget(c);
+            self.session.refused(c, "BUDGET_EXCEEDED").await;
+            let (outcome, report) = outcomes::refused_over_budget(c);
             let event = tool_result(&self.name, &self.tools, &outcome, report);
             self.emit.send(event).await;
             self.stored.push(tool_message(outcome));
         }
     }
 
-    /// Runs `calls` on `on` (concurrently when the agent allows), the ones
+    /// Runs `calls` on `on` (concurrently when the agent allows), those
     /// from `room` on refused over the cap; their outcomes in the order of
     /// the calls. `Err` when what a tool did could not be recorded.
     async fn run_tools(
         &mut self,
-        on: &Call,
+        on: &S::Tools,
         calls: &[ToolCall],
         room: usize,
-    ) -> Result<Vec<Option<ToolOutcome>>, CallError> {
-        let (principal, scope, cap) = (&self.principal, &self.scope, self.agent.max_tool_calls);
+    ) -> Result<Vec<Option<ToolOutcome>>, S::Error> {
+        let cap = self.agent.max_tool_calls;
         let one = |i: usize, c: &ToolCall| {
             let c = c.clone();
             async move {
                 let done = if i >= room {
-                    Ok(tools::refused_over_cap(on, &c, cap).await)
+                    Ok(on.over_cap(&c, cap).await)
                 } else {
-                    tools::run(on, principal, scope, &c).await
+                    on.run(&c).await
                 };
                 (i, done)
             }
@@ -435,18 +456,17 @@ impl Turn {
             let all = futures::stream::iter(calls.iter().enumerate());
             all.then(|(i, c)| one(i, c)).boxed()
         };
-        let max_output = self.pipeline.config().server.max_prompt_bytes;
         let mut results = vec![None; calls.len()];
         while let Some((i, done)) = running.next().await {
             let (mut outcome, report) = done?;
             if report.executed {
-                self.totals.tool_calls += 1;
+                self.tool_calls += 1;
             }
             self.output_bytes += outcome.content.len();
-            if self.output_bytes > max_output {
+            if self.output_bytes > self.max_output {
                 // The turn's prompt would outgrow what one model call may
                 // send: the model is told instead.
-                outcome = tools::over_output_budget(&outcome);
+                outcome = outcomes::over_output_budget(&outcome);
             }
             let event = tool_result(&self.name, &self.tools, &outcome, report);
             self.emit.send(event).await;
@@ -459,99 +479,55 @@ impl Turn {
 
     /// A failed turn: counted, audited, its conversation given back,
     /// nothing of it stored.
-    async fn fail(mut self, err: CallError) {
-        metrics::agent_turn(&self.name, "FAILED", self.totals.iterations);
-        let reason = err.reason().or(match &err {
-            CallError::Route(e) => Some(e.reason()),
-            CallError::Storage(_) => Some("STORAGE_UNAVAILABLE"),
-            _ => None,
-        });
-        let (ctx, principal) = (&self.ctx, &self.principal);
-        let reason = reason.unwrap_or("INTERNAL");
-        audit::failed(
-            &self.pipeline,
-            ctx,
-            principal,
-            &self.name,
-            reason,
-            self.started,
-        )
-        .await;
-        self.held.release(&self.ctx).await;
+    async fn fail(mut self, err: S::Error) {
+        metrics::agent_turn(&self.name, "FAILED", self.iterations);
+        self.session.failed(&err, self.started).await;
         self.emit.send(TurnEvent::Failed(err)).await;
     }
 
-    /// A turn that ended with `stop`: its messages stored with its end
-    /// event, in one transaction, durable before the turn is answered
-    /// (SPEC §10).
+    /// A turn that ended with `stop`: stored, counted, answered.
     async fn complete(mut self, stop: StopReason) {
         let text = if stop == StopReason::FinalAnswer {
             std::mem::take(&mut self.final_text)
         } else {
             std::mem::take(&mut self.so_far)
         };
-        let record = conversations::TurnRecord {
-            turn: self.conversation.turns + 1,
-            trace_id: self.ctx.trace_id.clone(),
+        let record = TurnRecord {
+            turn: self.turn,
+            trace_id: String::new(),
             stop_reason: stop.as_str().to_owned(),
-            iterations: self.totals.iterations,
-            tool_calls: self.totals.tool_calls,
+            iterations: self.iterations,
+            tool_calls: self.tool_calls,
             memory_suggestions: self.suggestions.clone(),
         };
-        let (ctx, principal) = (&self.ctx, &self.principal);
-        let end = audit::complete(ctx, principal, &self.name, &record, &text, self.started);
-        let completed = Completed {
+        let turn = StoredTurn {
             messages: &self.stored,
-            record: &record,
-            end,
+            record,
+            text: &text,
         };
-        let (agent, conversation) = (&self.agent, &self.conversation);
-        let stored = store_turn(
-            &self.pipeline,
-            ctx,
-            agent,
-            conversation,
-            &self.token,
-            completed,
-        )
-        .await;
-        if let Err(err) = stored {
-            self.held.release(&self.ctx).await;
+        if let Err(err) = self.session.store(turn, self.started).await {
             self.emit.send(TurnEvent::Failed(err)).await;
             return;
         }
-        self.held.let_go();
-        metrics::agent_turn(&self.name, stop.as_str(), self.totals.iterations);
+        metrics::agent_turn(&self.name, stop.as_str(), self.iterations);
         tracing::Span::current().record("stop_reason", stop.as_str());
-        tracing::Span::current().record("iterations", self.totals.iterations);
+        tracing::Span::current().record("iterations", self.iterations);
         if !self.suggestions.is_empty() {
             let suggestions = std::mem::take(&mut self.suggestions);
             self.emit
                 .send(TurnEvent::MemorySuggestions(suggestions))
                 .await;
         }
-        let outcome = self.outcome(text, stop);
+        let outcome = TurnOutcome {
+            text,
+            iterations: self.iterations,
+            tool_calls: self.tool_calls,
+            stop_reason: stop,
+            meta: self.session.meta(self.started),
+        };
         self.emit
             .send(TurnEvent::Completed(Box::new(outcome)))
             .await;
-    }
-
-    /// How the turn ended, its meta summed over its calls.
-    fn outcome(&self, text: String, stop: StopReason) -> TurnOutcome {
-        let totals = &self.totals;
-        let mut meta = totals.meta.clone();
-        meta.trace_id.clone_from(&self.ctx.trace_id);
-        meta.cost_usd = totals.cost_known.then_some(totals.spent_usd);
-        meta.latency = self.started.elapsed();
-        meta.prompt_key = self.prompt.1.clone();
-        meta.prompt_version = self.prompt.2;
-        TurnOutcome {
-            text,
-            iterations: totals.iterations,
-            tool_calls: totals.tool_calls,
-            stop_reason: stop,
-            meta,
-        }
     }
 }
 
@@ -567,12 +543,12 @@ fn tool_message(outcome: ToolOutcome) -> ChatMessage {
 
 /// The event of a tool call's `outcome`, counted in the agent's metrics
 /// (a tool not `offered` counted as `other`: the model names it).
-fn tool_result(
+fn tool_result<M, E>(
     agent: &str,
     offered: &[ToolSpec],
     outcome: &ToolOutcome,
-    report: tools::Report,
-) -> TurnEvent {
+    report: Report,
+) -> TurnEvent<M, E> {
     let tool = if offered.iter().any(|t| t.name == outcome.name) {
         outcome.name.as_str()
     } else {

@@ -10,7 +10,7 @@ use crate::domain::{ChatMessage, ToolCall, ToolOutcome, WireNames};
 /// provider's ID is kept unless `history` or the answer already has it;
 /// ours are `call_<turn>_<iteration>_<i>` (`turn` counts the
 /// conversation's turns from 1), so no two turns make the same one.
-pub(super) fn ours(
+pub(crate) fn ours(
     names: &WireNames,
     calls: &[ToolCall],
     history: &[ChatMessage],
@@ -44,7 +44,7 @@ pub(super) fn ours(
 }
 
 /// `m` with its tool names as the wire knows them.
-pub(super) fn on_wire(names: &WireNames, m: &ChatMessage) -> ChatMessage {
+pub(crate) fn on_wire(names: &WireNames, m: &ChatMessage) -> ChatMessage {
     let wire = |n: &str| names.wire(n).unwrap_or(n).to_owned();
     ChatMessage {
         role: m.role,

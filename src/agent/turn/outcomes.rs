@@ -1,0 +1,108 @@
+//! What a tool call comes to for the model: its result (cut to a size a
+//! prompt can carry) or an error object it can read and act on. Whatever
+//! happens to a call (denied, invalid, failed, timed out, past a cap) is a
+//! result, never an error raised to the caller.
+
+use crate::domain::{ToolCall, ToolOutcome};
+use serde_json::json;
+
+/// Most bytes of a tool's output handed back to the model: an output past
+/// it is cut (on a character boundary) and says so.
+const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// How one tool call ended, for the `tool_result` event and metrics.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// SUCCEEDED, FAILED, TIMED_OUT or DENIED.
+    pub status: &'static str,
+    /// How long it took.
+    pub duration_ms: u64,
+    /// The stable reason when it did not succeed.
+    pub error_code: String,
+    /// It reached the tool (counts against `max_tool_calls`).
+    pub executed: bool,
+}
+
+/// An error result for `call`.
+pub fn error(call: &ToolCall, code: &str, message: &str) -> ToolOutcome {
+    ToolOutcome {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: json!({ "error": { "code": code, "message": message } }).to_string(),
+        is_error: true,
+    }
+}
+
+/// A call's arguments as its audit event digests them: the parsed object,
+/// or the text as sent when it is not one.
+pub fn arguments(call: &ToolCall) -> serde_json::Value {
+    call.parsed().map_or_else(
+        |_| serde_json::Value::String(call.arguments.clone()),
+        serde_json::Value::Object,
+    )
+}
+
+/// `text`, cut to [`MAX_RESULT_BYTES`].
+pub fn cut(mut text: String) -> String {
+    if text.len() > MAX_RESULT_BYTES {
+        let mut end = MAX_RESULT_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(" …[output cut]");
+    }
+    text
+}
+
+/// A call refused because the turn reached `max_tool_calls` (the session
+/// audits it: SPEC §9.2, every decision is).
+pub fn over_cap(call: &ToolCall, cap: u32) -> (ToolOutcome, Report) {
+    (
+        error(
+            call,
+            "MAX_TOOL_CALLS",
+            &format!("not run: this turn reached its limit of {cap} tool calls"),
+        ),
+        Report {
+            status: "DENIED",
+            duration_ms: 0,
+            error_code: "MAX_TOOL_CALLS".into(),
+            executed: false,
+        },
+    )
+}
+
+/// A call not run because the turn's budget was spent by the model call
+/// that asked for it: answered all the same, so the stored history pairs
+/// every call with a result (a provider refuses a history that does not).
+pub fn refused_over_budget(call: &ToolCall) -> (ToolOutcome, Report) {
+    (
+        error(
+            call,
+            "BUDGET_EXCEEDED",
+            "not run: this turn's budget is spent",
+        ),
+        Report {
+            status: "DENIED",
+            duration_ms: 0,
+            error_code: "BUDGET_EXCEEDED".into(),
+            executed: false,
+        },
+    )
+}
+
+/// The result of a call whose output would take the turn past what one
+/// model call may send (`server.max_prompt_bytes` of tool output a turn).
+pub fn over_output_budget(outcome: &ToolOutcome) -> ToolOutcome {
+    ToolOutcome {
+        call_id: outcome.call_id.clone(),
+        name: outcome.name.clone(),
+        content: json!({ "error": {
+            "code": "TURN_OUTPUT_BUDGET",
+            "message": "this turn's tool output is spent: answer with what you have",
+        }})
+        .to_string(),
+        is_error: true,
+    }
+}
