@@ -1,13 +1,9 @@
-//! One access log line per RPC, written when the RPC ends (its unary reply
-//! or its stream's last status): method, gRPC code, stable reason, latency,
-//! attempts, the provider and model that served, trace ID and team. Never
-//! content.
+//! One access log line per RPC when it ends (unary reply or stream's last status): method,
+//! code, reason, latency, attempts, provider, model, trace ID and team. Never content.
 //!
-//! The gRPC layer ([`super::metrics_layer`]) owns the line: it knows the
-//! method, the code and the time. What only the handler knows is noted on
-//! the way through [`note`], which finds the RPC's record in a task-local
-//! the layer sets around the handler's future (and around each poll of a
-//! response stream, see [`Noted`]), so no signature in between changes.
+//! [`super::metrics_layer`] writes the line; handlers add what only they know through
+//! [`note`], into a task-local record the layer sets around the handler's future (and each
+//! poll of a response stream, see [`Noted`]), so no signature in between changes.
 
 use std::{
     pin::Pin,
@@ -19,17 +15,12 @@ use std::{
 /// What the handler learnt about an RPC, for its access line.
 #[derive(Debug, Default)]
 pub struct Fields {
-    /// The request's trace ID, once resolved.
     pub trace_id: String,
-    /// The team the call was made for.
     pub team: String,
     /// The stable `ErrorInfo.reason` of a failure.
     pub reason: &'static str,
-    /// Provider attempts made.
     pub attempts: usize,
-    /// The provider that served.
     pub provider: String,
-    /// The model that served.
     pub model: String,
 }
 
@@ -43,9 +34,8 @@ impl Record {
         f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
-    /// Writes the access line of an RPC that ended with `code` after `took`.
-    /// Health checks and reflection go at debug: probes every few seconds
-    /// would drown the calls.
+    /// Writes the access line of an RPC that ended with `code` after `took`; health checks
+    /// and reflection at debug, lest probes every few seconds drown the calls.
     pub(super) fn log(&self, method: &'static str, code: &'static str, took: Duration) {
         let f = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let latency_ms = took.as_secs_f64() * 1000.0;

@@ -1,7 +1,5 @@
-//! `PromptAdmin`: manage versioned prompts over gRPC; needs an `admin` key
-//! over the team when authentication is on. Every change is audited with the
-//! actor: the API key's name when authentication is on, else the `x-actor`
-//! request metadata (or `anonymous`).
+//! `PromptAdmin`: versioned prompts over gRPC, for `admin` keys over the team. Changes are
+//! audited with the actor: the key's name, or with auth off the `x-actor` metadata.
 
 use super::{
     auth::{check_admin, principal},

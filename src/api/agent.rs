@@ -31,8 +31,7 @@ use tracing::Instrument;
 /// Most retrieved-context items a turn may carry.
 const MAX_RETRIEVED: usize = 64;
 
-/// Most messages `GetConversation` returns: the newest (a reply stays well
-/// inside the gRPC message limit and the server's memory).
+/// Most messages `GetConversation` returns, the newest: a reply well inside the limits.
 const MAX_MESSAGES_READ: u32 = 500;
 
 /// The `AgentService`.
@@ -72,8 +71,7 @@ impl AgentApi {
         )
     }
 
-    /// The turn's request, its sizes checked (`server.max_input_bytes`
-    /// over every field, as for every RPC).
+    /// The turn's request, its sizes checked (`server.max_input_bytes`, as for every RPC).
     fn turn_request(&self, req: pb::ConverseRequest) -> Result<TurnRequest, Failure> {
         use prost::Message;
         if req.agent.is_empty() {

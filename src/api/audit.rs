@@ -34,8 +34,7 @@ impl AuditApi {
         Self { store, auth }
     }
 
-    /// The caller administers `team`'s chain; the empty team's (changes
-    /// of no one team: API keys) is for an admin of every team.
+    /// The caller administers `team`'s chain ('': API keys, for an admin of every team).
     fn admin(&self, extensions: &tonic::Extensions, team: &str) -> Result<(), Failure> {
         check_id(team, false).map_err(|why| Failure::invalid("team_id", why))?;
         let p = principal(extensions, &self.auth)?;

@@ -1,6 +1,5 @@
-//! The gRPC face of authentication: an interceptor that puts the caller's
-//! [`Principal`] in the request extensions, and the checks handlers make
-//! against it.
+//! The gRPC face of authentication: an interceptor putting the caller's [`Principal`] in
+//! the request extensions, and the checks handlers make against it.
 
 use super::error::{Failure, to_status};
 use crate::{
@@ -38,15 +37,13 @@ impl Interceptor for AuthInterceptor {
     }
 }
 
-/// The caller's trace ID, or a fresh one (for errors raised before the
-/// request body is read).
+/// The caller's trace ID, or a fresh one (for errors before the request body is read).
 pub(crate) fn trace_of(metadata: &MetadataMap) -> String {
     trace_id::resolve("", metadata).map_or_else(|_| trace_id::generate(), |(t, _)| t)
 }
 
-/// The principal the interceptor found. A service mounted without the
-/// interceptor (an embedding, a test) sees no principal: it is then treated
-/// as a request without a key, which only passes while authentication is off.
+/// The principal the interceptor found. Without the interceptor (an embedding, a test)
+/// there is none: that is a request without a key, passing only while auth is off.
 pub(crate) fn principal(
     extensions: &tonic::Extensions,
     auth: &Authenticator,

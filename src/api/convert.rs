@@ -69,8 +69,7 @@ pub fn history(messages: &[pb::SmsMessage]) -> Vec<SmsTurn> {
         .collect()
 }
 
-/// A `GenerateSms` request → the task's input (the lead's named fields
-/// join its attributes).
+/// A `GenerateSms` request → the task's input, the lead's named fields among its attributes.
 pub fn generate_input(req: pb::GenerateSmsRequest) -> GenerateInput {
     let lead = req.lead.unwrap_or_default();
     let mut lead_map: std::collections::BTreeMap<String, String> =

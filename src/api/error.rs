@@ -1,9 +1,8 @@
 //! The one place where internal errors become gRPC statuses.
 //!
-//! Every status carries `google.rpc.ErrorInfo` (domain [`DOMAIN`], a stable
-//! `reason`, the trace ID in its metadata) and the `x-trace-id` metadata.
-//! Internal detail (provider messages, SQL errors) goes to the log with the
-//! trace ID, never to the client.
+//! Every status carries `google.rpc.ErrorInfo` (domain [`DOMAIN`], a stable `reason`, the
+//! trace ID) and the `x-trace-id` metadata. Internal detail (provider messages, SQL errors)
+//! goes to the log with the trace ID, never to the client.
 
 use crate::{
     agent::AgentError,
@@ -33,8 +32,7 @@ pub mod reason {
     pub const ALL_PROVIDERS_FAILED: &str = crate::router::RouteError::ALL_PROVIDERS_FAILED;
     /// The deadline or latency budget ran out.
     pub const DEADLINE_EXCEEDED: &str = crate::router::RouteError::DEADLINE_EXCEEDED;
-    /// The cluster store of shared limits is down and
-    /// `on_unavailable = "refuse"`.
+    /// The cluster store of shared limits is down and `on_unavailable = "refuse"`.
     pub const CLUSTER_STORE_UNAVAILABLE: &str =
         crate::router::RouteError::CLUSTER_STORE_UNAVAILABLE;
     /// A monthly cap would be exceeded.
@@ -78,28 +76,20 @@ pub mod reason {
 pub(crate) enum Failure {
     /// Bad input: `(field, description)` pairs.
     Invalid(Vec<(String, String)>),
-    /// Unknown task.
     UnknownTask(String),
-    /// Routing failed.
     Route(RouteError),
-    /// Storage failed.
     Storage(String),
-    /// A named thing does not exist.
     NotFound(String),
     /// Load shed: too many requests in flight.
     Overloaded,
-    /// No valid API key.
     Unauthenticated(crate::auth::AuthError),
-    /// The key may not act for this team.
     TeamNotAllowed {
         /// The request field naming the team.
         field: &'static str,
-        /// The team.
         team: String,
     },
     /// The RPC needs the admin role over the team (`None`: global prompts).
     AdminRequired(Option<String>),
-    /// A monthly cap would be exceeded.
     Quota(Refusal),
     /// The estimated cost exceeds the request budget.
     Budget {
@@ -125,8 +115,7 @@ pub(crate) enum Failure {
 }
 
 impl Failure {
-    /// A tool invocation's denial (SPEC §9.3): its code, reason and
-    /// details.
+    /// A tool invocation's denial (SPEC §9.3): its code, reason and details.
     fn tool_denial(
         denial: Denial,
         details: &mut ErrorDetails,
@@ -364,7 +353,6 @@ fn unknown_task(
     )
 }
 
-/// A routing failure, with a summary of its attempts.
 fn route_failure(
     err: RouteError,
     details: &mut ErrorDetails,
@@ -400,7 +388,6 @@ fn route_failure(
     }
 }
 
-/// The key may not act for `team`, named by the request's `field`.
 fn team_not_allowed(
     field: &'static str,
     team: String,
@@ -427,7 +414,6 @@ fn admin_required(team: Option<String>, info: &mut HashMap<String, String>) -> P
     (Code::PermissionDenied, reason::ADMIN_REQUIRED, message)
 }
 
-/// A monthly cap would be exceeded: its limit and what remains.
 fn quota_exceeded(
     refusal: &Refusal,
     details: &mut ErrorDetails,
@@ -454,7 +440,6 @@ fn quota_exceeded(
     )
 }
 
-/// A call's estimated cost exceeds its request budget.
 fn call_budget_exceeded(
     estimate_micros: i64,
     budget_usd: f64,
@@ -478,7 +463,6 @@ fn call_budget_exceeded(
     )
 }
 
-/// A tool invocation's estimated cost exceeds its request budget.
 fn tool_budget_exceeded(
     estimate_micros: i64,
     budget_usd: f64,
@@ -502,7 +486,6 @@ fn tool_budget_exceeded(
     )
 }
 
-/// An agent turn that could not start.
 fn agent_refusal(err: AgentError, details: &mut ErrorDetails) -> Parts {
     let reason = err.reason();
     let code = match &err {
@@ -527,25 +510,19 @@ fn agent_refusal(err: AgentError, details: &mut ErrorDetails) -> Parts {
 /// Most bytes of a caller's value (a task, an ID) an error repeats.
 const MAX_ECHO: usize = 128;
 
-/// Most bytes of an error's message. A status travels in the response's
-/// trailers, and clients refuse trailers past 16 KiB (hyper's default,
-/// gRPC C-core's 8 KiB): an error that echoed a long value would reach its
-/// caller as a protocol error instead of its code. The message travels
-/// twice (`grpc-message`, percent-encoded, and inside
-/// `grpc-status-details-bin`, base64), and so do the details below, so
-/// every part has a bound that keeps the whole under 8 KiB.
+/// Most bytes of an error's message. A status travels in the trailers, which clients refuse
+/// past 16 KiB (hyper) or 8 KiB (gRPC C-core): a long echo would arrive as a protocol error.
+/// The message travels twice (`grpc-message` percent-encoded, `grpc-status-details-bin`
+/// base64), as do the details, so every part is bounded to keep the whole under 8 KiB.
 const MAX_MESSAGE: usize = 1024;
 
-/// Most field violations an error lists (a schema check reports up to 20),
-/// and most bytes of each one's field path and description. A path and a
-/// description can repeat what the caller sent (an object's keys) or what
-/// a tool's schema says (an enum's every option).
+/// Most field violations an error lists (a schema check reports up to 20), and most bytes
+/// of each path and description, which can echo the caller's keys or a schema's enum.
 const MAX_VIOLATIONS: usize = 5;
 const MAX_VIOLATION_FIELD: usize = 128;
 const MAX_VIOLATION_DESCRIPTION: usize = 192;
 
-/// Keeps the status's `BadRequest` within the bounds above, wherever its
-/// violations came from.
+/// Keeps the status's `BadRequest` within the bounds above, wherever its violations came from.
 fn bound_violations(details: &mut ErrorDetails) {
     let Some(bad) = details.bad_request() else {
         return;
@@ -564,8 +541,7 @@ fn bound_violations(details: &mut ErrorDetails) {
     details.set_bad_request(bounded);
 }
 
-/// `text` cut to at most `max` bytes at a character boundary, marked when
-/// cut (the mark is 3 bytes more).
+/// `text` cut to at most `max` bytes at a character boundary, plus a 3-byte mark when cut.
 fn clip(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
@@ -592,9 +568,8 @@ mod tests {
 
     #[test]
     fn an_error_lists_a_bounded_number_of_bounded_violations() {
-        // Non-ASCII throughout, the worst case: `grpc-message` carries the
-        // message percent-encoded (3 bytes a byte), and the details carry
-        // it again.
+        // Non-ASCII throughout, the worst case: `grpc-message` percent-encodes it (3 bytes
+        // a byte), and the details carry it again.
         let violations: Vec<(String, String)> = (0..20)
             .map(|i| (format!("/{i}/{}", "ü".repeat(10_000)), "ü".repeat(10_000)))
             .collect();

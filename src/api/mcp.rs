@@ -1,13 +1,9 @@
-//! The MCP endpoint (SPEC §9.5): the registry served as an MCP server over
-//! Streamable HTTP, so any MCP client can list and call the tools its key
-//! may use, through the pipeline's one entry point (`call::tool`), audited
-//! and metered like a gRPC `InvokeTool`.
+//! The MCP endpoint (SPEC §9.5): the tools a key may use, served over Streamable HTTP
+//! through the pipeline's one entry point (`call::tool`), audited and metered like gRPC.
 //!
-//! Authentication is the gRPC API's: `authorization: Bearer <key>` (or
-//! `x-api-key`). The team is the key's when it has one; a key for several
-//! teams names it in `x-team-id`, checked as gRPC checks `context.team_id`.
-//! A call's arguments obey the request limits of every gRPC request.
-//! Sessions are capped (`sessions`).
+//! Authentication is the gRPC API's (`authorization: Bearer`, or `x-api-key`); a key for
+//! several teams names one in `x-team-id`. Arguments obey every gRPC request's limits, and
+//! sessions are capped (`sessions`).
 
 mod sessions;
 mod store;
@@ -64,8 +60,7 @@ struct McpCaller {
 #[derive(Clone)]
 struct Endpoint {
     pipeline: Pipeline,
-    /// `tools/call`s under way: shutdown waits for them, not for idle
-    /// sessions.
+    /// `tools/call`s under way: shutdown waits for them, not for idle sessions.
     calls: Arc<watch::Sender<usize>>,
 }
 
@@ -120,8 +115,7 @@ fn denied(err: CallError) -> McpError {
     }
 }
 
-/// Arguments refused by the request limits: INVALID_INPUT, as gRPC's
-/// INVALID_ARGUMENT carries it.
+/// Arguments refused by the request limits: INVALID_INPUT, as on gRPC.
 fn refused(failure: Failure) -> McpError {
     match failure {
         Failure::Invalid(v) => denied(CallError::Invalid(v)),
@@ -168,9 +162,8 @@ impl ServerHandler for Endpoint {
         let config = self.pipeline.config();
         let name = request.name.to_string();
         let input = serde_json::Value::Object(request.arguments.unwrap_or_default());
-        // gRPC's limits, measured as gRPC measures a tool input (as compact
-        // JSON), checked before the call is opened: a refused input takes
-        // no slot under `server.max_concurrent_requests`.
+        // gRPC's limits, checked before the call opens: a refused input takes no slot
+        // under `server.max_concurrent_requests`.
         check_tool_input("arguments", &input, &[("name", name.len())], &config.server)
             .map_err(refused)?;
         let started = tokio::time::Instant::now();
@@ -220,9 +213,8 @@ impl ServerHandler for Endpoint {
     }
 }
 
-/// Whether rmcp would open a session for this request: a POST with no
-/// session ID (as rmcp reads the header) whose JSON-RPC method is
-/// `initialize`.
+/// Whether rmcp would open a session for this request: a POST without a session ID
+/// (as rmcp reads the header) whose JSON-RPC method is `initialize`.
 fn opens_session(parts: &http::request::Parts, body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Method {
@@ -257,10 +249,8 @@ fn session_cap(max: usize) -> Response {
         .into_response()
 }
 
-/// The team a key acts for on the MCP endpoint: `x-team-id` when sent (a
-/// valid ID, 400 `INVALID_INPUT` otherwise, and one the key may act for,
-/// 403 otherwise), else the key's only team, else none (tenant tools
-/// refuse).
+/// The team a key acts for: `x-team-id` when sent (400 unless a valid ID, 403 unless the
+/// key may act for it), else the key's only team, else none (tenant tools refuse).
 fn team_of(
     principal: &Principal,
     headers: &http::HeaderMap,
@@ -268,10 +258,9 @@ fn team_of(
     let Some(value) = headers.get("x-team-id") else {
         return Ok(principal.teams.single().unwrap_or_default());
     };
-    // The ID is checked before the key's teams, as gRPC checks
-    // `context.team_id`: a key for every team (`*`) would otherwise take any
-    // text as a team, and a team ID ends up in logs, metric labels and SQL.
-    // Bytes that are not UTF-8 become U+FFFD, which the check refuses.
+    // The ID is checked first, as on gRPC: a `*` key would otherwise take any text as a
+    // team, and team IDs reach logs, metric labels and SQL. Non-UTF-8 bytes become
+    // U+FFFD, which the check refuses.
     let team = String::from_utf8_lossy(value.as_bytes()).into_owned();
     if let Err(why) = check_id(&team, true) {
         let message = format!("{INVALID_INPUT}: x-team-id: {why}");
@@ -359,10 +348,8 @@ pub async fn serve(
     let app = axum::Router::new()
         .nest_service(&config.path, service)
         .layer(axum::middleware::from_fn(authenticate));
-    // When shutdown starts no connection is accepted any more; the calls
-    // in flight get the grace gRPC's get, then every session is ended
-    // (a Streamable HTTP session's event stream would otherwise hold its
-    // connection open for ever; an idle one is not waited for).
+    // On shutdown no connection is accepted; calls in flight get gRPC's grace, then every
+    // session ends (its event stream would otherwise hold its connection open for ever).
     let mut stop_accepting = draining.clone();
     let mut end_sessions = draining;
     let ending = async move {

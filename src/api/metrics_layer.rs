@@ -1,26 +1,17 @@
-//! A tower layer counting gRPC calls by method and final status code,
-//! timing them (the grpc-ecosystem convention: `grpc_server_started_total`,
-//! `grpc_server_handled_total`, `grpc_server_handling_seconds`, labelled
-//! `grpc_type`, `grpc_service`, `grpc_method`, `grpc_code`), and writing
-//! each call's access line ([`super::access`]) when it ends.
+//! A tower layer counting and timing gRPC calls by method and final code, as the
+//! grpc-ecosystem convention names them (`grpc_server_started_total`,
+//! `grpc_server_handled_total`, `grpc_server_handling_seconds`), and writing each call's
+//! access line ([`super::access`]) when it ends.
 //!
-//! A unary call is recorded when its response head leaves the service: an
-//! error travels trailers-only (its `grpc-status` is in the headers), a
-//! success is `OK`. A server stream's real outcome is only known at its end,
-//! in the trailers; a handler that streams takes the recording over with
-//! [`GrpcCall::defer`] and reports the final code (ExecuteStream does), so a
-//! stream failing midway is not counted as `OK` and its time covers the
-//! whole stream. Streams that do not (health `Watch`, reflection) are
-//! recorded at their start, as `OK`.
+//! A unary call is recorded when its response head leaves (an error travels trailers-only).
+//! A server stream's outcome is only in its trailers, so a streaming handler takes the
+//! recording over with [`GrpcCall::defer`] and reports the final code; streams that do not
+//! (health `Watch`, reflection) are recorded at their start as `OK`. A response future
+//! dropped before it resolves (the client went away) is recorded as `CANCELLED`, so every
+//! started call is handled once, with an access line.
 //!
-//! A call whose response future is dropped before it resolves (the client
-//! cancelled or went away while a unary handler was still working, or while
-//! a streaming one was still preparing its stream) is recorded at that drop
-//! as `CANCELLED`, the convention's code for it: otherwise it would be
-//! started and never handled, and leave no access line.
-//!
-//! This layer runs before authentication: its labels must never echo what a
-//! caller sent. Methods come from a fixed list, codes from the gRPC set.
+//! This layer runs before authentication: its labels must never echo what a caller sent.
+//! Methods come from a fixed list, codes from the gRPC set.
 
 use super::access::{self, Record};
 use crate::telemetry::metrics;
@@ -34,10 +25,9 @@ use tokio::time::Instant;
 use tonic::{Code, codegen::http};
 use tower::{Layer, Service};
 
-/// Every method this server serves (`service/method`, as in the request
-/// path): the `Orchestrator` and `PromptAdmin` services of `proto/`, gRPC
-/// health and server reflection (v1 and v1alpha). A unit test checks it
-/// against the compiled descriptor sets, so a new RPC cannot be forgotten.
+/// Every method this server serves (`service/method`, as in the path): ours, gRPC health
+/// and reflection (v1, v1alpha). A unit test checks it against the compiled descriptor
+/// sets, so a new RPC cannot be forgotten.
 const METHODS: &[(&str, &str)] = &[
     ("ai.orchestrator.v1.Orchestrator/Execute", UNARY),
     (
@@ -101,8 +91,7 @@ pub struct GrpcMetrics<S> {
     inner: S,
 }
 
-/// The method of a request path, `service/method`, with its `grpc_type`:
-/// one of [`METHODS`], else `other`.
+/// The method of a request path and its `grpc_type`: one of [`METHODS`], else `other`.
 fn method_label(path: &str) -> (&'static str, &'static str) {
     let method = path.strip_prefix('/').unwrap_or(path);
     METHODS
@@ -139,24 +128,19 @@ fn code_name(code: Code) -> &'static str {
 /// lock first, so a call is recorded once whoever gets there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// The layer, when the response head is out (or, as `CANCELLED`, when
-    /// its future is dropped before that).
+    /// The layer, when the response head is out (or its future dropped first: `CANCELLED`).
     Head,
-    /// A handler asked to record a stream's end; the layer has not yet seen
-    /// the response (if the handler fails, or its future is dropped, the
-    /// layer records after all).
+    /// A handler asked to record a stream's end, before the response (if the handler fails,
+    /// or its future is dropped, the layer records after all).
     Deferred,
     /// The stream is running: its [`StreamEnd`] records.
     Streaming,
-    /// Recorded.
     Done,
 }
 
 #[derive(Debug)]
 struct CallState {
-    /// `service/method`, or `other`.
     method: &'static str,
-    /// `unary`, `server_stream`, `bidi_stream`, or `other`.
     kind: &'static str,
     started: Instant,
     phase: Mutex<Phase>,
@@ -207,10 +191,8 @@ impl GrpcCall {
         }
     }
 
-    /// The response future was dropped before it resolved: nobody will
-    /// answer this call, so it is recorded now as `CANCELLED`. Once the
-    /// future has resolved the phase is `Streaming` or `Done`, and this does
-    /// nothing: a dropped resolved future is not a cancelled call.
+    /// The response future was dropped before it resolved: nobody will answer, so record
+    /// `CANCELLED` now. A resolved future (`Streaming`, `Done`) dropped is not a cancellation.
     fn abandoned(&self) {
         let mut phase = self.phase();
         match *phase {
@@ -226,12 +208,10 @@ impl GrpcCall {
         }
     }
 
-    /// Hands the recording of this call to the returned guard, to be moved
-    /// into the response stream: the call is counted with the code given to
-    /// [`StreamEnd::finish`], or as `CANCELLED` if the stream is dropped
-    /// unfinished (the client went away). Call it once nothing can fail
-    /// before the response; should the handler fail anyway, the layer
-    /// records as usual.
+    /// Hands the recording to the returned guard, to move into the response stream: the call
+    /// is counted with the code given to [`StreamEnd::finish`], or as `CANCELLED` if dropped
+    /// unfinished. Call it once nothing can fail before the response; should the handler
+    /// fail anyway, the layer records as usual.
     pub fn defer(&self) -> StreamEnd {
         let mut phase = self.phase();
         if *phase == Phase::Head {
@@ -305,14 +285,11 @@ where
 }
 
 pin_project_lite::pin_project! {
-    /// The response future of [`GrpcMetrics`]: the inner service's, which it
-    /// records when it resolves, or as `CANCELLED` when dropped before (the
-    /// transport drops it when the client resets the stream or hangs up).
+    /// The response future of [`GrpcMetrics`]: the inner one, recorded when it resolves, or
+    /// as `CANCELLED` when dropped before (the client reset the stream or hung up).
     ///
-    /// A named future rather than `Box::pin(async move { inner.await })`:
-    /// an async block keeps the captured inner future and the one it awaits
-    /// in two slots (rust-lang/rust#62958), so every call in flight paid
-    /// twice the inner future's size, plus an allocation, for a wrapper.
+    /// A named future, not an async block: that would hold the inner future twice
+    /// (rust-lang/rust#62958) and allocate, for every call in flight.
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,

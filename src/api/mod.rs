@@ -25,10 +25,8 @@ use crate::{
 };
 use tonic::Response;
 
-/// The span of one request: every log line inside it carries the trace ID.
-/// Only identifiers go here, never message contents. Exported, it is the
-/// SERVER span of the OpenTelemetry RPC conventions (`rpc.*`), named
-/// `service/method`; its status code is recorded by [`record_status`].
+/// One request's span, carrying the trace ID: identifiers only, never message contents.
+/// Exported, it is the OpenTelemetry RPC SERVER span, named `service/method`.
 fn request_span((service, rpc): (&'static str, &'static str), ctx: &CallContext) -> tracing::Span {
     let span = tracing::info_span!(
         "request",
@@ -54,10 +52,8 @@ fn request_span((service, rpc): (&'static str, &'static str), ctx: &CallContext)
     span
 }
 
-/// Records the final gRPC code on the current request span. Per the
-/// OpenTelemetry RPC conventions a server span is an error only for codes
-/// that are the server's fault (UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED,
-/// INTERNAL, UNAVAILABLE, DATA_LOSS); a refused input is the caller's.
+/// Records the final gRPC code on the request span. Per the OpenTelemetry RPC conventions
+/// only the server's faults make it an error; a refused input is the caller's.
 pub(crate) fn record_status(code: tonic::Code) {
     use tonic::Code;
     let span = tracing::Span::current();

@@ -1,6 +1,5 @@
-//! What every AI and tool RPC shares, whichever service it belongs to: the
-//! caller parsed from the envelope and authorised, then one feature run
-//! through the pipeline and its answer mapped to the reply.
+//! What every AI and tool RPC shares: the caller parsed and authorised, then one feature
+//! run through the pipeline and its answer mapped to the reply.
 
 use super::{
     auth,
@@ -16,13 +15,9 @@ use std::pin::Pin;
 use tonic::{Response, Status, metadata::MetadataMap};
 use tracing::Instrument;
 
-/// A unary handler's future, as `async_trait` declares it.
-///
-/// The AI handlers are plain functions returning one, not `async fn`s:
-/// theirs would keep the whole request as a capture for the call's life,
-/// while parsing runs before the future exists, so the request's metadata
-/// and extensions are not held. Every call in flight carries this future
-/// for as long as its provider takes.
+/// A unary handler's future, as `async_trait` declares it. The AI handlers return one from
+/// a plain function, not an `async fn`: parsing runs before the future exists, so the
+/// future does not hold the request's metadata and extensions while the provider works.
 pub(super) type Unary<'f, T> =
     Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send + 'f>>;
 
@@ -68,9 +63,8 @@ pub(super) fn caller(
     })
 }
 
-/// The one body of every unary AI and tool RPC: `parsed` (the caller and
-/// its feature, or the status refusing the request) run through the
-/// pipeline, its answer mapped by `map`.
+/// The one body of every unary AI and tool RPC: `parsed` (caller and feature, or the
+/// refusing status) run through the pipeline, its answer mapped by `map`.
 pub(super) fn unary<'f, F, T>(
     pipeline: &'f Pipeline,
     parsed: Result<(Caller, F), Status>,

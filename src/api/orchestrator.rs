@@ -33,8 +33,7 @@ pub struct OrchestratorApi {
 }
 
 impl OrchestratorApi {
-    /// A service over the call pipeline, the store (usage reads) and the
-    /// authenticator.
+    /// A service over the call pipeline, the store (usage reads) and the authenticator.
     pub fn new(config: Arc<Config>, pipeline: Pipeline, store: Store, auth: Authenticator) -> Self {
         Self {
             config,
@@ -44,9 +43,8 @@ impl OrchestratorApi {
         }
     }
 
-    /// The caller of AI RPC `rpc` (see [`open::caller`]) and the request's
-    /// size limits: its fields together (`total`, the largest of `fields`
-    /// named on a violation) and its history entries.
+    /// The caller of AI RPC `rpc` (see [`open::caller`]), with the request's `total` bytes
+    /// (the largest of `fields` named on a violation) and `history` entries checked.
     fn caller(
         &self,
         rpc: &'static str,
@@ -107,8 +105,7 @@ fn execute_input(
     }
 }
 
-/// Parses an `Execute` request: its caller, the task named, the sizes
-/// checked, the input parsed.
+/// Parses an `Execute` request: caller, task, sizes, input.
 fn parse_execute(
     api: &OrchestratorApi,
     rpc: &'static str,
@@ -206,8 +203,7 @@ impl Orchestrator for OrchestratorApi {
         // The request span covers the whole stream (settlement included), and
         // provider attempts made while it is polled are its children.
         let stream = crate::telemetry::InSpan::new(Box::pin(stream), span);
-        // Polled by the transport, outside the handler: carries its access
-        // record along.
+        // Polled by the transport, outside the handler: it carries the access record along.
         let stream = super::access::Noted::current(stream);
         Ok(reply(&trace_id, Box::pin(stream) as EventStream))
     }

@@ -57,9 +57,8 @@ pub(crate) fn call_context(
     // refuse it (docs/api.md), since the caller believes a deadline is set.
     if let Some(grpc) = metadata.get("grpc-timeout") {
         match grpc.to_str().ok().and_then(parse_grpc_timeout) {
-            // Finish a little before the caller's own timer fires, so it
-            // gets our DEADLINE_EXCEEDED with the attempts rather than a
-            // bare CANCELLED from its transport.
+            // Finish before the caller's timer fires: it gets our DEADLINE_EXCEEDED with
+            // the attempts, not its transport's bare CANCELLED.
             Some(t) => timeout = timeout.min(early(t)),
             None => return fail("grpc-timeout", "malformed grpc-timeout header"),
         }
@@ -105,9 +104,8 @@ pub(crate) fn call_context(
     })
 }
 
-/// The time we give ourselves under a caller's limit `t`: a little less
-/// ([`DEADLINE_MARGIN`], at most 10% of `t`), so the reply (with its
-/// attempts) is on the wire before the caller's own timer fires.
+/// Our time under a caller's limit `t`: [`DEADLINE_MARGIN`] less (at most 10% of `t`), so
+/// the reply is on the wire before the caller's timer fires.
 fn early(t: Duration) -> Duration {
     t.saturating_sub(DEADLINE_MARGIN.min(t / 10))
 }
@@ -129,9 +127,8 @@ pub(crate) fn check_id(id: &str, required: bool) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The trace ID of an RPC without a `context`: the `x-trace-id` header's,
-/// else `traceparent`'s, else a new one. A malformed header is
-/// INVALID_INPUT, as for every RPC, answered under a new ID.
+/// The trace ID of an RPC without a `context`: `x-trace-id`'s, else `traceparent`'s, else
+/// new. A malformed header is INVALID_INPUT, as for every RPC, under a new ID.
 pub(crate) fn metadata_trace(metadata: &MetadataMap) -> Result<String, tonic::Status> {
     trace_id::resolve("", metadata)
         .map(|(t, _)| t)
@@ -163,10 +160,8 @@ pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     })
 }
 
-/// Refuses a request whose fields together exceed `server.max_input_bytes`.
-/// `total` is the whole request's encoded size (every field counts, an
-/// empty history entry too); `fields` are its parts a caller fills, so the
-/// violation names the largest of them.
+/// Refuses a request whose encoded size `total` exceeds `server.max_input_bytes`; the
+/// violation names the largest of `fields`, the parts a caller fills.
 pub(crate) fn check_input(
     total: usize,
     fields: &[(&str, usize)],
@@ -241,10 +236,8 @@ pub(crate) fn struct_depth(s: &prost_types::Struct) -> usize {
     deepest
 }
 
-/// Refuses a `Struct` holding NaN or ±Infinity: JSON has no such
-/// numbers, and turning them into `null` would change the input unseen
-/// (in a prompt, a webhook's body, an audit digest). Walked without
-/// recursion.
+/// Refuses a `Struct` holding NaN or ±Infinity: JSON has no such numbers, and `null` would
+/// change the input unseen (in a prompt, a webhook body, an audit digest). No recursion.
 pub(crate) fn check_finite(field: &str, s: &prost_types::Struct) -> Result<(), Failure> {
     use prost_types::value::Kind;
     let mut stack: Vec<&prost_types::Value> = s.fields.values().collect();

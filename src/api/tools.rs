@@ -106,10 +106,8 @@ pub const OUTPUT_KEY: &str = "result";
 /// Most bytes of a caller's idempotency key.
 const MAX_IDEMPOTENCY_KEY: usize = 255;
 
-/// A caller's idempotency key is sent as a webhook's `Idempotency-Key`
-/// header, so it must be a header value: visible ASCII, no spaces (a
-/// header's edges would lose them). Refused here, it is the caller's
-/// mistake; sent, it failed every attempt as an unreachable webhook.
+/// A caller's idempotency key becomes a webhook's `Idempotency-Key` header, so it must be
+/// a header value: visible ASCII, no spaces (a header's edges would lose them).
 fn check_idempotency_key(key: &str) -> Result<(), &'static str> {
     if !key.bytes().all(|b| b.is_ascii_graphic()) {
         return Err("may only contain visible ASCII characters, without spaces");
@@ -120,13 +118,10 @@ fn check_idempotency_key(key: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// A tool's output as both edges carry it (docs/tools.md): an object as it
-/// is, any other JSON value (an array such as n8n's "All Entries" answer, a
-/// string, a number, a boolean, `null`) as `{"result": <value>}`. Neither a
-/// `google.protobuf.Struct` nor MCP's `structuredContent` can hold anything
-/// but an object, and dropping the value would report a success with
-/// nothing in it. Only the edges wrap: the stored invocation, the audit
-/// digest, `output_schema` and the agent loop see the value as it came.
+/// A tool's output as both edges carry it (docs/tools.md): an object as is, any other JSON
+/// value (such as n8n's array) as `{"result": <value>}`, since neither a `Struct` nor MCP's
+/// `structuredContent` holds anything else. Only the edges wrap: the stored invocation,
+/// the audit digest, `output_schema` and the agent loop see the value as it came.
 pub(super) fn output_object(output: Value) -> Map<String, Value> {
     match output {
         Value::Object(object) => object,
@@ -138,11 +133,9 @@ pub(super) fn output_object(output: Value) -> Map<String, Value> {
     }
 }
 
-/// The request limits every RPC obeys (`server.max_input_depth`, then
-/// `server.max_input_bytes`), for a tool input (`field`) and the request's
-/// `other` fields with their sizes. The input counts as its compact JSON
-/// text, whichever transport brought it (a gRPC `Struct`, MCP `arguments`):
-/// one measure on both, not the transport's framing.
+/// The request limits every RPC obeys (`server.max_input_depth`, `server.max_input_bytes`)
+/// for a tool input `field` and the request's `other` fields. The input counts as compact
+/// JSON, one measure whichever transport (gRPC `Struct`, MCP `arguments`) brought it.
 pub(super) fn check_tool_input(
     field: &str,
     input: &Value,

@@ -1,6 +1,5 @@
-//! The ops RPCs of the `Orchestrator` service: `GetUsage` (read from the
-//! usage tables) and `GetProviderHealth` (in-memory breaker and health
-//! state).
+//! The ops RPCs of the `Orchestrator` service: `GetUsage` (from the usage tables) and
+//! `GetProviderHealth` (in-memory breaker and health state).
 
 use super::{
     OrchestratorApi, auth, convert,
@@ -111,8 +110,7 @@ impl OrchestratorApi {
         &self,
         request: &Request<pb::GetProviderHealthRequest>,
     ) -> Result<Response<pb::GetProviderHealthResponse>, tonic::Status> {
-        // No context here: the trace ID comes from the metadata or is new;
-        // a malformed one is refused, as on every RPC.
+        // No context: the trace ID comes from the metadata (malformed: refused) or is new.
         let trace_id = super::request::metadata_trace(request.metadata())?;
         let resilience = self.pipeline.router().resilience();
         let providers = self

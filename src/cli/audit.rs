@@ -1,6 +1,4 @@
-//! `audit verify`: each team's hash chain checked in the configured
-//! database, from its first event to its head; the first broken event is
-//! named and the exit code is non-zero.
+//! `audit verify`: each team's hash chain checked; the first broken event named, exit non-zero.
 
 use crate::{audit::store, config::Config, store::Store};
 use anyhow::Context;

@@ -116,7 +116,6 @@ pub struct Client {
     /// has `auth.enabled`).
     #[arg(long, global = true, env = "AIO_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// TLS options for an `https://` address.
     #[command(flatten)]
     pub tls: ClientTls,
     /// Team to act for.
@@ -131,7 +130,6 @@ pub struct Client {
     pub output: Output,
 }
 
-/// Adds the API key to each request.
 type WithKey =
     Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
 
@@ -310,10 +308,8 @@ pub(super) fn show<T: prost::Message>(
     }
 }
 
-/// `message` in the proto3 JSON mapping (field names in lowerCamelCase,
-/// enums by name, 64-bit integers as strings, well-known types in their
-/// JSON forms), read through the served descriptors, or as `path: value`
-/// lines.
+/// `message` in the proto3 JSON mapping (as grpcurl prints it), read through the served
+/// descriptors, or as `path: value` lines.
 pub(super) fn render<T: prost::Message>(
     message: &T,
     name: &str,

@@ -1,11 +1,9 @@
-//! How the client commands reach the server: the address as the operator
-//! writes it, and a connection failure said once, with what to do.
+//! How client commands reach the server, and a connection failure said once, with a hint.
 
 use anyhow::Context;
 use std::error::Error as _;
 
-/// `addr` as a URL: `host:port` is `http://host:port`, as grpcurl and
-/// `serve --listen` write an address.
+/// `addr` as a URL: `host:port` (as grpcurl and `serve --listen` write it) is plain HTTP.
 pub(crate) fn url(addr: &str) -> String {
     if addr.contains("://") {
         addr.to_owned()
@@ -20,9 +18,8 @@ pub(crate) fn endpoint(addr: &str) -> anyhow::Result<tonic::transport::Endpoint>
         .with_context(|| format!("bad --addr {addr}: write host:port or http(s)://host:port"))
 }
 
-/// A failed connection to `addr`, said once: each distinct cause of the
-/// chain (the transport repeats its own), and, when nothing listens there,
-/// how to start the server.
+/// A failed connection to `addr`: each distinct cause once (the transport repeats its
+/// own), and how to start the server when nothing listens there.
 pub(crate) fn failed(addr: &str, err: &tonic::transport::Error) -> anyhow::Error {
     let mut causes: Vec<String> = Vec::new();
     let mut refused = false;

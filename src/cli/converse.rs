@@ -1,14 +1,11 @@
-//! `call converse`: one agent turn, its events printed as they arrive
-//! (one JSON object per line, or `path: value` lines), so a person sees
-//! the answer stream and the tool calls as they happen.
+//! `call converse`: one agent turn, each event (answer text, tool calls) printed as it arrives.
 
 use super::call::{Client, Output, render};
 use crate::api::pb::{self, agent_service_client::AgentServiceClient};
 use futures::StreamExt;
 use std::io::Write;
 
-/// Runs one turn of `agent` with `message` (in `conversation`, if given)
-/// and prints each event; returns the closing line.
+/// Runs one turn of `agent` and prints each event; returns the closing line.
 pub async fn converse(
     args: Client,
     agent: String,

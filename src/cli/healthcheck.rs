@@ -1,6 +1,4 @@
-//! `healthcheck`: asks a running server's gRPC health service whether it is
-//! SERVING, and exits non-zero otherwise. A container health check on an
-//! image with no shell or curl (distroless) runs the binary itself.
+//! `healthcheck`: is a running server SERVING? For health checks in images without a shell.
 
 use super::call::ClientTls;
 use crate::config::Config;
@@ -13,9 +11,8 @@ use tonic_health::pb::{
 /// How long a health check may take, connection included.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Where to check when no `--addr` is given: this host, on the port of
-/// `server.listen` (a server bound to all interfaces is reached on
-/// loopback), over TLS when the server serves TLS.
+/// Where to check without `--addr`: loopback on the port of `server.listen` (a server
+/// bound to all interfaces answers there), over TLS when the server serves TLS.
 pub fn default_addr(config: &Config) -> String {
     let port = config.server.listen.port();
     let scheme = if config.server.tls.is_some() {

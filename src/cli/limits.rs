@@ -1,5 +1,4 @@
-//! `limits`: a team's monthly caps (overrides of
-//! `metering.default_limits`) and this month's balance.
+//! `limits`: a team's monthly caps (overrides of `metering.default_limits`) and balance.
 
 use crate::{config::Config, store::Store};
 use anyhow::Context;
@@ -42,9 +41,7 @@ pub enum LimitsAction {
 /// A cap given on the command line.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Cap<T> {
-    /// This much per month.
     At(T),
-    /// No cap.
     Unlimited,
 }
 

@@ -1,7 +1,5 @@
-//! Command line: one file per command group (`serve`, `check-config` and
-//! `migrate`, `limits`, `prompts`, `keys`, `call`). Commands return their
-//! output as text; `main` prints it, so the library never writes to stdout
-//! itself.
+//! Command line, one file per command group. Commands return their output as text for
+//! `main` to print: the library never writes to stdout itself.
 
 mod audit;
 mod call;
@@ -51,7 +49,6 @@ pub struct Cli {
         default_value = "text"
     )]
     pub log_format: LogFormat,
-    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -71,13 +68,11 @@ pub enum Command {
     CheckConfig,
     /// Show or set a team's monthly caps (tenant_limits overrides).
     Limits {
-        /// What to do.
         #[command(subcommand)]
         action: LimitsAction,
     },
     /// Manage versioned prompts (ai_prompts), audited.
     Prompts {
-        /// What to do.
         #[command(subcommand)]
         action: PromptsAction,
         /// Who is acting (recorded in the audit trail).
@@ -87,7 +82,6 @@ pub enum Command {
     /// Manage API keys stored in the database (api_keys); servers pick up
     /// changes within `auth.refresh_interval`.
     Keys {
-        /// What to do.
         #[command(subcommand)]
         action: KeysAction,
     },
@@ -98,7 +92,6 @@ pub enum Command {
         /// 127.0.0.1 on the port of `server.listen`].
         #[arg(long, env = "AIO_ADDR")]
         addr: Option<String>,
-        /// TLS options for an `https://` address.
         #[command(flatten)]
         tls: ClientTls,
         /// The health service name to check (`""`: the whole server).
@@ -108,27 +101,22 @@ pub enum Command {
     /// Call a running server. Its flags go before or after the RPC name:
     /// `call --team t1 classify-sms "hi"` = `call classify-sms --team t1 "hi"`.
     Call {
-        /// Where and as whom.
         #[command(flatten)]
         client: Client,
-        /// Which RPC.
         #[command(subcommand)]
         rpc: Call,
     },
     /// List and call tools on a running server (`ToolService`): `tools
     /// list`, `tools call NAME --input JSON`.
     Tools {
-        /// Where and as whom.
         #[command(flatten)]
         client: Client,
-        /// What to do.
         #[command(subcommand)]
         action: ToolsAction,
     },
     /// The audit log in the configured database: `audit verify [--team T]`
     /// checks each team's hash chain.
     Audit {
-        /// What to do.
         #[command(subcommand)]
         action: AuditAction,
     },
@@ -145,8 +133,7 @@ pub(crate) fn cli_principal() -> String {
     format!("cli:{user}")
 }
 
-/// Appends an admin change to team `team`'s audit chain ('' for changes not
-/// of one team: keys).
+/// Appends an admin change to `team`'s audit chain ('' for keys, which have no team).
 pub(crate) async fn audit_admin(
     store: &crate::store::Store,
     team: &str,

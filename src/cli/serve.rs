@@ -1,5 +1,4 @@
-//! `serve`: the server until SIGTERM or SIGINT, with OpenTelemetry export
-//! when configured.
+//! `serve`: the server until SIGTERM or SIGINT, exporting traces when configured.
 
 use crate::{config::Config, telemetry};
 

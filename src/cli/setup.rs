@@ -1,5 +1,4 @@
-//! `check-config` and `migrate`: a config checked and described, and the
-//! database created or upgraded.
+//! `check-config` and `migrate`: the config checked and described, the database set up.
 
 use crate::{config::Config, store::Store};
 use anyhow::Context;
@@ -55,9 +54,8 @@ pub fn check_config(config: &Config) -> String {
     out
 }
 
-/// The configured tools, MCP servers and agents, with the values the
-/// service runs with (a timeout after its cap). Webhook URLs are left out:
-/// their paths are often the webhook's only secret.
+/// The configured tools, MCP servers and agents, with the values in force (a timeout after
+/// its cap). No webhook URLs: their paths are often the webhook's only secret.
 fn describe_tools_and_agents(config: &Config, out: &mut String) {
     use crate::config::tools::name_and_version;
     if !config.tools.is_empty() {
@@ -111,9 +109,8 @@ fn describe_tools_and_agents(config: &Config, out: &mut String) {
     }
 }
 
-/// Hides the passwords in a database URL: the user info's (up to the last
-/// `@` of the authority, as URL parsers read it) and any query parameter
-/// naming a secret (`password=`, `sslpassword=`).
+/// Hides the passwords in a database URL: the user info's (up to the authority's last `@`,
+/// as URL parsers read it) and secret query parameters (`password=`, `sslpassword=`).
 pub(super) fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();

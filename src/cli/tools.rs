@@ -1,6 +1,4 @@
-//! `tools`: list the tools a key may use and call one, on a running server
-//! (through `ToolService`, so the call is checked, metered and audited like
-//! any other).
+//! `tools`: a key's tools listed and called through `ToolService` (checked, metered, audited).
 
 use super::call::{Client, show};
 use crate::api::pb::{self, tool_service_client::ToolServiceClient};

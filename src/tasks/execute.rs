@@ -9,23 +9,20 @@ use std::collections::BTreeMap;
 /// A generic task's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Output {
-    /// The model's text.
     pub text: String,
     /// The text parsed as a JSON object, when it is one.
     pub json: Option<Map<String, Value>>,
 }
 
-/// Builds the prompt for `task` with `input`, and the structured output to
-/// ask for. Template variables are `task`, `input` (the whole object as
-/// JSON) and each top-level field of the object (strings as-is, other values
-/// as JSON), all inserted as data.
+/// Builds the prompt for `task` and the structured output to ask for. Template variables:
+/// `task`, `input` (the whole object as JSON) and each top-level field (strings as-is,
+/// other values as JSON), all inserted as data.
 pub async fn prepare(
     tasks: &Tasks,
     session: &impl Session,
     task: &str,
     input: Map<String, Value>,
 ) -> Result<(Rendered, Option<JsonSchemaFormat>), TaskError> {
-    // Unknown tasks fail before any prompt work.
     if !tasks.known(task) {
         return Err(RouteError::UnknownTask(task.to_owned()).into());
     }
@@ -55,13 +52,9 @@ pub async fn prepare(
     Ok((rendered, format))
 }
 
-/// The whole input as the `{{input}}` variable: pretty JSON, or compact
-/// when the pretty form is longer than a prompt may be. Pretty printing
-/// indents every line by its depth, so a deeply nested input within
-/// `max_input_bytes` would grow some 30 times; it could never render, and
-/// every call in flight would hold the copy.
+/// The whole input as `{{input}}`: pretty JSON, or compact when pretty would pass the
+/// prompt limit (indenting by depth can grow a nested input some 30 times).
 fn whole_input(input: &Value, limit: usize) -> String {
-    /// A buffer that refuses to grow past `limit`.
     struct Capped {
         buf: Vec<u8>,
         limit: usize,
@@ -91,9 +84,7 @@ fn whole_input(input: &Value, limit: usize) -> String {
 /// A generic task asked for through `Execute`.
 #[derive(Debug, Clone)]
 pub struct Execute {
-    /// The configured task.
     pub task: String,
-    /// The caller's input object.
     pub input: Map<String, Value>,
 }
 
@@ -154,8 +145,7 @@ mod tests {
             whole_input(&small, 1024),
             serde_json::to_string_pretty(&small).unwrap()
         );
-        // 32 levels deep, ~64 KiB compact: pretty, each `0` is a line
-        // indented by 64 spaces.
+        // 32 levels deep, ~64 KiB compact; pretty, each `0` is a line indented 64 spaces.
         let mut deep = Value::Array(vec![json!(0); 30_000]);
         for _ in 0..31 {
             deep = Value::Array(vec![deep]);

@@ -1,7 +1,6 @@
-//! The typed tasks: each builds its prompt, asks for an answer it can parse
-//! and validate, and shapes the result. Tasks know nothing of gRPC, of the
-//! ledger or of which provider serves: they make their model calls through
-//! a [`Session`], which the call pipeline (`crate::call`) provides.
+//! The typed tasks: each builds its prompt, asks for an answer it can parse and
+//! validate, and shapes the result. Tasks know nothing of gRPC, the ledger or providers:
+//! they call models through a [`Session`], which the call pipeline (`crate::call`) provides.
 
 pub mod execute;
 pub mod opt_out;
@@ -18,22 +17,17 @@ use crate::{
 };
 use std::{collections::BTreeMap, future::Future, sync::Arc};
 
-/// What a task does through the call it serves: resolve its prompt and
-/// make model calls. Each model call is reserved against the team's caps,
-/// routed along the task's chain and metered; the call records every
-/// attempt, so a task that calls twice (a redraft) is billed for both.
+/// A task's view of the call it serves: prompt rendering and model calls. The call
+/// records every attempt, so a task that calls twice (a redraft) is billed for both.
 pub trait Session: Sync {
-    /// Resolves the prompt for `key` (team version, global version,
-    /// built-in) and renders it with `vars`.
+    /// Resolves the prompt for `key` (team, global, built-in) and renders it with `vars`.
     fn render(
         &self,
         key: &str,
         vars: &BTreeMap<String, String>,
     ) -> impl Future<Output = Result<Rendered, TaskError>> + Send;
 
-    /// One model call for `task` with `prompt`, asking for `format` when
-    /// given; returns the answer `parse` accepted and the completion. A
-    /// `parse` error is a malformed answer: the chain moves on.
+    /// One model call; a `parse` error is a malformed answer, so the chain moves on.
     fn complete<T: Send>(
         &self,
         task: &str,
@@ -42,15 +36,12 @@ pub trait Session: Sync {
         parse: impl Fn(&Completion) -> Result<T, String> + Send + Sync,
     ) -> impl Future<Output = Result<(T, Completion), TaskError>> + Send;
 
-    /// Records that the answer came from a rule, not a model (an opt-out
-    /// keyword): `key` is reported as the call's prompt key.
+    /// Records an answer given by a rule (an opt-out keyword), reporting `key` as prompt key.
     fn answered_by_rule(&self, key: &str);
 }
 
-/// A request for one task: what the call pipeline runs for a task RPC (as
-/// a `call::Feature`). It sees the pipeline only through its [`Session`].
+/// A request for one task, run by the call pipeline through a [`Session`].
 pub trait Task: Send {
-    /// Its answer.
     type Output: Send;
 
     /// The task it runs (its usage record's task, its routing chain).
@@ -67,11 +58,8 @@ pub trait Task: Send {
 /// A prompt ready to send: the resolved version and its rendered texts.
 #[derive(Debug, Clone)]
 pub struct Rendered {
-    /// The resolved prompt (key, version, overrides).
     pub prompt: Prompt,
-    /// Rendered system prompt.
     pub system: String,
-    /// Rendered user message.
     pub user: String,
 }
 
@@ -81,7 +69,6 @@ pub enum TaskError {
     /// The input is unusable; each entry is `(field, description)`.
     #[error("invalid input")]
     Invalid(Vec<(String, String)>),
-    /// Routing failed.
     #[error(transparent)]
     Route(#[from] RouteError),
     /// Metering refused the call (cap, budget) or could not reserve.
@@ -96,15 +83,11 @@ impl TaskError {
     }
 }
 
-/// The variable holding `Execute`'s whole input object; only `Execute`
-/// provides it, so its presence tells the two kinds of caller apart.
+/// `Execute`'s whole input; only `Execute` provides it, so it tells the callers apart.
 const EXECUTE_INPUT_VAR: &str = "input";
 
-/// Reports a prompt that does not render. For `Execute` a missing variable
-/// is a missing input field (`input.<name>`), which the caller can supply.
-/// A typed RPC has no `input` field and fixed variables, so there the stored
-/// prompt is at fault: the violation is on `prompt` and names the variable,
-/// the prompt version and what the RPC provides.
+/// Reports a prompt that does not render. For `Execute` a missing variable is a missing
+/// input field; a typed RPC's variables are fixed, so there the stored prompt is at fault.
 pub fn template_error(
     err: TemplateError,
     prompt: &Prompt,
@@ -133,8 +116,7 @@ pub fn template_error(
             )
         }
         TemplateError::Unclosed => TaskError::invalid("prompt", err.to_string()),
-        // The request's own text, repeated or escaped by the template, is
-        // what grew past the limit.
+        // The request's own text, repeated or escaped by the template, grew past the limit.
         TemplateError::TooLarge { .. } if vars.contains_key(EXECUTE_INPUT_VAR) => {
             TaskError::invalid(EXECUTE_INPUT_VAR, err.to_string())
         }
@@ -142,18 +124,15 @@ pub fn template_error(
     }
 }
 
-/// What tasks know at start-up: the config and the compiled output schemas
-/// of generic tasks.
+/// What tasks know at start-up: the config and generic tasks' compiled output schemas.
 #[derive(Clone)]
 pub struct Tasks {
-    /// Loaded config.
     pub config: Arc<Config>,
     output_schemas: Arc<std::collections::HashMap<String, Arc<jsonschema::Validator>>>,
 }
 
 impl Tasks {
-    /// The tasks of `config`; compiles their output schemas (validated at
-    /// config load).
+    /// The tasks of `config`, their output schemas (validated at load) compiled.
     pub fn new(config: Arc<Config>) -> Self {
         let output_schemas = config
             .tasks
@@ -187,7 +166,6 @@ impl Tasks {
 pub struct SmsTurn {
     /// Sent by the lead (true) or by us (false).
     pub inbound: bool,
-    /// Message text.
     pub text: String,
 }
 
@@ -209,8 +187,7 @@ pub(crate) fn history_text(history: &[SmsTurn]) -> String {
         .join("\n")
 }
 
-/// Parses a model answer as a JSON object, tolerating a Markdown code fence
-/// around it (some models add one even when asked not to).
+/// Parses a JSON object answer, tolerating a Markdown fence (some models add one anyway).
 pub(crate) fn parse_json_object(
     text: &str,
 ) -> Result<serde_json::Map<String, serde_json::Value>, String> {

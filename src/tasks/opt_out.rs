@@ -1,11 +1,8 @@
-//! Carrier opt-out keywords. A message that is nothing but one of these is an
-//! opt-out by law in the US (CTIA / FCC rules), so it never needs a model.
-//! And plain requests to stop being contacted ("please stop texting me"),
-//! which GenerateSms must never answer (SPEC §6.2) whatever a model makes
-//! of them.
+//! Opt-outs. A bare carrier keyword is an opt-out by law in the US (CTIA / FCC), so it
+//! needs no model; a plain request to stop ("please stop texting me") GenerateSms must
+//! never answer (SPEC §6.2), whatever a model makes of it.
 
-/// Keywords after normalisation (upper-case, letters and digits only), so
-/// "Stop.", "stop!!", "Opt-Out" and "STOP ALL" all match.
+/// Keywords after normalisation (upper-case, letters and digits only): "Opt-Out" matches.
 const KEYWORDS: &[&str] = &[
     "STOP",
     "STOPALL",
@@ -19,8 +16,7 @@ const KEYWORDS: &[&str] = &[
     "ARRET",
 ];
 
-/// True when `message`, ignoring case, spacing and punctuation, is exactly
-/// one opt-out keyword. "stop please" is not: it goes to the model.
+/// True when `message` is exactly one keyword after normalisation ("stop please" is not).
 pub fn is_opt_out(message: &str) -> bool {
     let normalized: String = message
         .chars()
@@ -31,9 +27,8 @@ pub fn is_opt_out(message: &str) -> bool {
     KEYWORDS.contains(&normalized.as_str())
 }
 
-/// Phrases that ask to stop being contacted, as whole words after
-/// normalisation (lower-case, apostrophes dropped, any other run of
-/// non-alphanumerics one space), padded with the spaces they match with.
+/// Phrases asking to stop, as whole words after normalisation (lower-case, apostrophes
+/// dropped, other runs of non-alphanumerics one space), padded with the spaces they match.
 const STOP_PHRASES: &[&str] = &[
     " unsubscribe ",
     " remove me ",
@@ -51,10 +46,9 @@ const STOP_PHRASES: &[&str] = &[
     " stop now ",
 ];
 
-/// Words that, a few words before a way of contacting, ask for it to stop
-/// ("stop sending me texts"), with how many words the contact word may
-/// come after them. "dont", "do not" and "never" reach less far, since
-/// "don't forget to call me" and "never mind, call me" ask for a call.
+/// Words that ask to stop a way of contacting a few words later ("stop sending me texts"),
+/// with that reach. "dont" and "never" reach less far: "don't forget to call me" and
+/// "never mind, call me" ask for a call.
 const STOP_WORDS: &[(&str, usize)] = &[
     ("stop", 3),
     ("quit", 3),
@@ -68,9 +62,8 @@ const CONTACT_WORDS: &[&str] = &[
     "text", "txt", "messag", "msg", "sms", "contact", "call", "email", "spam",
 ];
 
-/// True when `message` is an opt-out keyword or asks, in words, to stop
-/// being contacted: the inbound GenerateSms never answers. Errs on the
-/// safe side: "don't call before 9" matches too, and a person decides.
+/// True when `message` is an opt-out keyword or asks in words to stop being contacted.
+/// Errs on the safe side: "don't call before 9" matches too, and a person decides.
 pub fn asks_to_stop(message: &str) -> bool {
     if is_opt_out(message) {
         return true;

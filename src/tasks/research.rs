@@ -1,11 +1,8 @@
 //! `research_verify` / `research_deep`: a summary plus sourced findings.
 //!
-//! Sources come from the provider's citations where it gives them
-//! (Perplexity): numeric references in the model's answer (`1`, `[2]`) are
-//! resolved against the citation list, and URLs the model wrote are kept. A
-//! finding's sources are only those it cites: one that cites none has none
-//! (giving it every citation would overstate how well it is sourced). The
-//! answer lists every citation separately.
+//! Numeric references in the answer (`1`, `[2]`) resolve against the provider's citations
+//! (Perplexity); URLs the model wrote are kept. A finding gets only the sources it cites:
+//! every citation would overstate how well it is sourced.
 
 use super::{Session, TaskError, parse_json_object};
 use crate::{
@@ -38,9 +35,7 @@ impl Depth {
 /// One sourced finding.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finding {
-    /// The claim.
     pub claim: String,
-    /// Source URLs.
     pub sources: Vec<String>,
     /// Confidence in [0, 1].
     pub confidence: f64,
@@ -49,9 +44,7 @@ pub struct Finding {
 /// A research answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
-    /// Summary.
     pub summary: String,
-    /// Findings.
     pub findings: Vec<Finding>,
     /// Every source the provider cited, in its order.
     pub citations: Vec<Citation>,
@@ -85,9 +78,7 @@ pub fn schema() -> Value {
 /// A research query at a depth.
 #[derive(Debug, Clone)]
 pub struct Query {
-    /// The question.
     pub query: String,
-    /// How thorough.
     pub depth: Depth,
 }
 
@@ -176,10 +167,8 @@ pub fn parse(text: &str, citations: &[Citation]) -> Result<Answer, String> {
     })
 }
 
-/// The finding's sources as URLs, first mention first, each once. A set
-/// beside the list keeps it linear: an answer of a few MiB can name
-/// hundreds of thousands of sources, and a scan of the list for each would
-/// hold a runtime worker for minutes.
+/// The finding's sources as URLs, first mention first, each once. The set keeps it linear:
+/// a few MiB of answer can name hundreds of thousands of sources.
 fn resolve_sources(given: &[&str], citations: &[Citation]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
@@ -232,9 +221,7 @@ mod tests {
         assert_eq!(a.citations, cites(), "every citation, listed apart");
     }
 
-    /// The most sources an answer of 4 MiB can name, repeats included:
-    /// kept once each, first mention first, in linear time (a scan of the
-    /// kept list per source took minutes at this size).
+    /// The most sources a 4 MiB answer can name, repeats included.
     #[test]
     fn a_finding_naming_many_sources_keeps_each_once_in_order() {
         let n = 200_000;

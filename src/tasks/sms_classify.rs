@@ -11,21 +11,13 @@ pub const TASK: &str = "sms_classify";
 /// Intent of an inbound SMS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intent {
-    /// Shows interest.
     Interested,
-    /// Declines.
     NotInterested,
-    /// Asks something.
     Question,
-    /// Wants a meeting.
     AppointmentRequest,
-    /// Asks to be contacted later.
     CallbackLater,
-    /// Opts out.
     OptOut,
-    /// Not the intended person.
     WrongNumber,
-    /// Anything else.
     Other,
 }
 
@@ -51,7 +43,6 @@ impl Intent {
 /// Classify input.
 #[derive(Debug, Clone)]
 pub struct ClassifyInput {
-    /// The inbound message.
     pub message: String,
     /// Earlier messages, oldest first.
     pub history: Vec<SmsTurn>,
@@ -60,13 +51,11 @@ pub struct ClassifyInput {
 /// A classification.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Classification {
-    /// The intent.
     pub intent: Intent,
     /// Confidence in [0, 1].
     pub confidence: f64,
     /// Below the review threshold.
     pub needs_review: bool,
-    /// Short explanation.
     pub reason: String,
 }
 

@@ -22,13 +22,11 @@ pub const MAX_SEGMENTS_LIMIT: u32 = 10;
 /// Generate input.
 #[derive(Debug, Clone, Default)]
 pub struct GenerateInput {
-    /// The message to answer.
     pub inbound_message: String,
     /// Earlier messages, oldest first.
     pub history: Vec<SmsTurn>,
     /// Lead profile as `key: value` lines.
     pub lead: BTreeMap<String, String>,
-    /// What the reply should achieve.
     pub goal: String,
     /// Segment budget (0 = default).
     pub max_segments: u32,
@@ -39,9 +37,7 @@ pub struct GenerateInput {
 pub struct Reply {
     /// Reply text, empty when escalated without one.
     pub text: String,
-    /// Hand over to a human.
     pub escalate: bool,
-    /// Why.
     pub escalate_reason: String,
     /// Size of `text` (`None` when there is no text).
     pub size: Option<SmsSize>,
@@ -101,8 +97,7 @@ pub async fn generate(
         }
         n => n,
     };
-    // A keyword, or a plain request to stop: never answered, whatever a
-    // model would make of it (SPEC §6.2).
+    // Never answer a request to stop, whatever a model would make of it (SPEC §6.2).
     if opt_out::asks_to_stop(&input.inbound_message) {
         session.answered_by_rule(super::sms_classify::OPT_OUT_RULE_KEY);
         return Ok(escalation(OPT_OUT_REASON));
@@ -159,14 +154,11 @@ pub async fn generate(
         "{stricter} (STRICT: your previous reply took {} segments; use only plain GSM characters, no emoji or accents)",
         size.segments
     ));
-    // The first draft's attempts stay on the call (it was made and is
-    // paid for), whatever comes of the second.
     let second = match draft(session, &vars, smart).await {
         Ok(found) => found,
         Err(TaskError::Meter(refused @ (MeterError::Quota(_) | MeterError::Budget { .. }))) => {
-            // The retry cannot be afforded. The first draft was made and is
-            // paid for: answer with an escalation (the reply does not fit), so
-            // the call settles with the first draft's actual usage.
+            // The retry cannot be afforded; the first draft is paid for, so escalate
+            // (it does not fit) and the call settles with the first draft's usage.
             let limit = match refused {
                 MeterError::Quota(refusal) => format!("the team's {} cap", refusal.cap.as_str()),
                 _ => "budget.max_cost_usd".to_owned(),
@@ -189,8 +181,7 @@ pub async fn generate(
     )))
 }
 
-/// One draft; with `smart` encoding its typographic characters become
-/// GSM-7 where that keeps it GSM-7 (see [`sms_encoding::normalize`]).
+/// One draft; `smart` makes typographic characters GSM-7 where that keeps the reply GSM-7.
 async fn draft(
     session: &impl Session,
     vars: &BTreeMap<String, String>,

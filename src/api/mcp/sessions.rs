@@ -1,19 +1,12 @@
-//! The MCP endpoint's sessions, at most `mcp_endpoint.max_sessions` at a
-//! time.
+//! The MCP endpoint's sessions, at most `mcp_endpoint.max_sessions` at a time.
 //!
-//! rmcp's in-memory manager keeps a session (a worker task and its
-//! channels) until the client closes it or it has been idle for 5 minutes,
-//! and has no cap of its own: a client opening sessions without end would
-//! hold memory for each. This wraps it and refuses a new session once the
-//! cap is reached, one creation at a time so the cap is exact.
+//! rmcp's in-memory manager keeps a session (a task and its channels) until closed or idle
+//! for 5 minutes, with no cap: a client opening sessions without end would hold memory for
+//! each. This wraps it and refuses a session past the cap, one creation at a time.
 //!
-//! rmcp answers any failure to create a session with a 500, and logs it as
-//! an error. So while the cap is reached, the endpoint's middleware refuses
-//! an `initialize` itself with a 503 ([`Sessions::full`]), before rmcp sees
-//! it. Two that race for the last place are settled here; the loser is
-//! noted in [`REFUSED`], which the middleware scopes around each request
-//! ([`noting_refusals`]) and also turns into a 503. Requests that open no
-//! session are never refused.
+//! rmcp answers a failed creation with a 500 logged as an error, so while the cap is reached
+//! the middleware refuses an `initialize` itself with a 503 ([`Sessions::full`]). The loser
+//! of a race for the last place is noted in [`REFUSED`] ([`noting_refusals`]), also a 503.
 
 use futures::Stream;
 use rmcp::{
@@ -59,7 +52,6 @@ pub enum SessionsError {
     /// The cap is reached; a session must end before another starts.
     #[error("the MCP endpoint holds its maximum of {0} sessions")]
     Full(usize),
-    /// rmcp's manager failed.
     #[error(transparent)]
     Local(#[from] LocalSessionManagerError),
 }
@@ -140,9 +132,8 @@ impl SessionManager for Sessions {
         Ok(self.inner.resume(id, last_event_id).await?)
     }
 
-    /// A session another replica opened, re-created here from the cluster
-    /// store (rmcp then replays its `initialize`); under the same cap as
-    /// a new one.
+    /// A session another replica opened, re-created here from the cluster store (rmcp then
+    /// replays its `initialize`), under the same cap as a new one.
     async fn restore_session(
         &self,
         id: SessionId,

@@ -1,12 +1,7 @@
-//! The MCP endpoint's sessions in the cluster store, as rmcp's
-//! `SessionStore`: a session opened on one replica is restored by any
-//! other (rmcp replays the client's `initialize` there), so a Kubernetes
-//! Service may send a client's requests anywhere. ADR 0025 says why a
-//! shared store rather than signed session IDs.
-//!
-//! While the store is down a session is unknown elsewhere (404: the client
-//! opens a new one, as the spec has it) and a new one is kept only where
-//! it was opened.
+//! The MCP endpoint's sessions in the cluster store (rmcp's `SessionStore`): a session
+//! opened on one replica is restored on any other, so a Kubernetes Service may route a
+//! client's requests anywhere (ADR 0025: why not signed session IDs). While the store is
+//! down, sessions stay where they were opened (elsewhere a 404: the client opens another).
 
 use crate::cluster::Cluster;
 use rmcp::transport::streamable_http_server::session::{
@@ -28,8 +23,7 @@ impl SharedSessions {
 #[async_trait::async_trait]
 impl SessionStore for SharedSessions {
     async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
-        // Down, or a record that no longer parses: unknown, and the client
-        // starts again.
+        // Down, or a record that no longer parses: unknown, so the client starts again.
         let Ok(Some(record)) = self.cluster.load_session(session_id).await else {
             return Ok(None);
         };

@@ -109,8 +109,7 @@ fn a_deferred_call_is_recorded_once_by_whoever_owns_it() {
     call.responded(Some(Code::ResourceExhausted));
     assert_eq!(phase(&call), Phase::Done);
 
-    // Trailers-only error while the guard lives: the layer records, the
-    // guard then does nothing.
+    // Trailers-only error while the guard lives: the layer records, not the guard.
     let call = GrpcCall::new((OTHER, OTHER));
     let end = call.defer();
     call.responded(Some(Code::NotFound));
@@ -119,8 +118,7 @@ fn a_deferred_call_is_recorded_once_by_whoever_owns_it() {
     assert_eq!(phase(&call), Phase::Done);
 }
 
-/// The `grpc_server_handled_total` counts by code that `f` records, into
-/// a recorder of its own (the process-wide one is shared by all tests).
+/// `grpc_server_handled_total` by code for `f`, in its own recorder (the global one is shared).
 fn handled_by(f: impl FnOnce()) -> BTreeMap<String, u64> {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
@@ -147,8 +145,7 @@ fn unanswered(call: &GrpcCall) -> ResponseFuture<std::future::Pending<Answer>> {
     }
 }
 
-/// `call`'s response future, around a handler that answers a head
-/// without `grpc-status` (a unary success, or a stream's start).
+/// `call`'s response future, answering a head without `grpc-status` (success, stream start).
 fn answered(call: &GrpcCall) -> ResponseFuture<std::future::Ready<Answer>> {
     ResponseFuture {
         inner: std::future::ready(Ok(http::Response::new(()))),
@@ -169,8 +166,7 @@ fn a_call_dropped_before_its_response_is_counted_cancelled_once() {
     });
     assert_eq!(handled, only("CANCELLED"));
 
-    // A stream still being prepared: the handler's guard lives in the
-    // dropped future and drops after the layer has recorded.
+    // A stream still being prepared: its guard, in the dropped future, drops last.
     let handled = handled_by(|| {
         let call = GrpcCall::new((OTHER, OTHER));
         let end = call.defer();
@@ -194,16 +190,14 @@ fn a_call_dropped_before_its_response_is_counted_cancelled_once() {
     });
     assert_eq!(handled, only("CANCELLED"));
 
-    // Resolved, then dropped (as the transport always does): recorded
-    // at the head, not again at the drop.
+    // Resolved, then dropped (as the transport does): recorded at the head only.
     let handled = handled_by(|| {
         let call = GrpcCall::new((OTHER, OTHER));
         assert!(answered(&call).now_or_never().is_some());
     });
     assert_eq!(handled, only("OK"));
 
-    // A deferred stream whose head went out: the future's drop leaves
-    // the recording to the guard.
+    // A deferred stream whose head went out: the guard records, not the future's drop.
     let handled = handled_by(|| {
         let call = GrpcCall::new((OTHER, OTHER));
         let mut end = call.defer();
