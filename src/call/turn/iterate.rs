@@ -1,7 +1,5 @@
-//! A running turn: one model call per iteration, its tool calls through
-//! the entry point, until a final answer or a cap; then the turn stored
-//! (or failed, and nothing of it stored). Each step sends its events, in
-//! order, to the turn's stream.
+//! A running turn: a model call per iteration and its tool calls, until a
+//! final answer or a cap; then the turn stored, or failed with nothing stored.
 
 use super::{
     TurnEvent, TurnOutcome, audit,
@@ -37,8 +35,7 @@ impl Emit {
     }
 
     async fn send(&mut self, event: TurnEvent) {
-        // The receiver goes only with the stream, which drops the turn
-        // with it: a failed send has no one to tell.
+        // The receiver goes only with the turn: a failed send has no one to tell.
         let _ = self.0.send(event).await;
     }
 }
@@ -59,8 +56,7 @@ pub(super) struct Turn {
     messages: Vec<ChatMessage>,
     tools: Vec<ToolSpec>,
     prompt: (String, String, u32),
-    /// Every name the model may see, offered or in the history, with its
-    /// wire name, once for the whole turn.
+    /// Every name the model may see with its wire name, once for the turn.
     names: WireNames,
     scope: AgentScope,
     started: Instant,
@@ -168,8 +164,7 @@ impl Turn {
         }
     }
 
-    /// Iterations until the model answers or a cap (iterations, the
-    /// deadline, the budget, tool calls) ends the turn.
+    /// Iterations until the model answers or a cap ends the turn.
     async fn iterate(&mut self) -> Result<StopReason, CallError> {
         loop {
             if self.totals.iterations >= self.agent.max_iterations {
@@ -204,7 +199,6 @@ impl Turn {
         }
     }
 
-    /// The request of this iteration's model call.
     fn request(&self) -> CompletionRequest {
         let (agent, names) = (&self.agent, &self.names);
         CompletionRequest {
@@ -228,11 +222,9 @@ impl Turn {
         }
     }
 
-    /// One model call, a call of its own with `left` of the budget: its
-    /// events passed through as they come, settled at its actual cost
-    /// before any tool runs (the tools' reservations see what is really
-    /// left). `Ok(Err(stop))` when the budget or the deadline ends the
-    /// turn here.
+    /// One model call with `left` of the budget, settled at its actual cost
+    /// before any tool runs, so the tools' reservations see what is really
+    /// left. `Ok(Err(stop))` when the budget or the deadline ends the turn.
     async fn model_call(
         &mut self,
         left: Option<f64>,
@@ -250,8 +242,7 @@ impl Turn {
                 return Err(err.unwrap_or(CallError::Overloaded));
             }
         };
-        // What this call has streamed: part of the text so far if the
-        // call is cut off.
+        // Part of the text so far if the call is cut off.
         let mut partial = String::new();
         let mut answered = None;
         let pricing = self.pipeline.meter().pricing();
@@ -299,9 +290,8 @@ impl Turn {
         Ok(Ok(completion))
     }
 
-    /// A model call that gave no answer, recorded with its outcome (a
-    /// record that cannot be written fails the turn, SPEC §5). Cut off by
-    /// the deadline, the turn ends with the text so far.
+    /// A model call that gave no answer, recorded (a record not written fails
+    /// the turn, SPEC §5); cut off by the deadline, the turn ends with its text.
     async fn model_failed(
         &mut self,
         call: Call,
@@ -326,8 +316,7 @@ impl Turn {
         }
     }
 
-    /// The model's final answer (its memory suggestions parsed out when
-    /// asked for).
+    /// The model's final answer, memory suggestions parsed out if asked for.
     async fn answer(&mut self, completion: &Completion) -> StopReason {
         let text = if self.agent.memory_suggestions {
             let parsed = memory::parse(&completion.text);
@@ -345,10 +334,8 @@ impl Turn {
         StopReason::FinalAnswer
     }
 
-    /// The model's tool calls: the first under `max_tool_calls` run (on a
-    /// call of their own, the same iteration, metered with what is left
-    /// of the budget), the rest answered as refused; their results go
-    /// back to the model. `Some(stop)` when a cap ends the turn.
+    /// The model's tool calls, run on a call of their own; those past
+    /// `max_tool_calls` refused. `Some(stop)` when a cap ends the turn.
     async fn tool_calls(
         &mut self,
         completion: &Completion,
@@ -394,9 +381,8 @@ impl Turn {
         Ok(over_cap.then_some(StopReason::MaxToolCalls))
     }
 
-    /// The budget was spent by the model call that asked for `calls`:
-    /// each is answered as refused (and audited), so the stored history
-    /// pairs every call with a result.
+    /// The budget is spent: each of `calls` is answered as refused (and
+    /// audited), so the stored history pairs every call with a result.
     async fn refuse_over_budget(&mut self, calls: &[ToolCall]) {
         for c in calls {
             let (ctx, principal) = (&self.ctx, &self.principal);
@@ -408,9 +394,8 @@ impl Turn {
         }
     }
 
-    /// Runs `calls` on `on` (concurrently when the agent allows), the ones
-    /// from `room` on refused over the cap; their outcomes in the order of
-    /// the calls. `Err` when what a tool did could not be recorded.
+    /// Runs `calls` on `on` (concurrently if allowed), those from `room` on
+    /// refused; outcomes in call order. `Err` when a tool's run was not recorded.
     async fn run_tools(
         &mut self,
         on: &Call,
@@ -445,8 +430,7 @@ impl Turn {
             }
             self.output_bytes += outcome.content.len();
             if self.output_bytes > max_output {
-                // The turn's prompt would outgrow what one model call may
-                // send: the model is told instead.
+                // Past what one model call may send: the model is told instead.
                 outcome = tools::over_output_budget(&outcome);
             }
             let event = tool_result(&self.name, &self.tools, &outcome, report);
@@ -458,8 +442,7 @@ impl Turn {
         Ok(results)
     }
 
-    /// A failed turn: counted, audited, its conversation given back,
-    /// nothing of it stored.
+    /// A failed turn: counted, audited, conversation given back, nothing stored.
     async fn fail(mut self, err: CallError) {
         metrics::agent_turn(&self.name, "FAILED", self.totals.iterations);
         let reason = err.reason().or(match &err {
@@ -482,9 +465,8 @@ impl Turn {
         self.emit.send(TurnEvent::Failed(err)).await;
     }
 
-    /// A turn that ended with `stop`: its messages stored with its end
-    /// event, in one transaction, durable before the turn is answered
-    /// (SPEC §10).
+    /// A turn ended with `stop`: its messages and end event in one transaction,
+    /// durable before the turn is answered (SPEC §10).
     async fn complete(mut self, stop: StopReason) {
         let text = if stop == StopReason::FinalAnswer {
             std::mem::take(&mut self.final_text)

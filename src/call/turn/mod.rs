@@ -1,18 +1,7 @@
-//! An agent's turn (SPEC §11.3) over the call pipeline:
-//!
-//! ```text
-//! prepare   the conversation taken (a second turn is refused), the
-//!           layered prompt assembled, the agent's tools listed
-//! iterate   one model call (a call of its own: reserved, routed with
-//!           fallback before its first delta, metered with the
-//!           conversation and iteration) → its tool calls through the
-//!           entry point, concurrently → the results appended → again,
-//!           until a final answer or a cap
-//! complete  the turn's messages stored, audited, counted
-//! ```
-//!
-//! A model stream is read until its answer is complete and then dropped:
-//! after the tools run, the next model call opens a new stream.
+//! An agent's turn (SPEC §11.3) over the call pipeline: prepare (take the
+//! conversation, assemble the layered prompt, list the tools), iterate (a
+//! model call of its own, then its tool calls through the entry point,
+//! until a final answer or a cap), complete (store, audit, count).
 
 mod audit;
 mod calls;
@@ -32,49 +21,38 @@ use iterate::{Emit, Turn};
 use prepare::Prepared;
 use tokio::sync::OwnedSemaphorePermit;
 
-/// What a turn reports, in order: `Started` first, `Completed` (or
-/// `Failed`) last.
+/// What a turn reports: `Started` first, `Completed` or `Failed` last.
 #[derive(Debug)]
 pub enum TurnEvent {
     /// The turn runs in this conversation.
     Started {
-        /// The conversation (new or continued).
         conversation_id: String,
     },
     /// A piece of answer text.
     Delta(String),
     /// A tool call starts.
     ToolCall {
-        /// The model's ID for it.
         call_id: String,
-        /// Tool name.
         tool: String,
     },
     /// A tool call ended.
     ToolResult {
-        /// The model's ID for it.
         call_id: String,
-        /// Tool name.
         tool: String,
         /// SUCCEEDED, FAILED, TIMED_OUT or DENIED.
         status: &'static str,
-        /// How long it ran.
         duration_ms: u64,
         /// Why it did not succeed.
         error_code: String,
     },
     /// A model call moved to its next target before any output.
     Fallback {
-        /// Provider that failed.
         from: String,
-        /// Provider tried next.
         to: String,
-        /// Stable error code.
         reason: String,
     },
     /// The answer's memory suggestions.
     MemorySuggestions(Vec<String>),
-    /// The turn ended.
     Completed(Box<TurnOutcome>),
     /// The turn failed; nothing of it was stored.
     Failed(CallError),
@@ -89,20 +67,15 @@ pub struct TurnOutcome {
     pub iterations: u32,
     /// Tool executions made.
     pub tool_calls: u32,
-    /// Why it ended.
     pub stop_reason: StopReason,
     /// Every model call and tool of the turn, summed.
     pub meta: CallMeta,
 }
 
 impl Pipeline {
-    /// Runs one turn of `req` for `principal`. Errors before the first
-    /// event (unknown agent, conversation busy or not found, a layer over
-    /// its budget, overload) come back as `Err`.
-    ///
-    /// Dropping the stream (the caller went away) cancels the turn like
-    /// any call: what is in flight is charged its estimate, nothing of the
-    /// turn is stored, and the conversation is given back at once.
+    /// Runs one turn; errors before the first event come back as `Err`.
+    /// Dropping the stream cancels the turn like any call: in-flight work is
+    /// charged its estimate, nothing is stored, the conversation is given back.
     pub async fn converse(
         &self,
         ctx: CallContext,
@@ -115,10 +88,8 @@ impl Pipeline {
     }
 }
 
-/// The turn's events as it runs. The turn itself is a plain future that
-/// sends its events into a channel of one; the stream owns it, so dropping
-/// the stream drops the turn (cancelled as any call) and nothing runs
-/// unpolled.
+/// The turn's events: the turn is a future sending into a channel of one,
+/// owned by the stream, so dropping the stream drops the turn.
 fn run(
     pipeline: Pipeline,
     ctx: CallContext,

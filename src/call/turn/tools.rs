@@ -1,8 +1,5 @@
-//! A model answer's tool calls, each through the tools' one entry point
-//! (`Call::invoke_tool`) with the agent's allowlist and timeout. Whatever
-//! happens to a call (denied, invalid, failed, timed out, past the turn's
-//! `max_tool_calls`) becomes a tool result the model reads; none is raised
-//! to the caller.
+//! A model answer's tool calls, each through the tools' entry point: whatever
+//! happens to one becomes a tool result the model reads, never an error.
 
 use super::super::{Call, CallError, tool::AgentScope, tool::ToolRequest};
 use crate::{
@@ -15,8 +12,7 @@ use crate::{
 use serde_json::json;
 use tokio::time::Instant;
 
-/// Most bytes of a tool's output handed back to the model: an output past
-/// it is cut (on a character boundary) and says so.
+/// Most bytes of a tool's output handed to the model; more is cut, and says so.
 const MAX_RESULT_BYTES: usize = 64 * 1024;
 
 /// How one tool call ended, for the `tool_result` event and metrics.
@@ -24,7 +20,6 @@ const MAX_RESULT_BYTES: usize = 64 * 1024;
 pub struct Report {
     /// SUCCEEDED, FAILED, TIMED_OUT or DENIED.
     pub status: &'static str,
-    /// How long it took.
     pub duration_ms: u64,
     /// The stable reason when it did not succeed.
     pub error_code: String,
@@ -41,8 +36,7 @@ fn error(call: &ToolCall, code: &str, message: &str) -> ToolOutcome {
     }
 }
 
-/// A call's arguments as its audit event digests them: the parsed object,
-/// or the text as sent when it is not one.
+/// A call's arguments as audited: the parsed object, else the text as sent.
 pub(super) fn arguments(call: &ToolCall) -> serde_json::Value {
     call.parsed().map_or_else(
         |_| serde_json::Value::String(call.arguments.clone()),
@@ -82,9 +76,8 @@ pub async fn refused_over_cap(on: &Call, call: &ToolCall, cap: u32) -> (ToolOutc
     )
 }
 
-/// A call not run because the turn's budget was spent by the model call
-/// that asked for it: answered all the same, so the stored history pairs
-/// every call with a result (a provider refuses a history that does not).
+/// A call not run because the turn's budget is spent: answered all the same,
+/// since a provider refuses a history with a call and no result.
 pub fn refused_over_budget(call: &ToolCall) -> (ToolOutcome, Report) {
     (
         error(
@@ -101,8 +94,7 @@ pub fn refused_over_budget(call: &ToolCall) -> (ToolOutcome, Report) {
     )
 }
 
-/// The result of a call whose output would take the turn past what one
-/// model call may send (`server.max_prompt_bytes` of tool output a turn).
+/// The result of a call whose output would exceed the turn's `max_prompt_bytes`.
 pub fn over_output_budget(outcome: &ToolOutcome) -> ToolOutcome {
     ToolOutcome {
         call_id: outcome.call_id.clone(),
@@ -116,10 +108,8 @@ pub fn over_output_budget(outcome: &ToolOutcome) -> ToolOutcome {
     }
 }
 
-/// A model's arguments within the limits of a caller's tool input,
-/// measured alike (`server.max_input_depth`, then `server.max_input_bytes`
-/// of compact JSON): a webhook and the invocation store get no more from a
-/// model than from a caller.
+/// A model's arguments within a caller's tool input limits: a webhook and
+/// the invocation store get no more from a model than from a caller.
 fn within_limits(
     input: serde_json::Value,
     server: &ServerConfig,
@@ -142,8 +132,7 @@ fn within_limits(
     Ok(input)
 }
 
-/// Runs `tc` for `principal` within `scope`. `Err` only when what the
-/// call did could not be recorded or audited: that fails the turn.
+/// Runs `tc`; `Err` only when its record or audit failed, which fails the turn.
 pub async fn run(
     call: &Call,
     principal: &Principal,
@@ -159,9 +148,7 @@ pub async fn run(
     let input = match parsed {
         Ok(input) => input,
         Err(why) => {
-            // Never reaches the tool: the model gets the reason and may
-            // call again with valid arguments. The refusal is audited like
-            // the entry point's own.
+            // Never reaches the tool; the model may retry. Audited like the entry point's.
             call.audit_denial(&tc.name, &arguments(tc), "ARGUMENTS_INVALID")
                 .await;
             return Ok((

@@ -1,18 +1,15 @@
-//! Tool calls between our names and a provider's: wire names
-//! (`system__echo`) out and back, and call IDs unique in a conversation.
+//! Tool names between ours and the wire's (`system__echo`), and unique call IDs.
 
 use crate::{
     domain::{ChatMessage, ToolCall, ToolOutcome},
     providers::WireNames,
 };
 
-/// The model's tool calls in our terms: our tool names, and IDs unique in
-/// the conversation. A model may omit an ID or repeat one (Gemini numbers
-/// its calls per answer), and a repeated ID would answer the wrong call
-/// once the history is sent to a provider that matches results by ID. A
-/// provider's ID is kept unless `history` or the answer already has it;
-/// ours are `call_<turn>_<iteration>_<i>` (`turn` counts the
-/// conversation's turns from 1), so no two turns make the same one.
+/// The model's tool calls in our terms: our names, and IDs unique in the
+/// conversation. A model may omit or repeat an ID (Gemini numbers its calls
+/// per answer), which would answer the wrong call once the history reaches
+/// a provider that matches results by ID. A provider's ID is kept unless
+/// taken; ours are `call_<turn>_<iteration>_<i>`, unique across turns.
 pub(super) fn ours(
     names: &WireNames,
     calls: &[ToolCall],
@@ -112,8 +109,7 @@ mod tests {
         );
     }
 
-    /// The same iteration of another turn makes other IDs, and an ID of
-    /// ours a provider happened to send is not made twice.
+    /// Other turns make other IDs; an ID of ours a provider sent is not made twice.
     #[test]
     fn made_up_ids_differ_between_turns_and_never_repeat_one_sent() {
         let names = WireNames::new(["system.echo"]);
