@@ -1,6 +1,5 @@
-//! Agents (SPEC §11): what a turn is made of, below the call pipeline that
-//! runs it (`call::turn`): the conversations it keeps, the layered prompt
-//! it sends, the memory suggestions it parses, why it stops.
+//! Agents (SPEC §11), below `call::turn` that runs them: conversations, the
+//! layered prompt, memory suggestions, stop reasons.
 
 pub mod conversations;
 pub mod memory;
@@ -8,9 +7,8 @@ pub mod prompt;
 
 use crate::config::agents::AgentConfig;
 
-/// Layer 1 as a turn sends it: the core prompt, and for an agent asking for
-/// memory suggestions the structured-answer instruction, which is the
-/// agent's own (above the quoted data, counted against the window).
+/// Layer 1 as sent: the core prompt, plus the structured-answer instruction
+/// for an agent asking for memory suggestions (counted against the window).
 pub fn core_layer(agent: &AgentConfig) -> String {
     if agent.memory_suggestions {
         format!("{}\n\n{}", agent.core_prompt, memory::instruction())
@@ -19,13 +17,10 @@ pub fn core_layer(agent: &AgentConfig) -> String {
     }
 }
 
-/// Tokens every turn of `agent` needs before any caller data: layers 1 and
-/// 2 (`system`, the governed prompt), counted with the primary model's
-/// tokenizer as a turn counts them, plus the layer budgets and
-/// `max_tokens`. Past `context_window` every turn is refused. Counted with
-/// the free bound first, as a turn does (the tokenizer's tables take tens
-/// of MB): a need within the window may be an over-count, one past it is
-/// exact. CPU work on long prompts: call it off the runtime's threads.
+/// Tokens every turn of `agent` needs before caller data: layers 1–2 as a
+/// turn counts them, plus the layer budgets and `max_tokens`; past
+/// `context_window` every turn is refused. Bound first, as a turn does (an
+/// over-count within the window, exact past it); CPU work, so off the runtime.
 pub fn fixed_need(agent: &AgentConfig, system: Option<&str>) -> u64 {
     let model = agent.chain.first().map_or("", |t| t.model.as_str());
     let core = core_layer(agent);
@@ -43,13 +38,10 @@ pub fn fixed_need(agent: &AgentConfig, system: Option<&str>) -> u64 {
 pub enum StopReason {
     /// The model answered without calling a tool.
     FinalAnswer,
-    /// `max_iterations` model calls were made.
     MaxIterations,
-    /// `max_tool_calls` tool executions were made.
     MaxToolCalls,
     /// The next model call's estimate exceeds what is left of the budget.
     Budget,
-    /// The deadline passed.
     Deadline,
 }
 
@@ -78,22 +70,18 @@ pub enum AgentError {
     /// Another turn of the conversation is running.
     #[error("another turn of conversation `{0}` is running")]
     ConversationBusy(String),
-    /// The conversation belongs to another agent.
     #[error("conversation `{conversation}` talks to agent `{agent}`")]
     AgentMismatch {
-        /// The conversation.
         conversation: String,
         /// Its agent.
         agent: String,
     },
-    /// The fixed layers (the core and the governed system prompt), the
-    /// budgets and the answer exceed the agent's `context_window`: the
-    /// governed prompt grew past what the config allowed for.
+    /// The fixed layers, the budgets and the answer exceed `context_window`:
+    /// the governed prompt grew past what the config allowed for.
     #[error(
         "the prompt's fixed layers need {tokens} tokens with the budgets; the window is {window}"
     )]
     WindowExceeded {
-        /// Tokens needed.
         tokens: u64,
         /// `context_window`.
         window: u32,
@@ -104,8 +92,7 @@ pub enum AgentError {
 }
 
 impl AgentError {
-    /// The reason of [`AgentError::WindowExceeded`], also given when a
-    /// prompt version that would cause it is refused activation.
+    /// [`AgentError::WindowExceeded`]'s reason, also refusing a version's activation.
     pub const PROMPT_EXCEEDS_WINDOW: &str = "PROMPT_EXCEEDS_WINDOW";
 
     /// The stable reason (`ErrorInfo.reason`).
@@ -121,8 +108,7 @@ impl AgentError {
     }
 }
 
-/// Whether tool `name` matches one of an agent's `tools` patterns: a name,
-/// a `prefix.*` (the prefix and a dot, then anything), or `*`.
+/// Whether tool `name` matches an agent's `tools` patterns: a name, `prefix.*`, or `*`.
 pub fn allows(patterns: &[String], name: &str) -> bool {
     patterns.iter().any(|p| {
         p == "*"
