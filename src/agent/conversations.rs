@@ -1,13 +1,9 @@
 //! The `conversations`, `conversation_messages` and `conversation_turns`
 //! tables (SPEC §11.6): a conversation is its team's alone; a turn holds it
 //! by a lease taken with one conditional UPDATE (a second turn is refused,
-//! on any replica); its messages are appended in one transaction when the
-//! turn completes; `delete` and the sweeper erase everything it stored.
-//!
-//! A turn's writes (a new conversation, the lease, the completed turn) are
-//! statements the call pipeline runs in the ledger's group commit, beside
-//! the turn's usage records and audit events: on SQLite they never wait
-//! for the lock behind the ledger, nor the ledger behind them.
+//! on any replica); `delete` and the sweeper erase all it stored. A turn's
+//! writes are statements run in the ledger's group commit, so on SQLite
+//! they never wait for its lock, nor it for them (ADR 0022).
 
 use crate::{
     domain::{ChatMessage, ToolCall, ToolOutcome, completion::Role},
@@ -21,13 +17,10 @@ use serde::{Deserialize, Serialize};
 pub struct Conversation {
     /// UUIDv7.
     pub id: String,
-    /// The owning team.
     pub team_id: String,
-    /// The agent it talks to.
     pub agent: String,
     /// Turns completed.
     pub turns: u32,
-    /// Created, unix ms.
     pub created_at_ms: i64,
     /// Last turn, unix ms.
     pub updated_at_ms: i64,
@@ -40,9 +33,7 @@ pub struct Conversation {
 pub struct StoredMessage {
     /// Its turn, from 1.
     pub turn: u32,
-    /// The message.
     pub message: ChatMessage,
-    /// Stored, unix ms.
     pub created_at_ms: i64,
 }
 
@@ -51,7 +42,6 @@ pub struct StoredMessage {
 pub struct TurnRecord {
     /// The turn, from 1.
     pub turn: u32,
-    /// Its trace ID.
     pub trace_id: String,
     /// Its stop reason (`FINAL_ANSWER`, ...).
     pub stop_reason: String,
@@ -59,7 +49,6 @@ pub struct TurnRecord {
     pub iterations: u32,
     /// Tool executions made.
     pub tool_calls: u32,
-    /// Its memory suggestions.
     pub memory_suggestions: Vec<String>,
 }
 
@@ -156,10 +145,8 @@ fn message(row: MessageRow) -> StoredMessage {
     }
 }
 
-/// Starts a conversation of `team` with `agent`, held by the turn `token`
-/// until `lease_until_ms`: the conversation, and the statement that writes
-/// its row (run in the ledger's group commit, see
-/// [`crate::usage::ledger::Write`]).
+/// Starts a conversation of `team` held by the turn `token` until
+/// `lease_until_ms`: it, and the statement writing its row (group commit).
 pub fn create(
     team: &str,
     agent: &str,
@@ -196,9 +183,8 @@ pub fn create(
     (conversation, insert)
 }
 
-/// The statement that takes conversation `id` of `team` for the turn
-/// `token` until `lease_until_ms`, unless another turn's lease is still
-/// running: it changes one row when the lease is taken. See [`acquired`].
+/// Takes conversation `id` for the turn `token` unless another turn's lease
+/// still runs: changes one row when taken. See [`acquired`].
 pub fn acquire(team: &str, id: &str, now_ms: i64, lease_until_ms: i64, token: &str) -> Statement {
     Statement::new(
         "UPDATE conversations SET busy_until_ms = $1, busy_token = $2 \
@@ -229,8 +215,7 @@ pub async fn acquired(
     })
 }
 
-/// Conversation `id` of `team`, if it exists and has not expired at
-/// `now_ms`.
+/// Conversation `id` of `team`, if it has not expired at `now_ms`.
 pub async fn find(
     store: &Store,
     team: &str,
@@ -297,11 +282,9 @@ pub async fn turns(store: &Store, id: &str) -> Result<Vec<TurnRecord>, StoreErro
         .collect())
 }
 
-/// The statements that append a completed turn's `messages` and its record
-/// to conversation `c`, set when it expires and release the turn's lease,
-/// in one transaction (the ledger's group commit). The first, the lease's
-/// release, is their guard: it changes no row when the lease was lost (the
-/// conversation was erased meanwhile), and then nothing is stored.
+/// A completed turn's statements, for one transaction: the lease's release
+/// first, as their guard (it changes no row once the lease was lost to an
+/// erase, and then nothing is stored), then the messages and the record.
 pub fn complete_turn(
     c: &Conversation,
     token: &str,
@@ -343,8 +326,7 @@ pub fn complete_turn(
             })
             .unwrap_or_default()
         });
-        // Each message takes the next sequence number of its conversation
-        // (the turn holds the lease: nobody else appends meanwhile).
+        // The next seq of its conversation: the turn's lease keeps others out.
         statements.push(Statement::new(
             "INSERT INTO conversation_messages (conversation_id, seq, turn, role, content, \
              tool_calls, tool_result, created_at_ms) VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 \
@@ -379,12 +361,9 @@ pub fn complete_turn(
     statements
 }
 
-/// The statement that gives conversation `id` back after a turn holding
-/// it by `token` ended unstored (it failed, or its caller went away):
-/// nothing of the turn is kept. A conversation the turn was to be the
-/// first of (`first_turn`) is erased with it; any other's lease is
-/// cleared. It changes nothing once the lease was lost or given back, so
-/// it is safe to run whether or not the lease was ever taken.
+/// Gives conversation `id` back after a turn holding it by `token` ended
+/// unstored: erased if it was to be its first turn, else its lease cleared.
+/// A no-op once the lease was lost or given back, so always safe to run.
 pub fn release(id: &str, token: &str, first_turn: bool) -> Statement {
     let sql = if first_turn {
         "DELETE FROM conversations WHERE id = $1 AND busy_token = $2 AND turns = 0"
@@ -395,9 +374,8 @@ pub fn release(id: &str, token: &str, first_turn: bool) -> Statement {
     Statement::new(sql, vec![id.into(), token.into()])
 }
 
-/// Erases conversation `id` of `team`: its row, messages and turns.
-/// Returns the messages erased, or `None` when there was no such
-/// conversation.
+/// Erases conversation `id` of `team` with its messages and turns; returns
+/// the messages erased, or `None` when there was no such conversation.
 pub async fn delete(store: &Store, team: &str, id: &str) -> Result<Option<u32>, StoreError> {
     let erased = on_store!(store, |pool| {
         let mut tx = pool.begin().await?;
@@ -425,9 +403,8 @@ pub async fn delete(store: &Store, team: &str, id: &str) -> Result<Option<u32>, 
     Ok(Some(u32::try_from(erased).unwrap_or(u32::MAX)))
 }
 
-/// Erases every conversation that expired before `now_ms` (its retention
-/// ran out), at most 500 per call; returns how many. Safe on several
-/// replicas: each row's DELETE is won once.
+/// Erases up to 500 conversations expired before `now_ms`; returns how many.
+/// Safe on several replicas: each row's DELETE is won once.
 pub async fn sweep(store: &Store, now_ms: i64) -> Result<u64, StoreError> {
     let expired: Vec<(String,)> = on_store!(store, |pool| {
         sqlx::query_as(

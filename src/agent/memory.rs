@@ -1,15 +1,9 @@
 //! Memory suggestions (SPEC §11.7): an agent with `memory_suggestions = true`
-//! asks the model for a structured `{content, memory_suggestions[]}` answer,
-//! and this module checks what comes back.
-//!
-//! Suggestions are only suggestions: they are emitted as an event and stored
-//! on the turn, and the caller decides what to remember. Nothing here, or
-//! anywhere in the orchestrator, persists a memory on its own. A suggestion
-//! that looks like a secret or personal contact data is dropped, because a
-//! caller that stores suggestions blindly would otherwise keep it forever;
-//! the patterns err on the side of dropping.
-//!
-//! Pure: no I/O.
+//! asks for a structured `{content, memory_suggestions[]}` answer, checked
+//! here. Suggestions are only emitted and stored on the turn; the caller
+//! decides what to remember, and nothing in the orchestrator persists a
+//! memory. One that looks like a secret or contact data is dropped (a caller
+//! storing blindly would keep it forever); the patterns err toward dropping.
 
 use crate::domain::JsonSchemaFormat;
 use regex::Regex;
@@ -22,11 +16,8 @@ pub const MAX_SUGGESTIONS: usize = 5;
 pub const MAX_CHARS: usize = 200;
 
 /// Words that announce a secret or personal data (SPEC §10's list, as the
-/// audit redaction uses it: password, secret, token, api key, credential,
-/// email, phone, address, ssn, credit card, `*_secret`, `*_token`,
-/// `*_key`), and values shaped like one. Case-insensitive where it
-/// matters. Strict on purpose: a dropped suggestion costs little, a stored
-/// secret a lot.
+/// audit redaction uses it), and values shaped like one. Strict on purpose:
+/// a dropped suggestion costs little, a stored secret a lot.
 const SECRET_PATTERNS: &[&str] = &[
     r"(?i)passw(?:or)?d",
     // Inside names too: client_secret, access_token.
@@ -66,14 +57,12 @@ const SECRET_PATTERNS: &[&str] = &[
 /// in code, so a year range such as `2019-2021` passes.
 const PHONE_PATTERN: &str = r"\+?\(?[0-9](?:[ ().-]{0,3}[0-9]){6,}";
 
-/// A long run of key-like characters (hex, base64, base64url). Checked in
-/// code: only a run holding a digit counts, so long hyphenated or
-/// slash-joined words pass while random keys (nearly always with a digit)
-/// do not.
+/// A long run of key-like characters (hex, base64). Checked in code: only a
+/// run holding a digit counts, so long hyphenated words pass while random
+/// keys (nearly always with a digit) do not.
 const RUN_PATTERN: &str = r"[A-Za-z0-9+/=_-]{32,}";
 
-// The patterns are constants, covered by a test that compiles each; one
-// that failed to compile would be skipped rather than panic at run time.
+// Constants compiled by a test; one that failed is skipped, never a panic.
 static SECRETS: LazyLock<Vec<Regex>> = LazyLock::new(|| {
     SECRET_PATTERNS
         .iter()
@@ -103,8 +92,7 @@ pub fn format() -> JsonSchemaFormat {
     }
 }
 
-/// The sentence appended to the system prompt of an agent that asks for
-/// suggestions.
+/// The sentence appended to the system prompt of an agent asking for them.
 pub fn instruction() -> &'static str {
     "Answer with a JSON object whose \"content\" is your reply to the user and whose \
      \"memory_suggestions\" lists up to 5 short facts about the user worth remembering \
@@ -119,14 +107,12 @@ pub struct Parsed {
     pub content: String,
     /// Valid suggestions, in the model's order.
     pub suggestions: Vec<String>,
-    /// Suggestions rejected (not a string, empty, too long, secret-like,
-    /// repeated) or past [`MAX_SUGGESTIONS`].
+    /// Suggestions rejected (invalid, secret-like, repeated) or past [`MAX_SUGGESTIONS`].
     pub dropped: usize,
 }
 
-/// Takes a structured answer apart. An answer that is not the asked-for
-/// object (the model ignored the format, or a fallback provider has none)
-/// is all content, with no suggestions.
+/// Takes a structured answer apart; one that is not the asked-for object
+/// (format ignored, or a fallback provider without it) is all content.
 pub fn parse(text: &str) -> Parsed {
     let plain = || Parsed {
         content: text.to_owned(),
@@ -152,8 +138,7 @@ pub fn parse(text: &str) -> Parsed {
             continue;
         };
         let chars = s.chars().count();
-        // Repeats are compared ignoring case: "Has a dog" and "has a dog"
-        // are one fact.
+        // Repeats compared ignoring case: "Has a dog" and "has a dog" are one fact.
         let key = s.to_lowercase();
         let valid = (1..=MAX_CHARS).contains(&chars) && !looks_secret(s) && !seen.contains(&key);
         if valid && suggestions.len() < MAX_SUGGESTIONS {
@@ -170,8 +155,7 @@ pub fn parse(text: &str) -> Parsed {
     }
 }
 
-/// The answer without a Markdown code fence (```` ```json ... ``` ````),
-/// which models add even when asked for bare JSON.
+/// The answer without a Markdown code fence, which models add even when asked not to.
 fn unfence(text: &str) -> &str {
     let trimmed = text.trim();
     let Some(inner) = trimmed
@@ -187,10 +171,8 @@ fn unfence(text: &str) -> &str {
     }
 }
 
-/// Whether `s` looks like a secret or personal contact data: a keyword
-/// such as "password" or "api key", or a value shaped like an email
-/// address, a phone, card or social security number, a street address, or
-/// a key or token.
+/// Whether `s` looks like a secret or personal contact data: a keyword such
+/// as "password", or a value shaped like an address, number, key or token.
 pub fn looks_secret(s: &str) -> bool {
     if SECRETS.iter().any(|re| re.is_match(s)) {
         return true;

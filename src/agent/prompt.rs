@@ -1,28 +1,14 @@
-//! Layered prompt assembly (SPEC §11.5): the system prompt and messages of
-//! one model call, built from five layers in a fixed order of precedence.
-//!
-//! 1. the agent's immutable core (config),
-//! 2. the governed system prompt (the active prompt version),
-//! 3. the user's preferences,
-//! 4. retrieved context,
-//! 5. the conversation history and the new message.
-//!
-//! Later layers never override earlier ones. Layers 1–2 are trusted
-//! instructions, sent as they are and never cut. Layers 3–4 come from
-//! callers and retrieval, so they go in as quoted data under a header that
-//! ranks them below the instructions: every item is one JSON line with `<`
-//! and `>` escaped, so no data can close its block, open another, or start
-//! a line of its own.
-//!
-//! Each of layers 3–5 has a token budget, counted with the model family's
-//! tokenizer. Over budget, layer 4 loses its lowest-priority items and
-//! layer 5 its oldest messages; layer 3 is refused rather than cut, because
-//! a silently shortened preference would change what the caller asked for.
-//! The header and the block tags are fixed overhead charged to no layer.
-//!
-//! Pure: no I/O. Counting with a real tokenizer costs CPU on long texts
-//! (see [`crate::domain::tokens`]), so large prompts are best assembled on
-//! a blocking thread.
+//! Layered prompt assembly (SPEC §11.5): one model call's system prompt and
+//! messages from five layers, in order of precedence: 1 the agent's
+//! immutable core, 2 the governed system prompt, 3 the user's preferences,
+//! 4 retrieved context, 5 the history and the new message. Layers 1–2 are
+//! trusted instructions, never cut. Layers 3–4 go in as quoted data under a
+//! header ranking them below the instructions, one JSON line per item with
+//! `<` and `>` escaped, so no data can close its block, open another, or
+//! start a line of its own. Over budget, layer 4 loses its lowest-priority
+//! items and layer 5 its oldest messages; layer 3 is refused rather than
+//! cut, since a shortened preference would change what the caller asked
+//! for. Pure, but a real tokenizer costs CPU: assemble on a blocking thread.
 
 #[cfg(test)]
 mod tests;
@@ -35,7 +21,6 @@ use std::fmt::Write as _;
 /// Chat framing per message (role markers), as `usage::estimate` counts it.
 const PER_MESSAGE: u64 = 4;
 
-/// Between the sections of the system prompt.
 const SEPARATOR: &str = "\n\n";
 
 /// Stated once above the quoted blocks, so the model knows their rank.
@@ -49,15 +34,13 @@ const PREFERENCES_CLOSE: &str = "</preferences>";
 const RETRIEVED_OPEN: &str = "<retrieved_context>";
 const RETRIEVED_CLOSE: &str = "</retrieved_context>";
 
-/// Layer 3: how the user wants to be answered, as the caller sends it.
-/// Empty fields are left out of the prompt.
+/// Layer 3: how the user wants to be answered; empty fields are left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Preferences {
     /// E.g. `short` or `detailed`.
     pub response_length: String,
     /// E.g. `casual` or `formal`.
     pub formality: String,
-    /// Free text from the user.
     pub custom_instructions: String,
 }
 
@@ -66,7 +49,6 @@ pub struct Preferences {
 pub struct Retrieved {
     /// Where it came from (a document ID, a URL), shown to the model.
     pub source: String,
-    /// The text.
     pub text: String,
     /// Higher is more important; over budget the lowest goes first.
     pub priority: i32,
@@ -75,7 +57,6 @@ pub struct Retrieved {
 /// Token budgets of the layers that may be cut or refused (1–2 never are).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budgets {
-    /// Layer 3, the preferences line.
     pub preferences: u32,
     /// Layer 4, all kept items together.
     pub retrieved: u32,
@@ -90,13 +71,11 @@ pub struct Layers<'a> {
     pub core: &'a str,
     /// Layer 2: the governed system prompt, when the agent has one.
     pub system: Option<&'a str>,
-    /// Layer 3.
     pub preferences: &'a Preferences,
     /// Layer 4, in the order it should be shown.
     pub retrieved: &'a [Retrieved],
     /// Layer 5: earlier messages, oldest first.
     pub history: &'a [ChatMessage],
-    /// Layer 5: the user's new message.
     pub message: &'a str,
 }
 
@@ -107,7 +86,6 @@ pub struct Assembled {
     pub system: String,
     /// The kept history, oldest first, ending with the new user message.
     pub messages: Vec<ChatMessage>,
-    /// What each layer took and what was cut.
     pub counts: Counts,
 }
 
@@ -116,15 +94,10 @@ pub struct Assembled {
 pub struct Counts {
     /// Layers 1–2 together.
     pub fixed_tokens: u64,
-    /// Layer 3 (0 without preferences).
     pub preferences_tokens: u64,
-    /// Layer 4 items sent.
     pub retrieved_kept: usize,
-    /// Layer 4 items cut.
     pub retrieved_dropped: usize,
-    /// Layer 4 items sent, in tokens.
     pub retrieved_tokens: u64,
-    /// History messages sent.
     pub history_kept: usize,
     /// History messages cut: over budget, or orphaned by the cut.
     pub history_dropped: usize,
@@ -132,22 +105,17 @@ pub struct Counts {
     pub history_tokens: u64,
 }
 
-/// Why a prompt cannot be assembled. Both come from the caller's input, so
-/// neither is retried.
+/// Why a prompt cannot be assembled: from the caller's input, never retried.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PromptError {
-    /// The preferences do not fit their budget.
     #[error("user preferences take {tokens} tokens, over their budget of {budget}")]
     PreferencesTooLong {
-        /// Tokens of the preferences line.
         tokens: u64,
         /// Layer 3's budget.
         budget: u32,
     },
-    /// The new message alone does not fit the conversation budget.
     #[error("the message takes {tokens} tokens, over the conversation budget of {budget}")]
     MessageTooLong {
-        /// Tokens of the new message.
         tokens: u64,
         /// Layer 5's budget.
         budget: u32,
@@ -164,14 +132,12 @@ impl PromptError {
     }
 }
 
-/// Tokens of `text` for `model`, with the family's own tokenizer where we
-/// have one.
+/// Tokens of `text` for `model`, with the family's tokenizer where we have one.
 pub fn tokens(model: &str, text: &str) -> u64 {
     count(model, text, Precision::Exact)
 }
 
-/// Tokens of one message for `model`: its text, its tool calls' names and
-/// arguments, its tool result, and the chat framing.
+/// Tokens of one message: text, tool calls, tool result and chat framing.
 pub fn message_tokens(model: &str, m: &ChatMessage) -> u64 {
     message_tokens_at(model, m, Precision::Exact)
 }
@@ -190,12 +156,9 @@ fn message_tokens_at(model: &str, m: &ChatMessage, precision: Precision) -> u64 
         .saturating_add(PER_MESSAGE)
 }
 
-/// Builds the prompt of one model call from its layers, within `budgets`.
-///
-/// Counted first with the free bound (never below the real count, see
-/// [`crate::domain::tokens`]): when everything fits under it, it fits, and
-/// the tokenizer (its tables take tens of MB) is never loaded. Only when the
-/// bound would cut or refuse something is it counted exactly.
+/// Builds one model call's prompt within `budgets`. Counted with the free
+/// bound first (never below the real count): when all fits, the tokenizer
+/// (tens of MB of tables) is never loaded; only a cut is counted exactly.
 pub fn assemble(
     model: &str,
     layers: &Layers<'_>,
@@ -234,8 +197,7 @@ fn assemble_at(
         counts.preferences_tokens = cost;
     }
 
-    // Checked before anything is cut: without room for the message there is
-    // no call to make.
+    // Checked before any cut: without room for the message there is no call.
     let message = ChatMessage::text(Role::User, layers.message);
     let message_cost = message_tokens_at(model, &message, precision);
     let history_budget = u64::from(budgets.history);
@@ -294,7 +256,6 @@ fn assemble_at(
     })
 }
 
-/// Appends a section, with a blank line before it unless it comes first.
 fn push_section(system: &mut String, section: &str) {
     if !system.is_empty() {
         system.push_str(SEPARATOR);
@@ -302,7 +263,6 @@ fn push_section(system: &mut String, section: &str) {
     system.push_str(section);
 }
 
-/// A delimited block, tags on lines of their own.
 fn block(open: &str, lines: &[&str], close: &str) -> String {
     format!("{open}\n{}\n{close}", lines.join("\n"))
 }
@@ -332,7 +292,6 @@ fn preferences_line(p: &Preferences) -> Option<String> {
     (!all_empty).then(|| quote(&line))
 }
 
-/// One retrieved item as a quoted line.
 fn retrieved_line(item: &Retrieved) -> String {
     #[derive(Serialize)]
     struct Line<'a> {
@@ -347,10 +306,8 @@ fn retrieved_line(item: &Retrieved) -> String {
     })
 }
 
-/// `value` as one line of JSON that cannot contain a block tag. JSON already
-/// escapes quotes and line feeds; `<` and `>` (never structural in JSON)
-/// are escaped too so no tag can appear, and so are the Unicode line and
-/// paragraph separators, which some readers treat as line breaks.
+/// `value` as one line of JSON that cannot contain a block tag: `<`, `>`
+/// and the Unicode line separators (line breaks to some readers) escaped.
 fn quote(value: &impl Serialize) -> String {
     // A struct of strings and integers always serializes.
     let json = serde_json::to_string(value).unwrap_or_default();
@@ -367,8 +324,7 @@ fn quote(value: &impl Serialize) -> String {
 }
 
 /// Which items fit `budget`: the lowest priority goes first and, among
-/// equals, the later item (the earlier one was ranked higher by whoever
-/// ordered them).
+/// equals, the later one (ranked lower by whoever ordered them).
 fn fit_by_priority(items: &[Retrieved], costs: &[u64], budget: u64) -> Vec<bool> {
     // An item over the whole budget can never be sent; dropping it up front
     // spares the smaller, lower-priority items it would otherwise push out.
@@ -393,9 +349,8 @@ fn fit_by_priority(items: &[Retrieved], costs: &[u64], budget: u64) -> Vec<bool>
     keep
 }
 
-/// The index of the first history message kept, and the kept messages'
-/// tokens. Kept newest first while they fit; the first one that does not
-/// ends the walk, because a history with a hole in it misleads the model.
+/// The first history message kept, and the kept tokens: newest first while
+/// they fit, stopping at the first that does not (a hole misleads the model).
 fn fit_history(
     model: &str,
     history: &[ChatMessage],
@@ -413,9 +368,8 @@ fn fit_history(
         kept_costs.push(cost);
     }
     let mut start = history.len() - kept_costs.len();
-    // A cut can leave tool results without the call they answer, or the
-    // model's own turn first; providers refuse the one and mis-shape the
-    // other, so the kept history starts at a user message.
+    // A cut can leave tool results without their call, or the model's turn
+    // first; providers refuse or mis-shape those, so start at a user message.
     while history.get(start).is_some_and(|m| m.role != Role::User) {
         used = used.saturating_sub(kept_costs.pop().unwrap_or(0));
         start += 1;

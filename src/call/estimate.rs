@@ -1,10 +1,6 @@
-//! A model call's worst case over its chain, reserved before the call.
-//!
-//! The input is first estimated with [`Precision::Bound`] (free, never low);
-//! only if that is refused by a token or cost cap or the budget, and a model
-//! of the chain has a real tokenizer, is it counted exactly (on a blocking
-//! thread) and tried once more, so the bound's slack never refuses a call
-//! that fits.
+//! A model call's worst case over its chain, reserved before the call: a
+//! byte bound first, counted exactly (on a blocking thread) only when the
+//! bound is refused, so its slack never refuses a call that fits (ADR 0013).
 
 use super::Call;
 use crate::{
@@ -47,8 +43,7 @@ impl Call {
     }
 }
 
-/// The largest input estimate plus the output cap, and the largest cost,
-/// over `chain`.
+/// Over `chain`: the largest input plus the output cap, and the largest cost.
 fn worst_case(
     meter: &Meter,
     chain: &[TargetConfig],

@@ -1,16 +1,13 @@
-//! The one driver: every request the edges take in (a task, a typed SMS or
-//! research RPC, a tool invocation) runs as a [`Feature`] through
-//! [`Pipeline::run`], which owns the call's lifecycle. Agent turns and
-//! streamed calls have their own entry points (`converse`, `stream`) over
-//! the same open and finish.
+//! The one driver: every request the edges take in runs as a [`Feature`]
+//! through [`Pipeline::run`]; agent turns and streamed calls have their own
+//! entry points (`converse`, `stream`) over the same open and finish.
 
 use super::{Call, CallContext, CallError, CallMeta, Pipeline};
 use crate::tasks::Task;
 use std::future::Future;
 
-/// A unit of work run inside one call. It sees the pipeline only through
-/// the [`Call`] it is given (its session: render, complete, invoke a tool)
-/// and never the edge that asked for it.
+/// A unit of work run inside one call: it sees the pipeline only through
+/// its [`Call`] (render, complete, invoke a tool), never the edge.
 pub trait Feature: Send {
     /// Its answer.
     type Output: Send;
@@ -22,8 +19,7 @@ pub trait Feature: Send {
     fn run(self, call: &Call) -> impl Future<Output = Result<Self::Output, CallError>> + Send;
 }
 
-/// Every task is a feature: run with the tasks the pipeline knows, through
-/// the call as its session.
+/// Every task is a feature, with the call as its session.
 impl<T: Task> Feature for T {
     type Output = T::Output;
 
@@ -39,10 +35,7 @@ impl<T: Task> Feature for T {
 }
 
 impl Pipeline {
-    /// Runs `feature` for `ctx`: opens the call (its slot under
-    /// `server.max_concurrent_requests`, shed at once past it, and its
-    /// meter session), runs the feature, and finishes the call (metrics,
-    /// the usage record, the ledger's settlement; see [`Call::finish`]).
+    /// Runs `feature` for `ctx` in a call of its own: open, run, [`Call::finish`].
     pub async fn run<F: Feature>(
         &self,
         ctx: CallContext,

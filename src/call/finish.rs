@@ -1,5 +1,4 @@
-//! The end of a call: its metrics, its usage record and the ledger's
-//! settlement, from the call's log, once.
+//! The end of a call: metrics, usage record and settlement, from its log.
 
 use super::{Call, CallMeta, log::CallLog};
 use crate::{
@@ -12,24 +11,19 @@ use crate::{
 use futures::future::Either;
 use std::time::Duration;
 
-/// Why a call produced no answer, in the pipeline's terms (the API maps
-/// each to a status once, in `api::error`).
+/// Why a call produced no answer (mapped to a status once, in `api::error`).
 #[derive(Debug)]
 pub enum CallError {
     /// The input is unusable; each entry is `(field, description)`.
     Invalid(Vec<(String, String)>),
-    /// The task is not configured.
     UnknownTask(String),
-    /// Every target failed, or the deadline passed; the attempts are every
-    /// attempt of the call.
+    /// Every target failed, or the deadline passed; carries every attempt.
     Route(RouteError),
     /// A monthly cap would be exceeded.
     Quota(Refusal),
     /// The estimated cost exceeds the request budget.
     Budget {
-        /// Estimated cost, micro-USD.
         estimate_micros: i64,
-        /// The request's budget, USD, as sent.
         budget_usd: f64,
     },
     /// The ledger could not be read or written.
@@ -40,12 +34,9 @@ pub enum CallError {
     ToolDenied(Denial),
     /// An agent turn could not start.
     Agent(crate::agent::AgentError),
-    /// A tool invocation's estimated cost exceeds the request budget (a
-    /// quota refusal for tools, SPEC §9.3).
+    /// A tool's estimated cost exceeds the request budget (SPEC §9.3).
     ToolBudget {
-        /// Estimated cost, micro-USD.
         estimate_micros: i64,
-        /// The request's budget, USD, as sent.
         budget_usd: f64,
     },
 }
@@ -65,8 +56,7 @@ impl CallError {
         }
     }
 
-    /// The stable reason of a refusal the audit log records (caps, budget,
-    /// tool denials); `None` for other failures.
+    /// The stable reason of a refusal the audit log records; `None` otherwise.
     pub fn reason(&self) -> Option<&'static str> {
         match self {
             CallError::Quota(_) => Some("QUOTA_EXCEEDED"),
@@ -111,22 +101,11 @@ impl From<TaskError> for CallError {
 }
 
 impl Call {
-    /// Ends the call with the task's `result`: records the metrics of its
-    /// attempts, writes its usage record and settles its reservations,
-    /// then hands back the answer with its meta, or the error (a routing
-    /// error then carries every attempt of the call).
-    ///
-    /// The record is durable before this returns when a provider was
-    /// called (SPEC §5: no acknowledged call goes unrecorded), unless the
-    /// call is one of an agent turn's, whose reply waits on the turn's last
-    /// durable operation instead. A call refused before any provider
-    /// attempt spent nothing, and does not wait for the disk. Input, cap,
-    /// budget and quota refusals leave no record and charge nothing.
-    ///
-    /// The record is built before the returned future is polled; the
-    /// future holds only it, the meter session and the answer, not the
-    /// call's log (a call in flight is the server's unit of memory:
-    /// docs/benchmarks.md, *Sizing*).
+    /// Ends the call: metrics, usage record, settlement; then the answer.
+    /// Durable before it returns when a provider was called (SPEC §5), unless
+    /// the call is a turn's (its reply waits on the turn's durable end). A
+    /// refusal before any attempt waits for no disk and leaves no record. The
+    /// future does not hold the call's log (docs/benchmarks.md, *Sizing*).
     pub(super) fn finish<T>(
         self,
         result: Result<T, CallError>,
@@ -139,12 +118,8 @@ impl Call {
                     CallError::Route(RouteError::UnknownTask(t)) => CallError::UnknownTask(t),
                     other => self.refused(other),
                 };
-                // A refusal before anything ran gives back anything
-                // reserved before it (a tool's cost, reserved before its
-                // quota refused it), uncharged and unrecorded. Any other
-                // failure (a store that failed after a tool ran) may have
-                // spent what was reserved: the session, dropped unsettled,
-                // charges it as a CANCELLED record.
+                // A refusal before anything ran gives back what it reserved; any other
+                // failure may have spent it (the session, dropped, charges it CANCELLED).
                 let refused = matches!(
                     err,
                     CallError::Invalid(_)
@@ -156,9 +131,7 @@ impl Call {
                         | CallError::Agent(_)
                         | CallError::Overloaded
                 ) && {
-                    // Refused before anything ran: a call refused after an
-                    // earlier model call of its own was served (a second
-                    // SMS draft) spent what it reserved.
+                    // Once one of its own model calls was served, it spent what it reserved.
                     let log = self.log();
                     log.tools.is_empty()
                         && !log.attempts.iter().any(AttemptRecord::reached_provider)
@@ -180,8 +153,7 @@ impl Call {
         let (meta, record, prompt_owner, provider_time, reached) = {
             let mut log = self.log();
             if answer.is_err() {
-                // An earlier model call of this call may have been served
-                // (a redraft's first draft); the call itself was not.
+                // A redraft's first draft may have been served; the call was not.
                 log.served = None;
             }
             let meta = CallMeta::of(&log, &self.ctx.trace_id, self.ctx.started.elapsed());
@@ -221,8 +193,7 @@ impl Call {
         })
     }
 
-    /// A call refused before any provider work (input, cap, budget): no
-    /// record is written; a cap refusal is counted.
+    /// A call refused before any provider work: unrecorded, a cap refusal counted.
     pub(super) fn refused(&self, err: impl Into<CallError>) -> CallError {
         let err = err.into();
         if let CallError::Quota(_) = err {
@@ -231,10 +202,7 @@ impl Call {
         err
     }
 
-    /// Metrics of a finished call: tokens and cost per attempt, breaker
-    /// states, fallbacks. Returns the time spent waiting on providers (not
-    /// our overhead): their calls, retry backoff and their limits, and the
-    /// tools' runs.
+    /// Records a finished call's metrics; returns the time waited on others.
     fn observe(&self, log: &CallLog, meta: &CallMeta) -> Duration {
         let resilience = self.pipeline.router().resilience();
         let mut provider_time = Duration::ZERO;

@@ -1,6 +1,5 @@
-//! What a call's model calls did, kept as they happen: every attempt with
-//! its cost (computed once, here), which target served, which prompt was
-//! used. The response meta and the usage record are both read from it.
+//! What a call's model calls and tools did, as they happen, each attempt
+//! priced once: the response meta and the usage record are read from it.
 
 use crate::{
     domain::TokenUsage,
@@ -15,19 +14,15 @@ use std::time::Duration;
 pub(super) struct CallLog {
     /// Every attempt of every model call, in order.
     pub attempts: Vec<AttemptRecord>,
-    /// Cost of each attempt in `attempts`, micro-USD; `None` when it
-    /// consumed tokens of a model without a price.
+    /// Cost of each attempt, micro-USD; `None` for a model without a price.
     costs: Vec<Option<i64>>,
-    /// The target that served the last answered model call, and whether it
-    /// was a fallback.
+    /// `(provider, model, fallback)` of the last answered model call.
     pub served: Option<(String, String, bool)>,
-    /// The stored prompt version used: `(owner team, key, version)`;
-    /// version 0 is a built-in.
+    /// `(owner team, key, version)` of the prompt used; version 0 is a built-in.
     pub prompt: Option<(String, String, u32)>,
     /// Tools invoked: `(kind, name@version, cost in micro-USD)`.
     pub tools: Vec<(&'static str, String, i64)>,
-    /// How long the tools ran: waiting on them, like on a provider, is not
-    /// our overhead.
+    /// How long tools ran: waiting on them is not our overhead.
     pub tool_time: Duration,
 }
 
@@ -62,8 +57,7 @@ impl CallLog {
         total_usage(&self.attempts)
     }
 
-    /// Cost of every attempt, micro-USD; `None` when one that consumed
-    /// tokens has no price (the cost is then unknown, not understated).
+    /// Total micro-USD; `None` when an attempt has no price (not understated).
     pub fn cost_micros(&self) -> Option<i64> {
         let models = self
             .costs
@@ -85,23 +79,17 @@ impl CallLog {
 /// What happened while serving a call (becomes `ResponseMeta`).
 #[derive(Debug, Clone, Default)]
 pub struct CallMeta {
-    /// Trace ID.
     pub trace_id: String,
     /// Serving provider (empty when none was needed).
     pub provider: String,
-    /// Serving model.
     pub model: String,
     /// A fallback served.
     pub degraded: bool,
-    /// Every attempt.
     pub attempts: Vec<AttemptRecord>,
-    /// Tokens over all attempts.
     pub usage: TokenUsage,
     /// Cost in USD, when every model involved has a price.
     pub cost_usd: Option<f64>,
-    /// Server-side latency.
     pub latency: Duration,
-    /// Prompt key.
     pub prompt_key: String,
     /// Prompt version (0 = built-in).
     pub prompt_version: u32,

@@ -1,20 +1,8 @@
-//! The one per-call pipeline every RPC goes through:
-//!
-//! ```text
-//! open     the caller's slot under server.max_concurrent_requests (shed at
-//!          once past it) and the call's meter session
-//! run      the task, which makes its model calls through the call
-//!          (`tasks::Session`): for each one the chain is resolved once, its
-//!          worst case estimated and reserved against the team's caps, the
-//!          chain walked by the router; every attempt is kept on the call
-//! finish   cost computed once per attempt, metrics, the usage record
-//!          written and the ledger settled (durably when a provider was
-//!          called), the response meta built
-//! ```
-//!
-//! Nothing else in the crate enters `usage` for a call: a call may make
-//! several model calls (a redraft, an agent's iterations) and is recorded
-//! once, with all of them.
+//! The one per-call pipeline every RPC goes through: open (a slot under
+//! `server.max_concurrent_requests`, shed past it, and a meter session),
+//! run the feature (each model call reserved at its worst case, then
+//! routed), finish (costs, metrics, usage record, settlement). Nothing else
+//! enters `usage` for a call: it is recorded once, with all its model calls.
 
 mod context;
 mod estimate;
@@ -59,9 +47,7 @@ struct Inner {
     meter: Meter,
     /// The ledger's writer: the audit log goes through its group commit.
     ledger: LedgerWriter,
-    /// The database (tool invocations).
     store: Store,
-    /// Tools.
     toolbox: Toolbox,
     /// Calls in flight on this replica (`server.max_concurrent_requests`).
     inflight: Arc<Semaphore>,
@@ -69,18 +55,12 @@ struct Inner {
 
 /// What a pipeline is built from, besides its config.
 pub struct Services {
-    /// The router.
     pub router: Router,
-    /// The prompt store.
     pub prompts: PromptStore,
-    /// The meter.
     pub meter: Meter,
-    /// The ledger's writer (running with metering off too, for the audit
-    /// log).
+    /// Runs with metering off too, for the audit log.
     pub ledger: LedgerWriter,
-    /// The database.
     pub store: Store,
-    /// Tools.
     pub toolbox: Toolbox,
 }
 
@@ -131,8 +111,7 @@ impl Pipeline {
         &self.inner.store
     }
 
-    /// What `system.health` reports: serving (a call is running) and each
-    /// provider's breaker.
+    /// What `system.health` reports: serving, and each provider's breaker.
     pub fn health(&self) -> Health {
         let providers = self
             .inner
@@ -167,8 +146,7 @@ impl Pipeline {
         &self.inner.meter
     }
 
-    /// A slot under `server.max_concurrent_requests`, or `Overloaded` at
-    /// once: a caller can retry elsewhere, which beats queueing.
+    /// A slot, or `Overloaded` at once: retrying elsewhere beats queueing.
     pub fn slot(&self) -> Result<OwnedSemaphorePermit, CallError> {
         self.inner
             .inflight
@@ -177,15 +155,13 @@ impl Pipeline {
             .map_err(|_| CallError::Overloaded)
     }
 
-    /// Opens a call of `task` for `ctx`: takes its slot (see
-    /// [`Self::slot`]) and its meter session.
+    /// Opens a call of `task` for `ctx` with its slot and meter session.
     fn open(&self, ctx: CallContext, task: &str) -> Result<Call, CallError> {
         let slot = self.slot()?;
         Ok(self.open_with(ctx, task, Some(slot)))
     }
 
-    /// Opens a call under a slot already held (an agent turn holds one
-    /// for all its model calls), or none.
+    /// Opens a call under a slot already held (a turn holds one), or none.
     fn open_with(&self, ctx: CallContext, task: &str, slot: Option<OwnedSemaphorePermit>) -> Call {
         let who = Who {
             team_id: ctx.team_id.clone(),
@@ -215,19 +191,14 @@ impl Pipeline {
 /// caller went away) settles its reservations at their estimate.
 pub struct Call {
     pipeline: Pipeline,
-    /// The task the caller asked for (its usage record's task).
     task: String,
     ctx: CallContext,
     meter: MeterSession,
-    /// What its model calls did (see [`log::CallLog`]).
     log: Mutex<log::CallLog>,
-    /// The agent conversation and iteration (from 1) of a turn's model
-    /// call: its usage record carries them.
+    /// The agent conversation and iteration (from 1) of a turn's model call.
     turn: Option<(String, u32)>,
-    /// Settle without waiting for the disk: a call inside a turn, whose
-    /// acknowledgment (the turn's end) waits on a later durable operation
-    /// of the same team, committed after it (the ledger keeps a team's
-    /// operations in order).
+    /// Settle without waiting for the disk: a turn's call, acknowledged by the
+    /// turn's later durable end (a team's ledger operations keep their order).
     queued_settlement: bool,
     _slot: Option<OwnedSemaphorePermit>,
 }

@@ -20,8 +20,7 @@ impl Session for Call {
         let prompt = match self.pipeline.inner.prompts.resolve(team, key).await {
             Ok(p) => p,
             Err(e) => {
-                // The built-in default keeps the product working when the
-                // prompt table cannot be read.
+                // The built-in default keeps the product working without the store.
                 tracing::warn!(trace_id = %self.ctx.trace_id, error = %e, key, "prompt store unavailable; using the built-in prompt");
                 prompts::builtin(key)
             }
@@ -82,8 +81,7 @@ impl Session for Call {
 }
 
 impl Call {
-    /// The completion request of one model call of `task` with `prompt`:
-    /// the prompt version's overrides first, then the task's settings.
+    /// One model call's request: the prompt version's overrides, then the task's.
     pub(super) fn request(
         &self,
         task: &str,

@@ -1,6 +1,5 @@
-//! A streamed model call (`ExecuteStream`): reserved first, then its events
-//! passed through as the router yields them; the call is finished (its
-//! record written, its reservations settled) before its last event.
+//! A streamed model call (`ExecuteStream`): reserved, its events passed
+//! through, and the call finished (recorded, settled) before its last event.
 
 use super::{Call, CallContext, CallError, CallMeta, Pipeline};
 use crate::{
@@ -26,35 +25,26 @@ pub enum CallEvent {
     },
     /// The previous target failed before any output; moving to the next.
     Fallback {
-        /// Provider that failed.
         from: String,
-        /// Provider tried next.
         to: String,
-        /// Stable error code.
         reason: String,
     },
     /// A piece of output.
     Delta(String),
     /// The answer, recorded and settled. Always the last event on success.
     Completed {
-        /// The assembled answer.
         completion: Box<Completion>,
-        /// The answer as a JSON object, when it is one (and matches the
-        /// task's output schema, when it has one: streamed text cannot be
-        /// taken back, so a mismatch only leaves this empty).
+        /// The answer as a JSON object, if it is one and fits the output schema
+        /// (streamed text cannot be taken back: a mismatch only leaves this empty).
         json: Option<Map<String, Value>>,
-        /// The call's meta.
         meta: CallMeta,
     },
-    /// No answer (or it could not be recorded); always the last event on
-    /// failure.
+    /// No answer (or it could not be recorded); the last event on failure.
     Failed(CallError),
 }
 
 impl Pipeline {
-    /// Streams a generic task's one model call for `ctx`: the call opened
-    /// (see [`Pipeline::run`]) and its prompt prepared before the first
-    /// event; errors until then come back as `Err`.
+    /// Streams a task's one model call; errors before the first event are `Err`.
     pub async fn stream(
         &self,
         ctx: CallContext,
@@ -85,9 +75,8 @@ impl Pipeline {
 }
 
 impl Call {
-    /// Reserves one model call of `task` with `prompt`, then streams it.
-    /// The stream owns the call: dropping it cancels the upstream call and
-    /// settles the reservation at its estimate.
+    /// Reserves one model call, then streams it. Dropping the stream cancels
+    /// the upstream call and settles the reservation at its estimate.
     async fn stream(
         self,
         task: &str,
@@ -129,7 +118,6 @@ impl Call {
                     }
                     RouteEvent::Failed(err) => {
                         self.log().add(err.attempts(), self.pipeline.meter().pricing());
-                        // A failed route always finishes with an error.
                         if let Err(err) = self.finish::<()>(Err(CallError::Route(err))).await {
                             yield CallEvent::Failed(err);
                         }

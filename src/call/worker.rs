@@ -1,15 +1,8 @@
-//! The ASYNC worker (SPEC §9.4): runs the invocations the entry point
-//! accepted, from their durable rows. A row is taken with a lease; a
-//! process that dies mid-run lets its lease expire and the row is taken
-//! again and run again under the same idempotency key (a webhook that saw
-//! the first POST can tell). A SYNC invocation whose process died is
-//! marked FAILED (`INTERRUPTED`): its caller is gone. Nothing is left
-//! RUNNING for ever, nothing is lost.
-//!
-//! A tool's `quota.max_concurrent` holds here as at the entry point: an
-//! invocation runs only with a concurrency slot of its (team, tool). One
-//! whose tool is at its limit goes back to PENDING for a later round; it
-//! is never refused (its hour was counted when it was accepted).
+//! The ASYNC worker (SPEC §9.4): runs accepted invocations from their rows,
+//! each under a lease; a row whose process died runs again under the same
+//! idempotency key, a SYNC one is marked FAILED (`INTERRUPTED`). An
+//! invocation at `quota.max_concurrent` goes back to PENDING, never refused
+//! (its hour was counted when accepted).
 
 use super::{
     Pipeline,
@@ -37,16 +30,14 @@ use tokio::{
 /// Invocations running at once on this replica.
 const BATCH: usize = 16;
 
-/// Invocations one round may take and put back: those whose (team, tool)
-/// reached its `max_concurrent` between the look at the quotas and the
-/// take (a SYNC call took the slot). Bounds a round's writes.
+/// Invocations one round may take and put back (their tool reached its
+/// `max_concurrent` after the look at the quotas): bounds a round's writes.
 const MAX_WAITING: usize = 4 * BATCH;
 
 /// Runs until `stop`, then lets the runs under way record their ends.
 pub async fn run_worker(pipeline: Pipeline, mut stop: watch::Receiver<bool>) {
     let settings = pipeline.config().tool_worker.clone();
-    // Each run is its own task: one slow webhook does not hold up the
-    // others, and a slot that comes free is used without waiting for them.
+    // A run per task: a slow webhook holds up no other, a freed slot is used at once.
     let mut running = JoinSet::new();
     loop {
         if *stop.borrow() {
@@ -54,9 +45,8 @@ pub async fn run_worker(pipeline: Pipeline, mut stop: watch::Receiver<bool>) {
         }
         fail_interrupted(&pipeline).await;
         start_work(&pipeline, &settings, &mut running).await;
-        // The next round when a run ends (room, maybe a slot, came free)
-        // or new work may have come: never at once, so invocations waiting
-        // for a slot are not taken again in a busy loop.
+        // The next round when a run ends or new work may have come: never at
+        // once, so invocations waiting for a slot are not retaken in a busy loop.
         tokio::select! {
             Some(ended) = running.join_next(), if !running.is_empty() => {
                 report(ended);
@@ -89,11 +79,9 @@ async fn fail_interrupted(pipeline: &Pipeline) {
     }
 }
 
-/// Takes work into the room `running` leaves. Invocations of a (team,
-/// tool) at its `max_concurrent` are passed over in the queue, so a busy
-/// tool's backlog never holds up others; one that got there between the
-/// look and the take waits: taken rows stay leased until the round ends,
-/// then the waiting ones go back to PENDING.
+/// Takes work into the room `running` leaves, passing over pairs at their
+/// `max_concurrent` so a busy tool never holds up others; one that filled
+/// up after the look waits, leased, and goes back to PENDING.
 async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &mut JoinSet<()>) {
     let slack = duration_ms(settings.lease_slack);
     let toolbox = pipeline.toolbox();
@@ -135,8 +123,7 @@ async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &
                     }
                     None => {
                         let pair = (inv.team_id.clone(), inv.tool.clone(), inv.version.clone());
-                        // First: past `MAX_BUSY` pairs the newest found
-                        // are the ones to pass over now.
+                        // Newest first: past `MAX_BUSY` pairs, the newest are passed over now.
                         if !busy.contains(&pair) {
                             busy.insert(0, pair);
                         }
@@ -167,8 +154,7 @@ fn busy(pipeline: &Pipeline) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// Returns invocations taken but not started to PENDING, their lease
-/// released, for a later round.
+/// Returns invocations taken but not started to PENDING, lease released.
 async fn put_back(pipeline: &Pipeline, waiting: Vec<(Invocation, i64)>) {
     if waiting.is_empty() {
         return;
@@ -185,8 +171,7 @@ async fn put_back(pipeline: &Pipeline, waiting: Vec<(Invocation, i64)>) {
     }
 }
 
-/// Logs a run's task that did not end normally (its lease expires and it
-/// runs again).
+/// Logs a run that panicked (its lease expires and it runs again).
 fn report(ended: Result<(), JoinError>) {
     if let Err(e) = ended
         && e.is_panic()
@@ -199,9 +184,8 @@ fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Runs one taken invocation with its tool and the concurrency slot it
-/// holds while it runs (`None`: the tool left the registry), and records
-/// how it ended unless its lease ran out and another run owns the row.
+/// Runs one taken invocation (`ready` is `None` once the tool left the
+/// registry) and records its end unless another run owns the row.
 async fn execute(
     pipeline: Pipeline,
     inv: Invocation,
@@ -225,9 +209,8 @@ async fn execute(
         Some((tool, slot)) => {
             let started = Instant::now();
             let key = matches!(tool.kind, Kind::Http(_)).then_some(inv.idempotency_key.as_str());
-            // Within the timeout its lease was sized by, should the tool's
-            // have grown since it was accepted: a run past its lease would
-            // be taken for dead and run again beside it.
+            // Within the timeout its lease was sized by: a run past its lease
+            // would be taken for dead and run again beside it.
             let accepted = Duration::from_millis(u64::try_from(inv.timeout_ms).unwrap_or(u64::MAX));
             let Ran {
                 result,
@@ -242,7 +225,6 @@ async fn execute(
                 started + tool.timeout.min(accepted),
             )
             .await;
-            // The tool is done with: the next of its (team, tool) may run.
             drop(slot);
             let took = started.elapsed();
             let (status, output, error) = judge(&tool, result);
@@ -261,8 +243,7 @@ async fn execute(
     };
     match invocations::finish(pipeline.store(), &inv.id, lease, &outcome).await {
         Ok(true) => {}
-        // The run happened, so its result is still audited below; the
-        // row keeps the end of the run that owns it.
+        // The run happened, so it is audited; the row keeps the owning run's end.
         Ok(false) => {
             tracing::warn!(invocation = %inv.id, tool = %inv.tool, trace_id = %inv.trace_id, "an ASYNC tool invocation ended after its lease ran out and another run took it; its end is not recorded over that run's");
         }

@@ -1,14 +1,12 @@
 //! The built-in tools: `system.echo@1.0.0` (`{text}` → `{text}`),
-//! `system.health@1.0.0` (`{}` → `{status, providers[]}`) and
-//! `sms.segments@1.0.0` (`{text}` → `{segments, encoding, characters}`, the
-//! SMS counter of SPEC §6.2).
+//! `system.health@1.0.0` (`{}` → `{status, providers[]}`), `sms.segments@1.0.0`
+//! (`{text}` → `{segments, encoding, characters}`, SPEC §6.2's SMS counter).
 
 use super::Failure;
 use crate::domain::sms::{self, SmsEncoding};
 use serde_json::{Value, json};
 
-/// What `system.health` reports, given by the caller (the tools know no
-/// provider).
+/// What `system.health` reports, given by the caller (tools know no provider).
 #[derive(Debug, Clone, Default)]
 pub struct Health {
     /// `SERVING` or `NOT_SERVING`.

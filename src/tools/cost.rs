@@ -1,14 +1,12 @@
-//! A tool invocation's cost from its cost model (`cost.fixed_usd`, an
-//! optional `cost.per_unit` counting a field of the input, or the seconds
-//! it took): estimated before it runs (reserved against the team's caps)
-//! and computed after (charged).
+//! A tool invocation's cost from its cost model (`fixed_usd`, `per_unit` of
+//! an input field, or per second): estimated and reserved before it runs,
+//! computed and charged after.
 
 use crate::config::tools::{CostConfig, CostUnit};
 use serde_json::Value;
 use std::time::Duration;
 
-/// USD → micro-USD, rounded up; a non-finite or negative amount (never
-/// configured: validated at load) counts as 0, a huge one saturates.
+/// USD → micro-USD, rounded up; non-finite or negative (never configured) is 0.
 fn micros_ceil(usd: f64) -> i64 {
     if !(usd.is_finite() && usd > 0.0) {
         return 0;
@@ -25,8 +23,7 @@ fn micros_ceil(usd: f64) -> i64 {
     micros.min(i64::MAX as f64) as i64
 }
 
-/// Units of `field` of `input` under `unit`: tokens (about four characters
-/// each) or characters of a text, entries of an array; 0 when absent.
+/// Units of `field` of `input`: text tokens (~4 chars) or characters, array entries.
 fn units(unit: CostUnit, field: Option<&str>, input: &Value) -> f64 {
     let Some(value) = field.and_then(|f| input.get(f)) else {
         return 0.0;
@@ -39,8 +36,7 @@ fn units(unit: CostUnit, field: Option<&str>, input: &Value) -> f64 {
     }
 }
 
-/// The cost of an invocation with `input` that took `took`, micro-USD
-/// (rounded up: a cap never admits more than it should).
+/// Cost of a run with `input` that took `took`, micro-USD, rounded up.
 pub fn micros(cost: &CostConfig, input: &Value, took: Duration) -> i64 {
     let per = cost.per_unit.as_ref().map_or(0.0, |p| {
         let n = match p.unit {
@@ -52,8 +48,7 @@ pub fn micros(cost: &CostConfig, input: &Value, took: Duration) -> i64 {
     micros_ceil(cost.fixed_usd + per)
 }
 
-/// The estimate reserved before running: the cost at the tool's timeout
-/// (a per-second model's worst case), else what the input says.
+/// The estimate reserved before running: the cost had it run its whole timeout.
 pub fn estimate(cost: &CostConfig, input: &Value, timeout: Duration) -> i64 {
     micros(cost, input, timeout)
 }
@@ -107,7 +102,6 @@ mod tests {
         );
         let seconds = per(CostUnit::Second, None);
         assert_eq!(micros(&seconds, &input, Duration::from_millis(2500)), 125);
-        // The estimate of a per-second tool is its timeout's worth.
         assert_eq!(estimate(&seconds, &input, Duration::from_secs(30)), 400);
     }
 }

@@ -1,7 +1,6 @@
-//! How each kind of tool runs: one [`Executor`] per kind, chosen by the
-//! tool's [`Kind`](super::Kind). The entry point (`call::tool`) and the
-//! ASYNC worker run every tool through [`super::Toolbox::run`]; a new kind
-//! is a new executor here, its `Kind` variant, config and proto.
+//! How each kind of tool runs: one [`Executor`] per [`Kind`](super::Kind),
+//! used through [`super::Toolbox::run`] by the entry point and the ASYNC
+//! worker. A new kind is a new executor here, its variant, config and proto.
 
 use super::{Failure, Tool, builtin::Health};
 use serde_json::Value;
@@ -9,15 +8,12 @@ use tokio::time::Instant;
 
 /// One run of a tool as the entry point asks for it.
 pub struct Run<'a> {
-    /// The tool.
     pub tool: &'a Tool,
     /// Its input, checked against the tool's schema.
     pub input: &'a Value,
     /// A workflow's idempotency key, sent with every POST.
     pub idempotency_key: Option<&'a str>,
-    /// The call's trace ID.
     pub trace_id: &'a str,
-    /// When the run is out of time.
     pub deadline: Instant,
     /// What `system.health` reports, read only when asked.
     pub health: &'a (dyn Fn() -> Health + Sync),
@@ -26,11 +22,9 @@ pub struct Run<'a> {
 /// What a run came to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ran {
-    /// The output, or why there is none.
     pub result: Result<Value, Failure>,
     /// Requests made (a workflow's POSTs; one otherwise).
     pub attempts: u32,
-    /// A workflow's execution ID.
     pub execution_id: Option<String>,
 }
 
@@ -53,8 +47,7 @@ pub trait Executor: Send + Sync {
     async fn run(&self, run: Run<'_>) -> Ran;
 }
 
-/// A run refused because the tool is not of the executor's kind: a
-/// registry bug, reported as the tool's failure rather than a panic.
+/// A tool not of the executor's kind: a registry bug, a failure, not a panic.
 pub(super) fn wrong_kind(tool: &Tool, kind: &str) -> Ran {
     Ran::once(Err(Failure::new(
         "INTERNAL",

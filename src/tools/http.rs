@@ -18,31 +18,23 @@ pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 pub struct Answer {
     /// Its JSON body (`{}` for an empty one).
     pub output: Value,
-    /// The workflow's execution ID, from the configured header.
     pub execution_id: Option<String>,
-    /// POSTs made.
     pub attempts: u32,
 }
 
 /// Why a webhook call failed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failed {
-    /// The last POST's failure.
     pub failure: Failure,
-    /// POSTs made.
     pub attempts: u32,
-    /// The execution ID of the last POST that carried one: a failed
-    /// workflow run is still one to look up in the workflow engine.
+    /// The last execution ID seen: a failed run is still one to look up.
     pub execution_id: Option<String>,
 }
 
-/// The longest `Retry-After` taken as given. A tool's timeout is at most
-/// `tool_limits.max_timeout` (at most an hour), so a longer wait is past
-/// the deadline either way, and an absurd value must not overflow the
-/// clock.
+/// The longest `Retry-After` taken as given: past any tool's deadline
+/// (`tool_limits.max_timeout` is at most an hour), and no clock overflow.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
-/// One POST's outcome.
 enum Tried {
     Done(Answer),
     /// Worth another POST, after at least this long (a `Retry-After`).
@@ -94,8 +86,7 @@ async fn body(mut response: reqwest::Response) -> Result<Vec<u8>, Failure> {
     }
 }
 
-/// POSTs once, until `deadline`: the webhook's answer, or why there is
-/// none.
+/// POSTs once, until `deadline`.
 async fn send(
     client: &reqwest::Client,
     tool: &HttpTool,
@@ -186,8 +177,7 @@ async fn answered(
     })
 }
 
-/// POSTs `input` to `tool`'s webhook with retries, until `deadline`.
-/// `retrying` is told before each retry (a metric).
+/// POSTs `input` with retries until `deadline`; `retrying` is told before each.
 pub async fn call(
     client: &reqwest::Client,
     tool: &HttpTool,
@@ -203,8 +193,7 @@ pub async fn call(
     let mut execution_id = None;
     loop {
         attempt += 1;
-        // A POST that outlives `attempt_timeout` is given up and retried
-        // while the invocation's time allows.
+        // A POST past `attempt_timeout` is given up and retried while time allows.
         let attempt_deadline = tool
             .retry
             .attempt_timeout
@@ -260,9 +249,8 @@ pub async fn call(
     }
 }
 
-/// The executor of workflow webhooks: the POSTs of one run, retried by
-/// the tool's policy; out of time is TIMED_OUT, whatever the last POST
-/// said.
+/// The executor of workflow webhooks, retried by the tool's policy; out of
+/// time is TIMED_OUT, whatever the last POST said.
 #[derive(Debug, Clone)]
 pub struct Webhooks {
     /// The webhooks' HTTP client (redirects not followed).
@@ -353,9 +341,8 @@ mod tests {
         assert_eq!(retry_after(&h, now), Some(MAX_RETRY_AFTER));
     }
 
-    /// A webhook that refuses connections, on tokio's paused clock: each
-    /// pause is full jitter under a doubling cap, the retries stop at
-    /// `max_attempts`, and never wait past the deadline.
+    /// A webhook that refuses connections, on a paused clock: full jitter under
+    /// a doubling cap, stopping at `max_attempts`, never waiting past the deadline.
     #[tokio::test(start_paused = true)]
     async fn retries_back_off_under_the_cap_and_stop_before_the_deadline() {
         use crate::config::tools::ToolRetryConfig;

@@ -11,19 +11,14 @@ use std::time::Duration;
 /// What a key is computed from.
 #[derive(Debug, Clone, Copy)]
 pub struct Keyed<'a> {
-    /// Tool name.
     pub tool: &'a str,
-    /// Tool version.
     pub version: &'a str,
-    /// The caller's team.
     pub team: &'a str,
-    /// The validated input.
     pub input: &'a Value,
     /// Who triggered it (the API key's name, an agent's conversation).
     pub triggered_by: &'a str,
     /// When, unix ms.
     pub at_ms: i64,
-    /// The tool's window.
     pub window: Duration,
 }
 
@@ -88,7 +83,6 @@ mod tests {
             k.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         );
-        // The documented derivation, by hand.
         let by_hand = hex::encode(Sha256::digest(
             br#"{"input":{"lead_id":"L1","note":"hi"},"team":"t1","tool":"crm.add_note","triggered_by":"crm-key","version":"1.0.0","window":1790000100000}"#,
         ));

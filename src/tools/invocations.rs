@@ -1,7 +1,6 @@
 //! The `tool_invocations` table: claiming an idempotency key (the unique
-//! constraint decides who runs the webhook), recording how an invocation
-//! ended, reading one back, and handing ASYNC work to a worker with a
-//! lease that a crash lets expire.
+//! constraint decides who runs the webhook), recording ends, reading back,
+//! and handing ASYNC work to a worker under a lease a crash lets expire.
 
 use super::{Failure, Status};
 use crate::{
@@ -35,50 +34,34 @@ impl Mode {
 pub struct Invocation {
     /// UUIDv7.
     pub id: String,
-    /// The caller's team.
     pub team_id: String,
-    /// Tool name.
     pub tool: String,
-    /// Tool version.
     pub version: String,
-    /// SYNC or ASYNC.
     pub mode: Mode,
-    /// Where it stands.
     pub status: Status,
-    /// Its idempotency key.
     pub idempotency_key: String,
     /// The window the key belongs to, unix ms.
     pub window_start_ms: i64,
-    /// The request's trace ID.
     pub trace_id: String,
-    /// Who invoked it.
     pub principal: String,
     /// The validated input.
     pub input: Value,
-    /// The output, once it succeeded.
     pub output: Option<Value>,
-    /// Why it failed.
     pub error: Option<Failure>,
-    /// Its estimated cost, micro-USD.
     pub estimated_cost_micros: i64,
-    /// Its cost once done, micro-USD.
     pub cost_micros: Option<i64>,
-    /// How long it ran, ms.
     pub duration_ms: Option<i64>,
     /// The workflow's execution ID (from its response header).
     pub execution_id: Option<String>,
     /// POSTs made.
     pub attempts: i64,
-    /// When it was accepted, unix ms.
     pub created_at_ms: i64,
-    /// How long one run may take (the tool's timeout), ms: a runner's
-    /// lease is this and the configured slack.
+    /// One run's limit (the tool's timeout), ms; a runner's lease adds the slack.
     pub timeout_ms: i64,
 }
 
 impl Invocation {
-    /// A new invocation, RUNNING (SYNC, leased until `lease_until_ms`) or
-    /// PENDING (ASYNC).
+    /// A new invocation: RUNNING if SYNC, PENDING if ASYNC.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         team_id: &str,
@@ -180,9 +163,8 @@ where
     })
 }
 
-/// Inserts `inv` unless its key is taken in its window; the insert and the
-/// conflict are one statement, so two replicas racing for a key cannot
-/// both win.
+/// Inserts `inv` unless its key is taken in its window, in one statement,
+/// so two replicas racing for a key cannot both win.
 pub async fn claim(
     store: &Store,
     inv: &Invocation,
@@ -240,27 +222,17 @@ pub async fn claim(
 pub struct Outcome {
     /// SUCCEEDED, FAILED or TIMED_OUT.
     pub status: Status,
-    /// The output, when it succeeded.
     pub output: Option<Value>,
-    /// Why it failed.
     pub error: Option<Failure>,
-    /// What it cost, micro-USD.
     pub cost_micros: i64,
-    /// How long it ran, ms.
     pub duration_ms: i64,
-    /// The workflow's execution ID.
     pub execution_id: Option<String>,
-    /// POSTs made.
     pub attempts: i64,
 }
 
-/// Records how invocation `id` ended and releases its lease, when the
-/// runner still owns it: the row is RUNNING under `lease_until_ms`, the
-/// lease the runner was given. A runner whose lease ran out and whose row
-/// another runner took again (ASYNC) or finished has lost it: its end is
-/// not written over the owner's, and `false` says so. One exception: a
-/// SYNC row the sweeper marked `INTERRUPTED` takes the late end, since its
-/// runner was alive after all and its caller got that answer.
+/// Records how invocation `id` ended and releases its lease while the runner
+/// owns it (RUNNING under `lease_until_ms`), else `false`. A SYNC row marked
+/// `INTERRUPTED` takes the late end: its runner was alive, its caller answered.
 pub async fn finish(
     store: &Store,
     id: &str,
@@ -295,11 +267,8 @@ pub async fn finish(
     Ok(written == 1)
 }
 
-/// Gives back invocation `id`, taken by [`take_work`] with a lease until
-/// `lease_until_ms` but not started (its tool was at its
-/// `max_concurrent`): PENDING again, unleased, for a later round. Nothing
-/// else of the row changes, and nothing at all once the lease is not that
-/// one any more (it ran out, and another runner took the row).
+/// Gives back invocation `id`, leased by [`take_work`] but not started:
+/// PENDING again, unleased; a no-op once the lease is not that one.
 pub async fn release(store: &Store, id: &str, lease_until_ms: i64) -> Result<(), StoreError> {
     let now = chrono::Utc::now().timestamp_millis();
     on_store!(store, |pool| {
@@ -333,7 +302,6 @@ pub async fn get(store: &Store, team: &str, id: &str) -> Result<Option<Invocatio
 /// An invocation [`take_work`] leased to this runner.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Taken {
-    /// The row as taken: RUNNING.
     pub invocation: Invocation,
     /// Its lease: what [`finish`] and [`release`] are guarded by.
     pub lease_until_ms: i64,
@@ -342,18 +310,13 @@ pub struct Taken {
 /// The index of `lease_until_ms` after [`COLUMNS`] in `take_work`'s rows.
 const LEASE: usize = 21;
 
-/// Most (team, tool) pairs [`take_work`] passes over in one statement:
-/// three parameters each, far below either backend's limit (SQLite
-/// 32,766, PostgreSQL 65,535).
+/// Most (team, tool) pairs [`take_work`] passes over in one statement: three
+/// parameters each, far below SQLite's 32,766 and PostgreSQL's 65,535.
 pub const MAX_BUSY: usize = 1000;
 
-/// Takes up to `limit` invocations to run: ASYNC ones PENDING, and ASYNC
-/// ones RUNNING whose lease expired (their runner died: they run again,
-/// with the same idempotency key), oldest first, leased until `now_ms` +
-/// their timeout + `slack_ms`. Invocations of the `(team, tool, version)`
-/// in `busy` (at their `max_concurrent`; the first [`MAX_BUSY`]) are
-/// passed over, so a busy tool's backlog never stands in front of other
-/// work.
+/// Takes up to `limit` ASYNC invocations, oldest first: PENDING, or RUNNING
+/// past their lease (their runner died), leased until `now_ms` + timeout +
+/// `slack_ms`. `busy` pairs are passed over: a busy tool's backlog blocks nothing.
 pub async fn take_work(
     store: &Store,
     now_ms: i64,
@@ -374,8 +337,7 @@ pub async fn take_work(
         ));
     }
     let sql = match store {
-        // One statement; SKIP LOCKED lets several replicas' workers share
-        // the queue without taking the same row.
+        // SKIP LOCKED: several replicas' workers share the queue, never a row.
         Store::Postgres(_) => format!(
             "UPDATE tool_invocations SET status = 'RUNNING', lease_until_ms = $1 + timeout_ms + $2, \
              updated_at_ms = $1 WHERE id IN (SELECT id FROM tool_invocations WHERE {due} \
@@ -410,10 +372,8 @@ pub async fn take_work(
     Ok(taken)
 }
 
-/// SYNC invocations still RUNNING after their lease (their caller's
-/// process died mid-call): marked FAILED with `INTERRUPTED`, never left
-/// running. Their caller is gone; the idempotency key still holds the
-/// window, so a retry by the caller gets this answer. Returns them.
+/// Marks FAILED (`INTERRUPTED`) the SYNC invocations RUNNING past their lease;
+/// the key still holds the window, so a retry gets this answer. Returns them.
 pub async fn fail_interrupted(store: &Store, now_ms: i64) -> Result<Vec<Invocation>, StoreError> {
     let sql = format!(
         "UPDATE tool_invocations SET status = 'FAILED', error_code = 'INTERRUPTED', \

@@ -1,13 +1,8 @@
-//! The MCP client (SPEC §9.5), on the official SDK (`rmcp`): one
-//! connection per configured server, over Streamable HTTP or a local
-//! command's stdio, kept up by a task of its own. Its tools are listed at
-//! connection, on `notifications/tools/list_changed` and every
-//! `refresh_interval`, and registered as `<server>.<tool>@<server
-//! version>`; `tools/call` runs under the tool's timeout, and an `isError`
-//! result is a failure.
-//!
-//! A server is not ours: every wait on it is bounded (`mcp_limits`), and
-//! no way a session ends may reconnect without the backoff.
+//! The MCP client (SPEC §9.5), on `rmcp`: one connection per configured
+//! server (Streamable HTTP or a command's stdio), kept up by its own task;
+//! tools listed at connection, on `list_changed` and every
+//! `refresh_interval`, as `<server>.<tool>@<server version>`. A server is not
+//! ours: every wait is bounded (`mcp_limits`), every reconnect backed off.
 
 use super::{
     Failure, Registry,
@@ -42,28 +37,22 @@ pub type Env = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 /// A tool as an MCP server lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct McpTool {
-    /// Its name on the server.
     pub name: String,
-    /// What it does.
     pub description: String,
-    /// Its input schema.
     pub input_schema: Value,
-    /// Its output schema, when it declares one.
     pub output_schema: Option<Value>,
 }
 
 /// Tells the server's task that its tool list changed.
 #[derive(Clone)]
 struct Handler {
-    /// Of capacity 1: one pending "list again" stands for any number of
-    /// notifications, so a server sending them in a loop costs no memory.
+    /// Capacity 1: one pending relist stands for any number of notifications.
     changed: mpsc::Sender<()>,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _ctx: NotificationContext<RoleClient>) {
-        // Full: a listing is already due, which will see this change too.
-        // Closed: the session is ending.
+        // Full: a listing is already due and will see it. Closed: the session ends.
         let _ = self.changed.try_send(());
     }
 
@@ -113,9 +102,8 @@ impl Servers {
         };
     }
 
-    /// Calls `tool` of `server` with `input` (an object), within `timeout`:
-    /// its structured content, else its content blocks as
-    /// `{"content": [...]}`.
+    /// Calls `tool` of `server` within `timeout`: its structured content, else
+    /// its content blocks as `{"content": [...]}`.
     pub async fn call(
         &self,
         server: &str,
@@ -136,9 +124,7 @@ impl Servers {
             .await
             .map_err(|_| Failure::new("TIMED_OUT", "the MCP tool did not answer in time"))?
             .map_err(|e| {
-                // The server's error message and data, cut as an isError
-                // result's text is: it is stored, returned and shown to
-                // agents' models.
+                // Cut like an isError text: it is stored and shown to models.
                 let why: String = e.to_string().chars().take(500).collect();
                 Failure::new("TOOL_ERROR", format!("the MCP call failed: {why}"))
             })?;
@@ -163,7 +149,6 @@ impl Servers {
     }
 }
 
-/// Connects to `server`.
 async fn connect(
     name: &str,
     config: &McpServerConfig,
@@ -205,9 +190,8 @@ fn version_of(client: &Client) -> Version {
         .unwrap_or_else(|| Version::new(0, 0, 0))
 }
 
-/// Every tool `client` lists, following `nextCursor` within the bounds of
-/// [`mcp_limits::list_pages`] and `timeout` for the whole listing (rmcp's
-/// `list_all_tools` follows it without end).
+/// Every tool `client` lists, within [`mcp_limits::list_pages`]' bounds
+/// (rmcp's `list_all_tools` follows `nextCursor` without end).
 async fn list(name: &str, client: &Client, timeout: Duration) -> Result<Vec<McpTool>, String> {
     mcp_limits::list_pages(name, timeout, move |cursor| async move {
         let params = PaginatedRequestParams::default().with_cursor(cursor);
@@ -223,7 +207,6 @@ async fn list(name: &str, client: &Client, timeout: Duration) -> Result<Vec<McpT
     .await
 }
 
-/// A listed tool as we keep it.
 fn tool_of(t: rmcp::model::Tool) -> McpTool {
     McpTool {
         name: t.name.to_string(),
@@ -233,10 +216,8 @@ fn tool_of(t: rmcp::model::Tool) -> McpTool {
     }
 }
 
-/// Keeps `name` connected and its tools in `registry` until `stop`:
-/// lists again on a change notification or every `refresh_interval`, and
-/// after any end of a session (failed connection, failed listing, closed
-/// session) waits out the backoff before connecting again.
+/// Keeps `name` connected and its tools in `registry` until `stop`; any end
+/// of a session waits out the backoff.
 pub async fn maintain(
     name: String,
     config: McpServerConfig,
@@ -247,14 +228,12 @@ pub async fn maintain(
 ) {
     let mut backoff = Backoff::default();
     while !*stop.borrow() {
-        // Stopping drops the session wherever it is (connecting, listing,
-        // waiting): shutdown waits for this task.
+        // Stopping drops the session wherever it is; shutdown waits for this task.
         let ended = tokio::select! {
             healthy = session(&name, &config, env.as_ref(), &registry, &servers) => Some(healthy),
             _ = stop.wait_for(|s| *s) => None,
         };
-        // However it ended, its tools leave the registry and calls find it
-        // gone (dropping our handle to the session ends it).
+        // However it ended, its tools leave the registry and calls find it gone.
         servers.set(&name, None);
         registry.set_mcp_tools(&name, Vec::new());
         let Some(healthy) = ended else { break };
@@ -267,10 +246,8 @@ pub async fn maintain(
     }
 }
 
-/// One session with `name`: connects, lists its tools into `registry`, and
-/// lists again on a change or every `refresh_interval`, until connecting or
-/// listing fails or the session closes. Whether it was healthy
-/// ([`mcp_limits::healthy`]), for the backoff.
+/// One session with `name`, listing its tools until connecting or listing
+/// fails or it closes; returns whether it was healthy, for the backoff.
 async fn session(
     name: &str,
     config: &McpServerConfig,
@@ -319,8 +296,7 @@ async fn session(
             got = changed.recv() => if got.is_none() { break },
             () = tokio::time::sleep(config.refresh_interval) => {}
         }
-        // rmcp leaves `is_closed` false when the server hangs up (its token
-        // is cancelled only by us); the closed transport tells.
+        // rmcp's `is_closed` stays false when the server hangs up; the transport tells.
         if client.is_closed() || client.is_transport_closed() {
             break;
         }

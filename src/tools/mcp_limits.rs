@@ -1,56 +1,41 @@
-//! The bounds the MCP client (`mcp`) keeps with a server it does not
-//! control: how far and how long it follows `nextCursor` when listing
-//! tools, how long a connection may take, and how long it waits before
-//! connecting again.
-//!
-//! Pure decisions only: nothing here talks to a server, so the client's
-//! loop stays readable and every bound is tested without one. A bound here
-//! must never depend on what the server says about itself.
+//! The bounds the MCP client keeps with a server it does not control:
+//! pages and time of a `tools/list`, connection time, reconnect backoff.
+//! Pure decisions, tested without a server; no bound may depend on what the
+//! server says about itself.
 
 use std::{future::Future, time::Duration};
 
-/// Pages of one `tools/list` followed at most. A server that keeps answering
-/// with a `nextCursor` (a bug, or hostile) would otherwise be listed forever
-/// while the list grows; real servers with a few hundred tools send a
-/// handful of pages.
+/// Pages of one `tools/list` followed at most: a server that never stops
+/// sending `nextCursor` (a bug, or hostile) would be listed forever.
 pub(super) const MAX_LIST_PAGES: usize = 100;
 
-/// Tools kept from one server's listing at most. Each is compiled into a
-/// JSON Schema validator and held in the registry, so the count is memory
-/// and start-up work; 10,000 is far beyond any server we expect.
+/// Tools kept from one server's listing at most: each is a compiled schema
+/// held in memory; 10,000 is far beyond any server we expect.
 pub(super) const MAX_LISTED_TOOLS: usize = 10_000;
 
 /// The wait before the first reconnection after a failure.
 pub(super) const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 
-/// The longest wait between connection attempts: a server back from an
-/// outage rejoins within a minute.
+/// The longest wait between attempts: a server back from an outage rejoins within a minute.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
-/// How long a session must have lived, having listed its tools, for its end
-/// to reset the backoff. As long as the longest wait: a session that
-/// outlived it cost the server no more than waiting would have, while one
-/// that ends sooner (a child process that exits after `tools/list`, a
-/// server that refuses it) must not be reconnected at once, forever.
+/// How long a listed session must live for its end to reset the backoff: the
+/// longest wait, so it cost the server no more than waiting; one that ends
+/// sooner (a child exiting after `tools/list`) is never reconnected at once.
 pub(super) const HEALTHY_AFTER: Duration = MAX_BACKOFF;
 
-/// Connecting (spawning the command or reaching the URL, and the MCP
-/// handshake) is given up after this long. Above rmcp's own 10 s
-/// `server/discover` probe, which a legacy server may let run out before we
-/// fall back to `initialize`, and a child started with `npx` may first have
-/// to fetch its package.
+/// Connecting (spawn or URL, and the handshake) is given up after this:
+/// above rmcp's own 10 s `server/discover` probe, which a legacy server may
+/// run out before `initialize`, with room for `npx` to fetch its package.
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Whether a session that ended was healthy: it listed its tools at least
-/// once and lived at least [`HEALTHY_AFTER`].
+/// Whether a session that ended was healthy: listed, and lived [`HEALTHY_AFTER`].
 pub(super) fn healthy(listed: bool, lived: Duration) -> bool {
     listed && lived >= HEALTHY_AFTER
 }
 
-/// The exponential backoff between connection attempts: [`INITIAL_BACKOFF`]
-/// doubling to [`MAX_BACKOFF`], back to the start only after a healthy
-/// session. Every end of a session goes through it (a failed connection, a
-/// failed listing, a closed session), so no path reconnects at once.
+/// Exponential backoff between connection attempts, reset only by a healthy
+/// session; every end of a session goes through it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Backoff {
     next: Duration,
@@ -65,8 +50,7 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The wait before connecting again, after a session that was
-    /// `healthy` (see [`healthy`]) or not.
+    /// The wait before connecting again, after a session `healthy` or not.
     pub(super) fn after(&mut self, healthy: bool) -> Duration {
         if healthy {
             self.next = INITIAL_BACKOFF;
@@ -77,17 +61,10 @@ impl Backoff {
     }
 }
 
-/// Lists every item of a paginated MCP listing through `fetch` (given the
-/// cursor of the page wanted, `None` for the first; answering the page's
-/// items and its `nextCursor`), within `timeout` for the whole listing,
-/// [`MAX_LIST_PAGES`] pages and [`MAX_LISTED_TOOLS`] items.
-///
-/// Past a cap it warns, naming `server`, and keeps what it has (cut to
-/// [`MAX_LISTED_TOOLS`]) rather than refusing the listing: refusing would
-/// end the session and reconnect, forever, to a server whose only fault is
-/// a long list, while its first tools are usable. Past `timeout` the
-/// listing fails (a server that slow is not answering), and the page
-/// request in flight is dropped, which cancels it.
+/// Lists a paginated MCP listing through `fetch` within `timeout`,
+/// [`MAX_LIST_PAGES`] and [`MAX_LISTED_TOOLS`]. Past a cap it warns and keeps
+/// what it has: refusing would reconnect forever over a long list. Past
+/// `timeout` it fails, dropping (cancelling) the page in flight.
 pub(super) async fn list_pages<T, F, Fut>(
     server: &str,
     timeout: Duration,
@@ -102,7 +79,6 @@ where
         .map_err(|_| format!("tools/list did not finish within {timeout:?}"))?
 }
 
-/// [`list_pages`] without its timeout.
 async fn follow_pages<T, F, Fut>(server: &str, mut fetch: F) -> Result<Vec<T>, String>
 where
     F: FnMut(Option<String>) -> Fut,
@@ -170,12 +146,9 @@ mod tests {
         assert!(!healthy(false, Duration::from_secs(3600)));
     }
 
-    /// One page of the fake: its items and the next cursor.
     type Page = std::future::Ready<Result<(Vec<usize>, Option<String>), String>>;
 
-    /// A fake `tools/list`: pages of `per_page` items, with a next cursor
-    /// while fewer than `pages` were served (`None`: forever); records the
-    /// cursors it was asked for.
+    /// A fake `tools/list`: `per_page` items, a cursor until `pages` (`None`: forever).
     fn pages(
         per_page: usize,
         pages: Option<usize>,
@@ -255,8 +228,7 @@ mod tests {
     async fn a_listing_too_slow_fails_at_its_timeout() {
         let started = tokio::time::Instant::now();
         let mut served = 0;
-        // A page a second, always with a next cursor: within the page cap,
-        // the 30 s timeout ends it.
+        // A page a second, always with a next cursor: the 30 s timeout ends it.
         let result: Result<Vec<u8>, String> = list_pages("s", Duration::from_secs(30), |_| {
             served += 1;
             let next = Some(format!("c{served}"));

@@ -1,11 +1,7 @@
-//! Tools (SPEC §9): the registry of everything an invocation may run, the
-//! pure checks of the one entry point (policy gate, input schema, cost
-//! estimate, quota), and the executors: built-ins, workflow webhooks
-//! (`http`) and MCP servers (`mcp`).
-//!
-//! The entry point itself, which runs these checks in order, audits every
-//! decision and meters the cost, is the call pipeline's
-//! (`call::tool`): tools, models and agents are metered and audited alike.
+//! Tools (SPEC §9): the registry, the pure checks of the one entry point
+//! (policy gate, input schema, cost estimate, quota) and the executors:
+//! built-ins, webhooks (`http`), MCP servers (`mcp`). The entry point itself
+//! is the pipeline's (`call::tool`): tools are metered and audited like models.
 
 pub mod builtin;
 pub mod cost;
@@ -27,26 +23,21 @@ use std::sync::Arc;
 /// What the entry point runs tools with, shared by every call.
 #[derive(Debug, Clone)]
 pub struct Toolbox {
-    /// Every tool.
     pub registry: Arc<Registry>,
-    /// The MCP servers' connections.
     pub servers: mcp::Servers,
-    /// Per-team quotas.
     pub quotas: quota::Quotas,
-    /// The workflow webhooks' executor.
     pub webhooks: http::Webhooks,
 }
 
 impl Toolbox {
-    /// The tools of `config` (MCP servers' join as they are listed), their
-    /// quotas shared through `cluster` when there is one.
+    /// The tools of `config` (MCP tools join as listed), quotas shared via `cluster`.
     pub fn new(
         config: &crate::config::Config,
         cluster: Option<&crate::cluster::Cluster>,
     ) -> Result<Self, String> {
-        // A webhook's redirect is its answer, not an instruction: followed,
-        // it would take the auth header to another host (reqwest strips
-        // only `Authorization`) and turn the POST into a bodiless GET.
+        // A redirect is the webhook's answer, not an instruction: followed, it would
+        // take the auth header to another host (reqwest strips only `Authorization`)
+        // and turn the POST into a bodiless GET.
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(std::time::Duration::from_secs(10))
@@ -80,16 +71,12 @@ impl Toolbox {
 /// How a tool runs.
 #[derive(Debug, Clone)]
 pub enum Kind {
-    /// Built into the service.
     Builtin,
-    /// A workflow webhook.
     Http(HttpTool),
-    /// A tool of an MCP server: the server's name and the tool's own name
-    /// there.
+    /// A tool of an MCP server.
     Mcp {
         /// `[mcp_servers.<server>]`.
         server: String,
-        /// The tool's name on that server.
         tool: String,
     },
 }
@@ -106,12 +93,10 @@ impl Kind {
 }
 
 /// Why the entry point refuses an invocation before running it (SPEC §9.3).
-/// Each has a stable reason and a gRPC code (mapped in `api::error`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Denial {
     /// No such tool or version.
     NotFound,
-    /// The tool is disabled.
     Disabled,
     /// The caller's role lacks the tool's capability.
     CapabilityMissing(String),
@@ -127,11 +112,9 @@ pub enum Denial {
     Quota {
         /// `max_per_hour` or `max_concurrent`.
         limit: &'static str,
-        /// Its value.
         max: u32,
     },
-    /// The cluster store of shared quotas is down and
-    /// `on_unavailable = "refuse"`.
+    /// The shared quotas' cluster store is down and `on_unavailable = "refuse"`.
     StoreUnavailable,
 }
 
@@ -157,13 +140,10 @@ impl Denial {
 pub enum Status {
     /// Accepted, not started (ASYNC).
     Pending,
-    /// Running.
     Running,
-    /// Done, with an output.
     Succeeded,
     /// Failed (including an output that breaks `output_schema`).
     Failed,
-    /// Took longer than its timeout.
     TimedOut,
 }
 
@@ -197,14 +177,12 @@ impl Status {
     }
 }
 
-/// Why a started invocation failed: a stable code and a message safe to
-/// show the caller (never the tool's raw answer).
+/// Why a started invocation failed: a stable code and a message safe to show.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     /// `TIMED_OUT`, `HTTP_502`, `CONNECTION_ERROR`, `OUTPUT_INVALID`,
     /// `TOOL_ERROR` (an MCP `isError` result), `INTERRUPTED`, ...
     pub code: String,
-    /// What happened, in a sentence.
     pub message: String,
 }
 

@@ -1,27 +1,21 @@
-//! The policy gate (SPEC §9.3): a pure function of who asks, for which
-//! team, and the tool. No I/O: every input is given, so every reason is a
-//! unit test.
+//! The policy gate (SPEC §9.3): a pure function of who asks, for which team,
+//! and the tool, so every reason is a unit test.
 
 use super::{Denial, Tool};
 use crate::domain::Role;
 
-/// Who asks: the authenticated principal's role, its role's capabilities,
-/// and whether it may act for the team the invocation is for.
+/// Who asks, with its role's capabilities, and for which team.
 #[derive(Debug, Clone)]
 pub struct Caller<'a> {
-    /// The key's role.
     pub role: Role,
     /// Its role's capabilities (`tool:crm.*`).
     pub capabilities: &'a [String],
-    /// The team the invocation is metered against: the authenticated
-    /// principal's, never one taken from the tool's input.
+    /// The team metered: the authenticated principal's, never one from the input.
     pub team: &'a str,
-    /// Whether the principal may act for `team`.
     pub may_act_for_team: bool,
 }
 
-/// Whether `pattern` grants `capability`: equal, or a prefix ending in `*`
-/// (`tool:*`, `tool:crm.*`), or `*` alone.
+/// Whether `pattern` grants `capability`: equal, a prefix ending in `*`, or `*`.
 pub fn grants(pattern: &str, capability: &str) -> bool {
     match pattern.strip_suffix('*') {
         Some(prefix) => capability.starts_with(prefix),
@@ -51,8 +45,7 @@ pub fn gate(caller: &Caller<'_>, tool: &Tool) -> Result<(), Denial> {
     Ok(())
 }
 
-/// Whether `caller` may see `tool` in a listing: the gate allows it (a
-/// listing shows only what the key may use).
+/// Whether `caller` may see `tool` in a listing: only what the gate allows.
 pub fn visible(caller: &Caller<'_>, tool: &Tool) -> bool {
     gate(caller, tool).is_ok()
 }

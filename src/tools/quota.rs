@@ -1,15 +1,9 @@
-//! Per-team tool quotas (`max_per_hour`, `max_concurrent`, SPEC §9.1).
-//!
-//! Without `[cluster]` they are counted by this replica ([`local`]); with
-//! it, in the cluster store for the whole fleet, and while the store is
-//! down as `on_unavailable` says: this replica's share of each quota
-//! (`local`), or refused (`refuse`: `CLUSTER_STORE_UNAVAILABLE`; an ASYNC
-//! invocation already accepted waits instead).
-//!
-//! A SYNC invocation takes both at the entry point (`acquire`). An ASYNC
-//! one is counted against the hour when it is accepted (`admit`) and takes
-//! its concurrency slot only when the worker runs it (`try_running`): it
-//! waits for a slot, it is never refused one.
+//! Per-team tool quotas (`max_per_hour`, `max_concurrent`, SPEC §9.1):
+//! counted by this replica without `[cluster]` ([`local`]), else in the
+//! cluster store, and while it is down as `on_unavailable` says (this
+//! replica's share, or refused). A SYNC invocation takes both at the entry
+//! point (`acquire`); an ASYNC one counts the hour when accepted (`admit`)
+//! and waits, never refused, for its slot when the worker runs it.
 
 mod local;
 
@@ -39,7 +33,6 @@ pub struct Quotas {
 /// A running invocation's place under `max_concurrent`; given back on drop.
 #[derive(Debug)]
 pub enum Slot {
-    /// Counted here.
     Local(LocalSlot),
     /// Leased in the cluster store (`None`: no `max_concurrent`).
     Shared(Option<SharedSlot>),
@@ -106,9 +99,8 @@ impl Quotas {
             .map(Slot::Local)
     }
 
-    /// Counts an ASYNC invocation accepted at `now_ms` against
-    /// `max_per_hour`, or the limit that is full. Its concurrency is the
-    /// worker's (`try_running`).
+    /// Counts an ASYNC invocation accepted at `now_ms` against `max_per_hour`;
+    /// its concurrency is the worker's (`try_running`).
     pub async fn admit(
         &self,
         team: &str,
@@ -129,9 +121,8 @@ impl Quotas {
         self.local.admit(team, tool, &quota, now_ms)
     }
 
-    /// A running slot (for at most `timeout`), or `None` while the tool
-    /// is at its `max_concurrent` for the team, or the store is down and
-    /// `on_unavailable = "refuse"` (the invocation waits).
+    /// A running slot (for at most `timeout`), or `None` while the tool is at
+    /// `max_concurrent`, or the store is down under `refuse` (it waits).
     pub async fn try_running(
         &self,
         team: &str,
@@ -152,14 +143,12 @@ impl Quotas {
         self.local.try_running(team, tool, &quota).map(Slot::Local)
     }
 
-    /// Every `(team, tool)` with invocations running on this replica's
-    /// own counts, and how many.
+    /// Every `(team, tool)` running on this replica's own counts, and how many.
     pub fn running(&self) -> Vec<(String, String, u32)> {
         self.local.running()
     }
 
-    /// The store's answer, or `None` to count here: no cluster, nothing
-    /// to count, or the store is down.
+    /// The store's answer, or `None` to count here (no cluster, or it is down).
     async fn ask_store(&self, ask: ToolAsk<'_>) -> Option<ToolAdmission> {
         let cluster = self.cluster.as_ref()?;
         if ask.hour.is_none() && ask.running.is_none() {
@@ -194,9 +183,8 @@ impl Quotas {
         }
     }
 
-    /// The quota this replica enforces on its own now: the configured one
-    /// without a cluster, its share while the store is down; refused with
-    /// `on_unavailable = "refuse"`.
+    /// The quota this replica enforces alone: the configured one without a
+    /// cluster, its share while the store is down; refused under `refuse`.
     fn local_quota(&self, quota: &QuotaConfig) -> Result<QuotaConfig, Denial> {
         let Some(cluster) = &self.cluster else {
             return Ok(*quota);

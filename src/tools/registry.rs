@@ -16,16 +16,11 @@ use std::{
 /// One tool.
 #[derive(Debug)]
 pub struct Tool {
-    /// `crm.add_note`, `search.web` (an MCP server's tools are
-    /// `<server>.<tool>`).
+    /// `crm.add_note`; an MCP server's tools are `<server>.<tool>`.
     pub name: String,
-    /// Its version.
     pub version: Version,
-    /// What it does.
     pub description: String,
-    /// How it runs.
     pub kind: Kind,
-    /// Whether it may be called.
     pub enabled: bool,
     /// Writes or sends something.
     pub side_effects: bool,
@@ -33,7 +28,6 @@ pub struct Tool {
     pub capability: String,
     /// Acts on a team's data (refused without one).
     pub tenant_scoped: bool,
-    /// Longest an invocation may take.
     pub timeout: Duration,
     /// Its input's JSON Schema, as given.
     pub input_schema: serde_json::Value,
@@ -41,9 +35,7 @@ pub struct Tool {
     pub input: Arc<jsonschema::Validator>,
     /// Its output's JSON Schema, compiled, when checked.
     pub output: Option<Arc<jsonschema::Validator>>,
-    /// What an invocation costs.
     pub cost: CostConfig,
-    /// Per-team limits.
     pub quota: QuotaConfig,
 }
 
@@ -61,16 +53,13 @@ pub struct HttpTool {
     pub url: String,
     /// The auth header and its value (read from the environment at load).
     pub auth: Option<(String, crate::config::Secret)>,
-    /// Retries.
     pub retry: ToolRetryConfig,
-    /// The idempotency window.
     pub idempotency_window: Duration,
     /// The response header naming the workflow's execution.
     pub execution_id_header: String,
 }
 
-/// A schema that compiled, or why not (the config was validated at load, so
-/// MCP servers' schemas are the only ones that can fail here).
+/// A compiled schema, or why not (only an MCP server's can fail here).
 fn compile(schema: &serde_json::Value) -> Result<Arc<jsonschema::Validator>, String> {
     jsonschema::draft202012::options()
         .build(schema)
@@ -78,8 +67,7 @@ fn compile(schema: &serde_json::Value) -> Result<Arc<jsonschema::Validator>, Str
         .map_err(|e| format!("{}: {}", e.instance_path(), e.kind().keyword()))
 }
 
-/// The built-in tools' fixed parts: name, description, input and output
-/// schemas, side effects.
+/// The built-ins' fixed parts: name, description, input and output schemas.
 fn builtins() -> Vec<(
     &'static str,
     &'static str,
@@ -135,14 +123,12 @@ impl Tools {
 #[derive(Debug)]
 pub struct Registry {
     fixed: Tools,
-    /// MCP tools by server.
     mcp: RwLock<BTreeMap<String, Vec<Arc<Tool>>>>,
 }
 
 impl Registry {
-    /// The built-ins and the tools of `config` (validated: their schemas
-    /// compile). A built-in named in `[tools]` takes the settings given
-    /// there (enabled, quota, cost, timeout, capability).
+    /// The built-ins and the tools of `config` (schemas validated at load); a
+    /// built-in named in `[tools]` takes the settings given there.
     pub fn from_config(config: &Config) -> Result<Self, String> {
         let mut fixed = Tools::default();
         let configured = |name: &str| {
@@ -286,8 +272,7 @@ fn configured_tool(key: &str, t: &ToolConfig) -> Result<Tool, String> {
     })
 }
 
-/// A tool an MCP server listed, as the registry holds it; `None` (with a
-/// warning) when its input schema does not compile.
+/// A tool an MCP server listed; `None` (warned) when its input schema fails.
 pub fn mcp_tool(
     server: &str,
     server_version: &Version,

@@ -1,6 +1,5 @@
-//! Schema violations as a caller reads them: the JSON pointer of each
-//! offending value and what the schema wanted, built from the schema's side
-//! only (a validator's own message quotes the value, which may be a secret
+//! Schema violations as a caller reads them: each offending value's JSON
+//! pointer and what the schema wanted, never the value (it may be a secret
 //! or personal data, and reaches logs and error details).
 
 use jsonschema::{Validator, error::ValidationErrorKind};
@@ -39,10 +38,9 @@ fn wanted(kind: &ValidationErrorKind) -> String {
     }
 }
 
-/// Every violation of `value` against `validator`: `(JSON pointer,
-/// description)`. The pointer is RFC 6901's: `""` for the whole input, and
-/// for a missing required property the pointer it should be at, so the
-/// caller sees which field to add.
+/// Every violation of `value`: `(JSON pointer, description)`, the pointer
+/// RFC 6901's (`""` for the whole input); a missing required property gets
+/// the pointer it should be at, so the caller sees which field to add.
 pub fn violations(validator: &Validator, value: &Value) -> Vec<(String, String)> {
     validator
         .iter_errors(value)
@@ -79,8 +77,7 @@ mod tests {
             &json!({"note": "CANARY-SECRET-VALUE", "tags": ["ok", 7], "extra": 1}),
         );
         let pointers: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
-        // The missing properties where they belong; the object itself
-        // (an extra property) as the root, `""`.
+        // Missing properties where they belong; an extra property as the root, `""`.
         assert!(pointers.contains(&"/lead_id"), "{found:?}");
         assert!(pointers.contains(&"/a~1b~0c"), "{found:?}");
         assert!(pointers.contains(&""), "{found:?}");

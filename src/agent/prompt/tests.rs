@@ -253,8 +253,7 @@ fn history_is_cut_oldest_first_and_stays_contiguous() {
     );
     assert_eq!(out.counts.history_tokens, 15);
 
-    // "aaa" would fit in what is left after the long answer is refused, but
-    // keeping it would leave a hole in the conversation.
+    // "aaa" would fit after the long answer is refused, but would leave a hole.
     let long = assistant(&"z".repeat(150)); // 50 + 4 tokens
     let history = [user("aaa"), long, user("ccc"), assistant("ddd")];
     let budgets = Budgets {
@@ -451,8 +450,7 @@ fn a_message_counts_its_text_tool_calls_result_and_framing() {
 
 #[test]
 fn the_bound_decides_when_everything_fits_and_the_tokenizer_when_not() {
-    // An OpenAI family: the bound is one token per byte, the tokenizer
-    // about a quarter of that.
+    // An OpenAI family: the bound is a token per byte, the tokenizer ~a quarter.
     let model = "gpt-4o-mini";
     let p = Preferences::default();
     let history = [user("hello there"), assistant("hi, how can I help?")];
@@ -464,8 +462,7 @@ fn the_bound_decides_when_everything_fits_and_the_tokenizer_when_not() {
         "the bound"
     );
     assert_eq!(fits.counts.history_kept, 2);
-    // A budget the bound overshoots but the real count fits: nothing is
-    // cut, because the tokenizer decides.
+    // A budget the bound overshoots but the real count fits: nothing is cut.
     let bound_of = |m: &ChatMessage| m.content.len() as u64 + 4;
     let exact: u64 = history
         .iter()

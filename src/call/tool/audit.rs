@@ -10,8 +10,7 @@ use crate::{
 };
 use serde_json::Value;
 
-/// The `tool.denied` event of a call of `subject` with `input`, refused
-/// for `reason`: a digest of the input, never the input.
+/// The `tool.denied` event: a digest of the input, never the input.
 pub(crate) fn denial(
     team: &str,
     principal: &str,
@@ -39,12 +38,8 @@ impl Call {
         CallError::ToolDenied(denial)
     }
 
-    /// Audits (durably) and counts a refusal of a call of `subject` with
-    /// `input` for `reason`: the entry point's own, or an agent turn's
-    /// before its call could reach the entry point (arguments that are
-    /// not a JSON object, a call past `max_tool_calls`). The subject is
-    /// the tool's `name@version` when the registry knows it, as every
-    /// other event of the tool names it; else as the caller wrote it.
+    /// Audits (durably) and counts a refusal, the entry point's or a turn's;
+    /// the subject is the tool's `name@version` when the registry knows it.
     pub(crate) async fn audit_denial(&self, subject: &str, input: &Value, reason: &'static str) {
         metrics::tool_denial(reason);
         let subject = self
@@ -76,9 +71,8 @@ impl Call {
             .map_err(|e| CallError::Storage(e.to_string()))
     }
 
-    /// Queues `events` for the group commit a later durable operation of
-    /// this team waits for (this call's settlement or a later audit): in
-    /// order, before anything the call queues after.
+    /// Queues `events` for the group commit a later durable operation of this
+    /// team waits for: in order, before anything the call queues after.
     pub(crate) async fn audit_later(&self, events: Vec<AuditEvent>) -> Result<(), CallError> {
         self.pipeline
             .ledger()
@@ -87,9 +81,8 @@ impl Call {
             .map_err(|e| CallError::Storage(e.to_string()))
     }
 
-    /// Audit events the call's reply depends on: queued for the
-    /// settlement's group commit when the call is metered (its durable
-    /// settlement covers them), else appended durably now.
+    /// Audit events the reply depends on: queued for the settlement's durable
+    /// group commit when metering is on, else appended durably now.
     pub(crate) async fn audit_before_finish(
         &self,
         events: Vec<AuditEvent>,

@@ -1,18 +1,11 @@
-//! The one entry point of every tool invocation (SPEC §9.2): gRPC's
-//! `InvokeTool`, the MCP endpoint's `tools/call` and the agent loop all
-//! come here, and nothing runs a tool otherwise. In this order:
+//! The one entry point of every tool invocation (SPEC §9.2), for `InvokeTool`,
+//! MCP `tools/call` and the agent loop: look up, policy gate, input schema,
+//! cost estimate reserved, quota, audit the call, execute within the timeout,
+//! output schema, settle the actual cost (at the call's finish), audit the result.
 //!
-//! ```text
-//! look up → policy gate → input schema → cost estimate reserved against
-//! the team's caps and the budget → quota → audit the call → execute
-//! within the timeout → output schema → settle the actual cost (at the
-//! call's finish) → audit the result
-//! ```
-//!
-//! Every decision is audited: a denial before the reply (durably), the
-//! call's `tool.call` in the same group commit as its result. A workflow
-//! (http) tool first claims its idempotency key; the second holder of a key
-//! gets the first invocation back, `deduplicated`.
+//! Every decision is audited: a denial durably before the reply, the
+//! `tool.call` in the same group commit as its result. A workflow claims
+//! its idempotency key first; a later holder gets the first invocation.
 
 mod audit;
 mod run;
@@ -45,9 +38,7 @@ use tracing::Instrument;
 pub struct ToolRequest {
     /// `name` or `name@version`.
     pub tool: String,
-    /// The input object.
     pub input: Value,
-    /// SYNC or ASYNC.
     pub mode: Mode,
     /// A caller's idempotency key, replacing the derived one.
     pub idempotency_key: Option<String>,
@@ -55,13 +46,11 @@ pub struct ToolRequest {
     pub agent: Option<AgentScope>,
 }
 
-/// A tool invocation a caller asked for (`InvokeTool`, MCP `tools/call`),
-/// run through the pipeline as a feature.
+/// A caller's tool invocation (`InvokeTool`, MCP `tools/call`), as a feature.
 #[derive(Debug, Clone)]
 pub struct InvokeTool {
     /// Who asks: the policy gate checks its capabilities.
     pub principal: Principal,
-    /// What it asks for.
     pub request: ToolRequest,
 }
 
@@ -78,39 +67,28 @@ impl super::Feature for InvokeTool {
     }
 }
 
-/// What an agent adds to the entry point: its tool allowlist (checked
-/// after the policy gate, so the caller's capabilities and the agent's
-/// list both apply) and its tool timeout (at most the tool's own).
+/// What an agent adds: its tool allowlist (checked after the policy gate,
+/// so both apply) and its tool timeout (at most the tool's own).
 #[derive(Debug, Clone)]
 pub struct AgentScope {
-    /// The agent's `tools` patterns.
     pub tools: Vec<String>,
-    /// The agent's `tool_timeout`.
     pub timeout: Duration,
 }
 
 /// How an invocation stands, as `ToolInvocation` reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolResult {
-    /// Its ID.
     pub invocation_id: String,
-    /// Tool name.
     pub tool: String,
-    /// Tool version.
     pub version: String,
-    /// Where it stands.
     pub status: Status,
-    /// The output, once it succeeded.
     pub output: Option<Value>,
-    /// Why it failed.
     pub error: Option<Failure>,
     /// What it cost (the estimate while it runs), micro-USD.
     pub cost_micros: i64,
-    /// How long it ran, ms.
     pub duration_ms: i64,
     /// Another invocation with the same idempotency key answered.
     pub deduplicated: bool,
-    /// A workflow's execution ID.
     pub execution_id: Option<String>,
     /// POSTs made to a workflow's webhook.
     pub attempts: i64,
@@ -138,17 +116,14 @@ impl ToolResult {
 /// An invocation past the entry point's checks.
 struct Admitted {
     tool: Arc<Tool>,
-    /// `name@version`.
     id: String,
-    /// Its reserved cost estimate, micro-USD.
     estimate: i64,
     /// A SYNC invocation's concurrency slot, held while it runs.
     slot: Option<Slot>,
     now_ms: i64,
 }
 
-/// An invocation's stored row, and a SYNC row's lease (`finish` is guarded
-/// by it).
+/// An invocation's stored row, and a SYNC row's lease (guards `finish`).
 struct Row {
     inv: Invocation,
     lease: Option<i64>,
@@ -167,7 +142,6 @@ struct Done {
     status: Status,
     output: Option<Value>,
     error: Option<Failure>,
-    /// Its actual cost, micro-USD.
     actual: i64,
     duration_ms: i64,
     execution_id: Option<String>,
@@ -175,7 +149,6 @@ struct Done {
 }
 
 impl Done {
-    /// The row's outcome.
     fn outcome(&self) -> Outcome {
         Outcome {
             status: self.status,
@@ -188,7 +161,6 @@ impl Done {
         }
     }
 
-    /// The caller's result.
     fn result(self, invocation_id: String, tool: &Tool) -> ToolResult {
         ToolResult {
             invocation_id,
@@ -206,9 +178,7 @@ impl Done {
     }
 }
 
-/// The audit category and actions of a tool's kind: a workflow (http) is
-/// `workflow.invoke` / `workflow.result`, any other `tool.call` /
-/// `tool.result`.
+/// The audit category and call/result actions of a tool's kind.
 fn actions(tool: &Tool) -> (Category, &'static str, &'static str) {
     match tool.kind {
         Kind::Http(_) => (Category::Workflow, "workflow.invoke", "workflow.result"),
@@ -227,14 +197,12 @@ fn caller<'a>(principal: &Principal, capabilities: &'a [String], team: &'a str) 
 }
 
 impl super::Pipeline {
-    /// The capabilities of `principal`'s role.
     fn capabilities(&self, principal: &Principal) -> Vec<String> {
         self.config().auth.capabilities(principal.role.as_str())
     }
 
-    /// The tools `principal` may use for `team` (what ListTools and the MCP
-    /// endpoint's `tools/list` show): the policy gate's answer for each, by
-    /// name then newest version.
+    /// The tools `principal` may use for `team` (ListTools, MCP `tools/list`),
+    /// by name then newest version.
     pub fn tools_for(&self, principal: &Principal, team: &str) -> Vec<Arc<Tool>> {
         let capabilities = self.capabilities(principal);
         let caller = caller(principal, &capabilities, team);
@@ -248,17 +216,14 @@ impl super::Pipeline {
 }
 
 impl Call {
-    /// Runs `req` for `principal` through every step of the entry point.
-    /// A denial is an error (audited); an execution failure is a result
-    /// with status FAILED or TIMED_OUT.
+    /// Runs `req` through every step of the entry point. A denial is an error
+    /// (audited); an execution failure is a FAILED or TIMED_OUT result.
     pub async fn invoke_tool(
         &self,
         principal: &Principal,
         req: ToolRequest,
     ) -> Result<ToolResult, CallError> {
-        // The span's kind is fixed when it opens: a tool that calls out
-        // (http, MCP) is a CLIENT span, a built-in (or an unknown tool)
-        // an INTERNAL one.
+        // The span's kind is fixed at open: CLIENT if the tool calls out, else INTERNAL.
         let calls_out = self
             .pipeline
             .toolbox()
@@ -289,8 +254,7 @@ impl Call {
     ) -> Result<ToolResult, CallError> {
         let admitted = self.admit(principal, &req, span).await?;
         let called = self.call_event(principal, &req, &admitted);
-        // A workflow claims its idempotency key first: the unique key, not
-        // a check, decides who runs it.
+        // A workflow claims its key first: the unique key, not a check, decides who runs.
         let needs_row = matches!(admitted.tool.kind, Kind::Http(_)) || req.mode == Mode::Async;
         let row = if needs_row {
             match self.claim(principal, &req, &admitted).await? {
@@ -326,9 +290,8 @@ impl Call {
         }
     }
 
-    /// Steps 1 to 5 of the entry point: looked up, past the policy gate
-    /// (and the agent's list), the input schema, the cost estimate
-    /// reserved, the quota taken. Each refusal is audited.
+    /// Steps 1 to 5: look up, policy gate (and the agent's list), input
+    /// schema, cost reserved, quota taken. Each refusal is audited.
     async fn admit(
         &self,
         principal: &Principal,
@@ -374,8 +337,7 @@ impl Call {
         }
     }
 
-    /// The tool's cost estimate reserved against the caps and the budget;
-    /// a refusal is audited.
+    /// The tool's cost estimate reserved; a refusal is audited.
     async fn reserve_tool(
         &self,
         tool: &Tool,
@@ -399,8 +361,7 @@ impl Call {
     }
 
     /// The quota. An ASYNC invocation counts against the hour here; its
-    /// concurrency slot is the worker's to take when it runs, so a busy
-    /// tool queues it rather than refusing it.
+    /// concurrency slot is the worker's, so a busy tool queues it, not refuses.
     async fn take_quota(
         &self,
         tool: &Tool,
@@ -421,7 +382,6 @@ impl Call {
         }
     }
 
-    /// The audit event of an admitted call.
     fn call_event(&self, principal: &Principal, req: &ToolRequest, a: &Admitted) -> AuditEvent {
         let (category, call_action, _) = actions(&a.tool);
         let ctx = &self.ctx;
@@ -441,8 +401,7 @@ impl Call {
         }
     }
 
-    /// Claims the invocation's idempotency key with its row: ours to run,
-    /// or the first holder's invocation.
+    /// Claims the idempotency key with its row: ours, or the first holder's.
     async fn claim(
         &self,
         principal: &Principal,
@@ -479,8 +438,7 @@ impl Call {
     }
 
     /// An ASYNC invocation accepted: durable before the reply, charged its
-    /// estimate; a worker runs it (`call::worker`) under a concurrency slot
-    /// it takes then.
+    /// estimate; `call::worker` runs it under a concurrency slot it takes then.
     async fn accept_async(
         &self,
         called: AuditEvent,
@@ -497,8 +455,7 @@ impl Call {
         Ok(ToolResult::from_stored(&inv, false))
     }
 
-    /// Runs a SYNC invocation within its timeout, judges its output, stores
-    /// its row's outcome and audits its result.
+    /// Runs a SYNC invocation, judges its output, stores and audits its result.
     async fn execute(
         &self,
         principal: &Principal,
@@ -564,7 +521,6 @@ impl Call {
         Ok(done.result(invocation_id, &tool))
     }
 
-    /// The audit event of a SYNC run's result.
     fn result_event(
         &self,
         principal: &Principal,
@@ -602,8 +558,7 @@ impl Call {
         event
     }
 
-    /// The invocation's idempotency key (the caller's, else derived) and
-    /// its window's start.
+    /// The idempotency key (the caller's, else derived) and its window's start.
     fn idempotency(
         &self,
         tool: &Tool,

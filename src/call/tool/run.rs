@@ -1,6 +1,5 @@
-//! The entry point's last steps: running a tool within its deadline, and
-//! judging what it returned against its output schema. The ASYNC worker
-//! (`call::worker`) runs queued invocations through the same two.
+//! The entry point's last steps, shared with the ASYNC worker: running a
+//! tool within its deadline and judging its output against its schema.
 
 use crate::tools::{
     Failure, Status, Tool,
@@ -10,9 +9,7 @@ use crate::tools::{
 use serde_json::Value;
 use tokio::time::Instant;
 
-/// Runs `tool` until `deadline` with its kind's executor, `system.health`
-/// answered from the pipeline. The entry point's last step before the
-/// result; the ASYNC worker's too.
+/// Runs `tool` until `deadline` with its kind's executor.
 pub(crate) async fn run(
     pipeline: &crate::call::Pipeline,
     tool: &Tool,
@@ -33,9 +30,8 @@ pub(crate) async fn run(
     pipeline.toolbox().run(run).await
 }
 
-/// What a run comes to: SUCCEEDED with its output when the output fits
-/// the tool's output schema, FAILED (`OUTPUT_INVALID`) when it does not,
-/// TIMED_OUT or FAILED with the run's failure.
+/// SUCCEEDED with the output when it fits the output schema, else FAILED
+/// (`OUTPUT_INVALID`); TIMED_OUT or FAILED with the run's failure.
 pub(crate) fn judge(
     tool: &Tool,
     result: Result<Value, Failure>,

@@ -42,10 +42,8 @@ pub(super) async fn start(
     }
 }
 
-/// `agent.turn.complete`: a digest of the answer, the stop reason and
-/// the counts, the duration. Written in the transaction that stores the
-/// turn ([`super::lease::store_turn`]), durable before the turn's last
-/// event.
+/// `agent.turn.complete`: digests and counts, written in the transaction
+/// that stores the turn ([`super::lease::store_turn`]).
 pub(super) fn complete(
     ctx: &CallContext,
     principal: &Principal,
@@ -66,9 +64,8 @@ pub(super) fn complete(
         .with_output(&serde_json::json!({ "text": text }))
 }
 
-/// `agent.turn.complete` of a failed turn (decision `error`, its reason),
-/// durable before the failure is answered: the turn's calls, settled
-/// without waiting, are committed before it.
+/// `agent.turn.complete` of a failed turn, durable before the failure is
+/// answered (the turn's queued settlements commit before it).
 pub(super) async fn failed(
     pipeline: &Pipeline,
     ctx: &CallContext,
@@ -83,8 +80,7 @@ pub(super) async fn failed(
     }
 }
 
-/// A turn's `agent.turn.complete` with its `(decision, reason)` and its
-/// duration.
+/// A turn's `agent.turn.complete` with its `(decision, reason)`.
 fn turn_end(
     ctx: &CallContext,
     principal: &Principal,
@@ -105,9 +101,8 @@ fn turn_end(
     event
 }
 
-/// `tool.denied` for a call the turn refused before it could reach the
-/// tools' entry point (its budget spent by the model call that asked for
-/// it), durable and counted like the entry point's own denials.
+/// `tool.denied` for a call the turn refused before the entry point (its
+/// budget spent), durable and counted like the entry point's own.
 pub(super) async fn refused(
     pipeline: &Pipeline,
     ctx: &CallContext,

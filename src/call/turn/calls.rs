@@ -1,6 +1,5 @@
-//! A turn's calls: each model call and each iteration's tools a call of
-//! its own, with its own start, tagged with the conversation and the
-//! iteration, settling without waiting for the disk (ADR 0018).
+//! A turn's calls: each model call and each iteration's tools a call of its
+//! own, settling without waiting for the disk (ADR 0018).
 
 use super::super::{Call, CallContext, CallError, CallMeta, Pipeline};
 use super::prepare::now_ms;
@@ -11,8 +10,7 @@ use crate::{
 use futures::Stream;
 use tokio::time::Instant;
 
-/// Opens a turn's calls: each with its own start (its latency and record
-/// are its own), tagged with the conversation and the iteration.
+/// Opens a turn's calls, each with its own start, conversation and iteration.
 pub(super) struct Opener<'a> {
     pub pipeline: &'a Pipeline,
     pub ctx: &'a CallContext,
@@ -38,8 +36,7 @@ impl Opener<'_> {
 }
 
 impl Call {
-    /// What the call's log says so far (its meta as `finish` would build
-    /// it).
+    /// The call's meta so far, as `finish` would build it.
     pub(super) fn meta(&self) -> CallMeta {
         CallMeta::of(&self.log(), &self.ctx.trace_id, self.ctx.started.elapsed())
     }

@@ -1,6 +1,5 @@
 //! A turn's hold on its conversation: given back when the turn is dropped
-//! unfinished, released when it fails, and turned into the stored turn
-//! when it completes.
+//! or fails, turned into the stored turn when it completes.
 
 use super::super::{CallContext, CallError, Pipeline};
 use super::prepare::now_ms;
@@ -11,15 +10,12 @@ use crate::{
     usage::ledger::{Done, LedgerWriter, Op, Write},
 };
 
-/// A turn's hold on its conversation, from before its lease is asked for
-/// until the turn is stored: dropped unstored (the caller cancelled or
-/// went away, in `prepare` or mid-turn), it gives the conversation back at
-/// once instead of leaving the lease to run out.
-///
-/// The release goes through the ledger's queue like the lease did, so it
-/// is applied after the lease's own write whenever that was queued: a
-/// team's operations keep their order. It is guarded by the lease's
-/// token, so releasing a lease never taken changes nothing.
+/// A turn's hold on its conversation until the turn is stored: dropped
+/// unstored (the caller went away, in `prepare` or mid-turn), it gives the
+/// conversation back at once rather than leave the lease to run out. The
+/// release goes through the ledger's queue like the lease, so it lands
+/// after the lease's write (a team's operations keep their order); the
+/// lease's token guards it, so releasing a lease never taken changes nothing.
 pub(super) struct Held {
     ledger: LedgerWriter,
     team: String,
@@ -32,8 +28,7 @@ pub(super) struct Held {
 }
 
 impl Held {
-    /// A hold on conversation `id` of `team` by `token`, armed before the
-    /// lease's write is queued.
+    /// A hold on conversation `id`, armed before the lease's write is queued.
     pub fn new(pipeline: &Pipeline, team: &str, id: &str, token: &str, first_turn: bool) -> Self {
         Self {
             ledger: pipeline.ledger().clone(),
@@ -50,8 +45,7 @@ impl Held {
         self.first_turn = c.turns == 0;
     }
 
-    /// Nothing to give back: the lease was not taken, or the turn was
-    /// stored (which released it).
+    /// Nothing to give back: the lease was not taken, or the turn stored.
     pub fn let_go(&mut self) {
         self.armed = false;
     }
@@ -71,8 +65,7 @@ impl Held {
         })
     }
 
-    /// Gives the conversation back after a failed turn and waits until
-    /// that is committed; nothing of the turn is stored.
+    /// Gives the conversation back after a failed turn, once committed.
     pub async fn release(&mut self, ctx: &CallContext) {
         let Some(op) = self.op() else { return };
         if let Err(e) = self.ledger.submit(op).await {
@@ -95,10 +88,9 @@ impl Drop for Held {
     }
 }
 
-/// Runs a conversation's `statements` in the ledger's group commit for
-/// `team` (see [`conversations`]), with `audit` events in the same
-/// transaction: true when the first statement changed a row and the rest
-/// ran. `durable`: answered once on disk, else once committed.
+/// Runs a conversation's `statements` and `audit` events in one
+/// transaction of `team`'s group commit: true when the first statement
+/// changed a row. `durable`: answered once on disk, else once committed.
 pub(super) async fn write(
     pipeline: &Pipeline,
     team: &str,
@@ -123,18 +115,14 @@ pub(super) async fn write(
 
 /// What a completed turn stores.
 pub(super) struct Completed<'a> {
-    /// The messages it adds to its conversation.
     pub messages: &'a [ChatMessage],
-    /// Its row.
     pub record: &'a conversations::TurnRecord,
-    /// Its `agent.turn.complete` audit event.
     pub end: AuditEvent,
 }
 
-/// Appends the turn to its conversation and its end event to the audit
-/// log, in one transaction, durably. A lost lease fails the turn unless
-/// the conversation was erased meanwhile (then there is nothing to keep it
-/// in); the event is written either way.
+/// Appends the turn and its end event in one transaction, durably. A lost
+/// lease fails the turn unless the conversation was erased meanwhile; the
+/// event is written either way.
 pub(super) async fn store_turn(
     pipeline: &Pipeline,
     ctx: &CallContext,

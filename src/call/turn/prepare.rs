@@ -1,7 +1,5 @@
-//! Before a turn's first event: the agent found, its conversation taken
-//! (created, or continued by this team and held against a second turn),
-//! the layered prompt assembled and the tools it may offer listed. Every
-//! failure here is a gRPC error, and gives the conversation back.
+//! Before a turn's first event: agent found, conversation taken, prompt
+//! assembled, tools listed. A failure here gives the conversation back.
 
 use super::{
     super::{CallContext, CallError, Pipeline},
@@ -26,11 +24,9 @@ const LEASE_SLACK_MS: i64 = 30_000;
 /// One turn as asked for.
 #[derive(Debug, Clone, Default)]
 pub struct TurnRequest {
-    /// The agent's name.
     pub agent: String,
     /// The conversation to continue; `None` starts one.
     pub conversation_id: Option<String>,
-    /// The user's message.
     pub message: String,
     /// Layer 3.
     pub preferences: Preferences,
@@ -53,12 +49,10 @@ pub(super) struct Prepared {
     pub messages: Vec<ChatMessage>,
     /// The tools offered, in our names.
     pub tools: Vec<ToolSpec>,
-    /// Every tool the agent's patterns allow, offered to this caller or
-    /// not: a call of one maps back to its name, and the entry point says
-    /// why it is refused.
+    /// Every tool the agent's patterns allow, offered or not: a call of one
+    /// maps back to its name, and the entry point says why it is refused.
     pub known: Vec<String>,
-    /// The governed prompt: `(owner team, key, version)`; version 0 is
-    /// none.
+    /// The governed prompt: `(owner team, key, version)`; version 0 is none.
     pub prompt: (String, String, u32),
 }
 
@@ -92,8 +86,7 @@ impl Pipeline {
             .saturating_add(LEASE_SLACK_MS);
         let token = uuid::Uuid::now_v7().simple().to_string();
         let storage = |e: crate::store::StoreError| CallError::Storage(e.to_string());
-        // The conversation's row and lease are written in the ledger's
-        // group commit; nobody waits for the disk (the turn's end does).
+        // Row and lease ride the ledger's group commit; the turn's end waits for disk.
         let (conversation, mut held) = match &req.conversation_id {
             None => {
                 let (conversation, insert) = conversations::create(
@@ -104,8 +97,7 @@ impl Pipeline {
                     lease_until,
                     &token,
                 );
-                // Armed before the write is queued: a caller gone from
-                // here on still gives the conversation back.
+                // Armed before the write is queued: a caller gone from here gives it back.
                 let held = Held::new(self, &ctx.team_id, &conversation.id, &token, true);
                 if !super::lease::write(self, &ctx.team_id, vec![insert], false, Vec::new()).await?
                 {
@@ -203,24 +195,20 @@ impl Pipeline {
                 .map(|m| m.message)
                 .collect()
         };
-        // Layer 2: the active stored version only; without one the agent
-        // runs on its core prompt. A store that cannot be read fails the
-        // turn (UNAVAILABLE) rather than drop the governed layer.
+        // Layer 2: the active stored version only. A store that cannot be read
+        // fails the turn (UNAVAILABLE) rather than drop the governed layer.
         let governed = match &agent.prompt_key {
             Some(key) => match self.inner.prompts.resolve(&ctx.team_id, key).await {
                 Ok(p) if p.version > 0 => Some(p),
                 Ok(_) => None,
-                // Layer 2 is never cut: without it the turn does not run.
                 Err(e) => return Err(CallError::Storage(e.to_string())),
             },
             None => None,
         };
         // The primary model's tokenizer counts the budgets.
         let model = agent.chain.first().map_or("", |t| t.model.as_str());
-        // A real tokenizer is CPU work (and its tables are built on first
-        // use): off the runtime's threads.
-        // The structured-answer instruction is the agent's own: with layer
-        // 1, above the quoted data, and counted against the window.
+        // A real tokenizer is CPU work: off the runtime's threads.
+        // The structured-answer instruction is layer 1's, counted against the window.
         let core = crate::agent::core_layer(agent);
         let governed_text = governed.as_ref().map(|p| p.system.clone());
         let (preferences, retrieved, message) = (
@@ -248,8 +236,7 @@ impl Pipeline {
                 },
                 &budgets,
             )?;
-            // The fixed layers were counted with the bound: over the
-            // window, count them exactly before refusing.
+            // Counted with the bound: over the window, count exactly before refusing.
             let mut fixed = assembled.counts.fixed_tokens;
             if fixed.saturating_add(variable) > window {
                 let text = match &governed_text {

@@ -1,5 +1,4 @@
-//! A turn's running totals: its model calls' and tools' meta summed, and
-//! what is left of its budget.
+//! A turn's running totals: meta summed, and what is left of the budget.
 
 use super::super::CallMeta;
 
@@ -20,8 +19,7 @@ impl Totals {
         }
     }
 
-    /// Adds one finished call: a model call (`model`) or an iteration's
-    /// tools.
+    /// Adds one finished call: a model call (`model`) or an iteration's tools.
     pub fn add(&mut self, meta: &CallMeta, model: bool) {
         self.meta.attempts.extend(meta.attempts.iter().cloned());
         self.meta.usage = self.meta.usage.saturating_add(meta.usage);

@@ -1,14 +1,7 @@
-//! Per-team tool quotas (`max_per_hour`, `max_concurrent`) counted in
-//! memory by this replica alone: the quotas without `[cluster]`, and the
-//! fallback share of them while the cluster store is down.
-//!
-//! A SYNC invocation takes both at the entry point (`acquire`). An ASYNC
-//! one is counted against the hour when it is accepted (`admit`) and takes
-//! its concurrency slot only when the worker runs it (`try_running`): it
-//! waits for a slot, it is never refused one. Only what a limit still needs
-//! is kept: a (team, tool) with nothing running and nothing counted in the
-//! current hour is forgotten, so teams that come and go (a wildcard key may
-//! name any) do not pile up.
+//! Tool quotas counted in memory by this replica alone: without `[cluster]`,
+//! and as the fallback share while the cluster store is down. Only what a
+//! limit still needs is kept: an idle (team, tool) is forgotten, so teams
+//! that come and go (a wildcard key may name any) do not pile up.
 
 use crate::config::tools::QuotaConfig;
 use crate::tools::Denial;
@@ -28,13 +21,11 @@ struct Counts {
 }
 
 impl Counts {
-    /// Nothing a limit still needs at clock hour `hour`: nothing running,
-    /// and no count, or only an earlier hour's (which would start again).
+    /// Nothing a limit still needs at `hour`: nothing running, no count this hour.
     fn idle(&self, hour: i64) -> bool {
         self.running == 0 && (self.in_hour == 0 || self.hour < hour)
     }
 
-    /// `max_per_hour` when it is reached.
     fn check_hour(&self, quota: &QuotaConfig) -> Result<(), Denial> {
         match quota.max_per_hour {
             Some(max) if self.in_hour >= max => Err(Denial::Quota {
@@ -45,7 +36,6 @@ impl Counts {
         }
     }
 
-    /// `max_concurrent` when it is reached.
     fn check_running(&self, quota: &QuotaConfig) -> Result<(), Denial> {
         match quota.max_concurrent {
             Some(max) if self.running >= max => Err(Denial::Quota {
@@ -56,8 +46,7 @@ impl Counts {
         }
     }
 
-    /// One more invocation this hour. Counted only under a `max_per_hour`:
-    /// without one nothing reads it, and the entry can go once idle.
+    /// One more this hour, counted only under `max_per_hour` (nothing else reads it).
     fn count_hour(&mut self, quota: &QuotaConfig) {
         if quota.max_per_hour.is_some() {
             self.in_hour += 1;
@@ -68,14 +57,12 @@ impl Counts {
 #[derive(Debug, Default)]
 struct Table {
     counts: HashMap<(String, String), Counts>,
-    /// The latest clock hour seen. Entering a new one forgets the idle
-    /// entries: once an hour, so the sweep costs nothing per call.
+    /// The latest hour seen: entering a new one forgets idle entries, once an hour.
     latest_hour: i64,
 }
 
 impl Table {
-    /// The counts of `key` at clock hour `hour` (a new hour starts its
-    /// count again).
+    /// The counts of `key` at clock hour `hour` (a new hour starts again).
     fn at(&mut self, key: &(String, String), hour: i64) -> &mut Counts {
         if hour > self.latest_hour {
             self.counts.retain(|_, c| !c.idle(hour));
@@ -109,8 +96,7 @@ impl Drop for LocalSlot {
         let latest = table.latest_hour;
         if let Some(c) = table.counts.get_mut(&self.key) {
             c.running = c.running.saturating_sub(1);
-            // The last run of a (team, tool) with no hourly count left:
-            // forgotten now rather than at the next hour.
+            // The last run with no hourly count left: forgotten now, not next hour.
             if c.idle(latest) {
                 table.counts.remove(&self.key);
             }
@@ -123,9 +109,7 @@ impl LocalQuotas {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes a place for `team` running `tool` at `now_ms` (unix ms), or
-    /// the limit that is full: a SYNC invocation, counted against the hour
-    /// and holding its concurrency slot while it runs.
+    /// A SYNC invocation's place: the hour counted, a slot held while it runs.
     pub fn acquire(
         &self,
         team: &str,
@@ -146,10 +130,7 @@ impl LocalQuotas {
         })
     }
 
-    /// Counts an ASYNC invocation of `tool` for `team`, accepted at
-    /// `now_ms`, against `max_per_hour`, or the limit that is full. Its
-    /// concurrency is the worker's (`try_running`): an accepted invocation
-    /// waits for a slot, it is never refused for one.
+    /// Counts an ASYNC invocation's hour when accepted; its slot is `try_running`'s.
     pub fn admit(
         &self,
         team: &str,
@@ -169,9 +150,7 @@ impl LocalQuotas {
         Ok(())
     }
 
-    /// A concurrency slot for `team` running `tool`, or `None` while the
-    /// tool is at its `max_concurrent` for the team. Only the concurrency
-    /// part: the hour was counted when the invocation was accepted.
+    /// A concurrency slot, or `None` at `max_concurrent` (the hour already counted).
     pub fn try_running(&self, team: &str, tool: &str, quota: &QuotaConfig) -> Option<LocalSlot> {
         let key = (team.to_owned(), tool.to_owned());
         let mut table = self.lock();
@@ -194,7 +173,6 @@ impl LocalQuotas {
             .collect()
     }
 
-    /// The (team, tool) entries kept.
     #[cfg(test)]
     fn len(&self) -> usize {
         self.lock().counts.len()
@@ -226,7 +204,6 @@ mod tests {
                 max: 2
             }
         );
-        // Another team has its own counters.
         let _other = q.acquire("t2", "x", &quota, hour).unwrap();
         drop(a);
         let _c = q.acquire("t1", "x", &quota, hour + 3).unwrap();
