@@ -22,7 +22,7 @@
 //! edge       api, cli, server        anything below
 //! pipeline   call                    the features and everything below them
 //! features   tasks                   router (errors), prompts, usage (types)
-//!            agent                   store, the ground floor
+//!            agent                   store, the ground floor (the turn loop, over a session)
 //! routing    router                  providers, resilience, cluster
 //!            resilience              cluster, the ground floor
 //!            providers               the ground floor

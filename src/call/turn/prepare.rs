@@ -185,117 +185,156 @@ impl Pipeline {
             }
             .into());
         }
-        let history: Vec<ChatMessage> = if conversation.turns == 0 {
-            Vec::new()
-        } else {
-            conversations::history(self.store(), &conversation.id, agent.max_history_messages)
-                .await
-                .map_err(|e| CallError::Storage(e.to_string()))?
-                .into_iter()
-                .map(|m| m.message)
-                .collect()
-        };
-        // Layer 2: the active stored version only. A store that cannot be read
-        // fails the turn (UNAVAILABLE) rather than drop the governed layer.
-        let governed = match &agent.prompt_key {
-            Some(key) => match self.inner.prompts.resolve(&ctx.team_id, key).await {
-                Ok(p) if p.version > 0 => Some(p),
-                Ok(_) => None,
-                Err(e) => return Err(CallError::Storage(e.to_string())),
-            },
-            None => None,
-        };
-        // The primary model's tokenizer counts the budgets.
-        let model = agent.chain.first().map_or("", |t| t.model.as_str());
-        // A real tokenizer is CPU work: off the runtime's threads.
-        // The structured-answer instruction is layer 1's, counted against the window.
-        let core = crate::agent::core_layer(agent);
+        let history = self.history(agent, conversation).await?;
+        let governed = self.governed(&ctx.team_id, agent).await?;
         let governed_text = governed.as_ref().map(|p| p.system.clone());
-        let (preferences, retrieved, message) = (
-            req.preferences.clone(),
-            req.retrieved.clone(),
-            req.message.clone(),
-        );
-        let budgets = Budgets {
-            preferences: agent.preferences_token_budget,
-            retrieved: agent.retrieved_token_budget,
-            history: agent.history_token_budget,
-        };
-        let model = model.to_owned();
-        let (variable, window) = (agent.variable_tokens(), u64::from(agent.context_window));
-        let assembled = tokio::task::spawn_blocking(move || {
-            let assembled = prompt::assemble(
-                &model,
-                &Layers {
-                    core: &core,
-                    system: governed_text.as_deref(),
-                    preferences: &preferences,
-                    retrieved: &retrieved,
-                    history: &history,
-                    message: &message,
-                },
-                &budgets,
-            )?;
-            // Counted with the bound: over the window, count exactly before refusing.
-            let mut fixed = assembled.counts.fixed_tokens;
-            if fixed.saturating_add(variable) > window {
-                let text = match &governed_text {
-                    Some(g) => format!("{core}\n\n{g}"),
-                    None => core.clone(),
-                };
-                fixed = prompt::tokens(&model, &text);
-            }
-            Ok::<_, prompt::PromptError>((assembled, fixed))
-        })
-        .await
-        .map_err(|e| CallError::Storage(format!("assembling the prompt failed: {e}")))?;
-        let (
-            Assembled {
-                system,
-                messages,
-                counts,
-            },
-            fixed,
-        ) = assembled.map_err(AgentError::from)?;
-        let needed = fixed.saturating_add(variable);
-        if needed > window {
-            return Err(AgentError::WindowExceeded {
-                tokens: needed,
-                window: agent.context_window,
-            }
-            .into());
-        }
-        tracing::debug!(
-            trace_id = %ctx.trace_id,
-            retrieved_kept = counts.retrieved_kept,
-            retrieved_dropped = counts.retrieved_dropped,
-            history_kept = counts.history_kept,
-            history_dropped = counts.history_dropped,
-            "agent prompt assembled"
-        );
-        let tools = if agent.tools.is_empty() {
-            Vec::new()
-        } else {
-            let mut offered: Vec<_> = self
-                .tools_for(principal, &ctx.team_id)
-                .into_iter()
-                .filter(|t| crate::agent::allows(&agent.tools, &t.name))
-                .collect();
-            // Newest version first: a call by name runs that one.
-            offered.dedup_by(|a, b| a.name == b.name);
-            offered
-                .into_iter()
-                .map(|t| ToolSpec {
-                    name: t.name.clone(),
-                    description: t.description.clone(),
-                    parameters: t.input_schema.clone(),
-                })
-                .collect()
-        };
+        let (system, messages) = layered(ctx, agent, governed_text, req, history).await?;
+        let tools = self.offered_tools(principal, &ctx.team_id, agent);
         let prompt = governed.map_or((String::new(), String::new(), 0), |p| {
             (p.owner, p.key, p.version)
         });
         debug_assert!(messages.last().is_some_and(|m| m.role == Role::User));
         Ok((system, messages, tools, prompt))
     }
+
+    /// Layer 5's history: the conversation's kept messages.
+    async fn history(
+        &self,
+        agent: &AgentConfig,
+        conversation: &Conversation,
+    ) -> Result<Vec<ChatMessage>, CallError> {
+        if conversation.turns == 0 {
+            return Ok(Vec::new());
+        }
+        let kept =
+            conversations::history(self.store(), &conversation.id, agent.max_history_messages)
+                .await
+                .map_err(|e| CallError::Storage(e.to_string()))?;
+        Ok(kept.into_iter().map(|m| m.message).collect())
+    }
+
+    /// Layer 2: the active stored version only. A store that cannot be
+    /// read fails the turn (UNAVAILABLE) rather than drop the governed
+    /// layer.
+    async fn governed(
+        &self,
+        team: &str,
+        agent: &AgentConfig,
+    ) -> Result<Option<crate::prompts::Prompt>, CallError> {
+        let Some(key) = &agent.prompt_key else {
+            return Ok(None);
+        };
+        match self.inner.prompts.resolve(team, key).await {
+            Ok(p) if p.version > 0 => Ok(Some(p)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(CallError::Storage(e.to_string())),
+        }
+    }
+
+    /// The tools the agent may offer this caller: its patterns over what
+    /// the policy gate shows, newest version first (a call by name runs
+    /// that one).
+    fn offered_tools(
+        &self,
+        principal: &Principal,
+        team: &str,
+        agent: &AgentConfig,
+    ) -> Vec<ToolSpec> {
+        if agent.tools.is_empty() {
+            return Vec::new();
+        }
+        let mut offered: Vec<_> = self
+            .tools_for(principal, team)
+            .into_iter()
+            .filter(|t| crate::agent::allows(&agent.tools, &t.name))
+            .collect();
+        offered.dedup_by(|a, b| a.name == b.name);
+        offered
+            .into_iter()
+            .map(|t| ToolSpec {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                parameters: t.input_schema.clone(),
+            })
+            .collect()
+    }
+}
+
+/// Layers 1 to 5 assembled within their budgets, off the runtime's threads
+/// (a real tokenizer is CPU work): the system prompt and the messages, or
+/// a refusal when the fixed layers leave the window no room.
+async fn layered(
+    ctx: &CallContext,
+    agent: &AgentConfig,
+    governed_text: Option<String>,
+    req: &TurnRequest,
+    history: Vec<ChatMessage>,
+) -> Result<(String, Vec<ChatMessage>), CallError> {
+    // The primary model's tokenizer counts the budgets.
+    let model = agent.chain.first().map_or("", |t| t.model.as_str());
+    // The structured-answer instruction is layer 1's, counted against the window.
+    let core = crate::agent::core_layer(agent);
+    let (preferences, retrieved, message) = (
+        req.preferences.clone(),
+        req.retrieved.clone(),
+        req.message.clone(),
+    );
+    let budgets = Budgets {
+        preferences: agent.preferences_token_budget,
+        retrieved: agent.retrieved_token_budget,
+        history: agent.history_token_budget,
+    };
+    let model = model.to_owned();
+    let (variable, window) = (agent.variable_tokens(), u64::from(agent.context_window));
+    let assembled = tokio::task::spawn_blocking(move || {
+        let assembled = prompt::assemble(
+            &model,
+            &Layers {
+                core: &core,
+                system: governed_text.as_deref(),
+                preferences: &preferences,
+                retrieved: &retrieved,
+                history: &history,
+                message: &message,
+            },
+            &budgets,
+        )?;
+        // Counted with the bound: over the window, count exactly before refusing.
+        let mut fixed = assembled.counts.fixed_tokens;
+        if fixed.saturating_add(variable) > window {
+            let text = match &governed_text {
+                Some(g) => format!("{core}\n\n{g}"),
+                None => core.clone(),
+            };
+            fixed = prompt::tokens(&model, &text);
+        }
+        Ok::<_, prompt::PromptError>((assembled, fixed))
+    })
+    .await
+    .map_err(|e| CallError::Storage(format!("assembling the prompt failed: {e}")))?;
+    let (
+        Assembled {
+            system,
+            messages,
+            counts,
+        },
+        fixed,
+    ) = assembled.map_err(AgentError::from)?;
+    let needed = fixed.saturating_add(variable);
+    if needed > window {
+        return Err(AgentError::WindowExceeded {
+            tokens: needed,
+            window: agent.context_window,
+        }
+        .into());
+    }
+    tracing::debug!(
+        trace_id = %ctx.trace_id,
+        retrieved_kept = counts.retrieved_kept,
+        retrieved_dropped = counts.retrieved_dropped,
+        history_kept = counts.history_kept,
+        history_dropped = counts.history_dropped,
+        "agent prompt assembled"
+    );
+    Ok((system, messages))
 }
