@@ -38,7 +38,8 @@ impl Record {
     /// and reflection at debug, lest probes every few seconds drown the calls.
     pub(super) fn log(&self, method: &'static str, code: &'static str, took: Duration) {
         let f = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let latency_ms = took.as_secs_f64() * 1000.0;
+        // Whole microseconds: a float of nanoseconds prints as 1.2345670000000001.
+        let latency_ms = u64::try_from(took.as_micros()).unwrap_or(u64::MAX) as f64 / 1000.0;
         macro_rules! line {
             ($level:expr) => {
                 tracing::event!(

@@ -117,6 +117,13 @@ fn attempt(a: &AttemptRecord) -> pb::Attempt {
     }
 }
 
+/// `usd` on the ledger's grid of whole micro-dollars. A turn's cost is a
+/// sum of floats (0.1 + 0.2 is 0.30000000000000004); the ledger keeps
+/// micro-dollars as integers, and the reply shows what it charged.
+fn whole_micro_usd(usd: f64) -> f64 {
+    (usd * 1e6).round() / 1e6
+}
+
 /// Domain meta → `ResponseMeta`.
 pub fn meta(m: &CallMeta) -> pb::ResponseMeta {
     super::access::note(|f| {
@@ -133,7 +140,7 @@ pub fn meta(m: &CallMeta) -> pb::ResponseMeta {
         usage: Some(pb::Usage {
             input_tokens: m.usage.input_tokens,
             output_tokens: m.usage.output_tokens,
-            cost_usd: m.cost_usd.unwrap_or(0.0),
+            cost_usd: m.cost_usd.map_or(0.0, whole_micro_usd),
         }),
         latency_ms: millis(m.latency),
         prompt_key: m.prompt_key.clone(),
@@ -246,6 +253,14 @@ pub fn totals(t: &crate::usage::summary::Totals) -> pb::UsageTotals {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cost_is_shown_in_whole_micro_dollars() {
+        assert_eq!(super::whole_micro_usd(0.1 + 0.2), 0.3);
+        let sum: f64 = [0.000_005; 3].iter().sum();
+        assert_eq!(super::whole_micro_usd(sum).to_string(), "0.000015");
+        assert_eq!(super::whole_micro_usd(0.000_000_4), 0.0);
+    }
+
     use super::*;
     use serde_json::json;
 

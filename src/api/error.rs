@@ -123,7 +123,11 @@ impl Failure {
     ) -> (Code, &'static str, String) {
         let reason = denial.reason();
         match denial {
-            Denial::NotFound => (Code::NotFound, reason, "no such tool or version".into()),
+            Denial::NotFound(wanted) => {
+                let wanted = clip(&wanted, MAX_ECHO);
+                let message = format!("no tool `{wanted}` (as `name` or `name@version`)");
+                (Code::NotFound, reason, message)
+            }
             Denial::InputInvalid(violations) => {
                 let message = violations
                     .iter()

@@ -98,8 +98,8 @@ fn denied(err: CallError) -> McpError {
             let what: Vec<String> = v.iter().map(|(at, why)| format!("{at}: {why}")).collect();
             McpError::invalid_params(format!("{INVALID_INPUT}: {}", what.join("; ")), None)
         }
-        CallError::ToolDenied(Denial::NotFound) => {
-            McpError::invalid_params(format!("{reason}: no such tool"), None)
+        CallError::ToolDenied(Denial::NotFound(name)) => {
+            McpError::invalid_params(format!("{reason}: no tool `{name}`"), None)
         }
         CallError::ToolDenied(Denial::InputInvalid(v)) => {
             let what: Vec<String> = v.iter().map(|(at, why)| format!("{at}: {why}")).collect();

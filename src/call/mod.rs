@@ -169,6 +169,7 @@ impl Pipeline {
             trace_id: ctx.trace_id.clone(),
             channel: ctx.channel.as_str().to_owned(),
             priority: ctx.priority.as_str().to_owned(),
+            turn: (String::new(), 0),
         };
         let meter = self
             .inner

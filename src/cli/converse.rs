@@ -42,8 +42,13 @@ pub async fn converse(
                 .map(|v| v.to_string())
                 .unwrap_or(line);
         }
-        writeln!(out, "{}", line.trim_end())?;
-        out.flush()?;
+        let written = writeln!(out, "{}", line.trim_end()).and_then(|()| out.flush());
+        match written {
+            Ok(()) => {}
+            // The reader went away (`| head`): as any Unix filter, stop quietly.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => break,
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(String::new())
 }

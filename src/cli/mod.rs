@@ -257,11 +257,7 @@ mod tests {
                 panic!("not a classify-sms call: {args:?}");
             };
             assert_eq!(
-                (
-                    client.team.as_str(),
-                    client.trace_id.as_deref(),
-                    message.as_str()
-                ),
+                (client.team(), client.trace_id.as_deref(), message.as_str()),
                 ("t1", Some("tr-1"), "hi"),
                 "{args:?}"
             );

@@ -213,11 +213,11 @@ fn describe_usage() {
     );
     describe_gauge!(
         "usage_team_cost_usd_total",
-        "USD spent per team (listed teams by name, the rest as other), from the pricing table (a counter)."
+        "USD spent per team, from the pricing table (a counter). team: a team of telemetry.team_labels, every other team as other (one series per tenant would grow without bound); team_bucket: a stable hash bucket of the team ID."
     );
     describe_counter!(
         "usage_team_calls_total",
-        "Metered calls per team (listed teams by name, the rest as other)."
+        "Metered calls per team. team: a team of telemetry.team_labels, every other team as other (one series per tenant would grow without bound); team_bucket: a stable hash bucket of the team ID."
     );
 }
 

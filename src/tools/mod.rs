@@ -96,7 +96,7 @@ impl Kind {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Denial {
     /// No such tool or version.
-    NotFound,
+    NotFound(String),
     Disabled,
     /// The caller's role lacks the tool's capability.
     CapabilityMissing(String),
@@ -122,7 +122,7 @@ impl Denial {
     /// The stable reason (`ErrorInfo.reason`, the audit event's reason).
     pub fn reason(&self) -> &'static str {
         match self {
-            Denial::NotFound => "TOOL_NOT_FOUND",
+            Denial::NotFound(_) => "TOOL_NOT_FOUND",
             Denial::Disabled => "TOOL_DISABLED",
             Denial::CapabilityMissing(_) => "CAPABILITY_MISSING",
             Denial::SideEffectsForbidden => "SIDE_EFFECTS_FORBIDDEN",

@@ -140,7 +140,7 @@ enabled = {enabled}
             Ok(())
         );
         for (denial, reason) in [
-            (Denial::NotFound, "TOOL_NOT_FOUND"),
+            (Denial::NotFound(String::new()), "TOOL_NOT_FOUND"),
             (Denial::Disabled, "TOOL_DISABLED"),
             (
                 Denial::CapabilityMissing(String::new()),

@@ -191,7 +191,10 @@ impl Registry {
     /// enabled version (else its highest, which is disabled).
     pub fn lookup(&self, wanted: &str) -> Result<Arc<Tool>, Denial> {
         let (name, version) = match wanted.split_once('@') {
-            Some((name, v)) => (name, Some(Version::parse(v).map_err(|_| Denial::NotFound)?)),
+            Some((name, v)) => {
+                let v = Version::parse(v).map_err(|_| Denial::NotFound(wanted.to_owned()))?;
+                (name, Some(v))
+            }
             None => (wanted, None),
         };
         let candidates = self.versions(name);
@@ -202,7 +205,7 @@ impl Registry {
                 enabled.or_else(|| candidates.into_iter().next())
             }
         };
-        found.ok_or(Denial::NotFound)
+        found.ok_or_else(|| Denial::NotFound(wanted.to_owned()))
     }
 
     /// Every version of `name`, newest first.

@@ -118,6 +118,9 @@ pub struct Who {
     pub channel: String,
     /// Priority name.
     pub priority: String,
+    /// An agent turn's conversation and iteration (from 1), `("", 0)`
+    /// outside a turn: a cancelled call's record carries them too.
+    pub turn: (String, i64),
 }
 
 /// A reservation the session holds until it settles.
@@ -157,6 +160,12 @@ impl std::fmt::Debug for MeterSession {
 }
 
 impl MeterSession {
+    /// Tags the session as iteration `iteration` of a turn in
+    /// `conversation`.
+    pub fn in_turn(&mut self, conversation: &str, iteration: u32) {
+        self.who.turn = (conversation.to_owned(), i64::from(iteration));
+    }
+
     /// When the request started (unix ms); its records carry this time.
     pub fn started_at_ms(&self) -> i64 {
         self.started_at_ms
@@ -353,6 +362,8 @@ impl Drop for MeterSession {
             attempts: "[]".into(),
             channel: self.who.channel.clone(),
             priority: self.who.priority.clone(),
+            conversation_id: self.who.turn.0.clone(),
+            iteration: self.who.turn.1,
             ..UsageRecord::default()
         };
         let op = Op::Settle(Settle {

@@ -241,6 +241,10 @@ async fn call_prints_the_answer_with_flags_before_or_after_the_rpc() {
     .await;
     assert!(ok, "{err}");
     assert!(
+        err.starts_with("acting for team `demo` (the default"),
+        "{err}"
+    );
+    assert!(
         out.lines().any(|l| l == "intent: SMS_INTENT_OPT_OUT"),
         "{out}"
     );
@@ -343,4 +347,27 @@ async fn healthcheck_asks_the_grpc_health_service() {
     let (ok, _, err) = run(&["healthcheck", "--addr", &closed]).await;
     assert!(!ok);
     assert!(err.contains(&closed), "{err}");
+}
+
+#[tokio::test]
+async fn converse_into_a_pipe_its_reader_closed_stops_quietly() {
+    // `looper` answers with tool calls twice: a turn of many events.
+    let app = crate::agents::spawn("http://127.0.0.1:9", "http://127.0.0.1:9", "").await;
+    let addr = format!("http://{}", app.addr);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+        .args(["call", "converse", "--agent", "looper", "--team", "t1"])
+        .args(["--api-key", crate::tools::CALLER, "--addr", &addr, "go"])
+        .env_remove("AIO_ADDR")
+        .env_remove("AIO_API_KEY")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // As `| head -0`: the reader is gone before the first event.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+    app.stop().await;
 }

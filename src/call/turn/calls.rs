@@ -28,6 +28,7 @@ impl Opener<'_> {
         ctx.budget_usd = budget_usd;
         let mut call = self.pipeline.open_with(ctx, &self.task, None);
         call.turn = Some((self.conversation.to_owned(), iteration));
+        call.meter.in_turn(self.conversation, iteration);
         // The turn's end (its durable audit event) acknowledges it.
         call.queued_settlement = true;
         call.log().prompt = Some(self.prompt.clone());

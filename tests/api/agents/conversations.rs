@@ -476,6 +476,25 @@ async fn a_turn_whose_caller_left_gives_its_conversation_back() {
     // once (not at the lease's end), and the cut turn stored nothing.
     drop(stream);
     the_next_turn_is_served_and_the_cut_one_left_nothing(&app, &id, "left-2").await;
+    // Its model call in flight was charged as CANCELLED, in its
+    // conversation and iteration, so per-conversation usage sees it.
+    let store = app.store().await;
+    let cancelled = || {
+        let store = store.clone();
+        async move {
+            let records = ai_orchestrator::usage::record::by_trace(&store, "left-1").await;
+            records
+                .unwrap_or_default()
+                .into_iter()
+                .find(|r| r.outcome == "CANCELLED")
+        }
+    };
+    crate::common::wait_for(|| async { cancelled().await.is_some() }).await;
+    let cancelled = cancelled().await.unwrap();
+    assert_eq!(
+        (cancelled.conversation_id.as_str(), cancelled.iteration),
+        (id.as_str(), 1)
+    );
 }
 
 /// Waits until a turn on conversation `id` (opened with "One" / "First.")

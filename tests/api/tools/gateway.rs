@@ -192,6 +192,7 @@ async fn every_denial_has_its_code_reason_details_and_audit_event() {
         .await
         .unwrap_err();
     denied(&err, Code::NotFound, "TOOL_NOT_FOUND");
+    assert!(err.message().contains("`crm.nothing`"), "{}", err.message());
 
     let err = call(
         CALLER,

@@ -262,7 +262,7 @@ async fn the_python_sdk_client_lists_and_calls_our_tools_through_the_entry_point
     assert!(
         calls[3]["protocol_error"]
             .as_str()
-            .is_some_and(|e| e.contains("TOOL_NOT_FOUND")),
+            .is_some_and(|e| e.contains("TOOL_NOT_FOUND") && e.contains("`nothing.here`")),
         "{out}"
     );
     assert_eq!(hook.count(), 1);
