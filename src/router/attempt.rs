@@ -112,6 +112,14 @@ impl AttemptRecord {
         }
     }
 
+    /// Attempt `retry` at `target`, refused by its limits (`code`) after
+    /// waiting `waited` for them.
+    pub fn rate_limited(target: &TargetConfig, code: &str, retry: u32, waited: Duration) -> Self {
+        Self::skipped(target, AttemptOutcome::SkippedRateLimited, code)
+            .with_retry(retry)
+            .with_waited(waited)
+    }
+
     /// Whether a request was sent (a skipped target was not called).
     pub fn reached_provider(&self) -> bool {
         !matches!(

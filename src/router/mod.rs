@@ -407,15 +407,12 @@ impl Router {
             Err(rejected) => {
                 // Dropping the unrecorded breaker permit frees its probe slot.
                 drop(permit);
-                attempts.push(
-                    AttemptRecord::skipped(
-                        target,
-                        AttemptOutcome::SkippedRateLimited,
-                        rejected.code(),
-                    )
-                    .with_retry(retry)
-                    .with_waited(waited),
-                );
+                attempts.push(AttemptRecord::rate_limited(
+                    target,
+                    rejected.code(),
+                    retry,
+                    waited,
+                ));
                 None
             }
         }

@@ -270,15 +270,12 @@ impl Walk {
             Ok(slot) => slot,
             Err(rejected) => {
                 drop(permit);
-                attempts.push(
-                    AttemptRecord::skipped(
-                        target,
-                        AttemptOutcome::SkippedRateLimited,
-                        rejected.code(),
-                    )
-                    .with_retry(retry)
-                    .with_waited(waited),
-                );
+                attempts.push(AttemptRecord::rate_limited(
+                    target,
+                    rejected.code(),
+                    retry,
+                    waited,
+                ));
                 return Acquired::Skipped(rejected.code());
             }
         };
