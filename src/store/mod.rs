@@ -1,5 +1,6 @@
 //! The database: SQLite (one file) or PostgreSQL (shared by replicas), by URL scheme. Only
-//! connections live here; atomic queries live per backend in the modules that own them.
+//! connections live here. Each service reaches its tables through a repository trait of its
+//! own, implemented for both pools in the service's `sql` module: the only place its SQL sits.
 
 pub mod statement;
 
@@ -54,6 +55,50 @@ macro_rules! on_store {
             $crate::store::Store::Postgres($pool) => $body,
         }
     };
+}
+
+/// Implements a repository trait for both pools from one body, for SQL valid on both backends
+/// (`$1` placeholders, standard types); inside, `self` is the pool and `Self::POSTGRES` tells
+/// the backend where a statement must differ.
+#[macro_export]
+macro_rules! impl_for_both_pools {
+    ($repository:path { $($body:tt)* }) => {
+        #[async_trait::async_trait]
+        impl $repository for sqlx::SqlitePool {
+            $($body)*
+        }
+        #[async_trait::async_trait]
+        impl $repository for sqlx::PgPool {
+            $($body)*
+        }
+    };
+}
+
+/// A pool's backend, for the few statements that differ between the two.
+pub trait Backend {
+    /// True for PostgreSQL.
+    const POSTGRES: bool;
+}
+
+impl Backend for SqlitePool {
+    const POSTGRES: bool = false;
+}
+
+impl Backend for PgPool {
+    const POSTGRES: bool = true;
+}
+
+/// Begins a write transaction: `BEGIN IMMEDIATE` on SQLite, so that a read-then-write
+/// transaction takes the write lock up front instead of failing on upgrade.
+pub async fn begin_write<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    postgres: bool,
+) -> Result<sqlx::Transaction<'static, DB>, sqlx::Error> {
+    if postgres {
+        pool.begin().await
+    } else {
+        pool.begin_with("BEGIN IMMEDIATE").await
+    }
 }
 
 /// A connection pool to one of the two backends.

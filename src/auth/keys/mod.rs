@@ -1,6 +1,8 @@
 //! API key material and the `api_keys` table.
 
-use crate::{on_store, store::Store, store::StoreError};
+mod sql;
+
+use crate::store::{Store, StoreError};
 use sha2::{Digest, Sha256};
 
 /// Lowercase hex SHA-256 of a key: what the config and the database hold.
@@ -32,59 +34,36 @@ pub struct KeyRecord {
     pub revoked_at_ms: Option<i64>,
 }
 
-/// The `api_keys` table.
+/// The `api_keys` table over an open (migrated) store: derefs to its repository.
 #[derive(Debug, Clone)]
-pub struct KeyStore {
-    store: Store,
-}
+pub struct KeyStore(Store);
 
 impl KeyStore {
     /// Over an open (migrated) store.
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self(store)
     }
+}
 
-    /// Inserts a key record; fails when the name or hash exists.
-    pub async fn insert(&self, record: &KeyRecord) -> Result<(), StoreError> {
-        on_store!(&self.store, |pool| {
-            sqlx::query(
-                "INSERT INTO api_keys (name, key_sha256, teams, role, created_at_ms, revoked_at_ms) \
-                 VALUES ($1, $2, $3, $4, $5, NULL)",
-            )
-            .bind(&record.name)
-            .bind(&record.key_sha256)
-            .bind(&record.teams)
-            .bind(&record.role)
-            .bind(record.created_at_ms)
-            .execute(pool)
-            .await?;
-        });
-        Ok(())
+impl std::ops::Deref for KeyStore {
+    type Target = dyn KeyRepository;
+
+    fn deref(&self) -> &Self::Target {
+        sql::repository(&self.0)
     }
+}
+
+/// The `api_keys` table's operations (implemented per backend in [`sql`]).
+#[async_trait::async_trait]
+pub trait KeyRepository: Send + Sync + std::fmt::Debug {
+    /// Inserts a key record; fails when the name or hash exists.
+    async fn insert(&self, record: &KeyRecord) -> Result<(), StoreError>;
 
     /// Every key, revoked ones included, by name.
-    pub async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
-        const SQL: &str = "SELECT name, key_sha256, teams, role, created_at_ms, revoked_at_ms \
-                           FROM api_keys ORDER BY name";
-        Ok(on_store!(&self.store, |pool| {
-            sqlx::query_as::<_, KeyRecord>(SQL).fetch_all(pool).await?
-        }))
-    }
+    async fn list(&self) -> Result<Vec<KeyRecord>, StoreError>;
 
     /// Revokes `name` at `now_ms`; false when no valid key has that name.
-    pub async fn revoke(&self, name: &str, now_ms: i64) -> Result<bool, StoreError> {
-        let done = on_store!(&self.store, |pool| {
-            sqlx::query(
-                "UPDATE api_keys SET revoked_at_ms = $1 WHERE name = $2 AND revoked_at_ms IS NULL",
-            )
-            .bind(now_ms)
-            .bind(name)
-            .execute(pool)
-            .await?
-            .rows_affected()
-        });
-        Ok(done == 1)
-    }
+    async fn revoke(&self, name: &str, now_ms: i64) -> Result<bool, StoreError>;
 }
 
 #[cfg(test)]

@@ -1,0 +1,47 @@
+//! The `api_keys` table's SQL, valid on both backends.
+
+use super::{KeyRecord, KeyRepository};
+use crate::store::{Store, StoreError};
+
+/// The repository over `store`'s pool.
+pub(super) fn repository(store: &Store) -> &(dyn KeyRepository + 'static) {
+    match store {
+        Store::Sqlite(pool) => pool,
+        Store::Postgres(pool) => pool,
+    }
+}
+
+crate::impl_for_both_pools!(KeyRepository {
+    async fn insert(&self, record: &KeyRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO api_keys (name, key_sha256, teams, role, created_at_ms, revoked_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, NULL)",
+        )
+        .bind(&record.name)
+        .bind(&record.key_sha256)
+        .bind(&record.teams)
+        .bind(&record.role)
+        .bind(record.created_at_ms)
+        .execute(self)
+        .await?;
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        const SQL: &str = "SELECT name, key_sha256, teams, role, created_at_ms, revoked_at_ms \
+                           FROM api_keys ORDER BY name";
+        Ok(sqlx::query_as::<_, KeyRecord>(SQL).fetch_all(self).await?)
+    }
+
+    async fn revoke(&self, name: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE api_keys SET revoked_at_ms = $1 WHERE name = $2 AND revoked_at_ms IS NULL",
+        )
+        .bind(now_ms)
+        .bind(name)
+        .execute(self)
+        .await?
+        .rows_affected();
+        Ok(done == 1)
+    }
+});
