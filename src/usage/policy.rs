@@ -194,21 +194,5 @@ pub fn refusal(balance: &Balance, caps: &Caps, requested: Amount) -> Refusal {
         )
 }
 
-/// [`check`] in SQL: reserves `($3, $4, $5)` for `($1, $2)` under its
-/// `tenant_limits` row (NULL: no cap) or `($6, $7, $8)`. READ COMMITTED
-/// re-checks the `WHERE` on a concurrently updated row: it holds across replicas.
-pub const GUARDED_RESERVE: &str = "WITH caps (t, r, c) AS (\
-SELECT max_tokens, max_requests, max_cost_micros FROM tenant_limits WHERE team_id = $1 \
-UNION ALL SELECT CAST($6 AS BIGINT), CAST($7 AS BIGINT), CAST($8 AS BIGINT) \
-WHERE NOT EXISTS (SELECT 1 FROM tenant_limits WHERE team_id = $1)) \
-UPDATE usage_ledger SET \
-reserved_tokens = reserved_tokens + $3, reserved_requests = reserved_requests + $4, \
-reserved_cost_micros = reserved_cost_micros + $5 \
-FROM caps \
-WHERE usage_ledger.team_id = $1 AND usage_ledger.month_start_ms = $2 \
-AND (caps.t IS NULL OR usage_ledger.spent_tokens + usage_ledger.reserved_tokens + $3 <= caps.t) \
-AND (caps.r IS NULL OR usage_ledger.spent_requests + usage_ledger.reserved_requests + $4 <= caps.r) \
-AND (caps.c IS NULL OR usage_ledger.spent_cost_micros + usage_ledger.reserved_cost_micros + $5 <= caps.c)";
-
 #[cfg(test)]
 mod tests;

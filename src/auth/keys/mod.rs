@@ -53,7 +53,7 @@ impl std::ops::Deref for KeyStore {
     }
 }
 
-/// The `api_keys` table's operations (implemented per backend in [`sql`]).
+/// The `api_keys` table's operations (implemented per backend in `sql`).
 #[async_trait::async_trait]
 pub trait KeyRepository: Send + Sync + std::fmt::Debug {
     /// Inserts a key record; fails when the name or hash exists.

@@ -4,9 +4,10 @@
 
 pub mod group_commit;
 mod plan;
-pub mod postgres;
-pub mod sqlite;
+pub(crate) mod sql;
 pub mod writer;
+
+pub use sql::{postgres, sqlite};
 
 use super::policy::{Balance, Caps, Refusal};
 pub use writer::{LedgerWriter, WriteError};
@@ -14,7 +15,6 @@ pub use writer::{LedgerWriter, WriteError};
 use super::{amount::Amount, record::UsageRecord};
 use crate::{
     audit::{AuditEvent, chain::Head, chain::Linked},
-    on_store,
     store::{Store, StoreError},
 };
 use std::collections::HashSet;
@@ -250,7 +250,7 @@ pub(super) trait Backend {
     async fn insert_records(&mut self, rows: &[&UsageRecord]) -> Result<(), StoreError>;
     /// Applies `delta` to a ledger row, creating it when missing.
     async fn update_row(&mut self, key: (&str, i64), delta: &Delta) -> Result<(), StoreError>;
-    /// [`super::policy::GUARDED_RESERVE`] of `amount`: true when admitted.
+    /// [`sql::GUARDED_RESERVE`] of `amount`: true when admitted.
     async fn reserve_guarded(
         &mut self,
         key: (&str, i64),
@@ -276,39 +276,6 @@ pub(super) trait Backend {
     ) -> Result<(), StoreError>;
 }
 
-/// Creates a (team, month) ledger row that does not exist yet.
-const ENSURE_ROW: &str = "INSERT INTO usage_ledger (team_id, month_start_ms) VALUES ($1, $2) \
-ON CONFLICT (team_id, month_start_ms) DO NOTHING";
-
-const TEAM_CAPS: &str =
-    "SELECT max_tokens, max_requests, max_cost_micros FROM tenant_limits WHERE team_id = $1";
-
-const BALANCE: &str = "SELECT spent_tokens, spent_requests, spent_cost_micros, reserved_tokens, \
-reserved_requests, reserved_cost_micros FROM usage_ledger WHERE team_id = $1 AND month_start_ms = $2";
-
-/// A batch's delta: `$3..$5` the net release, `$6..$8` the charge. A release
-/// stops at zero (CHECK constraints): after an earlier inconsistency the row
-/// heals instead of failing every later settlement.
-const UPDATE_ROW: &str = "UPDATE usage_ledger SET \
-reserved_tokens = CASE WHEN reserved_tokens > $3 THEN reserved_tokens - $3 ELSE 0 END, \
-reserved_requests = CASE WHEN reserved_requests > $4 THEN reserved_requests - $4 ELSE 0 END, \
-reserved_cost_micros = CASE WHEN reserved_cost_micros > $5 THEN reserved_cost_micros - $5 ELSE 0 END, \
-spent_tokens = spent_tokens + $6, \
-spent_requests = spent_requests + $7, spent_cost_micros = spent_cost_micros + $8 \
-WHERE team_id = $1 AND month_start_ms = $2";
-
-/// Folds one call into its stored prompt version's running means.
-const RECORD_STATS: &str = "UPDATE ai_prompts SET \
-avg_latency_ms = (avg_latency_ms * usage_count + $4) / (usage_count + 1), \
-success_rate = (success_rate * usage_count + $5) / (usage_count + 1), \
-usage_count = usage_count + 1 \
-WHERE team_id = $1 AND prompt_key = $2 AND version = $3";
-
-const INSERT_RESERVATION_HEAD: &str = "INSERT INTO usage_reservations (id, team_id, month_start_ms, \
-input_tokens, output_tokens, requests, cost_micros, task, user_id, trace_id, channel, priority, created_at_ms)";
-
-const RESERVATION_COLUMNS: usize = 13;
-
 /// Released minus reserved, part by part (negative: the batch reserves).
 fn net_release(d: &Delta) -> [i64; 3] {
     [
@@ -320,18 +287,20 @@ fn net_release(d: &Delta) -> [i64; 3] {
     ]
 }
 
-type BalanceRow = (i64, i64, i64, i64, i64, i64);
+/// The ledger's reads and the teams' cap overrides (implemented per backend in `sql`).
+#[async_trait::async_trait]
+pub trait LedgerRepository: Send + Sync + std::fmt::Debug {
+    /// The team's balance for a month (zeros when it has no row).
+    async fn balance(&self, team: &str, month_start_ms: i64) -> Result<Balance, StoreError>;
 
-fn balance(row: Option<BalanceRow>) -> Balance {
-    let (st, sr, sc, rt, rr, rc) = row.unwrap_or_default();
-    Balance {
-        spent_tokens: st,
-        spent_requests: sr,
-        spent_cost_micros: sc,
-        reserved_tokens: rt,
-        reserved_requests: rr,
-        reserved_cost_micros: rc,
-    }
+    /// The team's own caps, if it has a `tenant_limits` row.
+    async fn caps(&self, team: &str) -> Result<Option<Caps>, StoreError>;
+
+    /// Sets (or with all `None`, makes unlimited) a team's caps.
+    async fn set_caps(&self, team: &str, caps: Caps, now_ms: i64) -> Result<(), StoreError>;
+
+    /// Removes a team's override; false when it had none.
+    async fn clear_caps(&self, team: &str) -> Result<bool, StoreError>;
 }
 
 /// The team's balance for a month.
@@ -340,30 +309,12 @@ pub async fn balance_of(
     team: &str,
     month_start_ms: i64,
 ) -> Result<Balance, StoreError> {
-    let row: Option<BalanceRow> = on_store!(store, |pool| {
-        sqlx::query_as(BALANCE)
-            .bind(team)
-            .bind(month_start_ms)
-            .fetch_optional(pool)
-            .await?
-    });
-    Ok(balance(row))
+    sql::repository(store).balance(team, month_start_ms).await
 }
 
 /// The caps of a team: its `tenant_limits` row, else `defaults`.
 pub async fn caps_of(store: &Store, team: &str, defaults: Caps) -> Result<Caps, StoreError> {
-    let row: Option<(Option<i64>, Option<i64>, Option<i64>)> =
-        on_store!(store, |pool| sqlx::query_as(TEAM_CAPS)
-            .bind(team)
-            .fetch_optional(pool)
-            .await?);
-    Ok(
-        row.map_or(defaults, |(tokens, requests, cost_micros)| Caps {
-            tokens,
-            requests,
-            cost_micros,
-        }),
-    )
+    Ok(sql::repository(store).caps(team).await?.unwrap_or(defaults))
 }
 
 /// Sets (or with all `None`, makes unlimited) a team's caps.
@@ -373,47 +324,12 @@ pub async fn set_caps(
     caps: Caps,
     now_ms: i64,
 ) -> Result<(), StoreError> {
-    const UPSERT: &str = "INSERT INTO tenant_limits (team_id, max_tokens, max_requests, max_cost_micros, updated_at_ms) \
-VALUES ($1, $2, $3, $4, $5) ON CONFLICT (team_id) DO UPDATE SET max_tokens = excluded.max_tokens, \
-max_requests = excluded.max_requests, max_cost_micros = excluded.max_cost_micros, updated_at_ms = excluded.updated_at_ms";
-    on_store!(store, |pool| {
-        sqlx::query(UPSERT)
-            .bind(team)
-            .bind(caps.tokens)
-            .bind(caps.requests)
-            .bind(caps.cost_micros)
-            .bind(now_ms)
-            .execute(pool)
-            .await
-            .map(drop)?
-    });
-    Ok(())
+    sql::repository(store).set_caps(team, caps, now_ms).await
 }
 
 /// Removes a team's override (it falls back to the config defaults).
 pub async fn clear_caps(store: &Store, team: &str) -> Result<bool, StoreError> {
-    let n = on_store!(store, |pool| {
-        sqlx::query("DELETE FROM tenant_limits WHERE team_id = $1")
-            .bind(team)
-            .execute(pool)
-            .await?
-            .rows_affected()
-    });
-    Ok(n > 0)
+    sql::repository(store).clear_caps(team).await
 }
 
-/// Applies `ops` in one transaction, outside any writer. Test support: it
-/// bypasses a running server's in-memory admission.
-#[doc(hidden)]
-pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
-    let Store::Sqlite(pool) = store else {
-        return postgres::apply(store, ops).await;
-    };
-    let path = pool.connect_options().get_filename().to_path_buf();
-    let ops = ops.to_vec();
-    tokio::task::spawn_blocking(move || {
-        let mut conn = sqlite::open(&path, &crate::config::DatabaseConfig::default())?;
-        sqlite::apply(&mut conn, &ops)
-    })
-    .await?
-}
+pub use sql::apply;

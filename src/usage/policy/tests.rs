@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
+use crate::usage::ledger::sql::GUARDED_RESERVE;
 use proptest::prelude::*;
 
 const CAPS: Caps = Caps {

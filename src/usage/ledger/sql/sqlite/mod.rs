@@ -10,16 +10,17 @@ pub mod writer;
 pub use admission::Admission;
 
 use super::{
-    BALANCE, Backend, BalanceRow, Delta, Done, ENSURE_ROW, INSERT_RESERVATION_HEAD, Op,
-    RECORD_STATS, Reserve, Rows, Settle, TEAM_CAPS, UPDATE_ROW, balance, net_release, plan,
+    BALANCE, BalanceRow, ENSURE_ROW, GUARDED_RESERVE, INSERT_RESERVATION_HEAD, RECORD_STATS,
+    TEAM_CAPS, UPDATE_ROW, balance,
 };
+use crate::usage::ledger::{Backend, Delta, Done, Op, Reserve, Rows, Settle, net_release, plan};
 use crate::{
     audit::chain::{Head, Linked},
     config::DatabaseConfig,
     store::StoreError,
     usage::{
         amount::Amount,
-        policy::{Balance, Caps, GUARDED_RESERVE},
+        policy::{Balance, Caps},
         record::{self, UsageRecord},
     },
 };

@@ -1,66 +1,19 @@
-//! The `conversations`, `conversation_messages` and `conversation_turns`
-//! tables (SPEC §11.6): a conversation is its team's alone; a turn holds it
-//! by a lease taken with one conditional UPDATE (a second turn is refused,
-//! on any replica); `delete` and the sweeper erase all it stored. A turn's
-//! writes are statements run in the ledger's group commit, so on SQLite
-//! they never wait for its lock, nor it for them (ADR 0022).
+//! The conversation tables' SQL, valid on both backends: the repository, and the statements
+//! a turn runs in the ledger's group commit.
 
+use super::{Conversation, ConversationRepository, StoredMessage, TurnRecord};
 use crate::{
     domain::{ChatMessage, ToolCall, ToolOutcome, completion::Role},
-    on_store,
     store::{Statement, Store, StoreError},
 };
 use serde::{Deserialize, Serialize};
 
-/// A conversation's row.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Conversation {
-    /// UUIDv7.
-    pub id: String,
-    pub team_id: String,
-    pub agent: String,
-    /// Turns completed.
-    pub turns: u32,
-    pub created_at_ms: i64,
-    /// Last turn, unix ms.
-    pub updated_at_ms: i64,
-    /// Erased after this, unix ms.
-    pub expires_at_ms: i64,
-}
-
-/// One stored message.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredMessage {
-    /// Its turn, from 1.
-    pub turn: u32,
-    pub message: ChatMessage,
-    pub created_at_ms: i64,
-}
-
-/// How a completed turn ended.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct TurnRecord {
-    /// The turn, from 1.
-    pub turn: u32,
-    pub trace_id: String,
-    /// Its stop reason (`FINAL_ANSWER`, ...).
-    pub stop_reason: String,
-    /// Model calls made.
-    pub iterations: u32,
-    /// Tool executions made.
-    pub tool_calls: u32,
-    pub memory_suggestions: Vec<String>,
-}
-
-/// What taking a conversation for a turn found.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Acquired {
-    /// The turn holds it until its lease ends.
-    Held(Conversation),
-    /// Another turn holds it.
-    Busy,
-    /// No such conversation for this team (or it was erased).
-    NotFound,
+/// The repository over `store`'s pool.
+pub(super) fn repository(store: &Store) -> &(dyn ConversationRepository + 'static) {
+    match store {
+        Store::Sqlite(pool) => pool,
+        Store::Postgres(pool) => pool,
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -200,88 +153,6 @@ pub fn acquire(team: &str, id: &str, now_ms: i64, lease_until_ms: i64, token: &s
     )
 }
 
-/// What [`acquire`] came to: `taken` when its statement changed the row.
-pub async fn acquired(
-    store: &Store,
-    team: &str,
-    id: &str,
-    now_ms: i64,
-    taken: bool,
-) -> Result<Acquired, StoreError> {
-    Ok(match find(store, team, id, now_ms).await? {
-        Some(c) if taken => Acquired::Held(c),
-        Some(_) => Acquired::Busy,
-        None => Acquired::NotFound,
-    })
-}
-
-/// Conversation `id` of `team`, if it has not expired at `now_ms`.
-pub async fn find(
-    store: &Store,
-    team: &str,
-    id: &str,
-    now_ms: i64,
-) -> Result<Option<Conversation>, StoreError> {
-    // Past its retention it is gone, whether or not the sweeper has run.
-    let sql = format!("{CONVERSATION} WHERE id = $1 AND team_id = $2 AND expires_at_ms > $3");
-    let row: Option<ConversationRow> = on_store!(store, |pool| {
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(id)
-            .bind(team)
-            .bind(now_ms)
-            .fetch_optional(pool)
-            .await?
-    });
-    Ok(row.map(conversation))
-}
-
-/// The newest `limit` messages of conversation `id`, oldest first.
-pub async fn history(
-    store: &Store,
-    id: &str,
-    limit: u32,
-) -> Result<Vec<StoredMessage>, StoreError> {
-    let rows: Vec<MessageRow> = on_store!(store, |pool| {
-        sqlx::query_as(
-            "SELECT turn, role, content, tool_calls, tool_result, created_at_ms \
-             FROM conversation_messages WHERE conversation_id = $1 ORDER BY seq DESC LIMIT $2",
-        )
-        .bind(id)
-        .bind(i64::from(limit))
-        .fetch_all(pool)
-        .await?
-    });
-    Ok(rows.into_iter().rev().map(message).collect())
-}
-
-/// Every memory suggestion stored on conversation `id`'s turns, by turn.
-pub async fn turns(store: &Store, id: &str) -> Result<Vec<TurnRecord>, StoreError> {
-    type Row = (i64, String, String, i64, i64, String);
-    let rows: Vec<Row> = on_store!(store, |pool| {
-        sqlx::query_as(
-            "SELECT turn, trace_id, stop_reason, iterations, tool_calls, memory_suggestions \
-             FROM conversation_turns WHERE conversation_id = $1 ORDER BY turn",
-        )
-        .bind(id)
-        .fetch_all(pool)
-        .await?
-    });
-    let n = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
-    Ok(rows
-        .into_iter()
-        .map(
-            |(turn, trace_id, stop_reason, iterations, tools, suggestions)| TurnRecord {
-                turn: n(turn),
-                trace_id,
-                stop_reason,
-                iterations: n(iterations),
-                tool_calls: n(tools),
-                memory_suggestions: serde_json::from_str(&suggestions).unwrap_or_default(),
-            },
-        )
-        .collect())
-}
-
 /// A completed turn's statements, for one transaction: the lease's release
 /// first, as their guard (it changes no row once the lease was lost to an
 /// erase, and then nothing is stored), then the messages and the record.
@@ -374,11 +245,49 @@ pub fn release(id: &str, token: &str, first_turn: bool) -> Statement {
     Statement::new(sql, vec![id.into(), token.into()])
 }
 
-/// Erases conversation `id` of `team` with its messages and turns; returns
-/// the messages erased, or `None` when there was no such conversation.
-pub async fn delete(store: &Store, team: &str, id: &str) -> Result<Option<u32>, StoreError> {
-    let erased = on_store!(store, |pool| {
-        let mut tx = pool.begin().await?;
+crate::impl_for_both_pools!(ConversationRepository {
+    async fn find(
+        &self,
+        team: &str,
+        id: &str,
+        now_ms: i64,
+    ) -> Result<Option<Conversation>, StoreError> {
+        // Past its retention it is gone, whether or not the sweeper has run.
+        let sql = format!("{CONVERSATION} WHERE id = $1 AND team_id = $2 AND expires_at_ms > $3");
+        let row: Option<ConversationRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .bind(team)
+            .bind(now_ms)
+            .fetch_optional(self)
+            .await?;
+        Ok(row.map(conversation))
+    }
+
+    async fn history(&self, id: &str, limit: u32) -> Result<Vec<StoredMessage>, StoreError> {
+        let rows: Vec<MessageRow> = sqlx::query_as(
+            "SELECT turn, role, content, tool_calls, tool_result, created_at_ms \
+             FROM conversation_messages WHERE conversation_id = $1 ORDER BY seq DESC LIMIT $2",
+        )
+        .bind(id)
+        .bind(i64::from(limit))
+        .fetch_all(self)
+        .await?;
+        Ok(rows.into_iter().rev().map(message).collect())
+    }
+
+    async fn turns(&self, id: &str) -> Result<Vec<TurnRecord>, StoreError> {
+        let rows: Vec<TurnRow> = sqlx::query_as(
+            "SELECT turn, trace_id, stop_reason, iterations, tool_calls, memory_suggestions \
+             FROM conversation_turns WHERE conversation_id = $1 ORDER BY turn",
+        )
+        .bind(id)
+        .fetch_all(self)
+        .await?;
+        Ok(rows.into_iter().map(turn_record).collect())
+    }
+
+    async fn delete(&self, team: &str, id: &str) -> Result<Option<u64>, StoreError> {
+        let mut tx = self.begin().await?;
         let gone = sqlx::query("DELETE FROM conversations WHERE id = $1 AND team_id = $2")
             .bind(id)
             .bind(team)
@@ -398,47 +307,55 @@ pub async fn delete(store: &Store, team: &str, id: &str) -> Result<Option<u32>, 
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        messages
-    });
-    Ok(Some(u32::try_from(erased).unwrap_or(u32::MAX)))
-}
+        Ok(Some(messages))
+    }
 
-/// Erases up to 500 conversations expired before `now_ms`; returns how many.
-/// Safe on several replicas: each row's DELETE is won once.
-pub async fn sweep(store: &Store, now_ms: i64) -> Result<u64, StoreError> {
-    let expired: Vec<(String,)> = on_store!(store, |pool| {
-        sqlx::query_as(
+    async fn expired(&self, now_ms: i64, limit: u32) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<(String,)> = sqlx::query_as(
             "SELECT id FROM conversations WHERE expires_at_ms <= $1 \
-             AND (busy_until_ms IS NULL OR busy_until_ms <= $1) LIMIT 500",
+             AND (busy_until_ms IS NULL OR busy_until_ms <= $1) LIMIT $2",
         )
         .bind(now_ms)
-        .fetch_all(pool)
-        .await?
-    });
-    let mut swept = 0;
-    for (id,) in expired {
-        on_store!(store, |pool| {
-            let mut tx = pool.begin().await?;
-            let gone =
-                sqlx::query("DELETE FROM conversations WHERE id = $1 AND expires_at_ms <= $2")
-                    .bind(&id)
-                    .bind(now_ms)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-            if gone == 1 {
-                for table in ["conversation_messages", "conversation_turns"] {
-                    sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DELETE FROM {table} WHERE conversation_id = $1"
-                    )))
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                swept += 1;
-            }
-            tx.commit().await?;
-        });
+        .bind(i64::from(limit))
+        .fetch_all(self)
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
     }
-    Ok(swept)
+
+    async fn erase_expired(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let gone = sqlx::query("DELETE FROM conversations WHERE id = $1 AND expires_at_ms <= $2")
+            .bind(id)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if gone == 1 {
+            for table in ["conversation_messages", "conversation_turns"] {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DELETE FROM {table} WHERE conversation_id = $1"
+                )))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(gone == 1)
+    }
+});
+
+type TurnRow = (i64, String, String, i64, i64, String);
+
+fn turn_record(row: TurnRow) -> TurnRecord {
+    let (turn, trace_id, stop_reason, iterations, tools, suggestions) = row;
+    let n = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
+    TurnRecord {
+        turn: n(turn),
+        trace_id,
+        stop_reason,
+        iterations: n(iterations),
+        tool_calls: n(tools),
+        memory_suggestions: serde_json::from_str(&suggestions).unwrap_or_default(),
+    }
 }

@@ -2,16 +2,16 @@
 //! in SQL on the locked row, as replicas share the ledger.
 
 use super::{
-    BALANCE, Backend, BalanceRow, Delta, Done, ENSURE_ROW, INSERT_RESERVATION_HEAD, Op,
-    RECORD_STATS, RESERVATION_COLUMNS, Reserve, Settle, TEAM_CAPS, UPDATE_ROW, balance,
-    net_release, plan,
+    BALANCE, BalanceRow, ENSURE_ROW, GUARDED_RESERVE, INSERT_RESERVATION_HEAD, RECORD_STATS,
+    RESERVATION_COLUMNS, TEAM_CAPS, UPDATE_ROW, balance,
 };
+use crate::usage::ledger::{Backend, Delta, Done, Op, Reserve, Settle, net_release, plan};
 use crate::{
     audit::chain::{Head, Linked},
     store::{Store, StoreError},
     usage::{
         amount::Amount,
-        policy::{Balance, Caps, GUARDED_RESERVE},
+        policy::{Balance, Caps},
         record::{self, UsageRecord},
     },
 };
