@@ -1,0 +1,245 @@
+//! The `tool_invocations` table's SQL: valid on both backends but for `take_work`'s
+//! `FOR UPDATE SKIP LOCKED`, PostgreSQL's alone.
+
+use super::{Claimed, Failure, Invocation, InvocationRepository, Mode, Outcome, Status, Taken};
+use crate::store::{Backend, Store, StoreError};
+use serde_json::Value;
+use sqlx::Row as _;
+
+/// The repository over `store`'s pool.
+pub(super) fn repository(store: &Store) -> &(dyn InvocationRepository + 'static) {
+    match store {
+        Store::Sqlite(pool) => pool,
+        Store::Postgres(pool) => pool,
+    }
+}
+
+const COLUMNS: &str = "id, team_id, tool, version, mode, status, idempotency_key, \
+     window_start_ms, trace_id, principal, input, output, error_code, error_message, \
+     estimated_cost_micros, cost_micros, duration_ms, execution_id, attempts, created_at_ms, \
+     timeout_ms";
+
+/// The index of `lease_until_ms` after [`COLUMNS`] in `take_work`'s rows.
+const LEASE: usize = 21;
+
+fn decode<R: sqlx::Row>(row: &R) -> Result<Invocation, sqlx::Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database>,
+{
+    let json = |text: Option<String>| text.and_then(|t| serde_json::from_str(&t).ok());
+    let mode: String = row.try_get(4)?;
+    let status: String = row.try_get(5)?;
+    let input: String = row.try_get(10)?;
+    let code: Option<String> = row.try_get(12)?;
+    let message: Option<String> = row.try_get(13)?;
+    Ok(Invocation {
+        id: row.try_get(0)?,
+        team_id: row.try_get(1)?,
+        tool: row.try_get(2)?,
+        version: row.try_get(3)?,
+        mode: if mode == "ASYNC" {
+            Mode::Async
+        } else {
+            Mode::Sync
+        },
+        status: Status::parse(&status).unwrap_or(Status::Failed),
+        idempotency_key: row.try_get(6)?,
+        window_start_ms: row.try_get(7)?,
+        trace_id: row.try_get(8)?,
+        principal: row.try_get(9)?,
+        input: serde_json::from_str(&input).unwrap_or(Value::Null),
+        output: json(row.try_get(11)?),
+        error: code.map(|code| Failure {
+            code,
+            message: message.unwrap_or_default(),
+        }),
+        estimated_cost_micros: row.try_get(14)?,
+        cost_micros: row.try_get(15)?,
+        duration_ms: row.try_get(16)?,
+        execution_id: row.try_get(17)?,
+        attempts: row.try_get(18)?,
+        created_at_ms: row.try_get(19)?,
+        timeout_ms: row.try_get(20)?,
+    })
+}
+
+crate::impl_for_both_pools!(InvocationRepository {
+    async fn claim(
+        &self,
+        inv: &Invocation,
+        lease_until_ms: Option<i64>,
+    ) -> Result<Claimed, StoreError> {
+        let sql = format!(
+            "INSERT INTO tool_invocations ({COLUMNS}, updated_at_ms, lease_until_ms) VALUES \
+             ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, NULL, NULL, NULL, $12, \
+             NULL, NULL, NULL, 0, $13, $15, $13, $14) \
+             ON CONFLICT (team_id, idempotency_key, window_start_ms) DO NOTHING"
+        );
+        let input = inv.input.to_string();
+        let inserted = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&inv.id)
+            .bind(&inv.team_id)
+            .bind(&inv.tool)
+            .bind(&inv.version)
+            .bind(inv.mode.as_str())
+            .bind(inv.status.as_str())
+            .bind(&inv.idempotency_key)
+            .bind(inv.window_start_ms)
+            .bind(&inv.trace_id)
+            .bind(&inv.principal)
+            .bind(&input)
+            .bind(inv.estimated_cost_micros)
+            .bind(inv.created_at_ms)
+            .bind(lease_until_ms)
+            .bind(inv.timeout_ms)
+            .execute(self)
+            .await?
+            .rows_affected();
+        if inserted == 1 {
+            return Ok(Claimed::New);
+        }
+        let sql = format!(
+            "SELECT {COLUMNS} FROM tool_invocations \
+             WHERE team_id = $1 AND idempotency_key = $2 AND window_start_ms = $3"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&inv.team_id)
+            .bind(&inv.idempotency_key)
+            .bind(inv.window_start_ms)
+            .fetch_one(self)
+            .await?;
+        Ok(Claimed::Existing(Box::new(decode(&row)?)))
+    }
+
+    async fn finish(
+        &self,
+        id: &str,
+        lease_until_ms: i64,
+        outcome: &Outcome,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let output = outcome.output.as_ref().map(Value::to_string);
+        let written = sqlx::query(
+            "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
+             error_message = $5, cost_micros = $6, duration_ms = $7, execution_id = $8, \
+             attempts = $9, updated_at_ms = $10, lease_until_ms = NULL WHERE id = $1 \
+             AND ((status = 'RUNNING' AND lease_until_ms = $11) \
+              OR (mode = 'SYNC' AND status = 'FAILED' AND error_code = 'INTERRUPTED'))",
+        )
+        .bind(id)
+        .bind(outcome.status.as_str())
+        .bind(&output)
+        .bind(outcome.error.as_ref().map(|e| e.code.clone()))
+        .bind(outcome.error.as_ref().map(|e| e.message.clone()))
+        .bind(outcome.cost_micros)
+        .bind(outcome.duration_ms)
+        .bind(&outcome.execution_id)
+        .bind(outcome.attempts)
+        .bind(now_ms)
+        .bind(lease_until_ms)
+        .execute(self)
+        .await?
+        .rows_affected();
+        Ok(written == 1)
+    }
+
+    async fn release(&self, id: &str, lease_until_ms: i64, now_ms: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE tool_invocations SET status = 'PENDING', lease_until_ms = NULL, \
+             updated_at_ms = $2 WHERE id = $1 AND status = 'RUNNING' AND lease_until_ms = $3",
+        )
+        .bind(id)
+        .bind(now_ms)
+        .bind(lease_until_ms)
+        .execute(self)
+        .await?;
+        Ok(())
+    }
+
+    async fn get(&self, team: &str, id: &str) -> Result<Option<Invocation>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM tool_invocations WHERE id = $1 AND team_id = $2");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .bind(team)
+            .fetch_optional(self)
+            .await?;
+        Ok(row.as_ref().map(decode).transpose()?)
+    }
+
+    async fn take_work(
+        &self,
+        now_ms: i64,
+        slack_ms: i64,
+        limit: i64,
+        busy: &[(String, String, String)],
+    ) -> Result<Vec<Taken>, StoreError> {
+        let mut due = String::from(
+            "(status = 'PENDING' OR (status = 'RUNNING' AND lease_until_ms < $1)) \
+             AND mode = 'ASYNC'",
+        );
+        for i in 0..busy.len() {
+            let n = 4 + 3 * i;
+            due.push_str(&format!(
+                " AND NOT (team_id = ${n} AND tool = ${} AND version = ${})",
+                n + 1,
+                n + 2
+            ));
+        }
+        let sql = if Self::POSTGRES {
+            // SKIP LOCKED: several replicas' workers share the queue, never a row.
+            format!(
+                "UPDATE tool_invocations SET status = 'RUNNING', \
+                 lease_until_ms = $1 + timeout_ms + $2, \
+                 updated_at_ms = $1 WHERE id IN (SELECT id FROM tool_invocations WHERE {due} \
+                 ORDER BY created_at_ms LIMIT $3 FOR UPDATE SKIP LOCKED) \
+                 RETURNING {COLUMNS}, lease_until_ms"
+            )
+        } else {
+            // One process per SQLite file: the statement alone decides.
+            format!(
+                "UPDATE tool_invocations SET status = 'RUNNING', \
+                 lease_until_ms = $1 + timeout_ms + $2, \
+                 updated_at_ms = $1 WHERE id IN (SELECT id FROM tool_invocations WHERE {due} \
+                 ORDER BY created_at_ms LIMIT $3) RETURNING {COLUMNS}, lease_until_ms"
+            )
+        };
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(now_ms)
+            .bind(slack_ms)
+            .bind(limit);
+        for (team, tool, version) in busy {
+            query = query.bind(team).bind(tool).bind(version);
+        }
+        let rows = query.fetch_all(self).await?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                Ok(Taken {
+                    invocation: decode(row)?,
+                    lease_until_ms: row.try_get(LEASE)?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?)
+    }
+
+    async fn fail_interrupted(&self, now_ms: i64) -> Result<Vec<Invocation>, StoreError> {
+        let sql = format!(
+            "UPDATE tool_invocations SET status = 'FAILED', error_code = 'INTERRUPTED', \
+             error_message = 'the process running it stopped before it finished', \
+             lease_until_ms = NULL, updated_at_ms = $1 \
+             WHERE mode = 'SYNC' AND status = 'RUNNING' AND lease_until_ms < $1 RETURNING {COLUMNS}"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(now_ms)
+            .fetch_all(self)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(decode)
+            .collect::<Result<Vec<_>, sqlx::Error>>()?)
+    }
+});
