@@ -274,7 +274,7 @@ async fn page_size_zero_is_the_default_and_a_large_one_is_capped() {
     let hook = Webhook::start().await;
     let app = spawn(&hook.url(), "").await;
     echo(&app, CALLER, "t1", "sizes").await;
-    let columns = ai_orchestrator::audit::store::COLUMNS;
+    let columns = ai_orchestrator::audit::store::sql::COLUMNS;
     // The same columns, read from event 2 with a new id and seq 2 + i.
     let copied = columns
         .replacen("id, ", "id || '-' || i, ", 1)

@@ -249,14 +249,14 @@ impl Backend for Pg<'_, '_> {
     }
 
     async fn audit_head(&mut self, team: &str) -> Result<Head, StoreError> {
-        use crate::audit::{chain, store};
-        sqlx::query(store::ENSURE_HEAD)
+        use crate::audit::{chain, store::sql};
+        sqlx::query(sql::ENSURE_HEAD)
             .bind(team)
             .bind(chain::GENESIS)
             .execute(&mut **self.tx)
             .await?;
         // Locked until commit: replicas append to one chain.
-        let (seq, hash): (i64, String) = sqlx::query_as(store::select_head(true))
+        let (seq, hash): (i64, String) = sqlx::query_as(sql::select_head(true))
             .bind(team)
             .fetch_one(&mut **self.tx)
             .await?;
@@ -265,7 +265,7 @@ impl Backend for Pg<'_, '_> {
 
     async fn insert_audit(&mut self, rows: &[Linked]) -> Result<(), StoreError> {
         for chunk in rows.chunks(32) {
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(crate::audit::store::insert_sql(
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(crate::audit::store::sql::insert_sql(
                 chunk.len(),
             )));
             for l in chunk {
@@ -287,7 +287,7 @@ impl Backend for Pg<'_, '_> {
     }
 
     async fn set_audit_head(&mut self, team: &str, head: &Head) -> Result<(), StoreError> {
-        sqlx::query(crate::audit::store::UPDATE_HEAD)
+        sqlx::query(crate::audit::store::sql::UPDATE_HEAD)
             .bind(team)
             .bind(head.seq)
             .bind(&head.hash)

@@ -254,12 +254,12 @@ impl Backend for Sqlite<'_, '_> {
     }
 
     async fn audit_head(&mut self, team: &str) -> Result<Head, StoreError> {
-        use crate::audit::{chain, store};
+        use crate::audit::{chain, store::sql};
         // IMMEDIATE holds the write lock: nobody else appends meanwhile.
-        self.execute(store::ENSURE_HEAD, &[&team, &chain::GENESIS])?;
+        self.execute(sql::ENSURE_HEAD, &[&team, &chain::GENESIS])?;
         let (seq, hash) = self
             .tx
-            .prepare_cached(store::select_head(false))?
+            .prepare_cached(sql::select_head(false))?
             .query_row(rusqlite::params![team], |row| {
                 Ok((row.get(0)?, row.get(1)?))
             })?;
@@ -267,7 +267,7 @@ impl Backend for Sqlite<'_, '_> {
     }
 
     async fn insert_audit(&mut self, rows: &[Linked]) -> Result<(), StoreError> {
-        let sql = crate::audit::store::insert_sql(1);
+        let sql = crate::audit::store::sql::insert_sql(1);
         for l in rows {
             let e = &l.event;
             self.execute(
@@ -317,7 +317,7 @@ impl Backend for Sqlite<'_, '_> {
 
     async fn set_audit_head(&mut self, team: &str, head: &Head) -> Result<(), StoreError> {
         self.execute(
-            crate::audit::store::UPDATE_HEAD,
+            crate::audit::store::sql::UPDATE_HEAD,
             &[&team, &head.seq, &head.hash],
         )?;
         Ok(())

@@ -3,12 +3,11 @@
 //! active version per (team, key). Resolutions are cached: this process's changes invalidate the
 //! cache at once, other replicas' within [`CACHE_TTL`].
 
+mod sql;
+
 pub use super::cache::CACHE_TTL;
 use super::{Prompt, builtin, cache::PromptCache, check::check, template};
-use crate::{
-    on_store,
-    store::{Store, StoreError},
-};
+use crate::store::{Store, StoreError};
 use std::sync::{Arc, Mutex};
 
 /// A prompt store failure.
@@ -106,62 +105,48 @@ pub struct NewPrompt {
     pub activate: bool,
 }
 
-const COLUMNS: &str = "team_id, prompt_key, version, system_prompt, user_prompt_template, model, temperature, \
-max_tokens, is_active, usage_count, avg_latency_ms, success_rate, created_at_ms, created_by";
+/// The prompt tables' operations (implemented per backend in [`sql`]).
+#[async_trait::async_trait]
+pub trait PromptRepository: Send + Sync + std::fmt::Debug {
+    /// The active version of `key` for `team`, else the global one; `None` when neither exists.
+    async fn resolve(&self, team: &str, key: &str) -> Result<Option<StoredPrompt>, StoreError>;
 
-type Row = (
-    String,
-    String,
-    i64,
-    String,
-    String,
-    Option<String>,
-    Option<f64>,
-    Option<i64>,
-    i64,
-    i64,
-    f64,
-    f64,
-    i64,
-    String,
-);
+    /// The system prompt and model override of one version, when it exists.
+    async fn version(
+        &self,
+        team: &str,
+        key: &str,
+        version: u32,
+    ) -> Result<Option<(String, Option<String>)>, StoreError>;
 
-fn from_row(r: Row) -> StoredPrompt {
-    let (
-        team_id,
-        key,
-        version,
-        system,
-        user_template,
-        model,
-        temperature,
-        max_tokens,
-        active,
-        count,
-        latency,
-        success,
-        at,
-        by,
-    ) = r;
-    StoredPrompt {
-        prompt: Prompt {
-            key,
-            owner: team_id.clone(),
-            version: u32::try_from(version).unwrap_or(0),
-            system,
-            user_template,
-            model,
-            temperature: temperature.map(|t| t as f32),
-            max_tokens: max_tokens.and_then(|m| u32::try_from(m).ok()),
-        },
-        team_id,
-        is_active: active != 0,
-        usage_count: count,
-        avg_latency_ms: latency,
-        success_rate: success,
-        created_at_ms: at,
-        created_by: by,
-    }
+    /// Adds the next version of (team, key) in one write transaction, with its trail entries
+    /// and, when `new.activate`, its audit log event; returns its number.
+    async fn add(&self, new: &NewPrompt, actor: &str, now_ms: i64) -> Result<i64, StoreError>;
+
+    /// Makes `version` the active one of (team, key) in one write transaction, with its trail
+    /// entry and audit log event; false (nothing written) when the version does not exist.
+    async fn activate(
+        &self,
+        team: &str,
+        key: &str,
+        version: u32,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Every version, optionally filtered by team and key.
+    async fn list(
+        &self,
+        team: Option<&str>,
+        key: Option<&str>,
+    ) -> Result<Vec<StoredPrompt>, StoreError>;
+
+    /// The audit trail of (team, key): `(at_ms, actor, action, version)`.
+    async fn audit_trail(
+        &self,
+        team: &str,
+        key: &str,
+    ) -> Result<Vec<(i64, String, String, i64)>, StoreError>;
 }
 
 /// The store, with a small resolution cache.
@@ -239,18 +224,8 @@ impl PromptStore {
         if let Some(prompt) = self.cache().fresh(&cache_key) {
             return Ok(prompt);
         }
-        let sql = format!(
-            "SELECT {COLUMNS} FROM ai_prompts WHERE prompt_key = $1 AND is_active = 1 AND team_id IN ($2, '') \
-             ORDER BY CASE WHEN team_id = '' THEN 1 ELSE 0 END LIMIT 1"
-        );
-        let row: Option<Row> = on_store!(&self.store, |pool| {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
-                .bind(key)
-                .bind(team)
-                .fetch_optional(pool)
-                .await?
-        });
-        let prompt = row.map_or_else(|| builtin(key), |r| from_row(r).prompt);
+        let stored = sql::repository(&self.store).resolve(team, key).await?;
+        let prompt = stored.map_or_else(|| builtin(key), |s| s.prompt);
         self.cache().insert(cache_key, prompt.clone());
         Ok(prompt)
     }
@@ -274,72 +249,9 @@ impl PromptStore {
         if new.activate {
             self.may_activate(&new.key, &new.system).await?;
         }
-        let postgres = matches!(self.store, Store::Postgres(_));
-        let version = on_store!(&self.store, |pool| {
-            let mut tx = match &self.store {
-                Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
-                Store::Postgres(_) => pool.begin().await?,
-            };
-            let current: Option<i64> = sqlx::query_scalar(
-                "SELECT MAX(version) FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2",
-            )
-            .bind(&new.team_id)
-            .bind(&new.key)
-            .fetch_one(&mut *tx)
+        let version = sql::repository(&self.store)
+            .add(&new, actor, now_ms)
             .await?;
-            let version = current.unwrap_or(0) + 1;
-            if new.activate {
-                sqlx::query(
-                    "UPDATE ai_prompts SET is_active = 0 WHERE team_id = $1 AND prompt_key = $2",
-                )
-                .bind(&new.team_id)
-                .bind(&new.key)
-                .execute(&mut *tx)
-                .await?;
-            }
-            sqlx::query(
-                "INSERT INTO ai_prompts (team_id, prompt_key, version, system_prompt, user_prompt_template, model, \
-                 temperature, max_tokens, is_active, created_at_ms, created_by) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            )
-            .bind(&new.team_id)
-            .bind(&new.key)
-            .bind(version)
-            .bind(&new.system)
-            .bind(&new.user_template)
-            .bind(&new.model)
-            .bind(new.temperature.map(f64::from))
-            .bind(new.max_tokens.map(i64::from))
-            .bind(i64::from(new.activate))
-            .bind(now_ms)
-            .bind(actor)
-            .execute(&mut *tx)
-            .await?;
-            audit!(
-                &mut *tx,
-                now_ms,
-                actor,
-                "create",
-                &new.team_id,
-                &new.key,
-                version
-            )?;
-            if new.activate {
-                audit!(
-                    &mut *tx,
-                    now_ms,
-                    actor,
-                    "activate",
-                    &new.team_id,
-                    &new.key,
-                    version
-                )?;
-                let event = activated(&new.team_id, &new.key, version, actor, now_ms);
-                crate::append_audit_events!(tx, postgres, vec![event])?;
-            }
-            tx.commit().await?;
-            Ok::<_, PromptError>(version)
-        })?;
         self.cache().remove(&(new.team_id.clone(), new.key.clone()));
         if new.team_id.is_empty() {
             self.cache().clear();
@@ -356,7 +268,6 @@ impl PromptStore {
         actor: &str,
         now_ms: i64,
     ) -> Result<(), PromptError> {
-        let postgres = matches!(self.store, Store::Postgres(_));
         let missing = || PromptError::NoSuchVersion {
             team: team.to_owned(),
             key: key.to_owned(),
@@ -364,60 +275,17 @@ impl PromptStore {
         };
         // A version never changes: checked before the write lock, its model too, as it may
         // predate the model check.
-        let stored: Option<(String, Option<String>)> = on_store!(&self.store, |pool| {
-            sqlx::query_as("SELECT system_prompt, model FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
-                .bind(team)
-                .bind(key)
-                .bind(i64::from(version))
-                .fetch_optional(pool)
-                .await?
-        });
+        let repository = sql::repository(&self.store);
+        let stored = repository.version(team, key, version).await?;
         let (system, model) = stored.ok_or_else(missing)?;
         self.model_may_serve(key, model.as_deref())?;
         self.may_activate(key, &system).await?;
-        on_store!(&self.store, |pool| {
-            let mut tx = match &self.store {
-                Store::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
-                Store::Postgres(_) => pool.begin().await?,
-            };
-            let exists: Option<i64> =
-                sqlx::query_scalar("SELECT version FROM ai_prompts WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
-                    .bind(team)
-                    .bind(key)
-                    .bind(i64::from(version))
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            if exists.is_none() {
-                return Err(missing());
-            }
-            // Deactivate first: the unique index allows one active row at a time.
-            sqlx::query(
-                "UPDATE ai_prompts SET is_active = 0 WHERE team_id = $1 AND prompt_key = $2",
-            )
-            .bind(team)
-            .bind(key)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query("UPDATE ai_prompts SET is_active = 1 WHERE team_id = $1 AND prompt_key = $2 AND version = $3")
-                .bind(team)
-                .bind(key)
-                .bind(i64::from(version))
-                .execute(&mut *tx)
-                .await?;
-            audit!(
-                &mut *tx,
-                now_ms,
-                actor,
-                "activate",
-                team,
-                key,
-                i64::from(version)
-            )?;
-            let event = activated(team, key, i64::from(version), actor, now_ms);
-            crate::append_audit_events!(tx, postgres, vec![event])?;
-            tx.commit().await?;
-            Ok::<(), PromptError>(())
-        })?;
+        if !repository
+            .activate(team, key, version, actor, now_ms)
+            .await?
+        {
+            return Err(missing());
+        }
         if team.is_empty() {
             self.cache().clear();
         } else {
@@ -432,18 +300,7 @@ impl PromptStore {
         team: Option<&str>,
         key: Option<&str>,
     ) -> Result<Vec<StoredPrompt>, PromptError> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM ai_prompts WHERE ($1 = '*' OR team_id = $1) AND ($2 = '*' OR prompt_key = $2) \
-             ORDER BY team_id, prompt_key, version"
-        );
-        let rows: Vec<Row> = on_store!(&self.store, |pool| {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
-                .bind(team.unwrap_or("*"))
-                .bind(key.unwrap_or("*"))
-                .fetch_all(pool)
-                .await?
-        });
-        Ok(rows.into_iter().map(from_row).collect())
+        Ok(sql::repository(&self.store).list(team, key).await?)
     }
 
     /// The audit trail of (team, key): `(at_ms, actor, action, version)`.
@@ -452,16 +309,7 @@ impl PromptStore {
         team: &str,
         key: &str,
     ) -> Result<Vec<(i64, String, String, i64)>, PromptError> {
-        let rows = on_store!(&self.store, |pool| {
-            sqlx::query_as(
-                "SELECT at_ms, actor, action, version FROM ai_prompt_audit WHERE team_id = $1 AND prompt_key = $2 ORDER BY id",
-            )
-            .bind(team)
-            .bind(key)
-            .fetch_all(pool)
-            .await?
-        });
-        Ok(rows)
+        Ok(sql::repository(&self.store).audit_trail(team, key).await?)
     }
 }
 
@@ -485,23 +333,3 @@ fn activated(
     e.at_ms = now_ms;
     e
 }
-
-/// Appends to the prompt audit trail within `$exec`, a transaction of either backend.
-macro_rules! audit {
-    ($exec:expr, $at:expr, $actor:expr, $action:expr, $team:expr, $key:expr, $version:expr) => {
-        sqlx::query(
-            "INSERT INTO ai_prompt_audit (at_ms, actor, action, team_id, prompt_key, version) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind($at)
-        .bind($actor)
-        .bind($action)
-        .bind($team)
-        .bind($key)
-        .bind($version)
-        .execute($exec)
-        .await
-        .map(drop)
-    };
-}
-use audit;
