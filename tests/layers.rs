@@ -342,3 +342,73 @@ fn features_know_no_edge_and_providers_no_feature() {
     }
     assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
+
+/// Whether `relative` (a path under `src/`) is a store implementation: the connections in
+/// `store/`, or a room's `sql` module (`sql.rs`, or anything under a `sql/` folder).
+fn is_store_implementation(relative: &Path) -> bool {
+    relative.starts_with("store")
+        || relative
+            .components()
+            .any(|c| c.as_os_str() == "sql" || c.as_os_str() == "sql.rs")
+}
+
+/// What gives a line away as SQL or a database driver: a statement literal, a driver path,
+/// or running a query on either backend.
+fn speaks_sql(line: &str) -> bool {
+    let code = line.split("//").next().unwrap_or("");
+    const MARKS: &[&str] = &[
+        "sqlx::",
+        "rusqlite::",
+        "on_store!",
+        "impl_for_both_pools!",
+        "\"SELECT ",
+        "\"INSERT INTO",
+        "\"UPDATE ",
+        "\"DELETE FROM",
+        "\"WITH ",
+        "\"CREATE ",
+    ];
+    MARKS.iter().any(|mark| code.contains(mark))
+}
+
+/// Services reach their tables through a repository: SQL sits in the store
+/// implementations only (docs/architecture.md, "Storage").
+#[test]
+fn no_sql_outside_the_store_implementations() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    visit(&src, &mut files);
+    let mut broken = Vec::new();
+    for file in &files {
+        let relative = file.strip_prefix(&src).unwrap();
+        if is_store_implementation(relative) || relative == Path::new("main.rs") {
+            continue;
+        }
+        let source = fs::read_to_string(file).unwrap();
+        for (n, line) in source.lines().enumerate() {
+            if speaks_sql(line) {
+                broken.push(format!("{}:{}: {}", relative.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "SQL outside a store implementation (move it to the room's `sql` module):\n  {}",
+        broken.join("\n  ")
+    );
+}
+
+#[test]
+fn the_sql_reader_knows_store_implementations_and_statements() {
+    assert!(is_store_implementation(Path::new("store/mod.rs")));
+    assert!(is_store_implementation(Path::new("audit/store/sql.rs")));
+    assert!(is_store_implementation(Path::new(
+        "usage/ledger/sql/sqlite/writer.rs"
+    )));
+    assert!(!is_store_implementation(Path::new("usage/summary.rs")));
+    assert!(!is_store_implementation(Path::new("tools/sqlish.rs")));
+    assert!(speaks_sql("    sqlx::query(\"x\")"));
+    assert!(speaks_sql("const Q: &str = \"SELECT id FROM t\";"));
+    assert!(!speaks_sql("    // \"SELECT \" in a comment"));
+    assert!(!speaks_sql("/// Selects the model."));
+}

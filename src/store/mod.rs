@@ -46,8 +46,10 @@ pub enum StoreError {
     Unsupported(&'static str),
 }
 
-/// Runs `$body` once per backend with `$pool` bound to its pool, for SQL valid on both.
+/// Runs `$body` once per backend with `$pool` bound to its pool, for SQL valid on both: the
+/// store's own queries and tests that inspect tables. Services use their repository.
 #[macro_export]
+#[doc(hidden)]
 macro_rules! on_store {
     ($store:expr, |$pool:ident| $body:expr) => {
         match $store {

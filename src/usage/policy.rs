@@ -167,7 +167,7 @@ pub fn check(balance: &Balance, caps: &Caps, requested: Amount) -> Result<(), Re
     }
 }
 
-/// Why [`GUARDED_RESERVE`] refused `requested`, against the re-read balance;
+/// Why the ledger's SQL guard (`GUARDED_RESERVE`) refused `requested`, against the re-read balance;
 /// if it now seems to fit (READ COMMITTED), the cap closest to its limit.
 pub fn refusal(balance: &Balance, caps: &Caps, requested: Amount) -> Refusal {
     if let Err(refusal) = check(balance, caps, requested) {

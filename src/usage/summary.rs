@@ -4,10 +4,6 @@ use crate::store::{Store, StoreError};
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use std::collections::BTreeMap;
 
-mod read;
-
-use read::{latency_histogram, records, rollups};
-
 const DAY_MS: i64 = 86_400_000;
 
 /// A dimension to group by.
@@ -21,18 +17,6 @@ pub enum Dimension {
     Model,
     /// UTC calendar day.
     Day,
-}
-
-impl Dimension {
-    /// SQL expression; fixed strings only, never caller input.
-    pub(super) fn column(self) -> &'static str {
-        match self {
-            Dimension::Task => "task",
-            Dimension::Provider => "provider",
-            Dimension::Model => "model",
-            Dimension::Day => "CAST(created_at_ms / 86400000 AS BIGINT)",
-        }
-    }
 }
 
 /// Sums over a set of records.
@@ -141,6 +125,7 @@ pub async fn summarize(
     end_ms: i64,
     dims: &[Dimension],
 ) -> Result<Summary, StoreError> {
+    let repository = super::sql::repository(store);
     let mut dims = dims.to_vec();
     dims.sort();
     dims.dedup();
@@ -154,7 +139,7 @@ pub async fn summarize(
     let mut edges = vec![(start_ms, end_ms)];
     if first_day < end_day {
         edges = vec![(start_ms, first_day * DAY_MS), (end_day * DAY_MS, end_ms)];
-        for (key, sums) in rollups(store, team, first_day, end_day, &dims).await? {
+        for (key, sums) in repository.rollups(team, first_day, end_day, &dims).await? {
             all.add_rollup(&sums);
             if grouped {
                 groups
@@ -163,7 +148,9 @@ pub async fn summarize(
                     .add_rollup(&sums);
             }
         }
-        for (key, floor, count) in latency_histogram(store, team, first_day, end_day, &dims).await?
+        for (key, floor, count) in repository
+            .latency_histogram(team, first_day, end_day, &dims)
+            .await?
         {
             all.add_latencies(floor, count);
             if grouped {
@@ -175,13 +162,13 @@ pub async fn summarize(
         }
     }
     for (from, to) in edges.into_iter().filter(|(from, to)| from < to) {
-        records(store, team, from, to, &dims, |key, row| {
+        let mut each = |key: Vec<String>, row: SumRow| {
             all.add(&row);
             if grouped {
                 groups.entry(bucket_key(&dims, &key)).or_default().add(&row);
             }
-        })
-        .await?;
+        };
+        repository.records(team, from, to, &dims, &mut each).await?;
     }
     Ok(Summary {
         totals: all.finish(),

@@ -137,7 +137,7 @@ pub fn create(
 }
 
 /// Takes conversation `id` for the turn `token` unless another turn's lease
-/// still runs: changes one row when taken. See [`acquired`].
+/// still runs: changes one row when taken. See [`acquired`](super::acquired).
 pub fn acquire(team: &str, id: &str, now_ms: i64, lease_until_ms: i64, token: &str) -> Statement {
     Statement::new(
         "UPDATE conversations SET busy_until_ms = $1, busy_token = $2 \

@@ -18,7 +18,7 @@ pub fn generate() -> String {
 }
 
 /// One row of `api_keys`.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRecord {
     /// Unique name (who the key belongs to).
     pub name: String,

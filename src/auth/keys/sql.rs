@@ -30,7 +30,8 @@ crate::impl_for_both_pools!(KeyRepository {
     async fn list(&self) -> Result<Vec<KeyRecord>, StoreError> {
         const SQL: &str = "SELECT name, key_sha256, teams, role, created_at_ms, revoked_at_ms \
                            FROM api_keys ORDER BY name";
-        Ok(sqlx::query_as::<_, KeyRecord>(SQL).fetch_all(self).await?)
+        let rows: Vec<KeyRow> = sqlx::query_as(SQL).fetch_all(self).await?;
+        Ok(rows.into_iter().map(key_record).collect())
     }
 
     async fn revoke(&self, name: &str, now_ms: i64) -> Result<bool, StoreError> {
@@ -45,3 +46,17 @@ crate::impl_for_both_pools!(KeyRepository {
         Ok(done == 1)
     }
 });
+
+type KeyRow = (String, String, String, String, i64, Option<i64>);
+
+fn key_record(row: KeyRow) -> KeyRecord {
+    let (name, key_sha256, teams, role, created_at_ms, revoked_at_ms) = row;
+    KeyRecord {
+        name,
+        key_sha256,
+        teams,
+        role,
+        created_at_ms,
+        revoked_at_ms,
+    }
+}

@@ -57,12 +57,6 @@ fn owner_label(team: &str) -> String {
     }
 }
 
-impl From<sqlx::Error> for PromptError {
-    fn from(e: sqlx::Error) -> Self {
-        PromptError::Store(StoreError::Sqlx(e))
-    }
-}
-
 /// A stored prompt version with its stats.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredPrompt {
@@ -105,7 +99,7 @@ pub struct NewPrompt {
     pub activate: bool,
 }
 
-/// The prompt tables' operations (implemented per backend in [`sql`]).
+/// The prompt tables' operations (implemented per backend in `sql`).
 #[async_trait::async_trait]
 pub trait PromptRepository: Send + Sync + std::fmt::Debug {
     /// The active version of `key` for `team`, else the global one; `None` when neither exists.

@@ -111,7 +111,7 @@ pub enum Claimed {
     Existing(Box<Invocation>),
 }
 
-/// The `tool_invocations` table's operations (implemented per backend in [`sql`]).
+/// The `tool_invocations` table's operations (implemented per backend in `sql`).
 #[async_trait::async_trait]
 pub trait InvocationRepository: Send + Sync + std::fmt::Debug {
     /// Inserts `inv` unless its key is taken in its window, in one statement, so two

@@ -4,7 +4,7 @@
 
 pub mod group_commit;
 mod plan;
-pub(crate) mod sql;
+mod sql;
 pub mod writer;
 
 pub use sql::{postgres, sqlite};

@@ -1,9 +1,7 @@
-//! The cap rule, and the SQL guard held to it.
+//! The cap rule (the SQL guard is held to it in `ledger::sql`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
-use crate::usage::ledger::sql::GUARDED_RESERVE;
-use proptest::prelude::*;
 
 const CAPS: Caps = Caps {
     tokens: Some(1_000),
@@ -67,112 +65,4 @@ fn refusal_against_a_balance_that_fits_names_the_closest_cap() {
     let r = refusal(&b, &caps, amount(100, 1, 1_000));
     assert_eq!((r.cap, r.limit, r.used), (CapKind::Requests, 20, 10));
     assert_eq!(r.remaining(), 10);
-}
-
-/// A ledger on the real SQLite schema, CHECK constraints included.
-fn ledger() -> rusqlite::Connection {
-    let conn = rusqlite::Connection::open_in_memory().unwrap();
-    for sql in [
-        include_str!("../../../migrations/sqlite/0001_init.sql"),
-        include_str!("../../../migrations/sqlite/0002_ledger.sql"),
-        include_str!("../../../migrations/sqlite/0003_prompt_audit.sql"),
-        include_str!("../../../migrations/sqlite/0004_api_keys.sql"),
-        include_str!("../../../migrations/sqlite/0005_slim_ledger_writes.sql"),
-        include_str!("../../../migrations/sqlite/0006_amount_checks.sql"),
-    ] {
-        conn.execute_batch(sql).unwrap();
-    }
-    conn
-}
-
-/// Whether [`GUARDED_RESERVE`] admits `requested` against `balance` under
-/// `caps` (the team's row, or the defaults).
-fn guard_admits(
-    conn: &rusqlite::Connection,
-    balance: &Balance,
-    caps: &Caps,
-    requested: Amount,
-    as_override: bool,
-) -> bool {
-    conn.execute_batch("DELETE FROM usage_ledger; DELETE FROM tenant_limits;")
-        .unwrap();
-    conn.execute(
-        "INSERT INTO usage_ledger (team_id, month_start_ms, spent_tokens, spent_requests, \
-         spent_cost_micros, reserved_tokens, reserved_requests, reserved_cost_micros) \
-         VALUES ('t', 0, ?1, ?2, ?3, ?4, ?5, ?6)",
-        rusqlite::params![
-            balance.spent_tokens,
-            balance.spent_requests,
-            balance.spent_cost_micros,
-            balance.reserved_tokens,
-            balance.reserved_requests,
-            balance.reserved_cost_micros
-        ],
-    )
-    .unwrap();
-    let defaults = if as_override {
-        conn.execute(
-            "INSERT INTO tenant_limits (team_id, max_tokens, max_requests, max_cost_micros, \
-             updated_at_ms) VALUES ('t', ?1, ?2, ?3, 0)",
-            rusqlite::params![caps.tokens, caps.requests, caps.cost_micros],
-        )
-        .unwrap();
-        // Ignored: the team's own row wins.
-        Caps {
-            tokens: Some(0),
-            requests: Some(0),
-            cost_micros: Some(0),
-        }
-    } else {
-        *caps
-    };
-    let mut stmt = conn.prepare(GUARDED_RESERVE).unwrap();
-    let names = ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"];
-    let values: [&dyn rusqlite::ToSql; 8] = [
-        &"t",
-        &0_i64,
-        &requested.tokens,
-        &requested.requests,
-        &requested.cost_micros,
-        &defaults.tokens,
-        &defaults.requests,
-        &defaults.cost_micros,
-    ];
-    for (name, value) in names.iter().zip(values) {
-        let index = stmt.parameter_index(name).unwrap().unwrap();
-        stmt.raw_bind_parameter(index, value).unwrap();
-    }
-    stmt.raw_execute().unwrap() == 1
-}
-
-fn cap() -> impl Strategy<Value = Option<i64>> {
-    prop_oneof![Just(None), (0_i64..2_000).prop_map(Some)]
-}
-
-fn part() -> impl Strategy<Value = i64> {
-    0_i64..1_200
-}
-
-proptest! {
-    /// The SQL guard admits exactly what [`check`] admits.
-    #[test]
-    fn the_sql_guard_agrees_with_the_cap_rule(
-        spent in (part(), part(), part()),
-        reserved in (part(), part(), part()),
-        caps in (cap(), cap(), cap()),
-        requested in (part(), 0_i64..3, part()),
-        as_override in any::<bool>(),
-    ) {
-        let balance = Balance::of(
-            Amount::new(spent.0, spent.1, spent.2),
-            Amount::new(reserved.0, reserved.1, reserved.2),
-        );
-        let caps = Caps { tokens: caps.0, requests: caps.1, cost_micros: caps.2 };
-        let requested = Amount::new(requested.0, requested.1, requested.2);
-        let conn = ledger();
-        prop_assert_eq!(
-            guard_admits(&conn, &balance, &caps, requested, as_override),
-            check(&balance, &caps, requested).is_ok()
-        );
-    }
 }

@@ -54,7 +54,7 @@ pub(super) const RESERVATION_COLUMNS: usize = 13;
 /// [`policy::check`](crate::usage::policy::check) in SQL: reserves `($3, $4, $5)` for `($1, $2)` under its
 /// `tenant_limits` row (NULL: no cap) or `($6, $7, $8)`. READ COMMITTED
 /// re-checks the `WHERE` on a concurrently updated row: it holds across replicas.
-pub(crate) const GUARDED_RESERVE: &str = "WITH caps (t, r, c) AS (\
+pub(super) const GUARDED_RESERVE: &str = "WITH caps (t, r, c) AS (\
 SELECT max_tokens, max_requests, max_cost_micros FROM tenant_limits WHERE team_id = $1 \
 UNION ALL SELECT CAST($6 AS BIGINT), CAST($7 AS BIGINT), CAST($8 AS BIGINT) \
 WHERE NOT EXISTS (SELECT 1 FROM tenant_limits WHERE team_id = $1)) \
@@ -143,3 +143,6 @@ pub async fn apply(store: &Store, ops: &[Op]) -> Result<Vec<Done>, StoreError> {
     })
     .await?
 }
+
+#[cfg(test)]
+mod tests;

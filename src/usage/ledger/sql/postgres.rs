@@ -12,7 +12,8 @@ use crate::{
     usage::{
         amount::Amount,
         policy::{Balance, Caps},
-        record::{self, UsageRecord},
+        record::UsageRecord,
+        sql as records,
     },
 };
 use sqlx::{Postgres, Transaction};
@@ -90,7 +91,7 @@ fn insert_records_sql(rows: usize) -> &'static str {
     static CACHE: OnceLock<Vec<String>> = OnceLock::new();
     cached(
         &CACHE,
-        |n| values_sql(record::INSERT_HEAD, record::COLUMNS, n),
+        |n| values_sql(records::INSERT_HEAD, records::COLUMNS, n),
         rows,
     )
 }

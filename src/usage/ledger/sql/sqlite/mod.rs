@@ -21,7 +21,8 @@ use crate::{
     usage::{
         amount::Amount,
         policy::{Balance, Caps},
-        record::{self, UsageRecord},
+        record::UsageRecord,
+        sql as records,
     },
 };
 use futures::FutureExt;
@@ -162,7 +163,7 @@ impl Backend for Sqlite<'_, '_> {
     async fn insert_records(&mut self, rows: &[&UsageRecord]) -> Result<(), StoreError> {
         for r in rows {
             self.execute(
-                record::INSERT,
+                records::INSERT,
                 &[
                     &r.created_at_ms,
                     &r.team_id,
