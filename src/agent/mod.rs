@@ -70,9 +70,9 @@ impl StopReason {
 /// Why a turn could not start (each is a gRPC error before any event).
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum AgentError {
-    /// No `[agents.<name>]`.
-    #[error("unknown agent `{0}`")]
-    UnknownAgent(String),
+    /// No `[agents.<name>]`; `known` lists the configured ones.
+    #[error("unknown agent `{name}`")]
+    UnknownAgent { name: String, known: Vec<String> },
     /// No such conversation for the team (or it was erased).
     #[error("conversation `{0}` not found")]
     ConversationNotFound(String),
@@ -112,7 +112,7 @@ impl AgentError {
     /// The stable reason (`ErrorInfo.reason`).
     pub fn reason(&self) -> &'static str {
         match self {
-            AgentError::UnknownAgent(_) => "AGENT_UNKNOWN",
+            AgentError::UnknownAgent { .. } => "AGENT_UNKNOWN",
             AgentError::ConversationNotFound(_) => "CONVERSATION_NOT_FOUND",
             AgentError::ConversationBusy(_) => "CONVERSATION_BUSY",
             AgentError::AgentMismatch { .. } => "CONVERSATION_AGENT_MISMATCH",

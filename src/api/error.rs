@@ -17,7 +17,7 @@ use crate::{
         pricing::{usd, usd_text},
     },
 };
-use bounds::{MAX_ECHO, MAX_MESSAGE, bound_violations, clip};
+use bounds::{MAX_ECHO, MAX_MESSAGE, bound_violations, clip, known_names};
 use std::{collections::HashMap, time::Duration};
 use tonic::{Code, Status, metadata::MetadataMap};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -79,7 +79,10 @@ pub mod reason {
 pub(crate) enum Failure {
     /// Bad input: `(field, description)` pairs.
     Invalid(Vec<(String, String)>),
-    UnknownTask(String),
+    UnknownTask {
+        task: String,
+        known: Vec<String>,
+    },
     Route(RouteError),
     Storage(String),
     NotFound(String),
@@ -203,7 +206,7 @@ impl From<CallError> for Failure {
     fn from(err: CallError) -> Self {
         match err {
             CallError::Invalid(v) => Failure::Invalid(v),
-            CallError::UnknownTask(t) => Failure::UnknownTask(t),
+            CallError::UnknownTask { task, known } => Failure::UnknownTask { task, known },
             CallError::Route(e) => Failure::Route(e),
             CallError::Quota(refusal) => Failure::Quota(refusal),
             CallError::Budget {
@@ -253,7 +256,9 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
     let mut details = ErrorDetails::new();
     let (code, reason, message) = match failure {
         Failure::Invalid(violations) => invalid_input(violations, &mut details),
-        Failure::UnknownTask(task) => unknown_task(&task, &mut details, &mut info),
+        Failure::UnknownTask { task, known } => {
+            unknown_task(&task, &known, &mut details, &mut info)
+        }
         Failure::Route(err) => route_failure(err, &mut details, &mut info),
         Failure::Storage(detail) => {
             tracing::error!(%trace_id, error = %detail, "storage failure");
@@ -344,19 +349,22 @@ fn invalid_input(violations: Vec<(String, String)>, details: &mut ErrorDetails) 
     (Code::InvalidArgument, reason::INVALID_INPUT, message)
 }
 
-/// An unknown task, echoed clipped.
+/// An unknown task, echoed clipped, with the configured ones (`known`, in `ErrorInfo` too).
 fn unknown_task(
     task: &str,
+    known: &[String],
     details: &mut ErrorDetails,
     info: &mut HashMap<String, String>,
 ) -> Parts {
     let task = clip(task, MAX_ECHO);
     details.add_bad_request_violation("task", format!("unknown task `{task}`"));
     info.insert("task".into(), task.clone());
+    let known = known_names(known);
+    info.insert("known".into(), known.clone());
     (
         Code::InvalidArgument,
         reason::TASK_UNKNOWN,
-        format!("unknown task `{task}`"),
+        format!("unknown task `{task}`; known tasks: {known}"),
     )
 }
 
@@ -366,7 +374,7 @@ fn route_failure(
     info: &mut HashMap<String, String>,
 ) -> Parts {
     match err {
-        RouteError::UnknownTask(task) => unknown_task(&task, details, info),
+        RouteError::UnknownTask(task) => unknown_task(&task, &[], details, info),
         err @ RouteError::AllProvidersFailed { .. } => {
             let reason = err.reason();
             let attempts = err.attempts();
@@ -496,9 +504,12 @@ fn tool_budget_exceeded(
 fn agent_refusal(err: AgentError, details: &mut ErrorDetails) -> Parts {
     let reason = err.reason();
     let code = match &err {
-        AgentError::UnknownAgent(name) => {
+        AgentError::UnknownAgent { name, known } => {
+            let name = clip(name, MAX_ECHO);
             details.add_bad_request_violation("agent", format!("unknown agent `{name}`"));
-            Code::InvalidArgument
+            let known = known_names(known);
+            let message = format!("unknown agent `{name}`; known agents: {known}");
+            return (Code::InvalidArgument, reason, message);
         }
         AgentError::ConversationNotFound(_) => Code::NotFound,
         // Retry once the running turn has ended.

@@ -16,7 +16,8 @@ use std::time::Duration;
 pub enum CallError {
     /// The input is unusable; each entry is `(field, description)`.
     Invalid(Vec<(String, String)>),
-    UnknownTask(String),
+    /// No `[tasks.<name>]`; `known` lists the configured ones.
+    UnknownTask { task: String, known: Vec<String> },
     /// Every target failed, or the deadline passed; carries every attempt.
     Route(RouteError),
     /// A monthly cap would be exceeded.
@@ -93,7 +94,10 @@ impl From<TaskError> for CallError {
     fn from(err: TaskError) -> Self {
         match err {
             TaskError::Invalid(v) => CallError::Invalid(v),
-            TaskError::Route(RouteError::UnknownTask(t)) => CallError::UnknownTask(t),
+            TaskError::Route(RouteError::UnknownTask(task)) => CallError::UnknownTask {
+                task,
+                known: Vec::new(),
+            },
             TaskError::Route(e) => CallError::Route(e),
             TaskError::Meter(e) => e.into(),
         }
@@ -115,7 +119,11 @@ impl Call {
             Err(CallError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => Err(err),
             Err(other) => {
                 let err = match other {
-                    CallError::Route(RouteError::UnknownTask(t)) => CallError::UnknownTask(t),
+                    CallError::Route(RouteError::UnknownTask(task))
+                    | CallError::UnknownTask { task, .. } => CallError::UnknownTask {
+                        task,
+                        known: self.pipeline.config().tasks.keys().cloned().collect(),
+                    },
                     other => self.refused(other),
                 };
                 // A refusal before anything ran gives back what it reserved; any other
@@ -123,7 +131,7 @@ impl Call {
                 let refused = matches!(
                     err,
                     CallError::Invalid(_)
-                        | CallError::UnknownTask(_)
+                        | CallError::UnknownTask { .. }
                         | CallError::Quota(_)
                         | CallError::Budget { .. }
                         | CallError::ToolBudget { .. }

@@ -22,9 +22,6 @@ fn wanted(kind: &ValidationErrorKind) -> String {
             jsonschema::error::TypeKind::Single(t) => format!("must be of type {t}"),
             jsonschema::error::TypeKind::Multiple(ts) => format!("must be one of the types {ts:?}"),
         },
-        K::AdditionalProperties { unexpected } => {
-            format!("{} property(ies) not allowed here", unexpected.len())
-        }
         K::MaxLength { limit } => format!("longer than {limit} characters"),
         K::MinLength { limit } => format!("shorter than {limit} characters"),
         K::MaxItems { limit } => format!("more than {limit} items"),
@@ -39,24 +36,38 @@ fn wanted(kind: &ValidationErrorKind) -> String {
 }
 
 /// Every violation of `value`: `(JSON pointer, description)`, the pointer
-/// RFC 6901's (`""` for the whole input); a missing required property gets
-/// the pointer it should be at, so the caller sees which field to add.
+/// RFC 6901's (`""` for the whole input). A missing required property gets
+/// the pointer it should be at, and each property the schema does not allow
+/// its own, so the caller sees which field to add or drop.
 pub fn violations(validator: &Validator, value: &Value) -> Vec<(String, String)> {
     validator
         .iter_errors(value)
-        .take(MAX_VIOLATIONS)
-        .map(|e| {
-            let mut at = e.instance_path().to_string();
-            if let ValidationErrorKind::Required { property } = e.kind() {
-                let name = property
-                    .as_str()
-                    .map_or_else(|| property.to_string(), str::to_owned);
-                at.push('/');
-                at.push_str(&name.replace('~', "~0").replace('/', "~1"));
+        .flat_map(|e| {
+            let at = e.instance_path().to_string();
+            match e.kind() {
+                ValidationErrorKind::Required { property } => {
+                    vec![(below(&at, property), wanted(e.kind()))]
+                }
+                ValidationErrorKind::AdditionalProperties { unexpected } => unexpected
+                    .iter()
+                    .map(|name| (below(&at, &Value::String(name.clone())), NOT_ALLOWED.into()))
+                    .collect(),
+                kind => vec![(at, wanted(kind))],
             }
-            (at, wanted(e.kind()))
         })
+        .take(MAX_VIOLATIONS)
         .collect()
+}
+
+/// What an unexpected property is told.
+const NOT_ALLOWED: &str = "property not allowed by the schema";
+
+/// The pointer of property `name` of the object at pointer `at`.
+fn below(at: &str, name: &Value) -> String {
+    let name = name
+        .as_str()
+        .map_or_else(|| name.to_string(), str::to_owned);
+    format!("{at}/{}", name.replace('~', "~0").replace('/', "~1"))
 }
 
 #[cfg(test)]
@@ -77,15 +88,17 @@ mod tests {
             &json!({"note": "CANARY-SECRET-VALUE", "tags": ["ok", 7], "extra": 1}),
         );
         let pointers: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
-        // Missing properties where they belong; an extra property as the root, `""`.
+        // Missing properties where they belong, and an extra one where it is.
         assert!(pointers.contains(&"/lead_id"), "{found:?}");
         assert!(pointers.contains(&"/a~1b~0c"), "{found:?}");
-        assert!(pointers.contains(&""), "{found:?}");
+        assert!(pointers.contains(&"/extra"), "{found:?}");
+        assert!(!pointers.contains(&""), "{found:?}");
         assert!(pointers.contains(&"/note"), "{found:?}");
         assert!(pointers.contains(&"/tags/1"), "{found:?}");
         let text = format!("{found:?}");
         assert!(!text.contains("CANARY"), "{text}");
         assert!(text.contains("missing required property lead_id"), "{text}");
         assert!(text.contains("longer than 5 characters"), "{text}");
+        assert!(text.contains(NOT_ALLOWED), "{text}");
     }
 }

@@ -267,6 +267,14 @@ async fn execute_rejects_unknown_tasks_and_bad_json() {
         "TASK_UNKNOWN",
         Some("task"),
     );
+    // It names the tasks there are, in the message and in ErrorInfo.
+    assert!(
+        unknown.message().contains("known tasks: ") && unknown.message().contains("meeting_brief"),
+        "{}",
+        unknown.message()
+    );
+    let known = &unknown.get_details_error_info().unwrap().metadata["known"];
+    assert!(known.contains("meeting_brief"), "{known}");
 
     let missing = c.execute(execute("", None)).await.unwrap_err();
     assert_error(

@@ -38,6 +38,28 @@ pub(super) fn bound_violations(details: &mut ErrorDetails) {
     details.set_bad_request(bounded);
 }
 
+/// Configured names a refusal lists (an unknown task or agent): sorted, comma-separated,
+/// at most [`MAX_KNOWN`] of them and each clipped, so a large config keeps the status small.
+pub(super) fn known_names(known: &[String]) -> String {
+    if known.is_empty() {
+        return "none configured".to_owned();
+    }
+    let mut names: Vec<&String> = known.iter().collect();
+    names.sort();
+    let mut listed: Vec<String> = names
+        .iter()
+        .take(MAX_KNOWN)
+        .map(|n| clip(n, MAX_ECHO))
+        .collect();
+    if names.len() > MAX_KNOWN {
+        listed.push(format!("and {} more", names.len() - MAX_KNOWN));
+    }
+    listed.join(", ")
+}
+
+/// Names listed by [`known_names`].
+const MAX_KNOWN: usize = 20;
+
 /// `text` cut to at most `max` bytes at a character boundary, plus a 3-byte mark when cut.
 pub(super) fn clip(text: &str, max: usize) -> String {
     if text.len() <= max {

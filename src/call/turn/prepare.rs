@@ -70,7 +70,12 @@ impl Pipeline {
         req: TurnRequest,
     ) -> Result<Prepared, CallError> {
         let Some(agent) = self.config().agents.get(&req.agent).cloned() else {
-            return Err(AgentError::UnknownAgent(req.agent).into());
+            let known = self.config().agents.keys().cloned().collect();
+            return Err(AgentError::UnknownAgent {
+                name: req.agent,
+                known,
+            }
+            .into());
         };
         if req.message.trim().is_empty() {
             return Err(CallError::Invalid(vec![(

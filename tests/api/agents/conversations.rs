@@ -283,6 +283,14 @@ async fn unknown_agents_and_empty_messages_are_invalid() {
         (unknown.code(), reason(&unknown).as_str()),
         (Code::InvalidArgument, "AGENT_UNKNOWN")
     );
+    // The refusal names the agents there are, as `--group-by` names its choices.
+    assert!(
+        unknown
+            .message()
+            .contains("unknown agent `nobody`; known agents: busy_tools, helper, looper"),
+        "{}",
+        unknown.message()
+    );
     let empty = turn(&app, CALLER, "bad-2", converse("helper", "  ", None))
         .await
         .unwrap_err();
