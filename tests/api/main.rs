@@ -9,6 +9,7 @@ mod common;
 mod connections;
 mod crash;
 mod deadlines;
+mod docs_commands;
 mod errors;
 mod fleet;
 mod health;

@@ -237,6 +237,11 @@ fn shipped_configs_are_valid() {
         |name| name.ends_with("_API_KEY").then(|| "key".into()),
     )
     .expect("example.toml with keys set");
+    Config::load_with_env(
+        std::path::Path::new(&format!("{root}/config/openai.toml")),
+        |name| (name == "OPENAI_API_KEY").then(|| "key".into()),
+    )
+    .expect("openai.toml with only OPENAI_API_KEY set");
 }
 
 /// The CLI's own `AIO_*` variables share the config prefix; only `__` paths
