@@ -285,3 +285,75 @@ async fn the_one_key_openai_config_serves_calls() {
     assert!(output.contains("\"provider\": \"openai\""), "{output}");
     assert_eq!(openai.received_requests().await.unwrap().len(), 1);
 }
+
+/// GitHub's anchor of a heading: lowercase, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of `doc`'s headings (outside code blocks).
+fn anchors(doc: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut found = Vec::new();
+    for line in doc.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            found.push(anchor(line.trim_start_matches('#')));
+        }
+    }
+    found
+}
+
+/// Every relative link between the pages names a file that exists and, with
+/// a `#fragment`, a heading it has.
+#[test]
+fn links_between_the_pages_resolve() {
+    let pages = pages();
+    let mut broken = Vec::new();
+    for (name, text) in &pages {
+        let dir = Path::new(name).parent().unwrap_or(Path::new(""));
+        for (i, _) in text.match_indices("](") {
+            let rest = &text[i + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let target = &rest[..end];
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
+            let path = if file.is_empty() {
+                Path::new(name).to_path_buf()
+            } else {
+                dir.join(file)
+            };
+            let Ok(linked) = std::fs::read_to_string(root().join(&path)) else {
+                if !root().join(&path).is_dir() {
+                    broken.push(format!("{name}: {target}: no such file"));
+                }
+                continue;
+            };
+            if !fragment.is_empty()
+                && path.extension().is_some_and(|e| e == "md")
+                && !anchors(&linked).iter().any(|a| a == fragment)
+            {
+                broken.push(format!("{name}: {target}: no such heading"));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn anchors_are_githubs() {
+    assert_eq!(
+        anchor(" 13. Tracing (OpenTelemetry)"),
+        "13-tracing-opentelemetry"
+    );
+    assert_eq!(anchor(" `call --team` and `x`"), "call---team-and-x");
+}
