@@ -139,176 +139,176 @@ type OrphanRow = (
 
 crate::impl_for_both_pools!(UsageRepository {
     async fn by_trace(&self, trace_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
-        const SELECT: &str = "SELECT created_at_ms, team_id, user_id, task, provider, model, prompt_key, \
-    prompt_version, trace_id, input_tokens, output_tokens, cost_micros, latency_ms, outcome, attempts, degraded, \
-    channel, priority, conversation_id, iteration FROM usage_records WHERE trace_id = $1 ORDER BY id";
-        {
-            let rows = sqlx::query(SELECT).bind(trace_id).fetch_all(self).await?;
+        let sql = concat!(
+            "SELECT ",
+            record_columns!(),
+            " FROM usage_records WHERE trace_id = $1 ORDER BY id"
+        );
+        let rows = sqlx::query(sql).bind(trace_id).fetch_all(self).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(UsageRecord {
+                created_at_ms: row.try_get(0)?,
+                team_id: row.try_get(1)?,
+                user_id: row.try_get(2)?,
+                task: row.try_get(3)?,
+                provider: row.try_get(4)?,
+                model: row.try_get(5)?,
+                prompt_key: row.try_get(6)?,
+                prompt_version: row.try_get(7)?,
+                trace_id: row.try_get(8)?,
+                input_tokens: row.try_get(9)?,
+                output_tokens: row.try_get(10)?,
+                cost_micros: row.try_get(11)?,
+                latency_ms: row.try_get(12)?,
+                outcome: row.try_get(13)?,
+                attempts: row.try_get(14)?,
+                degraded: row.try_get::<i64, _>(15)? != 0,
+                channel: row.try_get(16)?,
+                priority: row.try_get(17)?,
+                conversation_id: row.try_get(18)?,
+                iteration: row.try_get(19)?,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn rollups(
+        &self,
+        team: &str,
+        first_day: i64,
+        end_day: i64,
+        dims: &[Dimension],
+    ) -> Result<Vec<(Vec<String>, RollupRow)>, StoreError> {
+        let (select, group_by) = dimension_sql(dims, "day");
+        let group_by = if group_by.is_empty() {
+            String::new()
+        } else {
+            format!(" GROUP BY {group_by}")
+        };
+        let sum = |c: &str| format!("CAST(COALESCE(SUM({c}), 0) AS BIGINT)");
+        let sql = format!(
+            "SELECT {select}{}, {}, {}, {}, {}, {}, {} FROM usage_rollup \
+             WHERE team_id = $1 AND day >= $2 AND day < $3{group_by}",
+            sum("requests"),
+            sum("input_tokens"),
+            sum("output_tokens"),
+            sum("cost_micros"),
+            sum("errors"),
+            sum("degraded"),
+            sum("unpriced"),
+        );
+        let n = dims.len();
+        let rows = {
+            // Audited: the only dynamic parts are `column`'s constants.
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(team)
+                .bind(first_day)
+                .bind(end_day)
+                .fetch_all(self)
+                .await?;
             let mut out = Vec::with_capacity(rows.len());
             for row in rows {
-                out.push(UsageRecord {
-                    created_at_ms: row.try_get(0)?,
-                    team_id: row.try_get(1)?,
-                    user_id: row.try_get(2)?,
-                    task: row.try_get(3)?,
-                    provider: row.try_get(4)?,
-                    model: row.try_get(5)?,
-                    prompt_key: row.try_get(6)?,
-                    prompt_version: row.try_get(7)?,
-                    trace_id: row.try_get(8)?,
-                    input_tokens: row.try_get(9)?,
-                    output_tokens: row.try_get(10)?,
-                    cost_micros: row.try_get(11)?,
-                    latency_ms: row.try_get(12)?,
-                    outcome: row.try_get(13)?,
-                    attempts: row.try_get(14)?,
-                    degraded: row.try_get::<i64, _>(15)? != 0,
-                    channel: row.try_get(16)?,
-                    priority: row.try_get(17)?,
-                    conversation_id: row.try_get(18)?,
-                    iteration: row.try_get(19)?,
-                });
+                let key = (0..n)
+                    .map(|i| row.try_get::<String, _>(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let sums: RollupRow = (
+                    row.try_get(n)?,
+                    row.try_get(n + 1)?,
+                    row.try_get(n + 2)?,
+                    row.try_get(n + 3)?,
+                    row.try_get(n + 4)?,
+                    row.try_get(n + 5)?,
+                    row.try_get(n + 6)?,
+                );
+                out.push((key, sums));
             }
-            Ok(out)
-        }
+            out
+        };
+        // No rollup rows: one all-zero row without groups.
+        Ok(rows.into_iter().filter(|(_, sums)| sums.0 > 0).collect())
     }
 
-async fn rollups(
-    &self,
-    team: &str,
-    first_day: i64,
-    end_day: i64,
-    dims: &[Dimension],
-) -> Result<Vec<(Vec<String>, RollupRow)>, StoreError> {
-    let (select, group_by) = dimension_sql(dims, "day");
-    let group_by = if group_by.is_empty() {
-        String::new()
-    } else {
-        format!(" GROUP BY {group_by}")
-    };
-    let sum = |c: &str| format!("CAST(COALESCE(SUM({c}), 0) AS BIGINT)");
-    let sql = format!(
-        "SELECT {select}{}, {}, {}, {}, {}, {}, {} FROM usage_rollup \
-         WHERE team_id = $1 AND day >= $2 AND day < $3{group_by}",
-        sum("requests"),
-        sum("input_tokens"),
-        sum("output_tokens"),
-        sum("cost_micros"),
-        sum("errors"),
-        sum("degraded"),
-        sum("unpriced"),
-    );
-    let n = dims.len();
-    let rows = {
-        // Audited: the only dynamic parts are `Dimension::column` constants.
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(team)
-            .bind(first_day)
-            .bind(end_day)
-            .fetch_all(self)
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            let key = (0..n)
-                .map(|i| row.try_get::<String, _>(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            let sums: RollupRow = (
-                row.try_get(n)?,
-                row.try_get(n + 1)?,
-                row.try_get(n + 2)?,
-                row.try_get(n + 3)?,
-                row.try_get(n + 4)?,
-                row.try_get(n + 5)?,
-                row.try_get(n + 6)?,
-            );
-            out.push((key, sums));
-        }
-        out
-    };
-    // No rollup rows: one all-zero row without groups.
-    Ok(rows.into_iter().filter(|(_, sums)| sums.0 > 0).collect())
-}
-
-async fn latency_histogram(
-    &self,
-    team: &str,
-    first_day: i64,
-    end_day: i64,
-    dims: &[Dimension],
-) -> Result<Vec<(Vec<String>, i64, u64)>, StoreError> {
-    let (select, group_by) = dimension_sql(dims, "day");
-    let group_by = if group_by.is_empty() {
-        "floor_ms".to_owned()
-    } else {
-        format!("{group_by}, floor_ms")
-    };
-    let sql = format!(
-        "SELECT {select}floor_ms, CAST(SUM(count) AS BIGINT) FROM usage_latency_rollup \
-         WHERE team_id = $1 AND day >= $2 AND day < $3 GROUP BY {group_by}"
-    );
-    let n = dims.len();
-    let rows = {
-        // Audited: the only dynamic parts are `Dimension::column` constants.
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(team)
-            .bind(first_day)
-            .bind(end_day)
-            .fetch_all(self)
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            let key = (0..n)
-                .map(|i| row.try_get::<String, _>(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            let count: i64 = row.try_get(n + 1)?;
-            out.push((key, row.try_get(n)?, u64::try_from(count).unwrap_or(0)));
-        }
-        out
-    };
-    Ok(rows)
-}
-
-async fn records(
-    &self,
-    team: &str,
-    start_ms: i64,
-    end_ms: i64,
-    dims: &[Dimension],
-    each: &mut (dyn FnMut(Vec<String>, SumRow) + Send),
-) -> Result<(), StoreError> {
-    let (select, _) = dimension_sql(dims, DAY_OF_RECORD);
-    let sql = format!(
-        "SELECT {select}latency_ms, input_tokens, output_tokens, CAST(COALESCE(cost_micros, 0) AS BIGINT), \
-         CAST(CASE WHEN outcome = 'ok' THEN 0 ELSE 1 END AS BIGINT), degraded, \
-         CAST(CASE WHEN cost_micros IS NULL THEN 1 ELSE 0 END AS BIGINT) \
-         FROM usage_records WHERE team_id = $1 AND created_at_ms >= $2 AND created_at_ms < $3"
-    );
-    let n = dims.len();
-    {
-        // Audited: the only dynamic parts are `Dimension::column` constants.
-        let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(team)
-            .bind(start_ms)
-            .bind(end_ms)
-            .fetch(self);
-        while let Some(row) = rows.try_next().await? {
-            let key = (0..n)
-                .map(|i| row.try_get::<String, _>(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            let sums: SumRow = (
-                row.try_get(n)?,
-                row.try_get(n + 1)?,
-                row.try_get(n + 2)?,
-                row.try_get(n + 3)?,
-                row.try_get::<i64, _>(n + 4)?,
-                row.try_get(n + 5)?,
-                row.try_get::<i64, _>(n + 6)?,
-            );
-            each(key, sums);
-        }
+    async fn latency_histogram(
+        &self,
+        team: &str,
+        first_day: i64,
+        end_day: i64,
+        dims: &[Dimension],
+    ) -> Result<Vec<(Vec<String>, i64, u64)>, StoreError> {
+        let (select, group_by) = dimension_sql(dims, "day");
+        let group_by = if group_by.is_empty() {
+            "floor_ms".to_owned()
+        } else {
+            format!("{group_by}, floor_ms")
+        };
+        let sql = format!(
+            "SELECT {select}floor_ms, CAST(SUM(count) AS BIGINT) FROM usage_latency_rollup \
+             WHERE team_id = $1 AND day >= $2 AND day < $3 GROUP BY {group_by}"
+        );
+        let n = dims.len();
+        let rows = {
+            // Audited: the only dynamic parts are `column`'s constants.
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(team)
+                .bind(first_day)
+                .bind(end_day)
+                .fetch_all(self)
+                .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in rows {
+                let key = (0..n)
+                    .map(|i| row.try_get::<String, _>(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let count: i64 = row.try_get(n + 1)?;
+                out.push((key, row.try_get(n)?, u64::try_from(count).unwrap_or(0)));
+            }
+            out
+        };
+        Ok(rows)
     }
-    Ok(())
-}
+
+    async fn records(
+        &self,
+        team: &str,
+        start_ms: i64,
+        end_ms: i64,
+        dims: &[Dimension],
+        each: &mut (dyn FnMut(Vec<String>, SumRow) + Send),
+    ) -> Result<(), StoreError> {
+        let (select, _) = dimension_sql(dims, DAY_OF_RECORD);
+        let sql = format!(
+            "SELECT {select}latency_ms, input_tokens, output_tokens, CAST(COALESCE(cost_micros, 0) AS BIGINT), \
+             CAST(CASE WHEN outcome = 'ok' THEN 0 ELSE 1 END AS BIGINT), degraded, \
+             CAST(CASE WHEN cost_micros IS NULL THEN 1 ELSE 0 END AS BIGINT) \
+             FROM usage_records WHERE team_id = $1 AND created_at_ms >= $2 AND created_at_ms < $3"
+        );
+        let n = dims.len();
+        {
+            // Audited: the only dynamic parts are `column`'s constants.
+            let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(team)
+                .bind(start_ms)
+                .bind(end_ms)
+                .fetch(self);
+            while let Some(row) = rows.try_next().await? {
+                let key = (0..n)
+                    .map(|i| row.try_get::<String, _>(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let sums: SumRow = (
+                    row.try_get(n)?,
+                    row.try_get(n + 1)?,
+                    row.try_get(n + 2)?,
+                    row.try_get(n + 3)?,
+                    row.try_get::<i64, _>(n + 4)?,
+                    row.try_get(n + 5)?,
+                    row.try_get::<i64, _>(n + 6)?,
+                );
+                each(key, sums);
+            }
+        }
+        Ok(())
+    }
 
     async fn sweep_orphans(&self, before_ms: i64, limit: usize) -> Result<(u64, usize), StoreError> {
         let mut tx = begin_write(self, Self::POSTGRES).await?;
