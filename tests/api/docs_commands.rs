@@ -112,6 +112,26 @@ cargo() { if [ "$1" = run ] && [ "$2" = -- ]; then shift 2; "$AIO_BIN" "$@"; els
     (out.status.success(), text)
 }
 
+/// Starts the binary with `args` in `dir` and waits until it serves on `port`.
+async fn serve(
+    args: &[&str],
+    dir: &Path,
+    env: &[(&str, String)],
+    port: u16,
+) -> tokio::process::Child {
+    let server = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
+        .args(args)
+        .current_dir(dir)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    crate::common::connect(([127, 0, 0, 1], port).into()).await;
+    server
+}
+
 /// The repository's root, as the pages' relative paths (`config/…`) expect.
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -194,16 +214,7 @@ async fn every_command_the_docs_show_runs_on_the_defaults() {
         ("ANTHROPIC_API_KEY", "sk-docs".to_owned()),
         ("PERPLEXITY_API_KEY", "sk-docs".to_owned()),
     ];
-    let _server = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
-        .arg("serve")
-        .current_dir(dir.path())
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    crate::common::connect(([127, 0, 0, 1], port).into()).await;
+    let _server = serve(&["serve"], dir.path(), &env, port).await;
     let mut wrong = Vec::new();
     for command in &commands {
         let (ok, output) = run(&command.text, dir.path(), &env).await;
@@ -264,16 +275,7 @@ async fn the_one_key_openai_config_serves_calls() {
     )
     .await;
     assert!(ok, "{output}");
-    let _server = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
-        .args(["--config", &config, "serve"])
-        .current_dir(dir.path())
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    crate::common::connect(([127, 0, 0, 1], port).into()).await;
+    let _server = serve(&["--config", &config, "serve"], dir.path(), &env, port).await;
     let (ok, output) = run(
         "ai-orchestrator call --team t1 classify-sms \"Yes - call me tomorrow\"",
         dir.path(),
