@@ -137,6 +137,15 @@ type OrphanRow = (
     i64,
 );
 
+/// A row's group: its first `n` columns, the dimensions' values as text.
+fn group_key<R: Row>(row: &R, n: usize) -> Result<Vec<String>, sqlx::Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    (0..n).map(|i| row.try_get::<String, _>(i)).collect()
+}
+
 crate::impl_for_both_pools!(UsageRepository {
     async fn by_trace(&self, trace_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
         let sql = concat!(
@@ -209,9 +218,7 @@ crate::impl_for_both_pools!(UsageRepository {
                 .await?;
             let mut out = Vec::with_capacity(rows.len());
             for row in rows {
-                let key = (0..n)
-                    .map(|i| row.try_get::<String, _>(i))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let key = group_key(&row, n)?;
                 let sums: RollupRow = (
                     row.try_get(n)?,
                     row.try_get(n + 1)?,
@@ -257,9 +264,7 @@ crate::impl_for_both_pools!(UsageRepository {
                 .await?;
             let mut out = Vec::with_capacity(rows.len());
             for row in rows {
-                let key = (0..n)
-                    .map(|i| row.try_get::<String, _>(i))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let key = group_key(&row, n)?;
                 let count: i64 = row.try_get(n + 1)?;
                 out.push((key, row.try_get(n)?, u64::try_from(count).unwrap_or(0)));
             }
@@ -292,9 +297,7 @@ crate::impl_for_both_pools!(UsageRepository {
                 .bind(end_ms)
                 .fetch(self);
             while let Some(row) = rows.try_next().await? {
-                let key = (0..n)
-                    .map(|i| row.try_get::<String, _>(i))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let key = group_key(&row, n)?;
                 let sums: SumRow = (
                     row.try_get(n)?,
                     row.try_get(n + 1)?,
