@@ -118,14 +118,7 @@ impl Call {
             Ok(value) => Ok(value),
             Err(CallError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => Err(err),
             Err(other) => {
-                let err = match other {
-                    CallError::Route(RouteError::UnknownTask(task))
-                    | CallError::UnknownTask { task, .. } => CallError::UnknownTask {
-                        task,
-                        known: self.pipeline.config().tasks.keys().cloned().collect(),
-                    },
-                    other => self.refused(other),
-                };
+                let err = self.refused(other);
                 // A refusal before anything ran gives back what it reserved; any other
                 // failure may have spent it (the session, dropped, charges it CANCELLED).
                 let refused = matches!(
@@ -203,11 +196,19 @@ impl Call {
 
     /// A call refused before any provider work: unrecorded, a cap refusal counted.
     pub(super) fn refused(&self, err: impl Into<CallError>) -> CallError {
-        let err = err.into();
-        if let CallError::Quota(_) = err {
-            metrics::quota_rejection(&self.ctx.team_id);
+        match err.into() {
+            CallError::Quota(refusal) => {
+                metrics::quota_rejection(&self.ctx.team_id);
+                CallError::Quota(refusal)
+            }
+            // An unknown task names the configured ones, whichever path found it.
+            CallError::Route(RouteError::UnknownTask(task))
+            | CallError::UnknownTask { task, .. } => CallError::UnknownTask {
+                task,
+                known: self.pipeline.config().tasks.keys().cloned().collect(),
+            },
+            err => err,
         }
-        err
     }
 
     /// Records a finished call's metrics; returns the time waited on others.

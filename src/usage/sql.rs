@@ -12,10 +12,7 @@ use sqlx::Row;
 
 /// The repository over `store`'s pool.
 pub(super) fn repository(store: &Store) -> &(dyn UsageRepository + 'static) {
-    match store {
-        Store::Sqlite(pool) => pool,
-        Store::Postgres(pool) => pool,
-    }
+    crate::on_store!(store, |pool| pool)
 }
 
 /// The columns of a usage record, in bind order.
@@ -208,32 +205,29 @@ crate::impl_for_both_pools!(UsageRepository {
             sum("unpriced"),
         );
         let n = dims.len();
-        let rows = {
-            // Audited: the only dynamic parts are `column`'s constants.
-            let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(team)
-                .bind(first_day)
-                .bind(end_day)
-                .fetch_all(self)
-                .await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for row in rows {
-                let key = group_key(&row, n)?;
-                let sums: RollupRow = (
-                    row.try_get(n)?,
-                    row.try_get(n + 1)?,
-                    row.try_get(n + 2)?,
-                    row.try_get(n + 3)?,
-                    row.try_get(n + 4)?,
-                    row.try_get(n + 5)?,
-                    row.try_get(n + 6)?,
-                );
-                out.push((key, sums));
-            }
-            out
-        };
+        // Audited: the only dynamic parts are `column`'s constants.
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team)
+            .bind(first_day)
+            .bind(end_day)
+            .fetch_all(self)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let key = group_key(&row, n)?;
+            let sums: RollupRow = (
+                row.try_get(n)?,
+                row.try_get(n + 1)?,
+                row.try_get(n + 2)?,
+                row.try_get(n + 3)?,
+                row.try_get(n + 4)?,
+                row.try_get(n + 5)?,
+                row.try_get(n + 6)?,
+            );
+            out.push((key, sums));
+        }
         // No rollup rows: one all-zero row without groups.
-        Ok(rows.into_iter().filter(|(_, sums)| sums.0 > 0).collect())
+        Ok(out.into_iter().filter(|(_, sums)| sums.0 > 0).collect())
     }
 
     async fn latency_histogram(
@@ -254,23 +248,20 @@ crate::impl_for_both_pools!(UsageRepository {
              WHERE team_id = $1 AND day >= $2 AND day < $3 GROUP BY {group_by}"
         );
         let n = dims.len();
-        let rows = {
-            // Audited: the only dynamic parts are `column`'s constants.
-            let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(team)
-                .bind(first_day)
-                .bind(end_day)
-                .fetch_all(self)
-                .await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for row in rows {
-                let key = group_key(&row, n)?;
-                let count: i64 = row.try_get(n + 1)?;
-                out.push((key, row.try_get(n)?, u64::try_from(count).unwrap_or(0)));
-            }
-            out
-        };
-        Ok(rows)
+        // Audited: the only dynamic parts are `column`'s constants.
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team)
+            .bind(first_day)
+            .bind(end_day)
+            .fetch_all(self)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let key = group_key(&row, n)?;
+            let count: i64 = row.try_get(n + 1)?;
+            out.push((key, row.try_get(n)?, u64::try_from(count).unwrap_or(0)));
+        }
+        Ok(out)
     }
 
     async fn records(
@@ -289,26 +280,24 @@ crate::impl_for_both_pools!(UsageRepository {
              FROM usage_records WHERE team_id = $1 AND created_at_ms >= $2 AND created_at_ms < $3"
         );
         let n = dims.len();
-        {
-            // Audited: the only dynamic parts are `column`'s constants.
-            let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(team)
-                .bind(start_ms)
-                .bind(end_ms)
-                .fetch(self);
-            while let Some(row) = rows.try_next().await? {
-                let key = group_key(&row, n)?;
-                let sums: SumRow = (
-                    row.try_get(n)?,
-                    row.try_get(n + 1)?,
-                    row.try_get(n + 2)?,
-                    row.try_get(n + 3)?,
-                    row.try_get::<i64, _>(n + 4)?,
-                    row.try_get(n + 5)?,
-                    row.try_get::<i64, _>(n + 6)?,
-                );
-                each(key, sums);
-            }
+        // Audited: the only dynamic parts are `column`'s constants.
+        let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team)
+            .bind(start_ms)
+            .bind(end_ms)
+            .fetch(self);
+        while let Some(row) = rows.try_next().await? {
+            let key = group_key(&row, n)?;
+            let sums: SumRow = (
+                row.try_get(n)?,
+                row.try_get(n + 1)?,
+                row.try_get(n + 2)?,
+                row.try_get(n + 3)?,
+                row.try_get::<i64, _>(n + 4)?,
+                row.try_get(n + 5)?,
+                row.try_get::<i64, _>(n + 6)?,
+            );
+            each(key, sums);
         }
         Ok(())
     }

@@ -329,6 +329,11 @@ async fn execute_rejects_unknown_tasks_and_bad_json() {
         "TASK_UNKNOWN",
         Some("task"),
     );
+    assert!(
+        unknown_stream.message().contains("meeting_brief"),
+        "{}",
+        unknown_stream.message()
+    );
     app.stop().await;
 }
 

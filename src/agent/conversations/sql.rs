@@ -10,10 +10,7 @@ use serde::{Deserialize, Serialize};
 
 /// The repository over `store`'s pool.
 pub(super) fn repository(store: &Store) -> &(dyn ConversationRepository + 'static) {
-    match store {
-        Store::Sqlite(pool) => pool,
-        Store::Postgres(pool) => pool,
-    }
+    crate::on_store!(store, |pool| pool)
 }
 
 #[derive(Serialize, Deserialize)]

@@ -9,10 +9,7 @@ use crate::{
 
 /// The repository over `store`'s pool.
 pub(super) fn repository(store: &Store) -> &(dyn AuditRepository + 'static) {
-    match store {
-        Store::Sqlite(pool) => pool,
-        Store::Postgres(pool) => pool,
-    }
+    crate::on_store!(store, |pool| pool)
 }
 
 /// The stored columns, in the order of [`insert_sql`]'s values and of `SELECT`.

@@ -5,10 +5,7 @@ use crate::store::{Store, StoreError};
 
 /// The repository over `store`'s pool.
 pub(super) fn repository(store: &Store) -> &(dyn KeyRepository + 'static) {
-    match store {
-        Store::Sqlite(pool) => pool,
-        Store::Postgres(pool) => pool,
-    }
+    crate::on_store!(store, |pool| pool)
 }
 
 crate::impl_for_both_pools!(KeyRepository {

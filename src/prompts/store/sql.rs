@@ -8,10 +8,7 @@ use crate::{
 
 /// The repository over `store`'s pool.
 pub(super) fn repository(store: &Store) -> &(dyn PromptRepository + 'static) {
-    match store {
-        Store::Sqlite(pool) => pool,
-        Store::Postgres(pool) => pool,
-    }
+    crate::on_store!(store, |pool| pool)
 }
 
 const COLUMNS: &str = "team_id, prompt_key, version, system_prompt, user_prompt_template, model, temperature, \

@@ -8,10 +8,7 @@ use sqlx::Row as _;
 
 /// The repository over `store`'s pool.
 pub(super) fn repository(store: &Store) -> &(dyn InvocationRepository + 'static) {
-    match store {
-        Store::Sqlite(pool) => pool,
-        Store::Postgres(pool) => pool,
-    }
+    crate::on_store!(store, |pool| pool)
 }
 
 const COLUMNS: &str = "id, team_id, tool, version, mode, status, idempotency_key, \

@@ -12,10 +12,7 @@ use crate::{
 
 /// The repository over `store`'s pool.
 pub(super) fn repository(store: &Store) -> &(dyn LedgerRepository + 'static) {
-    match store {
-        Store::Sqlite(pool) => pool,
-        Store::Postgres(pool) => pool,
-    }
+    crate::on_store!(store, |pool| pool)
 }
 
 /// Creates a (team, month) ledger row that does not exist yet.
