@@ -3,7 +3,9 @@
 
 use super::Call;
 use crate::{
-    domain::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, completion::Role},
+    domain::{
+        ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, ToolChoice, completion::Role,
+    },
     prompts,
     router::RouteOptions,
     tasks::{Rendered, Session, TaskError, template_error},
@@ -91,6 +93,7 @@ impl Call {
         let task_cfg = self.pipeline.inner.config.tasks.get(task);
         CompletionRequest {
             tools: Vec::new(),
+            tool_choice: ToolChoice::Auto,
             model: String::new(),
             system: Some(prompt.system.clone()),
             messages: vec![ChatMessage {

@@ -1,6 +1,6 @@
 //! A model call in our own terms; providers translate it to and from each wire format.
 
-use super::{ToolCall, ToolOutcome, ToolSpec};
+use super::{ToolCall, ToolChoice, ToolOutcome, ToolSpec};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -68,6 +68,8 @@ pub struct CompletionRequest {
     pub max_tokens: u32,
     pub response_format: Option<JsonSchemaFormat>,
     pub tools: Vec<ToolSpec>,
+    /// Sent only with tools ([`Self::tool_choice_to_send`]).
+    pub tool_choice: ToolChoice,
     pub trace_id: String,
     pub traceparent: Option<String>,
     /// The earlier of the request deadline and the provider timeout; providers stop there.
@@ -164,6 +166,15 @@ impl CompletionRequest {
             .saturating_add(u64::from(self.max_tokens))
     }
 
+    /// The tool choice to put on the wire: `None` for `Auto` (every provider's default, so
+    /// bodies stay as they were) and without tools (OpenAI refuses a choice with no tools).
+    pub fn tool_choice_to_send(&self) -> Option<&ToolChoice> {
+        if self.tools.is_empty() || self.tool_choice == ToolChoice::Auto {
+            return None;
+        }
+        Some(&self.tool_choice)
+    }
+
     /// Whether tools are in play: a wire format without tool calling must refuse, never drop.
     pub fn uses_tools(&self) -> bool {
         !self.tools.is_empty() || self.messages.iter().any(ChatMessage::has_tool_parts)
@@ -184,6 +195,7 @@ mod tests {
     fn request(text: &str, max_tokens: u32) -> CompletionRequest {
         CompletionRequest {
             tools: Vec::new(),
+            tool_choice: ToolChoice::Auto,
             model: String::new(),
             system: Some("sys".into()),
             messages: vec![ChatMessage {

@@ -12,7 +12,7 @@ pub use completion::{
     StreamEvent, TokenUsage,
 };
 pub use provider_error::{ConnectFailure, MAX_RETRY_AFTER, ProviderError};
-pub use tool_call::{ToolCall, ToolOutcome, ToolSpec, WireNames};
+pub use tool_call::{ToolCall, ToolChoice, ToolOutcome, ToolSpec, WireNames};
 
 use std::time::Duration;
 use tokio::time::Instant;

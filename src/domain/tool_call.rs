@@ -14,6 +14,20 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
+/// Whether and which tool the model must call (OpenAI's `tool_choice`); only meaningful with tools.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    /// The model decides (every provider's default).
+    #[default]
+    Auto,
+    /// No tool call.
+    None,
+    /// At least one tool call.
+    Required,
+    /// A call of this tool (its wire name).
+    Named(String),
+}
+
 /// A call the model made.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ToolCall {

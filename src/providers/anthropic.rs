@@ -10,7 +10,8 @@ mod tests;
 
 use super::{
     Completion, CompletionRequest, CompletionStream, FinishReason, ProbeRequest, Provider,
-    ProviderError, StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema, tool_calls,
+    ProviderError, StreamEvent, TokenUsage, ToolCall, ToolChoice, http, sse, system_with_schema,
+    tool_calls,
     turns::{self, Part},
 };
 use crate::config::ProviderConfig;
@@ -150,6 +151,8 @@ struct MessagesRequest<'a> {
     temperature: Option<f32>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
 }
@@ -207,7 +210,18 @@ fn body(req: &CompletionRequest, stream: bool) -> MessagesRequest<'_> {
         messages,
         temperature: req.temperature.map(|t| t.clamp(0.0, MAX_TEMPERATURE)),
         tools,
+        tool_choice: req.tool_choice_to_send().map(wire_tool_choice),
         stream,
+    }
+}
+
+/// `tool_choice` as Anthropic spells it: `required` is `any`, a named tool is `tool`.
+fn wire_tool_choice(choice: &ToolChoice) -> Value {
+    match choice {
+        ToolChoice::Auto => json!({"type": "auto"}),
+        ToolChoice::None => json!({"type": "none"}),
+        ToolChoice::Required => json!({"type": "any"}),
+        ToolChoice::Named(name) => json!({"type": "tool", "name": name}),
     }
 }
 

@@ -14,7 +14,8 @@ mod tests;
 
 use super::{
     Completion, CompletionRequest, CompletionStream, FinishReason, ProbeRequest, Provider,
-    ProviderError, Role, StreamEvent, TokenUsage, ToolCall, http, sse, system_with_schema,
+    ProviderError, Role, StreamEvent, TokenUsage, ToolCall, ToolChoice, http, sse,
+    system_with_schema,
     tool_calls::check_count,
     turns::{self, Part},
 };
@@ -154,6 +155,8 @@ struct GenerateRequest {
     system_instruction: Option<Content>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_config: Option<Value>,
     generation_config: GenerationConfig,
 }
 
@@ -224,12 +227,24 @@ fn body(req: &CompletionRequest) -> GenerateRequest {
         } else {
             vec![json!({ "functionDeclarations": declarations })]
         },
+        tool_config: req.tool_choice_to_send().map(tool_config),
         generation_config: GenerationConfig {
             max_output_tokens: req.max_tokens,
             temperature: req.temperature,
             response_mime_type: req.response_format.as_ref().map(|_| "application/json"),
         },
     }
+}
+
+/// `toolConfig` for a tool choice: `required` is mode `ANY`, a named tool `ANY` limited to it.
+fn tool_config(choice: &ToolChoice) -> Value {
+    let config = match choice {
+        ToolChoice::Auto => json!({"mode": "AUTO"}),
+        ToolChoice::None => json!({"mode": "NONE"}),
+        ToolChoice::Required => json!({"mode": "ANY"}),
+        ToolChoice::Named(name) => json!({"mode": "ANY", "allowedFunctionNames": [name]}),
+    };
+    json!({ "functionCallingConfig": config })
 }
 
 /// A `GenerateContentResponse`, whole or one chunk; all optional, so a sparse chunk parses.

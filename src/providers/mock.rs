@@ -9,7 +9,7 @@
 
 use super::{
     ChatMessage, Completion, CompletionRequest, CompletionStream, FinishReason, ProbeRequest,
-    Provider, ProviderError, Role, StreamEvent, TokenUsage, ToolCall, WireNames,
+    Provider, ProviderError, Role, StreamEvent, TokenUsage, ToolCall, ToolChoice, WireNames,
 };
 use crate::config::MockConfig;
 use serde_json::{Map, Value};
@@ -55,10 +55,11 @@ impl MockProvider {
         Ok(())
     }
 
-    /// The scripted tool calls of this answer, when tools are offered and
-    /// the script has an entry for this answer of the turn.
+    /// The scripted tool calls of this answer, when tools are offered, not
+    /// refused (`ToolChoice::None`), and the script has an entry for this
+    /// answer of the turn.
     fn scripted_calls(&self, req: &CompletionRequest) -> Vec<ToolCall> {
-        if req.tools.is_empty() {
+        if req.tools.is_empty() || req.tool_choice == ToolChoice::None {
             return Vec::new();
         }
         let turn_start = req
@@ -319,6 +320,7 @@ mod tests {
     fn request(format: Option<JsonSchemaFormat>) -> CompletionRequest {
         CompletionRequest {
             tools: Vec::new(),
+            tool_choice: ToolChoice::Auto,
             model: "m".into(),
             system: Some("sys".into()),
             messages: vec![ChatMessage {
@@ -445,6 +447,16 @@ tool_script = [
             description: String::new(),
             parameters: json!({"type": "object"}),
         }];
+        // Tool calls refused: a plain answer, and the script still at its first step.
+        let refused = CompletionRequest {
+            tool_choice: ToolChoice::None,
+            ..req.clone()
+        };
+        let refused = mock.complete(refused).await.unwrap_or_default();
+        assert_eq!(
+            (refused.text.as_str(), refused.tool_calls.len()),
+            ("All done.", 0)
+        );
         let first = mock.complete(req.clone()).await.unwrap_or_default();
         assert_eq!(first.finish_reason, FinishReason::ToolCalls);
         let names: Vec<&str> = first.tool_calls.iter().map(|c| c.name.as_str()).collect();

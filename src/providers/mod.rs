@@ -18,7 +18,8 @@ use crate::{
     config::{Config, ProviderConfig, ProviderKind},
     domain::{
         ChatMessage, Citation, Completion, CompletionRequest, ConnectFailure, FinishReason,
-        ProviderError, StreamEvent, TokenUsage, ToolCall, ToolOutcome, WireNames, completion::Role,
+        ProviderError, StreamEvent, TokenUsage, ToolCall, ToolChoice, ToolOutcome, WireNames,
+        completion::Role,
     },
 };
 use futures::stream::BoxStream;

@@ -14,8 +14,8 @@
 
 use super::{
     ChatMessage, Citation, Completion, CompletionRequest, CompletionStream, FinishReason,
-    ProbeRequest, Provider, ProviderError, Role, StreamEvent, TokenUsage, ToolCall, http,
-    perplexity, sse, system_with_schema, tool_calls,
+    ProbeRequest, Provider, ProviderError, Role, StreamEvent, TokenUsage, ToolCall, ToolChoice,
+    http, perplexity, sse, system_with_schema, tool_calls,
 };
 use crate::config::{Config, ProviderConfig, ProviderKind, Secret};
 use futures::StreamExt;
@@ -205,6 +205,7 @@ fn one_token(probe: ProbeRequest) -> Result<CompletionRequest, ProviderError> {
         max_tokens: 1,
         response_format: None,
         tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
         trace_id: probe.trace_id,
         traceparent: None,
         deadline: probe.deadline,
@@ -230,6 +231,8 @@ struct WireRequest<'a> {
     response_format: Option<Value>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -320,9 +323,20 @@ fn wire(flavor: Flavor, req: &CompletionRequest, stream: bool) -> WireRequest<'_
         temperature: req.temperature,
         response_format,
         tools,
+        tool_choice: req.tool_choice_to_send().map(wire_tool_choice),
         stream,
         stream_options: (stream && flavor != Flavor::Compatible)
             .then(|| json!({"include_usage": true})),
+    }
+}
+
+/// `tool_choice` as Chat Completions spells it.
+fn wire_tool_choice(choice: &ToolChoice) -> Value {
+    match choice {
+        ToolChoice::Auto => json!("auto"),
+        ToolChoice::None => json!("none"),
+        ToolChoice::Required => json!("required"),
+        ToolChoice::Named(name) => json!({"type": "function", "function": {"name": name}}),
     }
 }
 

@@ -5,7 +5,7 @@
 use super::*;
 use crate::{
     config::Config,
-    domain::{ChatMessage, completion::Role},
+    domain::{ChatMessage, ToolChoice, completion::Role},
     resilience::retry::Jitter,
 };
 use std::{
@@ -61,6 +61,7 @@ fn router(config: Config, jitter: Jitter) -> Router {
 fn request() -> CompletionRequest {
     CompletionRequest {
         tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
         model: String::new(),
         system: None,
         messages: vec![ChatMessage {

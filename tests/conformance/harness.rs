@@ -10,7 +10,8 @@
 use ai_orchestrator::config::Config;
 use ai_orchestrator::{
     domain::{
-        ChatMessage, Completion, CompletionRequest, ProviderError, StreamEvent, completion::Role,
+        ChatMessage, Completion, CompletionRequest, ProviderError, StreamEvent, ToolChoice,
+        completion::Role,
     },
     providers::{Provider, Providers},
 };
@@ -112,6 +113,7 @@ pub fn provider(f: &Fixture, server: &MockServer, with_key: bool) -> Arc<dyn Pro
 pub fn request(f: &Fixture, trace_id: &str) -> CompletionRequest {
     CompletionRequest {
         tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
         model: f.model.into(),
         system: Some("You are a terse assistant.".into()),
         messages: vec![ChatMessage {

@@ -28,8 +28,8 @@ use super::{StopReason, conversations::TurnRecord, memory};
 use crate::{
     config::agents::AgentConfig,
     domain::{
-        ChatMessage, Completion, CompletionRequest, ToolCall, ToolOutcome, ToolSpec, WireNames,
-        completion::Role,
+        ChatMessage, Completion, CompletionRequest, ToolCall, ToolChoice, ToolOutcome, ToolSpec,
+        WireNames, completion::Role,
     },
     telemetry::metrics,
 };
@@ -293,6 +293,7 @@ impl<S: TurnSession> Turn<S> {
                     ..t.clone()
                 })
                 .collect(),
+            tool_choice: ToolChoice::Auto,
             trace_id: String::new(),
             traceparent: None,
             deadline: self.deadline,

@@ -4,7 +4,7 @@
 use super::stream::{State, Step};
 use super::*;
 use crate::config::Config;
-use crate::domain::{ChatMessage, JsonSchemaFormat, completion::Role};
+use crate::domain::{ChatMessage, JsonSchemaFormat, ToolSpec, completion::Role};
 use crate::providers::turns::OPENING_USER_TURN;
 use serde_json::{Value, json};
 use wiremock::matchers::{body_partial_json, header, method, path};
@@ -21,6 +21,7 @@ fn msg(role: Role, content: &str) -> ChatMessage {
 fn request(messages: Vec<ChatMessage>) -> CompletionRequest {
     CompletionRequest {
         tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
         model: "claude-3-haiku-20240307".into(),
         system: Some("You classify SMS replies.".into()),
         messages,
@@ -91,6 +92,33 @@ fn temperature_is_sent_exactly_and_clamped_to_anthropics_range() {
     assert_eq!(wire_json(&req, false)["temperature"], json!(0.2));
     req.temperature = Some(1.7);
     assert_eq!(wire_json(&req, false)["temperature"], json!(1.0));
+}
+
+#[test]
+fn tool_choice_is_sent_with_tools_unless_auto() {
+    let mut req = request(vec![msg(Role::User, "look up L-1")]);
+    req.tools = vec![ToolSpec {
+        name: "crm__lookup".into(),
+        description: "Find a lead.".into(),
+        parameters: json!({"type": "object"}),
+    }];
+    let sent = |req: &CompletionRequest| wire_json(req, false).get("tool_choice").cloned();
+    let cases = [
+        (ToolChoice::Auto, None),
+        (ToolChoice::None, Some(json!({"type": "none"}))),
+        (ToolChoice::Required, Some(json!({"type": "any"}))),
+        (
+            ToolChoice::Named("crm__lookup".into()),
+            Some(json!({"type": "tool", "name": "crm__lookup"})),
+        ),
+    ];
+    for (choice, expected) in cases {
+        req.tool_choice = choice;
+        assert_eq!(sent(&req), expected, "{:?}", req.tool_choice);
+    }
+    req.tools.clear();
+    req.tool_choice = ToolChoice::Required;
+    assert_eq!(sent(&req), None, "no choice without tools");
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::config::Config;
-use crate::domain::{ChatMessage, JsonSchemaFormat};
+use crate::domain::{ChatMessage, JsonSchemaFormat, ToolSpec};
 use crate::providers::turns::OPENING_USER_TURN;
 use serde_json::{Value, json};
 use wiremock::matchers::{body_partial_json, header, method, path, query_param};
@@ -20,6 +20,7 @@ fn msg(role: Role, content: &str) -> ChatMessage {
 fn request(messages: Vec<ChatMessage>) -> CompletionRequest {
     CompletionRequest {
         tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
         model: "gemini-2.0-flash".into(),
         system: Some("You classify SMS replies.".into()),
         messages,
@@ -76,6 +77,34 @@ fn json_requests_ask_for_json_and_carry_the_schema_instruction() {
         .as_str()
         .unwrap();
     assert!(system.contains(r#"{"type":"object"}"#));
+}
+
+#[test]
+fn tool_choice_is_a_tool_config_with_tools_unless_auto() {
+    let mut req = request(vec![msg(Role::User, "look up L-1")]);
+    req.tools = vec![ToolSpec {
+        name: "crm__lookup".into(),
+        description: "Find a lead.".into(),
+        parameters: json!({"type": "object"}),
+    }];
+    let sent = |req: &CompletionRequest| wire_json(req).get("toolConfig").cloned();
+    let mode = |config: Value| Some(json!({ "functionCallingConfig": config }));
+    let cases = [
+        (ToolChoice::Auto, None),
+        (ToolChoice::None, mode(json!({"mode": "NONE"}))),
+        (ToolChoice::Required, mode(json!({"mode": "ANY"}))),
+        (
+            ToolChoice::Named("crm__lookup".into()),
+            mode(json!({"mode": "ANY", "allowedFunctionNames": ["crm__lookup"]})),
+        ),
+    ];
+    for (choice, expected) in cases {
+        req.tool_choice = choice;
+        assert_eq!(sent(&req), expected, "{:?}", req.tool_choice);
+    }
+    req.tools.clear();
+    req.tool_choice = ToolChoice::Required;
+    assert_eq!(sent(&req), None, "no choice without tools");
 }
 
 fn fold(chunks: &[Value]) -> (StreamState, Vec<String>) {

@@ -2,12 +2,13 @@
 //! behaviour is covered by `tests/conformance`).
 
 use super::*;
-use crate::domain::{ChatMessage, JsonSchemaFormat};
+use crate::domain::{ChatMessage, JsonSchemaFormat, ToolSpec};
 use tokio::time::Instant;
 
 fn request(format: bool) -> CompletionRequest {
     CompletionRequest {
         tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
         model: "gpt-4o-mini".into(),
         system: Some("Be brief.".into()),
         messages: vec![
@@ -71,6 +72,37 @@ fn body_per_flavor() {
     assert_eq!(plain["messages"][0]["role"], "user");
     assert_eq!(plain["temperature"], json!(0.5));
     assert!(plain.get("response_format").is_none() && plain.get("stream").is_none());
+}
+
+#[test]
+fn tool_choice_is_sent_with_tools_unless_auto() {
+    let mut req = request(false);
+    req.tools = vec![ToolSpec {
+        name: "crm__lookup".into(),
+        description: "Find a lead.".into(),
+        parameters: json!({"type": "object"}),
+    }];
+    let sent = |req: &CompletionRequest| {
+        let body = serde_json::to_value(wire(Flavor::Openai, req, false)).unwrap();
+        body.get("tool_choice").cloned()
+    };
+    let cases = [
+        (ToolChoice::Auto, None),
+        (ToolChoice::None, Some(json!("none"))),
+        (ToolChoice::Required, Some(json!("required"))),
+        (
+            ToolChoice::Named("crm__lookup".into()),
+            Some(json!({"type": "function", "function": {"name": "crm__lookup"}})),
+        ),
+    ];
+    for (choice, expected) in cases {
+        req.tool_choice = choice;
+        assert_eq!(sent(&req), expected, "{:?}", req.tool_choice);
+    }
+    // OpenAI refuses `tool_choice` without tools.
+    req.tools.clear();
+    req.tool_choice = ToolChoice::Required;
+    assert_eq!(sent(&req), None);
 }
 
 #[test]
