@@ -13,6 +13,7 @@ mod docs_commands;
 mod errors;
 mod fleet;
 mod health;
+mod http_edge;
 mod interop;
 mod metering;
 mod observability;

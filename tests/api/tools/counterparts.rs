@@ -1,8 +1,10 @@
 //! Reference implementations nobody here wrote: the official
 //! `@modelcontextprotocol/server-everything` (npm), the official Python MCP
 //! SDK (`mcp` on PyPI), the `hypercorn` HTTP/2 server (PyPI, for the
-//! provider connection tests) and Python's official gRPC client (`grpcio`
-//! and its tools, for the API interop test), installed under
+//! provider connection tests), Python's official gRPC client (`grpcio`
+//! and its tools, for the API interop test), and OpenAI's official SDKs
+//! (`openai` on PyPI and on npm) with an SSE client library (`httpx-sse`
+//! over `httpx`) for the HTTP edge's tests, installed under
 //! `target/test-deps` from the package registries on first use (`.ci/run`
 //! installs them up front).
 
@@ -20,6 +22,13 @@ pub const PYTHON_GRPCIO_TOOLS: &str = "grpcio-tools==1.85.1";
 pub const PYTHON_GRPCIO_STATUS: &str = "grpcio-status==1.85.1";
 pub const PYTHON_PROTOBUF: &str = "protobuf==7.36.2";
 pub const PYTHON_COMMON_PROTOS: &str = "googleapis-common-protos==1.76.0";
+// OpenAI's official SDKs (the HTTP edge's callers) and an SSE client
+// library. `httpx-sse` imports `httpx`, which it does not declare, and the
+// Python SDK moved to `httpx2`: so `httpx` is pinned here too.
+pub const PYTHON_OPENAI: &str = "openai==3.57.0";
+pub const PYTHON_HTTPX_SSE: &str = "httpx-sse==0.4.3";
+pub const PYTHON_HTTPX: &str = "httpx==0.28.1";
+pub const NPM_OPENAI: &str = "openai@6.49.0";
 
 /// Holds the lock on installing counterparts until dropped: across test
 /// processes (nextest runs each test in its own, and two `npm install`s
@@ -141,4 +150,43 @@ pub fn python_with_grpc() -> PathBuf {
         );
     }
     python
+}
+
+/// A Python with OpenAI's SDK, `httpx-sse` and `httpx` (the same venv,
+/// made when missing).
+pub fn python_with_openai() -> PathBuf {
+    let python = python_with_mcp();
+    let _once = install_lock();
+    let ready = Command::new(&python)
+        .args(["-c", "import openai, httpx_sse"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        run(
+            "pip install openai",
+            Command::new(&python)
+                .args(["-m", "pip", "install", "-q"])
+                .args([PYTHON_OPENAI, PYTHON_HTTPX_SSE, PYTHON_HTTPX]),
+        );
+    }
+    python
+}
+
+/// The folder of OpenAI's Node SDK, `require`-able (installs it when missing).
+pub fn node_openai() -> PathBuf {
+    let _once = install_lock();
+    let dir = deps();
+    let package = dir.join("node_modules/openai");
+    if !package.join("package.json").exists() {
+        std::fs::create_dir_all(&dir).unwrap();
+        run(
+            "npm install openai",
+            Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--prefix"])
+                .arg(&dir)
+                .arg(NPM_OPENAI),
+        );
+    }
+    package
 }
