@@ -155,14 +155,17 @@ impl Bench {
                 (None, format!("sqlite://{}", file.display()))
             }
         };
-        let (grpc, metrics) = server::free_ports()?;
+        let (grpc, metrics, http) = server::free_ports()?;
+        // The HTTP edge only when a step calls it: a build without one
+        // refuses `[http]`.
+        let http = self.settings.rpcs.contains(&Rpc::ChatHttp).then_some(http);
         let ca_file = dir.join("upstream-ca.pem");
         std::fs::write(&ca_file, &self.upstream.ca_pem)?;
         let config = dir.join(format!("server-{n}.toml"));
         let toml = server::config_toml(
             metering,
             &url,
-            (grpc, metrics),
+            (grpc, metrics, http),
             &self.upstream,
             latency_ms,
             self.settings.upstream,
@@ -177,10 +180,22 @@ impl Bench {
                 if let Some(db) = &pg {
                     db.drop_now().await;
                 }
-                return Err(e);
+                return Err(match http {
+                    Some(_) => e.context(
+                        "its config has [http] for --rpcs chat-http: a build without the HTTP edge (SPEC §13) refuses it",
+                    ),
+                    None => e,
+                });
             }
         };
-        let clients = target::connect(server.grpc, self.settings.connections).await?;
+        let edge = match http {
+            Some(addr) => {
+                let pool = self.settings.max_inflight.min(4096);
+                Some(target::HttpEdge::connect(addr, pool).await?)
+            }
+            None => None,
+        };
+        let clients = target::connect(server.grpc, self.settings.connections, edge).await?;
         Ok((server, clients, pg))
     }
 
@@ -277,8 +292,8 @@ impl Bench {
         Ok(step)
     }
 
-    /// One step of `rpc` through the orchestrator (`Execute` calls the
-    /// `meeting_brief` task).
+    /// One step of `rpc` through the orchestrator (`Execute`, and
+    /// `ChatHttp` on the HTTP edge, call the `meeting_brief` task).
     pub async fn grpc_step(
         &self,
         live: &Live,
@@ -300,7 +315,7 @@ impl Bench {
             rpc: rpc.name().into(),
             via: "orchestrator".into(),
             metering: live.metering.name().into(),
-            task: if rpc == Rpc::Execute {
+            task: if matches!(rpc, Rpc::Execute | Rpc::ChatHttp) {
                 "meeting_brief".into()
             } else {
                 String::new()
@@ -330,6 +345,7 @@ impl Bench {
         let sample = match rpc {
             Rpc::Execute => Kind::Execute,
             Rpc::ClassifySms => Kind::Classify,
+            Rpc::ChatHttp => Kind::Chat,
             Rpc::InvokeTool | Rpc::Converse => {
                 anyhow::bail!("{} has no direct baseline", rpc.name())
             }

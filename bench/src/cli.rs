@@ -32,7 +32,9 @@ pub struct Args {
     /// RPCs at fixed rates: execute, classify, tool (`InvokeTool` of
     /// `system.echo`), agent (`Converse`: three model calls and two tool
     /// calls a turn); tool and agent are also swept at saturation beside
-    /// `Execute`.
+    /// `Execute`. chat-http (`POST /v1/chat/completions` on the HTTP edge,
+    /// `Execute`'s twin; not in the defaults) starts every server with
+    /// `[http]`, which a build without the HTTP edge refuses.
     #[arg(
         long,
         value_delimiter = ',',

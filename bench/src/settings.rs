@@ -129,6 +129,7 @@ impl Settings {
                 "classify" | "classify-sms" => Ok(Rpc::ClassifySms),
                 "tool" | "invoke-tool" => Ok(Rpc::InvokeTool),
                 "agent" | "converse" => Ok(Rpc::Converse),
+                "chat-http" => Ok(Rpc::ChatHttp),
                 other => Err(anyhow::anyhow!("--rpcs: unknown rpc `{other}`")),
             })
             .collect::<anyhow::Result<Vec<_>>>()?;

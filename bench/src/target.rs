@@ -1,6 +1,8 @@
 //! What the load generator sends: gRPC calls to the orchestrator over a few
-//! HTTP/2 connections (round-robin), or the same Chat Completions body sent
-//! straight to the fake upstream over pooled HTTP/1.1 (the baseline).
+//! HTTP/2 connections (round-robin), Chat Completions calls to its HTTP edge
+//! over pooled HTTP/1.1 keep-alive connections, or the body the
+//! orchestrator sent upstream replayed straight to the fake upstream (the
+//! baseline).
 
 use crate::loadgen::{MakeRequest, Outcome};
 use ai_orchestrator::api::pb::{
@@ -46,6 +48,10 @@ pub enum Rpc {
     /// `AgentService.Converse`: one turn of three model calls (streamed)
     /// and two tool calls, stored as a new conversation.
     Converse,
+    /// `POST /v1/chat/completions` on the HTTP edge (SPEC §13): `Execute`'s
+    /// HTTP twin, the same task as `model` and its input as the one user
+    /// message.
+    ChatHttp,
 }
 
 impl Rpc {
@@ -56,18 +62,22 @@ impl Rpc {
             Rpc::ClassifySms => "ClassifySms",
             Rpc::InvokeTool => "InvokeTool",
             Rpc::Converse => "Converse",
+            Rpc::ChatHttp => "ChatCompletionsHttp",
         }
     }
 
     /// Whether it calls the upstream with a body the direct baseline can
-    /// replay (one non-streamed call per request).
+    /// replay (one non-streamed call per request). `ChatHttp`'s upstream
+    /// body is not `Execute`'s (no prompt template), so the fake upstream
+    /// keeps it apart and its baseline replays its own.
     pub fn has_direct_baseline(self) -> bool {
-        matches!(self, Rpc::Execute | Rpc::ClassifySms)
+        matches!(self, Rpc::Execute | Rpc::ClassifySms | Rpc::ChatHttp)
     }
 }
 
 /// The gRPC clients of the load on one HTTP/2 connection: the
-/// `Orchestrator` (what it dereferences to) and the `ToolService`.
+/// `Orchestrator` (what it dereferences to) and the `ToolService`; and the
+/// server's HTTP edge, when it has one.
 #[derive(Clone)]
 pub struct Client {
     orchestrator: OrchestratorClient<H2>,
@@ -75,14 +85,18 @@ pub struct Client {
     pub tools: ToolServiceClient<H2>,
     /// The `AgentService` on the same connection.
     pub agents: AgentServiceClient<H2>,
+    /// The same server's HTTP edge (one pool shared by every `Client` of
+    /// the server), when it was started with `[http]`.
+    http: Option<HttpEdge>,
 }
 
 impl Client {
-    fn new(h2: H2) -> Self {
+    fn new(h2: H2, http: Option<HttpEdge>) -> Self {
         Self {
             orchestrator: OrchestratorClient::new(h2.clone()),
             tools: ToolServiceClient::new(h2.clone()),
             agents: AgentServiceClient::new(h2),
+            http,
         }
     }
 }
@@ -153,18 +167,28 @@ impl tower::Service<http::Request<tonic::body::Body>> for H2 {
     }
 }
 
-/// `count` separate HTTP/2 connections to the orchestrator.
-pub async fn connect(addr: SocketAddr, count: usize) -> anyhow::Result<Arc<Vec<Client>>> {
+/// `count` separate HTTP/2 connections to the orchestrator, each beside
+/// its HTTP edge `http` when it has one.
+pub async fn connect(
+    addr: SocketAddr,
+    count: usize,
+    http: Option<HttpEdge>,
+) -> anyhow::Result<Arc<Vec<Client>>> {
     let mut clients = Vec::with_capacity(count);
     for _ in 0..count.max(1) {
-        clients.push(Client::new(H2::connect(addr).await?));
+        clients.push(Client::new(H2::connect(addr).await?, http.clone()));
     }
     Ok(Arc::new(clients))
 }
 
+/// The team of call `i`, on either edge.
+fn team(i: u64) -> &'static str {
+    TEAMS[(i % TEAMS.len() as u64) as usize]
+}
+
 fn context(i: u64) -> Option<pb::RequestContext> {
     Some(pb::RequestContext {
-        team_id: TEAMS[(i % TEAMS.len() as u64) as usize].to_owned(),
+        team_id: team(i).to_owned(),
         user_id: "bench-user".to_owned(),
         channel: pb::Channel::System as i32,
         priority: pb::Priority::Interactive as i32,
@@ -245,7 +269,8 @@ fn check_status(status: &tonic::Status, expect: Expect) -> Outcome {
     }
 }
 
-/// gRPC calls of `rpc` (for `Execute`, of `task`) round-robin over `clients`.
+/// gRPC calls of `rpc` (for `Execute`, of `task`) round-robin over
+/// `clients`; for `ChatHttp`, its HTTP twin on their server's HTTP edge.
 pub fn grpc(
     clients: Arc<Vec<Client>>,
     rpc: Rpc,
@@ -330,9 +355,108 @@ pub fn grpc(
                         Err(status) => check_status(&status, expect),
                     }
                 }
+                Rpc::ChatHttp => match (&client.http, expect) {
+                    (Some(edge), Expect::Primary) => edge.chat(i, &task, sending).await,
+                    (Some(_), _) => Err("HTTP_EDGE_EXPECTS_PRIMARY".into()),
+                    (None, _) => Err("NO_HTTP_EDGE".into()),
+                },
             }
         })
     })
+}
+
+/// The orchestrator's HTTP edge: `POST /v1/chat/completions` over pooled
+/// HTTP/1.1 keep-alive connections with Nagle off. HTTP/1.1 carries one
+/// call at a time per connection, so the pool opens as many as the load
+/// has in flight and keeps them for the next calls.
+#[derive(Clone)]
+pub struct HttpEdge {
+    client: reqwest::Client,
+    url: Arc<str>,
+}
+
+impl HttpEdge {
+    /// Waits (up to 10 s) until the edge at `addr` accepts a connection,
+    /// then makes its client, keeping up to `pool` idle connections.
+    pub async fn connect(addr: SocketAddr, pool: usize) -> anyhow::Result<Self> {
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < until,
+                "the HTTP edge at {addr} accepted no connection within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let client = reqwest::Client::builder()
+            .http1_only()
+            .no_proxy()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(pool)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()?;
+        Ok(Self {
+            client,
+            url: format!("http://{addr}/v1/chat/completions").into(),
+        })
+    }
+
+    /// Call `i`: `task` as `model`, `Execute`'s input as the one user
+    /// message, the team in `x-team-id` (the bench's servers run with auth
+    /// off, SPEC §13).
+    async fn chat(&self, i: u64, task: &str, sending: Sending) -> Outcome {
+        let body = serde_json::json!({
+            "model": task,
+            "messages": [{"role": "user", "content": BRIEF_INPUT}],
+            "user": "bench-user",
+        })
+        .to_string();
+        let mut request = self
+            .client
+            .post(&*self.url)
+            .header("content-type", "application/json")
+            .header("x-team-id", team(i))
+            .timeout(sending.timeout)
+            .body(body);
+        if sending.caller_trace_ids {
+            request = request.header("x-trace-id", random_trace_id());
+        }
+        let response = request.send().await.map_err(|e| transport_code(&e))?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(|e| transport_code(&e))?;
+        chat_outcome(status, &body)
+    }
+}
+
+/// A short code for a request that got no full answer.
+fn transport_code(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "CLIENT_TIMEOUT"
+    } else if e.is_connect() {
+        "CONNECT"
+    } else if e.is_body() || e.is_decode() {
+        "BODY"
+    } else {
+        "TRANSPORT"
+    }
+    .to_owned()
+}
+
+/// OK for a 200 whose first choice has text; else the error body's
+/// `error.code` (the server's stable reason), or `HTTP_<status>`.
+fn chat_outcome(status: reqwest::StatusCode, body: &[u8]) -> Outcome {
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    if status != reqwest::StatusCode::OK {
+        let code = json.as_ref().and_then(|v| v["error"]["code"].as_str());
+        return Err(code.map_or_else(|| format!("HTTP_{}", status.as_u16()), str::to_owned));
+    }
+    match json
+        .as_ref()
+        .and_then(|v| v["choices"][0]["message"]["content"].as_str())
+    {
+        Some(text) if !text.is_empty() => Ok(()),
+        Some(_) => Err("EMPTY_CONTENT".into()),
+        None => Err("NOT_A_COMPLETION".into()),
+    }
 }
 
 /// Reads a turn's events to its end: OK when it completed with the final
@@ -420,7 +544,32 @@ pub fn direct(client: reqwest::Client, url: String, body: Bytes) -> MakeRequest 
 
 #[cfg(test)]
 mod tests {
-    use super::random_trace_id;
+    use super::{chat_outcome, random_trace_id};
+    use reqwest::StatusCode;
+
+    #[test]
+    fn an_http_edge_answer_is_ok_only_with_text_and_its_error_code_otherwise() {
+        let ok = br#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Brief"}}],"usage":{"total_tokens":3}}"#;
+        assert_eq!(chat_outcome(StatusCode::OK, ok), Ok(()));
+        let empty = br#"{"choices":[{"message":{"role":"assistant","content":""}}]}"#;
+        assert_eq!(
+            chat_outcome(StatusCode::OK, empty),
+            Err("EMPTY_CONTENT".to_owned())
+        );
+        assert_eq!(
+            chat_outcome(StatusCode::OK, b"<html>"),
+            Err("NOT_A_COMPLETION".to_owned())
+        );
+        let refused = br#"{"error":{"message":"cap","type":"rate_limit","code":"CAP_EXCEEDED","param":null}}"#;
+        assert_eq!(
+            chat_outcome(StatusCode::TOO_MANY_REQUESTS, refused),
+            Err("CAP_EXCEEDED".to_owned())
+        );
+        assert_eq!(
+            chat_outcome(StatusCode::BAD_GATEWAY, b""),
+            Err("HTTP_502".to_owned())
+        );
+    }
 
     #[test]
     fn caller_trace_ids_are_distinct_shaped_as_the_servers_and_not_ordered() {

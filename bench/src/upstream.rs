@@ -5,7 +5,8 @@
 //! Completions bodies, rendered once at start: an `sms_classify` request (its
 //! prompt lists the intents) gets a valid classification, any other request a
 //! meeting brief. The first request body of each kind is kept so the direct
-//! baseline can send exactly the bytes the orchestrator sent.
+//! baseline can send exactly the bytes the orchestrator sent (a call of the
+//! HTTP edge apart from `Execute`'s: its messages are the caller's).
 //!
 //! It runs on its own runtime and threads, so a burst of load-generator
 //! tasks never queues in front of its accept loop. It listens twice: in
@@ -73,6 +74,9 @@ pub enum Kind {
     Classify,
     /// `Execute` → a generic task (`meeting_brief`).
     Execute,
+    /// The HTTP edge's `/v1/chat/completions` of that task: the caller's
+    /// messages as given (no template), so a body of its own.
+    Chat,
     /// An agent's model call (streamed, with tools): it calls
     /// `system.echo` twice, one call per answer, then answers.
     Agent,
@@ -301,11 +305,17 @@ fn count(body: &[u8], needle: &[u8]) -> usize {
     body.windows(needle.len()).filter(|w| *w == needle).count()
 }
 
+/// A user message that is `Execute`'s input itself, as the HTTP edge's
+/// calls send it; `Execute`'s prompt template puts it after a heading.
+const CHAT_MARKER: &[u8] = br#""content":"{\"company\""#;
+
 fn kind_of(body: &[u8]) -> Kind {
     if count(body, b"\"tools\":[") > 0 {
         Kind::Agent
     } else if count(body, b"APPOINTMENT_REQUEST") > 0 {
         Kind::Classify
+    } else if count(body, CHAT_MARKER) > 0 {
+        Kind::Chat
     } else {
         Kind::Execute
     }
@@ -343,7 +353,7 @@ async fn chat(
     }
     let answer = match kind {
         Kind::Classify => shared.classify.clone(),
-        Kind::Execute => shared.execute.clone(),
+        Kind::Execute | Kind::Chat => shared.execute.clone(),
         Kind::Agent => {
             // The turn so far: one tool result per earlier answer.
             let results = count(&body_for_agent, b"\"role\":\"tool\"");
@@ -386,6 +396,18 @@ mod tests {
         }
         assert_eq!(kind_of(b"... APPOINTMENT_REQUEST, ..."), Kind::Classify);
         assert_eq!(kind_of(b"meeting"), Kind::Execute);
+        // The HTTP edge sends the caller's message as given; `Execute` the
+        // same input inside its template.
+        let message = |content: &str| {
+            serde_json::json!({"messages": [{"role": "user", "content": content}]}).to_string()
+        };
+        let input = crate::target::BRIEF_INPUT;
+        assert_eq!(kind_of(message(input).as_bytes()), Kind::Chat);
+        let templated = format!("Meeting details (JSON):\n<input>\n{input}\n</input>");
+        assert_eq!(
+            kind_of(message(templated.as_str()).as_bytes()),
+            Kind::Execute
+        );
         assert_eq!(kind_of(br#"{"tools":[{"type":"function"}]}"#), Kind::Agent);
     }
 

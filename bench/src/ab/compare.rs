@@ -3,7 +3,7 @@
 //! B's median over A's. Medians, because a shared machine's outliers come
 //! one round at a time.
 
-use crate::report::{Results, summary};
+use crate::report::{Results, edge_cpu_ratio, edge_pairs, summary};
 use serde::Serialize;
 use std::fmt;
 
@@ -96,10 +96,11 @@ pub fn compare(rounds: &[(Side, Results)]) -> Vec<Row> {
 }
 
 /// One round's figures: CPU, latency and the ledger's batching of each
-/// fixed-rate step, and each saturation sweep's highest passing rate with
-/// its ratio to the unmetered one (issue #30's metering figure). Several
-/// sweeps of one server give their median; a sweep that passed no step
-/// counts as 0, as in the run's own report.
+/// fixed-rate step, the HTTP edge's CPU per request over the gRPC edge's
+/// at each step of both (issue #46), and each saturation sweep's highest
+/// passing rate with its ratio to the unmetered one (issue #30's metering
+/// figure). Several sweeps of one server give their median; a sweep that
+/// passed no step counts as 0, as in the run's own report.
 fn figures(r: &Results) -> Vec<(String, f64)> {
     let mut out = Vec::new();
     for s in r
@@ -124,6 +125,18 @@ fn figures(r: &Results) -> Vec<(String, f64)> {
         out.push((format!("{at}: errors"), s.errors as f64));
         if let Some(ops) = s.ledger.and_then(|l| l.ops_per_commit) {
             out.push((format!("{at}: ledger operations per commit"), ops));
+        }
+    }
+    for (grpc, http) in edge_pairs(r) {
+        if let Some(times) = edge_cpu_ratio(grpc, http) {
+            let at = format!(
+                "{} metering, {} ms upstream, {} rps",
+                grpc.metering, grpc.upstream_latency_ms, grpc.offered_rps
+            );
+            out.push((
+                format!("{at}: HTTP edge / gRPC edge CPU per request"),
+                times,
+            ));
         }
     }
     let mut sweeps: Vec<(&str, &str, u64)> = Vec::new();
@@ -350,6 +363,25 @@ mod tests {
             markdown("a", "b", &[], &rows)
                 .contains(&format!("| {SATURATION} | 5000 | – | 5000 | – | – |"))
         );
+    }
+
+    #[test]
+    fn a_round_with_both_edges_gives_their_cpu_ratio() {
+        let with_http = |http_cpu: f64| {
+            let mut r = round(0.5, 2000.0, 6000.0, 5000.0);
+            let mut http = r.steps[0].clone();
+            http.rpc = "ChatCompletionsHttp".into();
+            http.server_cpu_s_per_1k = Some(http_cpu);
+            r.steps.push(http);
+            r
+        };
+        let rows = compare(&[(Side::A, with_http(0.6)), (Side::B, with_http(0.55))]);
+        let ratio = row(
+            &rows,
+            "sqlite metering, 0 ms upstream, 1200 rps: HTTP edge / gRPC edge CPU per request",
+        );
+        assert!((ratio.a[0].unwrap() - 1.2).abs() < 1e-9, "{ratio:?}");
+        assert!((ratio.b[0].unwrap() - 1.1).abs() < 1e-9, "{ratio:?}");
     }
 
     #[test]

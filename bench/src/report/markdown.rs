@@ -36,6 +36,7 @@ pub fn markdown(r: &Results) -> String {
     );
     targets(&mut out, r);
     fixed_rates(&mut out, r);
+    scenarios::edges(&mut out, r);
     ledger(&mut out, r);
     paired(&mut out, r);
     saturation(&mut out, r);

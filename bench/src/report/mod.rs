@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 
 pub use markdown::markdown;
 pub use step::{LedgerView, Quantiles, ServerHistogram, Step};
-pub use summary::{paired_summary, saturation_rates, saturation_rates_of, summary};
+pub use summary::{
+    edge_cpu_ratio, edge_pairs, paired_summary, saturation_rates, saturation_rates_of, summary,
+};
 pub use validate::validate;
 
 /// Version of the JSON layout; bump on incompatible changes.

@@ -1,7 +1,7 @@
 //! Figures read across several steps: min / median / max, the saturation
-//! sweeps of a mode, the paired rounds of a mode.
+//! sweeps of a mode, the paired rounds of a mode, the two edges' steps.
 
-use super::{Pair, Quantiles, Results};
+use super::{Pair, Quantiles, Results, Step};
 
 /// `(min, median, max)`; for an even count the median is the mean of the
 /// two middle values, so two sweeps do not report the better one.
@@ -84,4 +84,34 @@ pub fn paired_summary(r: &Results, metering: &str, limit_us: f64) -> Option<Pair
         median_added_p50_us: median_p50,
         direct_p99_us: (direct_lo, direct_hi),
     })
+}
+
+/// `Execute` over gRPC and its HTTP twin (`ChatCompletionsHttp`) at the
+/// same metering, upstream latency and rate: the fixed-rate steps of the
+/// two edges, `(grpc, http)`, in run order.
+pub fn edge_pairs(r: &Results) -> Vec<(&Step, &Step)> {
+    load_steps(r, "Execute")
+        .filter_map(|grpc| {
+            let http = load_steps(r, "ChatCompletionsHttp").find(|h| {
+                h.metering == grpc.metering
+                    && h.upstream_latency_ms == grpc.upstream_latency_ms
+                    && h.offered_rps == grpc.offered_rps
+            })?;
+            Some((grpc, http))
+        })
+        .collect()
+}
+
+/// The fixed-rate steps of `rpc` through the orchestrator.
+fn load_steps<'a>(r: &'a Results, rpc: &'a str) -> impl Iterator<Item = &'a Step> {
+    r.steps
+        .iter()
+        .filter(move |s| s.kind == "load" && s.via == "orchestrator" && s.rpc == rpc)
+}
+
+/// The HTTP edge's server CPU per request over the gRPC edge's, for one
+/// pair of [`edge_pairs`].
+pub fn edge_cpu_ratio(grpc: &Step, http: &Step) -> Option<f64> {
+    let (g, h) = (grpc.server_cpu_s_per_1k?, http.server_cpu_s_per_1k?);
+    (g > 0.0).then(|| h / g)
 }

@@ -1,7 +1,10 @@
 //! The targets of issue #6, checked against a run's results. Reported, never
 //! asserted: the benchmark measures, it does not pass or fail on timing.
 
-use super::{Results, Target, paired_summary, saturation_rates, saturation_rates_of, summary};
+use super::{
+    Results, Target, edge_cpu_ratio, edge_pairs, paired_summary, saturation_rates,
+    saturation_rates_of, summary,
+};
 
 /// Added p99 at this rate, SQLite metering.
 const ADDED_P99_RATE: f64 = 1000.0;
@@ -23,6 +26,9 @@ const TOOL_SATURATION_MIN_SHARE: f64 = 0.8;
 /// (three model calls, two tool calls) at most this many times its CPU
 /// per `Execute`.
 const AGENT_TURN_MAX_CPU_RATIO: f64 = 3.0;
+/// The HTTP edge (issue #46): the server's CPU per `/v1/chat/completions`
+/// call at most this many times its CPU per `Execute` of the same task.
+const HTTP_EDGE_MAX_CPU_RATIO: f64 = 1.2;
 
 /// Every target with what `r` reached. A smoke run (debug build, half a
 /// second a step, low rates) measures none of them: its figures are shown
@@ -37,6 +43,7 @@ pub fn evaluate(r: &Results) -> Vec<Target> {
         usage(r),
         tool_saturation(r),
         agent_turn(r),
+        http_edge(r),
     ];
     if r.smoke {
         for t in &mut targets {
@@ -355,6 +362,42 @@ fn agent_turn(r: &Results) -> Target {
             reached.join("; ")
         },
         met: ratio("sqlite").map(|(_, _, _, times)| times <= AGENT_TURN_MAX_CPU_RATIO),
+    }
+}
+
+/// The HTTP edge's server CPU per call against the gRPC edge's for the
+/// same task and input, step by step (the RPCs take turns at each rate);
+/// judged on the median of the steps' ratios.
+fn http_edge(r: &Results) -> Target {
+    let mut reached = Vec::new();
+    let mut ratios = Vec::new();
+    for (grpc, http) in edge_pairs(r) {
+        let (Some(times), Some(g), Some(h)) = (
+            edge_cpu_ratio(grpc, http),
+            grpc.server_cpu_s_per_1k,
+            http.server_cpu_s_per_1k,
+        ) else {
+            continue;
+        };
+        ratios.push(times);
+        reached.push(format!(
+            "{} @ {:.0} rps, {} ms upstream: {h:.3} / {g:.3} s per 1k = {times:.2}×",
+            grpc.metering, grpc.offered_rps, grpc.upstream_latency_ms
+        ));
+    }
+    let median = summary(&ratios).map(|(_, median, _)| median);
+    if let Some(m) = median.filter(|_| ratios.len() > 1) {
+        reached.push(format!("median {m:.2}×"));
+    }
+    Target {
+        name: "HTTP edge (/v1/chat/completions) CPU per request vs the gRPC edge (Execute)".into(),
+        goal: format!("≤ {HTTP_EDGE_MAX_CPU_RATIO}× the gRPC edge's (median of the steps)"),
+        reached: if reached.is_empty() {
+            "not measured".into()
+        } else {
+            reached.join("; ")
+        },
+        met: median.map(|m| m <= HTTP_EDGE_MAX_CPU_RATIO),
     }
 }
 

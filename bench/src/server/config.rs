@@ -61,10 +61,13 @@ pub const BROKEN_PROVIDER: &str = "broken";
 /// The server's config: seed task shapes (`sms_classify`, `meeting_brief`)
 /// on an `openai` provider pointed at the fake upstream, metering as asked,
 /// and limits generous enough that the server, not a limit, saturates.
+/// With an `http` address, the HTTP edge (`[http]`, SPEC §13) listens
+/// there too; a build without it refuses the key, so it is only set when
+/// asked for.
 pub fn config_toml(
     metering: Metering,
     database_url: &str,
-    (grpc, metrics): (SocketAddr, SocketAddr),
+    (grpc, metrics, http): (SocketAddr, SocketAddr, Option<SocketAddr>),
     upstream: &Upstream,
     latency_ms: u64,
     leg: Leg,
@@ -85,6 +88,9 @@ pub fn config_toml(
     } else {
         String::new()
     };
+    let http = http.map_or_else(String::new, |addr| {
+        format!("# The HTTP edge, beside gRPC (--rpcs chat-http).\n[http]\nlisten = \"{addr}\"\n")
+    });
     let enabled = metering != Metering::Off;
     let synchronous = if metering == Metering::SqliteNormal {
         "normal"
@@ -103,6 +109,7 @@ shutdown_grace = "5s"
 # overload the server sheds with RESOURCE_EXHAUSTED (counted as errors)
 # instead of holding thousands of calls in memory, as it would in production.
 
+{http}
 [database]
 url = "{database_url}"
 sqlite_synchronous = "{synchronous}"
@@ -205,9 +212,11 @@ output_per_mtok = 1.25
     )
 }
 
-/// Two free loopback ports (bound together so they differ, then released).
-pub fn free_ports() -> anyhow::Result<(SocketAddr, SocketAddr)> {
+/// Three free loopback ports, for gRPC, metrics and the HTTP edge (bound
+/// together so they differ, then released).
+pub fn free_ports() -> anyhow::Result<(SocketAddr, SocketAddr, SocketAddr)> {
     let a = std::net::TcpListener::bind("127.0.0.1:0")?;
     let b = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok((a.local_addr()?, b.local_addr()?))
+    let c = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?, b.local_addr()?, c.local_addr()?))
 }

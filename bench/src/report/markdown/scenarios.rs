@@ -1,10 +1,62 @@
-//! The report's sections of the scenarios beside the fixed rates: long
-//! calls, the breaker, cold start, and the run's own bookkeeping (server
-//! processes, quiet waits).
+//! The report's sections beside the fixed rates' table: the two edges
+//! compared, long calls, the breaker, cold start, and the run's own
+//! bookkeeping (server processes, quiet waits).
 
 use super::{ms, opt, overhead, section, table};
-use crate::report::{Results, summary};
+use crate::report::{Results, Step, edge_cpu_ratio, edge_pairs, summary};
 use std::fmt::Write as _;
+
+/// The same call through each edge of one server, step by step, and the
+/// median ratio of their CPU per request.
+pub fn edges(out: &mut String, r: &Results) {
+    let pairs = edge_pairs(r);
+    if pairs.is_empty() {
+        return;
+    }
+    let added = |s: &Step| {
+        s.added_latency_us.map_or_else(
+            || "–".to_owned(),
+            |a| format!("{} / {}", ms(a.p50), ms(a.p99)),
+        )
+    };
+    let rows = pairs.iter().map(|&(grpc, http)| {
+        vec![
+            grpc.metering.clone(),
+            grpc.upstream_latency_ms.to_string(),
+            format!("{:.0}", grpc.offered_rps),
+            opt(grpc.server_cpu_s_per_1k, 3),
+            opt(http.server_cpu_s_per_1k, 3),
+            opt(edge_cpu_ratio(grpc, http), 2),
+            added(grpc),
+            added(http),
+            format!("{} / {}", grpc.errors, http.errors),
+        ]
+    });
+    section(
+        out,
+        "HTTP edge vs gRPC edge",
+        "The same task and input through each edge of one server, the RPCs taking turns at each rate: \
+         `Execute` of `meeting_brief` over gRPC (HTTP/2), and `POST /v1/chat/completions` with `model` \
+         `meeting_brief` over HTTP/1.1 keep-alive, the input as its one user message. CPU is the server \
+         process's per 1,000 requests; *added* = the step minus the direct step that replays that edge's \
+         own upstream body (same rate and upstream latency), ms, p50 / p99.",
+        "metering | upstream ms | offered rps | gRPC CPU s/1k | HTTP CPU s/1k | HTTP / gRPC | \
+         gRPC added p50 / p99 | HTTP added p50 / p99 | errors gRPC / HTTP",
+        rows.collect(),
+    );
+    let ratios: Vec<f64> = pairs
+        .iter()
+        .filter_map(|&(grpc, http)| edge_cpu_ratio(grpc, http))
+        .collect();
+    if let Some((lo, median, hi)) = summary(&ratios) {
+        let _ = writeln!(
+            out,
+            "HTTP edge / gRPC edge CPU per request: **{median:.2}×** (median of {} steps, \
+             {lo:.2}–{hi:.2}×).\n",
+            ratios.len()
+        );
+    }
+}
 
 pub fn in_flight(out: &mut String, r: &Results) {
     let Some(f) = &r.in_flight else { return };

@@ -266,3 +266,44 @@ fn agent_turn_cpu_is_read_near_saturation_against_execute() {
     assert_eq!(t.met, Some(true));
     assert_eq!(agent_turn(&Results::default()).reached, "not measured");
 }
+
+#[test]
+fn the_http_edge_is_judged_on_the_median_of_its_ratios_to_execute_at_each_step() {
+    let step = |rpc: &str, rps: f64, cpu: f64| Step {
+        kind: "load".into(),
+        rpc: rpc.into(),
+        via: "orchestrator".into(),
+        metering: "sqlite".into(),
+        offered_rps: rps,
+        server_cpu_s_per_1k: Some(cpu),
+        ..Default::default()
+    };
+    let r = Results {
+        steps: vec![
+            step("Execute", 200.0, 1.0),
+            step("ChatCompletionsHttp", 200.0, 1.3),
+            step("Execute", 1000.0, 0.5),
+            step("ChatCompletionsHttp", 1000.0, 0.55),
+            step("Execute", 3000.0, 0.4),
+            step("ChatCompletionsHttp", 3000.0, 0.4),
+            // No twin at this metering: not compared.
+            Step {
+                metering: "off".into(),
+                ..step("Execute", 1000.0, 0.3)
+            },
+        ],
+        ..Results::default()
+    };
+    // 1.30, 1.10 and 1.00: one step over the goal, the median within it.
+    let t = http_edge(&r);
+    assert_eq!(t.met, Some(true), "{}", t.reached);
+    assert!(
+        t.reached
+            .starts_with("sqlite @ 200 rps, 0 ms upstream: 1.300 / 1.000 s per 1k = 1.30×; "),
+        "{}",
+        t.reached
+    );
+    assert!(t.reached.ends_with("; median 1.10×"), "{}", t.reached);
+    assert_eq!(t.reached.matches(" s per 1k").count(), 3, "{}", t.reached);
+    assert_eq!(http_edge(&Results::default()).reached, "not measured");
+}
