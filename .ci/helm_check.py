@@ -126,7 +126,10 @@ def assert_common(r: Render, label: str):
     assert ports["grpc"]["port"] == grpc_port and ports["grpc"]["targetPort"] == "grpc", ports
     assert ports["metrics"]["port"] == metrics_port and ports["metrics"]["targetPort"] == "metrics", ports
     cports = {p["name"]: p["containerPort"] for p in r.container["ports"]}
-    assert cports == {"grpc": grpc_port, "metrics": metrics_port}, cports
+    expected = {"grpc": grpc_port, "metrics": metrics_port}
+    if r.merged["http"]["enabled"]:
+        expected["http"] = r.merged["ports"]["http"]
+    assert cports == expected, cports
 
     # The server listens on all interfaces inside the pod, on those ports.
     server = r.config["server"]
@@ -462,6 +465,24 @@ def no_store_extra(r: Render):
 
 render_set("production with the chart's Valkey", VALKEY, valkey_extra)
 render_set("production with an external cluster store", EXTERNAL_STORE, external_store_extra)
+def http_extra(r: Render):
+    ports = {p["name"]: p for p in r.one("Service")["spec"]["ports"]}
+    assert ports["http"]["port"] == 8080 and ports["http"]["targetPort"] == "http", ports
+    assert any(p["name"] == "http" for p in r.container["ports"])
+    assert r.config["http"] == {"listen": "0.0.0.0:8080", "cors_origins": ["https://app.example.com"]}
+
+
+HTTP = {"http": {"enabled": True, "corsOrigins": ["https://app.example.com"]}}
+render_set("HTTP edge on", HTTP, http_extra)
+
+
+@check("HTTP edge off: no http port, no [http]")
+def _():
+    r = Render({})
+    assert all(p["name"] != "http" for p in r.one("Service")["spec"]["ports"])
+    assert "http" not in r.config
+
+
 render_set("production with account limits and no store", merge(ci_values("production"), ACCOUNT), no_store_extra)
 
 
@@ -504,6 +525,8 @@ BAD = [
     ("SQLite URL in the dev Secret",
      {"devSecret": {"create": True, "env": {"DATABASE_URL": "sqlite://x.db"}}}, "must be a postgres:// URL"),
     ("listen address in config", {"config": {"server": {"listen": "127.0.0.1:50051"}}}, "config.server.listen is set by the chart"),
+    ("HTTP edge in config", {"config": {"http": {"listen": "0.0.0.0:8080"}}}, "additional properties 'http'"),
+    ("schema: CORS origin with a path", {"http": {"enabled": True, "corsOrigins": ["https://a.example/x"]}}, "corsOrigins"),
     ("database URL in config", {"config": {"database": {"url": "postgres://u:pw@db/x"}}}, "config.database.url is set by the chart"),
     ("auth in config", {"config": {"auth": {"enabled": True}}}, "use auth.enabled"),
     ("cluster in config", {"config": {"cluster": {"redis_url": "redis://x:6379"}}}, "config.cluster is set by the chart"),
@@ -560,6 +583,7 @@ def service_check(binary: str):
         ("ci/production-values.yaml", ci_values("production")),
         ("production with the chart's Valkey", VALKEY),
         ("production with an external cluster store", EXTERNAL_STORE),
+        ("HTTP edge on", HTTP),
     ]
     for label, values in cases:
         @check(f"service check-config: {label}")

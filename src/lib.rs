@@ -1,7 +1,7 @@
 //! ai-orchestrator: the single gRPC entry point for every AI call.
 //!
-//! One driver: an edge (`api` for gRPC and MCP, `cli` for the admin
-//! commands) parses a request into a call context and a feature, runs it
+//! One driver: an edge (`api` for gRPC and MCP, `http_edge` for the
+//! OpenAI-compatible HTTP API, `cli` for the admin commands) parses a request into a call context and a feature, runs it
 //! with `call::Pipeline::run` (or `stream`, `converse`), and maps the
 //! answer back. The pipeline (`call`) owns every call's lifecycle: admit,
 //! reserve, route, settle, record, audit. A feature (`tasks`, an agent turn,
@@ -20,6 +20,8 @@
 //!
 //! ```text
 //! edge       api, cli, server        anything below
+//!            http_edge               call, agent, auth, store, api (its error
+//!                                    mapping, envelope checks, access log)
 //! pipeline   call                    the features and everything below them
 //! features   tasks                   router (errors), prompts, usage (types)
 //!            agent                   store, the ground floor (the turn loop, over a session)
@@ -49,6 +51,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod domain;
+pub mod http_edge;
 pub mod prompts;
 pub mod providers;
 pub mod resilience;

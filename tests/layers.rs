@@ -111,6 +111,21 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "call",
             ][..],
         ),
+        // The HTTP edge renders failures through gRPC's one mapping
+        // (`api::error`) and shares its envelope checks and access log.
+        (
+            "http_edge",
+            &[
+                "domain",
+                "config",
+                "telemetry",
+                "store",
+                "auth",
+                "agent",
+                "call",
+                "api",
+            ][..],
+        ),
         (
             "cli",
             &[
@@ -146,6 +161,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "agent",
                 "call",
                 "api",
+                "http_edge",
             ][..],
         ),
     ])

@@ -34,9 +34,10 @@ impl Record {
         f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
-    /// Writes the access line of an RPC that ended with `code` after `took`; health checks
-    /// and reflection at debug, lest probes every few seconds drown the calls.
-    pub(super) fn log(&self, method: &'static str, code: &'static str, took: Duration) {
+    /// Writes the access line of an RPC (or HTTP edge request) that ended with `code` after
+    /// `took`; health checks, reflection and unknown methods at debug, lest probes every
+    /// few seconds drown the calls.
+    pub(crate) fn log(&self, method: &'static str, code: &str, took: Duration) {
         let f = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         // Whole microseconds: a float of nanoseconds prints as 1.2345670000000001.
         let latency_ms = u64::try_from(took.as_micros()).unwrap_or(u64::MAX) as f64 / 1000.0;
@@ -58,7 +59,7 @@ impl Record {
                 )
             };
         }
-        if method.starts_with("ai.orchestrator.") {
+        if method.starts_with("ai.orchestrator.") || method.contains(" /v1/") {
             line!(tracing::Level::INFO);
         } else {
             line!(tracing::Level::DEBUG);
@@ -77,7 +78,7 @@ pub fn note(f: impl FnOnce(&mut Fields)) {
 }
 
 /// `future`, with `record` as the current RPC's while it is polled.
-pub(super) fn scope<F: Future>(
+pub(crate) fn scope<F: Future>(
     record: Record,
     future: F,
 ) -> tokio::task::futures::TaskLocalFuture<Record, F> {

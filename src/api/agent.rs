@@ -29,10 +29,10 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 use tracing::Instrument;
 
 /// Most retrieved-context items a turn may carry.
-const MAX_RETRIEVED: usize = 64;
+pub(crate) const MAX_RETRIEVED: usize = 64;
 
 /// Most messages `GetConversation` returns, the newest: a reply well inside the limits.
-const MAX_MESSAGES_READ: u32 = 500;
+pub(crate) const MAX_MESSAGES_READ: u32 = 500;
 
 /// The `AgentService`.
 #[derive(Clone)]

@@ -4,7 +4,10 @@
 
 pub mod keys;
 
-use crate::config::{ApiKeyConfig, AuthConfig};
+use crate::{
+    config::{ApiKeyConfig, AuthConfig},
+    domain::Headers,
+};
 use keys::{KeyRecord, KeyStore};
 use sha2::{Digest, Sha256};
 use std::{
@@ -12,7 +15,6 @@ use std::{
     sync::{Arc, RwLock},
 };
 use subtle::ConstantTimeEq;
-use tonic::metadata::MetadataMap;
 
 pub use crate::domain::Role;
 
@@ -180,7 +182,7 @@ impl Authenticator {
     }
 
     /// The principal behind the request's key, or [`Principal::unauthenticated`] with auth off.
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, AuthError> {
+    pub fn authenticate(&self, metadata: &impl Headers) -> Result<Principal, AuthError> {
         if !self.enabled {
             return Ok(Principal::unauthenticated());
         }
@@ -209,8 +211,8 @@ fn known_from_config(key: &ApiKeyConfig) -> Option<KnownKey> {
     })
 }
 
-fn presented_key(metadata: &MetadataMap) -> Option<&str> {
-    if let Some(value) = metadata.get("authorization").and_then(|v| v.to_str().ok()) {
+fn presented_key(metadata: &impl Headers) -> Option<&str> {
+    if let Some(Ok(value)) = metadata.text("authorization") {
         let (scheme, rest) = value.trim().split_once(' ')?;
         return scheme
             .eq_ignore_ascii_case("bearer")
@@ -218,8 +220,8 @@ fn presented_key(metadata: &MetadataMap) -> Option<&str> {
             .filter(|k| !k.is_empty());
     }
     metadata
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
+        .text("x-api-key")
+        .and_then(Result::ok)
         .map(str::trim)
         .filter(|k| !k.is_empty())
 }
@@ -227,6 +229,7 @@ fn presented_key(metadata: &MetadataMap) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::metadata::MetadataMap;
 
     fn config(keys: Vec<ApiKeyConfig>) -> AuthConfig {
         AuthConfig {

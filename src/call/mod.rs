@@ -4,6 +4,7 @@
 //! routed), finish (costs, metrics, usage record, settlement). Nothing else
 //! enters `usage` for a call: it is recorded once, with all its model calls.
 
+pub mod chat;
 mod context;
 mod estimate;
 mod feature;

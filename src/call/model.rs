@@ -3,6 +3,7 @@
 
 use super::Call;
 use crate::{
+    config::TargetConfig,
     domain::{
         ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, ToolChoice, completion::Role,
     },
@@ -48,18 +49,37 @@ impl Session for Call {
         format: Option<JsonSchemaFormat>,
         parse: impl Fn(&Completion) -> Result<T, String> + Send + Sync,
     ) -> Result<(T, Completion), TaskError> {
-        let router = self.pipeline.router();
-        let chain = router.chain(task)?;
+        let chain = self.pipeline.router().chain(task)?;
         let request = self.request(task, prompt, format);
         let options = RouteOptions {
             priority: self.ctx.priority,
             primary_model: prompt.prompt.model.clone(),
         };
-        // Priced as called: a prompt's model override at the primary.
-        self.reserve(task, &options.chain_as_called(chain), &request)
+        self.routed(task, chain, &request, &options, parse).await
+    }
+
+    fn answered_by_rule(&self, key: &str) {
+        self.log().prompt = Some((String::new(), key.to_owned(), 0));
+    }
+}
+
+impl Call {
+    /// One model call of `request` over `chain`: reserved at its worst case
+    /// (priced as called: a prompt's model override at the primary), routed,
+    /// and every attempt logged.
+    pub(super) async fn routed<T: Send>(
+        &self,
+        task: &str,
+        chain: &[TargetConfig],
+        request: &CompletionRequest,
+        options: &RouteOptions,
+        parse: impl Fn(&Completion) -> Result<T, String> + Send + Sync,
+    ) -> Result<(T, Completion), TaskError> {
+        self.reserve(task, &options.chain_as_called(chain), request)
             .await?;
+        let router = self.pipeline.router();
         let routed = router
-            .run(chain, &request, self.ctx.deadline, &options, parse)
+            .run(chain, request, self.ctx.deadline, options, parse)
             .await;
         let pricing = self.pipeline.meter().pricing();
         match routed {
@@ -77,12 +97,6 @@ impl Session for Call {
         }
     }
 
-    fn answered_by_rule(&self, key: &str) {
-        self.log().prompt = Some((String::new(), key.to_owned(), 0));
-    }
-}
-
-impl Call {
     /// One model call's request: the prompt version's overrides, then the task's.
     pub(super) fn request(
         &self,

@@ -3,10 +3,10 @@
 
 use super::{Call, CallContext, CallError, CallMeta, Pipeline};
 use crate::{
-    domain::{Completion, JsonSchemaFormat},
+    domain::{Completion, CompletionRequest},
     router::{RouteEvent, RouteOptions},
     tasks::{
-        Rendered, TaskError,
+        TaskError,
         execute::{self, Execute},
     },
 };
@@ -58,7 +58,12 @@ impl Pipeline {
             Err(e) => return Err(call.refused(e)),
         };
         let validator = tasks.output_validator(&execute.task);
-        let events = call.stream(&execute.task, &rendered, format).await?;
+        let request = call.request(&execute.task, &rendered, format);
+        let options = RouteOptions {
+            priority: call.ctx.priority,
+            primary_model: rendered.prompt.model.clone(),
+        };
+        let events = call.stream(&execute.task, request, options).await?;
         Ok(events.map(move |event| match event {
             CallEvent::Completed {
                 completion, meta, ..
@@ -75,23 +80,19 @@ impl Pipeline {
 }
 
 impl Call {
-    /// Reserves one model call, then streams it. Dropping the stream cancels
-    /// the upstream call and settles the reservation at its estimate.
-    async fn stream(
+    /// Reserves one model call of `request`, then streams it. Dropping the
+    /// stream cancels the upstream call and settles the reservation at its
+    /// estimate.
+    pub(super) async fn stream(
         self,
         task: &str,
-        prompt: &Rendered,
-        format: Option<JsonSchemaFormat>,
+        request: CompletionRequest,
+        options: RouteOptions,
     ) -> Result<impl Stream<Item = CallEvent> + Send + use<>, CallError> {
         let router = self.pipeline.router().clone();
         let chain = router
             .chain(task)
             .map_err(|e| self.refused(TaskError::from(e)))?;
-        let request = self.request(task, prompt, format);
-        let options = RouteOptions {
-            priority: self.ctx.priority,
-            primary_model: prompt.prompt.model.clone(),
-        };
         // Priced as called: a prompt's model override at the primary.
         self.reserve(task, &options.chain_as_called(chain), &request)
             .await

@@ -7,6 +7,7 @@ pub mod agents;
 mod auth;
 pub mod cluster;
 mod database;
+mod http;
 mod load;
 mod provider;
 mod secret;
@@ -21,6 +22,7 @@ pub use tools::{
     McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind, ToolWorkerConfig,
 };
 
+pub use self::http::HttpConfig;
 pub use auth::{ApiKeyConfig, AuthConfig};
 pub use database::{DatabaseConfig, SqliteDurability};
 pub use secret::Secret;
@@ -127,6 +129,9 @@ pub struct Config {
     /// The registry served as an MCP server; off when absent.
     #[serde(default)]
     pub mcp_endpoint: Option<McpEndpointConfig>,
+    /// The HTTP edge (OpenAI-compatible API, agent turns over SSE); off when absent.
+    #[serde(default)]
+    pub http: Option<HttpConfig>,
     #[serde(default)]
     pub tool_worker: ToolWorkerConfig,
     #[serde(default)]

@@ -221,10 +221,35 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     if let Some(cluster) = &config.cluster {
         cluster_check(cluster, &mut bad);
     }
+    http_edge(config, &mut bad);
     tools::check(config, &mut bad);
     agents::check(config, &mut bad);
     bounds::check(config, &mut bad);
     out
+}
+
+/// `[http]`: CORS origins a browser could send, and a port of its own.
+fn http_edge(config: &Config, bad: &mut dyn FnMut(String, &str)) {
+    let Some(http) = &config.http else { return };
+    for (i, origin) in http.cors_origins.iter().enumerate() {
+        if origin != "*" && !super::http::is_origin(origin) {
+            bad(
+                format!("http.cors_origins[{i}]"),
+                "must be `*` or an origin as browsers send it: scheme://host[:port], no path",
+            );
+        }
+    }
+    let taken = [Some(config.server.listen), config.server.metrics_listen]
+        .into_iter()
+        .chain([config.mcp_endpoint.as_ref().map(|e| e.listen)]);
+    for addr in taken.flatten() {
+        if addr == http.listen && addr.port() != 0 {
+            bad(
+                "http.listen".into(),
+                &format!("{addr} is already another listener's"),
+            );
+        }
+    }
 }
 
 fn tasks(config: &Config, bad: &mut dyn FnMut(String, &str)) {

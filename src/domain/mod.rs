@@ -1,6 +1,7 @@
 //! Plain domain types every layer may use: no I/O, no import from another module of the crate.
 
 pub mod completion;
+pub mod headers;
 pub mod json;
 pub mod provider_error;
 pub mod sms;
@@ -11,6 +12,7 @@ pub use completion::{
     ChatMessage, Citation, Completion, CompletionRequest, FinishReason, JsonSchemaFormat,
     StreamEvent, TokenUsage,
 };
+pub use headers::Headers;
 pub use provider_error::{ConnectFailure, MAX_RETRY_AFTER, ProviderError};
 pub use tool_call::{ToolCall, ToolChoice, ToolOutcome, ToolSpec, WireNames};
 

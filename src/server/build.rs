@@ -107,6 +107,14 @@ impl App {
             ),
             None => None,
         };
+        let http_listener = match &config.http {
+            Some(h) => Some(
+                TcpListener::bind(h.listen)
+                    .await
+                    .with_context(|| format!("binding the HTTP edge {}", h.listen))?,
+            ),
+            None => None,
+        };
         let background_pipeline = pipeline.clone();
         let audit = AuditApi::new(store.clone(), auth.clone());
         let api = OrchestratorApi::new(config.clone(), pipeline, store.clone(), auth.clone());
@@ -135,6 +143,7 @@ impl App {
             },
             pipeline: background_pipeline,
             mcp_listener,
+            http_listener,
             health,
             health_service,
             listener,

@@ -48,6 +48,8 @@ pub struct App {
     /// For the ASYNC tool worker, the MCP clients and the MCP endpoint.
     pipeline: crate::call::Pipeline,
     mcp_listener: Option<TcpListener>,
+    /// The HTTP edge's, when `[http]` is configured.
+    http_listener: Option<TcpListener>,
     health: Health,
     health_service:
         tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
@@ -72,6 +74,13 @@ impl App {
     /// Where the MCP endpoint is served, if configured.
     pub fn mcp_addr(&self) -> Option<SocketAddr> {
         self.mcp_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Where the HTTP edge is served, if configured.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.

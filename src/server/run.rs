@@ -35,6 +35,7 @@ impl App {
             services,
             pipeline,
             mcp_listener,
+            http_listener,
             health,
             health_service,
             listener,
@@ -66,7 +67,7 @@ impl App {
             &pipeline,
             cluster.as_ref(),
         );
-        // Turns true when shutdown starts: gRPC and the MCP endpoint drain.
+        // Turns true when shutdown starts: gRPC, MCP and HTTP edges drain.
         let (draining_tx, draining) = watch::channel(false);
         let mcp_endpoint = spawn_mcp_endpoint(
             mcp_listener,
@@ -76,6 +77,7 @@ impl App {
             cluster.as_ref(),
             &draining,
         );
+        let http_edge = spawn_http_edge(http_listener, &config, &pipeline, &auth, &draining);
         let metrics_task =
             spawn_metrics(metrics_listener, &pipeline, ready, tasks_stopped, on_scrape);
         let routes = grpc_routes(health_service, services, &auth, &config.server)?;
@@ -85,7 +87,9 @@ impl App {
         let signal = shutdown_signal(shutdown, probe, health.clone(), draining_tx);
         serve_grpc(listener, tls, routes, &config.server, signal, draining).await?;
 
-        tasks.stop(&stop_tasks, metrics_task, mcp_endpoint).await;
+        tasks
+            .stop(&stop_tasks, metrics_task, [mcp_endpoint, http_edge])
+            .await;
         // Calls running past the grace can no longer be recorded; everything
         // queued (settlements of cancelled calls too) is committed.
         let _ = stop_writer.send(true);
@@ -179,7 +183,7 @@ impl Background {
         self,
         stop: &watch::Sender<bool>,
         metrics_task: Option<JoinHandle<()>>,
-        mcp_endpoint: Option<JoinHandle<()>>,
+        edges: [Option<JoinHandle<()>>; 2],
     ) {
         let _ = stop.send(true);
         // A running ASYNC invocation is taken again, under its idempotency key,
@@ -191,9 +195,9 @@ impl Background {
             self.conversation_sweeper,
             self.key_refresher,
             metrics_task,
-            mcp_endpoint,
         ]
         .into_iter()
+        .chain(edges)
         .flatten()
         .chain(self.mcp_clients)
         .chain(self.probes)
@@ -225,6 +229,29 @@ fn spawn_mcp_endpoint(
         pipeline.clone(),
         auth.clone(),
         cluster.cloned(),
+        draining.clone(),
+    )))
+}
+
+/// The HTTP edge, if configured, draining when `draining` turns true.
+fn spawn_http_edge(
+    listener: Option<TcpListener>,
+    config: &Config,
+    pipeline: &Pipeline,
+    auth: &Authenticator,
+    draining: &watch::Receiver<bool>,
+) -> Option<JoinHandle<()>> {
+    let (Some(listener), Some(http)) = (listener, &config.http) else {
+        return None;
+    };
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "HTTP edge");
+    }
+    Some(tokio::spawn(crate::http_edge::serve(
+        listener,
+        http.clone(),
+        pipeline.clone(),
+        auth.clone(),
         draining.clone(),
     )))
 }

@@ -62,6 +62,12 @@ pub fn handle() -> &'static PrometheusHandle {
             })
             .and_then(|b| {
                 b.set_buckets_for_metric(
+                    Matcher::Full("http_server_request_duration_seconds".into()),
+                    GRPC_BUCKETS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
                     Matcher::Full("tool_duration_seconds".into()),
                     GRPC_BUCKETS,
                 )
@@ -271,6 +277,15 @@ fn describe_grpc() {
         Unit::Seconds,
         "Time to handle a gRPC call: until the reply, or the stream's end."
     );
+    describe_counter!(
+        "http_server_requests_total",
+        "HTTP edge requests completed, by route, method and status code."
+    );
+    describe_histogram!(
+        "http_server_request_duration_seconds",
+        Unit::Seconds,
+        "Time to handle an HTTP edge request: until the body's end (a stream's last event)."
+    );
 }
 
 /// One provider call that ended, by its status: `ok` or the attempt's
@@ -447,6 +462,15 @@ pub fn grpc_handled(kind: &'static str, method: &'static str, code: &'static str
     counter!("grpc_server_handled_total", "grpc_type" => kind, "grpc_service" => service, "grpc_method" => method, "grpc_code" => code)
         .increment(1);
     histogram!("grpc_server_handling_seconds", "grpc_type" => kind, "grpc_service" => service, "grpc_method" => method)
+        .record(took.as_secs_f64());
+}
+
+/// One HTTP edge request handled (`route`: a fixed template, see
+/// `crate::http_edge`), with its status code.
+pub fn http_handled(route: &'static str, method: &'static str, status: u16, took: Duration) {
+    counter!("http_server_requests_total", "route" => route, "method" => method, "status" => status.to_string())
+        .increment(1);
+    histogram!("http_server_request_duration_seconds", "route" => route, "method" => method)
         .record(took.as_secs_f64());
 }
 

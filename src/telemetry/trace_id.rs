@@ -1,7 +1,7 @@
 //! Trace ID resolution (SPEC §3): `context.trace_id`, else the `x-trace-id`
 //! metadata, else the trace-id of a W3C `traceparent`, else a new one.
 
-use tonic::metadata::MetadataMap;
+use crate::domain::Headers;
 
 /// Longest trace ID we accept from a caller.
 pub const MAX_TRACE_ID_LEN: usize = 128;
@@ -35,20 +35,20 @@ pub struct BadTraceId {
 /// `traceparent` is ignored, as W3C Trace Context requires.
 pub fn resolve(
     context_trace_id: &str,
-    metadata: &MetadataMap,
+    metadata: &impl Headers,
 ) -> Result<(String, TraceSource), BadTraceId> {
     if !context_trace_id.is_empty() {
         return checked(context_trace_id, "context.trace_id").map(|t| (t, TraceSource::Context));
     }
-    if let Some(value) = metadata.get(TRACE_ID_HEADER) {
-        let value = value.to_str().map_err(|_| BadTraceId {
+    if let Some(value) = metadata.text(TRACE_ID_HEADER) {
+        let value = value.map_err(|()| BadTraceId {
             field: TRACE_ID_HEADER,
         })?;
         return checked(value, TRACE_ID_HEADER).map(|t| (t, TraceSource::Header));
     }
     if let Some(id) = metadata
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
+        .text("traceparent")
+        .and_then(Result::ok)
         .and_then(traceparent_trace_id)
     {
         return Ok((id.to_owned(), TraceSource::TraceParent));
@@ -100,6 +100,7 @@ pub fn traceparent_trace_id(header: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::metadata::MetadataMap;
 
     fn md(pairs: &[(&'static str, &'static str)]) -> MetadataMap {
         let mut m = MetadataMap::new();

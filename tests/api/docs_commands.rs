@@ -204,6 +204,7 @@ async fn every_command_the_docs_show_runs_on_the_defaults() {
             "AIO_SERVER__METRICS_LISTEN",
             format!("127.0.0.1:{}", free_port()),
         ),
+        ("AIO_HTTP__LISTEN", "127.0.0.1:0".to_owned()),
         ("AIO_ADDR", format!("127.0.0.1:{port}")),
         (
             "DATABASE_URL",

@@ -13,8 +13,9 @@ use std::{collections::BTreeMap, path::Path};
 /// The trace ID the script sends as `x-trace-id` metadata on ClassifySms.
 const TRACE_HEADER: &str = "py-interop-1";
 
-/// `config/local.toml` on a temp SQLite file at `database_url` and without
-/// the metrics listener (its fixed port would clash with a running server).
+/// `config/local.toml` on a temp SQLite file at `database_url`, without the
+/// metrics listener and with the HTTP edge on a free port (their fixed
+/// ports would clash with a running server).
 fn local_toml(database_url: &str) -> String {
     let root = env!("CARGO_MANIFEST_DIR");
     let local = std::fs::read_to_string(Path::new(root).join("config/local.toml")).unwrap();
@@ -27,7 +28,7 @@ fn local_toml(database_url: &str) -> String {
             if line == database {
                 format!("url = \"{database_url}\"")
             } else {
-                line.to_owned()
+                line.replace("127.0.0.1:8080", "127.0.0.1:0")
             }
         })
         .collect::<Vec<_>>()

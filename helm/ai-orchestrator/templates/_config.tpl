@@ -25,6 +25,9 @@ float keys too.
 {{- $_ := set $server "tls" $tls -}}
 {{- end -}}
 {{- $_ := set $cfg "server" $server -}}
+{{- if $v.http.enabled -}}
+{{- $_ := set $cfg "http" (dict "listen" (printf "0.0.0.0:%d" (int64 $v.ports.http)) "cors_origins" ($v.http.corsOrigins | default list)) -}}
+{{- end -}}
 
 {{- $db := get $cfg "database" | default dict -}}
 {{- if eq (include "aio.dbBackend" $root) "sqlite" -}}

@@ -21,7 +21,7 @@ pub const MAX_TOOLS: usize = 1_000;
 pub const MAX_MCP_SERVERS: usize = 64;
 /// Program and arguments of an MCP server's `command`.
 pub const MAX_COMMAND_ARGS: usize = 256;
-/// `mcp_endpoint.allowed_hosts`.
+/// `mcp_endpoint.allowed_hosts`, `http.cors_origins`.
 pub const MAX_ALLOWED_HOSTS: usize = 256;
 /// Agents.
 pub const MAX_AGENTS: usize = 1_000;
@@ -96,6 +96,13 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
         over(
             "mcp_endpoint.allowed_hosts".into(),
             endpoint.allowed_hosts.len(),
+            MAX_ALLOWED_HOSTS,
+        );
+    }
+    if let Some(http) = &config.http {
+        over(
+            "http.cors_origins".into(),
+            http.cors_origins.len(),
             MAX_ALLOWED_HOSTS,
         );
     }
