@@ -9,6 +9,7 @@
 
 mod cors;
 mod fakes;
+mod limits;
 mod same_records;
 mod sdk;
 mod sse;
