@@ -15,7 +15,7 @@ use crate::{
         request,
     },
     call::turn::{TurnEvent, TurnOutcome},
-    domain::{completion::Role, json},
+    domain::completion::Role,
 };
 use axum::{
     body::Body,
@@ -74,25 +74,18 @@ pub(super) async fn turn(
     let result = async {
         let caller = caller(&edge, ROUTE, &headers).map_err(IntoResponse::into_response)?;
         let trace_id = caller.ctx.trace_id.clone();
-        let (value, bytes) = read_json(&edge, body, &trace_id).await?;
-        let part = |key: &str| value.get(key).map_or(0, json::bytes);
-        let sizes = [
-            ("message", part("message")),
-            ("preferences", part("preferences")),
-            ("retrieved", part("retrieved")),
-        ];
-        request::check_input(bytes, &sizes, &edge.pipeline.config().server)
-            .map_err(|f| HttpError::new(f, &trace_id).into_response())?;
+        let value = read_json(&edge, body, &trace_id).await?;
         let body: TurnBody = typed(value, &trace_id).map_err(IntoResponse::into_response)?;
         let turn =
             turn_request(agent, body).map_err(|f| HttpError::new(f, &trace_id).into_response())?;
         let span = caller.span.clone();
-        let events = edge
-            .pipeline
-            .converse(caller.ctx, caller.principal, turn)
-            .instrument(span.clone())
-            .await
-            .map_err(|e| HttpError::call(e, &trace_id).into_response())?;
+        let pipeline = &edge.pipeline;
+        let events = async {
+            let events = pipeline.converse(caller.ctx, caller.principal, turn).await;
+            events.map_err(|e| HttpError::call(e, &trace_id).into_response())
+        }
+        .instrument(span.clone())
+        .await?;
         let events = sse(events, trace_id.clone());
         let events = crate::telemetry::InSpan::new(Box::pin(events), span);
         let body = Sse::new(Noted::current(events)).keep_alive(KeepAlive::default());

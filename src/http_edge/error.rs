@@ -98,14 +98,16 @@ impl IntoResponse for HttpError {
         {
             headers.insert(TRACE_ID_HEADER, value);
         }
-        if let Some(delay) = self
+        let delay = self
             .status
             .get_details_retry_info()
-            .and_then(|r| r.retry_delay)
-        {
-            for (name, value) in retry_headers(delay) {
-                headers.insert(name, value);
-            }
+            .and_then(|r| r.retry_delay);
+        // The SDKs retry every 429 and 5xx unless told not to: only where
+        // gRPC advises a retry (a cap reached will not pass by retrying).
+        let retry = HeaderValue::from_static(if delay.is_some() { "true" } else { "false" });
+        headers.insert(header::HeaderName::from_static("x-should-retry"), retry);
+        for (name, value) in delay.map(retry_headers).into_iter().flatten() {
+            headers.insert(name, value);
         }
         response
     }
@@ -156,15 +158,11 @@ fn error_type(status: StatusCode) -> &'static str {
     }
 }
 
-/// A body over `server.max_message_bytes`: 413, refused before it is parsed.
-pub(super) fn too_large(limit: usize, trace_id: &str) -> Response {
-    let err = HttpError::invalid(
-        "body",
-        &format!("is over {limit} bytes (server.max_message_bytes)"),
-        trace_id,
-    );
+/// `err` answered with `status` instead of its code's: an HTTP-only
+/// refusal (413, 408, 405) of a failure gRPC reports as INVALID_ARGUMENT.
+pub(super) fn with_status(err: HttpError, status: StatusCode) -> Response {
     let mut response = err.into_response();
-    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    *response.status_mut() = status;
     response
 }
 

@@ -14,13 +14,19 @@ mod models;
 mod observe;
 
 use crate::{
-    api::error::Failure, auth::Authenticator, call::Pipeline, config::HttpConfig, domain::json,
-    telemetry::trace_id::TRACE_ID_HEADER,
+    api::error::Failure,
+    auth::Authenticator,
+    call::Pipeline,
+    config::HttpConfig,
+    domain::json,
+    telemetry::trace_id::{self, TRACE_ID_HEADER},
 };
 use axum::{
     Router,
     body::Body,
-    http::{HeaderName, HeaderValue, Method},
+    extract::Request,
+    http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode},
+    middleware::Next,
     response::{IntoResponse, Response},
     routing::{get, post},
     serve::ListenerExt,
@@ -50,9 +56,27 @@ fn app(edge: Edge, config: &HttpConfig) -> Router {
             get(agents::get_conversation).delete(agents::delete_conversation),
         )
         .fallback(unknown_route)
+        .method_not_allowed_fallback(unknown_method)
         .with_state(edge)
         .layer(axum::middleware::from_fn(observe::observe))
         .layer(cors(&config.cors_origins))
+        .layer(axum::middleware::from_fn(stamp_trace))
+}
+
+/// The caller's trace ID when valid, else a new one (for answers given
+/// before a handler resolved it: preflights, unknown routes).
+fn trace_of(headers: &HeaderMap) -> String {
+    trace_id::resolve("", headers).map_or_else(|_| trace_id::generate(), |(t, _)| t)
+}
+
+/// Every response carries `x-trace-id`: its handler's, else the caller's.
+async fn stamp_trace(request: Request, next: Next) -> Response {
+    let trace = trace_of(request.headers());
+    let mut response = next.run(request).await;
+    if !response.headers().contains_key(TRACE_ID_HEADER) {
+        response = traced(response, &trace);
+    }
+    response
 }
 
 /// CORS for the configured origins: a preflight is answered here, the
@@ -79,11 +103,17 @@ fn cors(origins: &[String]) -> CorsLayer {
 }
 
 /// A path we do not serve: 404 in OpenAI's shape.
-async fn unknown_route(request: axum::extract::Request) -> Response {
-    let trace_id = crate::telemetry::trace_id::generate();
+async fn unknown_route(request: Request) -> Response {
     let path: String = request.uri().path().chars().take(128).collect();
     let failure = Failure::NotFound(format!("no route {} {path}", request.method()));
-    HttpError::new(failure, &trace_id).into_response()
+    HttpError::new(failure, &trace_of(request.headers())).into_response()
+}
+
+/// A method a served path does not take: 405 in OpenAI's shape.
+async fn unknown_method(request: Request) -> Response {
+    let why = format!("{} is not served on this path", request.method());
+    let err = HttpError::invalid("method", &why, &trace_of(request.headers()));
+    error::with_status(err, StatusCode::METHOD_NOT_ALLOWED)
 }
 
 /// `response` with the request's `x-trace-id`.
@@ -95,25 +125,56 @@ fn traced(mut response: Response, trace_id: &str) -> Response {
 }
 
 /// The body as JSON within gRPC's limits: at most `server.max_message_bytes`
-/// (413 past it, unread), nested at most `server.max_input_depth`. Returns
-/// the value and its size.
-async fn read_json(edge: &Edge, body: Body, trace_id: &str) -> Result<(Value, usize), Response> {
+/// (413 past it, unread), received within `server.default_timeout` (408),
+/// at most `server.max_input_bytes` before it is parsed, and nested at most
+/// `server.max_input_depth`.
+async fn read_json(edge: &Edge, body: Body, trace_id: &str) -> Result<Value, Response> {
     let server = &edge.pipeline.config().server;
     let limit = server.max_message_bytes;
-    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return Err(error::too_large(limit, trace_id));
+    let invalid = |why: &str| HttpError::invalid("body", why, trace_id);
+    let read = tokio::time::timeout(server.default_timeout, axum::body::to_bytes(body, limit));
+    let bytes = match read.await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) if over_limit(&e) => {
+            let why = format!("is over {limit} bytes (server.max_message_bytes)");
+            return Err(error::with_status(
+                invalid(&why),
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ));
+        }
+        Ok(Err(_)) => return Err(invalid("broke off before its end").into_response()),
+        Err(_) => {
+            let why = "did not arrive within server.default_timeout";
+            return Err(error::with_status(
+                invalid(why),
+                StatusCode::REQUEST_TIMEOUT,
+            ));
+        }
     };
-    let invalid = |why: &str| HttpError::invalid("body", why, trace_id).into_response();
-    let value: Value =
-        serde_json::from_slice(&bytes).map_err(|e| invalid(&format!("is not JSON: {e}")))?;
+    // Parsed only once it fits: a JSON tree takes many times its text.
+    if bytes.len() > server.max_input_bytes {
+        let why = format!(
+            "is {} bytes, over the {} byte input limit (server.max_input_bytes)",
+            bytes.len(),
+            server.max_input_bytes
+        );
+        return Err(invalid(&why).into_response());
+    }
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(&format!("is not JSON: {e}")).into_response())?;
     if json::depth(&value) > server.max_input_depth {
         let why = format!(
             "nests deeper than {} levels (server.max_input_depth)",
             server.max_input_depth
         );
-        return Err(invalid(&why));
+        return Err(invalid(&why).into_response());
     }
-    Ok((value, bytes.len()))
+    Ok(value)
+}
+
+/// Whether reading a body failed on its length limit.
+fn over_limit(err: &axum::Error) -> bool {
+    std::error::Error::source(err).is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
 }
 
 /// `value` as `T`; a mismatch is a 400 naming the field (`messages[1].role`).

@@ -9,9 +9,8 @@ mod wire;
 
 use super::{Edge, caller::caller, error::HttpError, read_json, traced, typed};
 use crate::{
-    api::{access::Noted, error::Failure, request},
+    api::{access::Noted, error::Failure},
     call::CallEvent,
-    domain::json,
 };
 use axum::{
     body::Body,
@@ -47,10 +46,10 @@ async fn answer(edge: &Edge, headers: &HeaderMap, body: Body) -> Result<Response
     let mut caller = caller(edge, ROUTE, headers).map_err(IntoResponse::into_response)?;
     let trace_id = caller.ctx.trace_id.clone();
     let refuse = |err: HttpError| err.renaming("task", "model").into_response();
-    let (value, bytes) = read_json(edge, body, &trace_id).await?;
-    check_size(edge, &value, bytes).map_err(|f| refuse(HttpError::new(f, &trace_id)))?;
+    let value = read_json(edge, body, &trace_id).await?;
     let request: ChatRequest = typed(value, &trace_id).map_err(refuse)?;
     caller.body_user(request.user.as_deref()).map_err(refuse)?;
+    check(edge, &request).map_err(|f| refuse(HttpError::new(f, &trace_id)))?;
     let stream = request.stream.unwrap_or(false);
     let include_usage = request
         .stream_options
@@ -60,39 +59,44 @@ async fn answer(edge: &Edge, headers: &HeaderMap, body: Body) -> Result<Response
     let chat = request
         .into_chat()
         .map_err(|v| refuse(HttpError::new(Failure::Invalid(v), &trace_id)))?;
-    let head = Head::new(&trace_id, &chat.task);
-    let span = caller.span.clone();
+    let head = Head::new(&trace_id, &chat.task, include_usage);
+    let (pipeline, span) = (&edge.pipeline, caller.span.clone());
+    let fail = |e| refuse(HttpError::call(e, &trace_id));
+    // Failures are mapped inside the request's span, as on gRPC.
     if stream {
-        let events = edge
-            .pipeline
-            .stream_chat(caller.ctx, chat)
+        let events = async { pipeline.stream_chat(caller.ctx, chat).await.map_err(fail) }
             .instrument(span.clone())
-            .await
-            .map_err(|e| refuse(HttpError::call(e, &trace_id)))?;
-        let events = sse(events, head, include_usage, trace_id.clone());
+            .await?;
+        let events = sse(events, head, trace_id.clone());
         let events = crate::telemetry::InSpan::new(Box::pin(events), span);
         let body = Sse::new(Noted::current(events)).keep_alive(KeepAlive::default());
         return Ok(traced(body.into_response(), &trace_id));
     }
-    let (completion, meta) = edge
-        .pipeline
-        .run(caller.ctx, chat)
+    let (completion, meta) = async { pipeline.run(caller.ctx, chat).await.map_err(fail) }
         .instrument(span)
-        .await
-        .map_err(|e| refuse(HttpError::call(e, &trace_id)))?;
+        .await?;
     reply::note(&meta);
     let body = axum::Json(head.completion(&completion, &meta));
     Ok(traced(body.into_response(), &trace_id))
 }
 
-/// `server.max_input_bytes` over what the caller fills, as gRPC's `Execute`.
-fn check_size(edge: &Edge, body: &Value, bytes: usize) -> Result<(), Failure> {
-    let part = |key: &str| body.get(key).map_or(0, json::bytes);
-    request::check_input(
-        bytes,
-        &[("messages", part("messages")), ("tools", part("tools"))],
-        &edge.pipeline.config().server,
-    )
+/// What gRPC bounds besides bytes (`server.max_history_entries`), and a
+/// model that is an agent: agents run through their own route.
+fn check(edge: &Edge, request: &ChatRequest) -> Result<(), Failure> {
+    let max = edge.pipeline.config().server.max_history_entries;
+    if request.messages.len() > max {
+        let why = format!(
+            "has {} messages, more than the {max} allowed (server.max_history_entries)",
+            request.messages.len()
+        );
+        return Err(Failure::invalid("messages", &why));
+    }
+    if let Some(agent) = request.model.strip_prefix("agent/") {
+        let agent: String = agent.chars().take(128).collect();
+        let why = format!("`agent/{agent}` is an agent: run it with POST /v1/agents/{agent}/turns");
+        return Err(Failure::invalid("model", &why));
+    }
+    Ok(())
 }
 
 /// The call's events as Chat Completions chunks: the role first, each text
@@ -102,7 +106,6 @@ fn check_size(edge: &Edge, body: &Value, bytes: usize) -> Result<(), Failure> {
 fn sse(
     events: impl Stream<Item = CallEvent> + Send + 'static,
     head: Head,
-    include_usage: bool,
     trace_id: String,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send {
     let data = |v: Value| Ok(Event::default().data(v.to_string()));
@@ -122,7 +125,7 @@ fn sse(
                         yield data(head.delta(serde_json::json!({"tool_calls": calls}), None));
                     }
                     yield data(head.delta(serde_json::json!({}), Some(completion.finish_reason)));
-                    if include_usage {
+                    if head.include_usage {
                         yield data(head.usage_chunk(&meta));
                     }
                     yield Ok(Event::default().data("[DONE]"));
@@ -135,5 +138,10 @@ fn sse(
                 }
             }
         }
+        // Neither an answer nor a failure: never a silent, seemingly whole answer.
+        yield data(serde_json::json!({"error": {
+            "message": "the call ended without an answer", "type": "api_error",
+            "code": "INTERNAL", "param": null,
+        }}));
     }
 }

@@ -16,26 +16,34 @@ pub(super) struct Head {
     pub model: String,
     /// Unix seconds.
     pub created: i64,
+    /// `stream_options.include_usage`: chunks carry `"usage": null` until
+    /// the last, as OpenAI's do.
+    pub include_usage: bool,
 }
 
 impl Head {
-    pub(super) fn new(trace_id: &str, task: &str) -> Self {
+    pub(super) fn new(trace_id: &str, task: &str, include_usage: bool) -> Self {
         Self {
             id: format!("chatcmpl-{trace_id}"),
             model: task.to_owned(),
             created: chrono::Utc::now().timestamp(),
+            include_usage,
         }
     }
 
     /// One chunk of a stream with `choices`.
     pub(super) fn chunk(&self, choices: Value) -> Value {
-        json!({
+        let mut chunk = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "choices": choices,
-        })
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
     }
 
     /// A chunk of the one choice: its `delta` and `finish_reason`.

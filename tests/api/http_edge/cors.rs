@@ -57,6 +57,8 @@ async fn a_browser_preflight_is_answered_for_a_listed_origin_only() {
     assert!(answered.status().is_success(), "{}", answered.status());
     let headers = answered.headers();
     assert_eq!(allowed_origin(headers), Some(ORIGIN), "{headers:?}");
+    // Answered before any handler, and still traceable.
+    assert!(headers.contains_key("x-trace-id"), "{headers:?}");
     let methods = listed(headers, "access-control-allow-methods");
     assert!(methods.iter().any(|m| m == "post"), "{methods:?}");
     let allowed = listed(headers, "access-control-allow-headers");

@@ -74,8 +74,17 @@ async fn oversized_deep_and_malformed_bodies_are_refused_naming_the_field() {
     let large = chat(&"x".repeat(10_000)).to_string();
     assert_eq!(
         refused(&edge, large).await,
-        (400, "INVALID_INPUT".into(), json!("messages"))
+        (400, "INVALID_INPUT".into(), json!("body"))
     );
+    let many: Vec<Value> = (0..101)
+        .map(|_| json!({"role": "user", "content": "x"}))
+        .collect();
+    let many = json!({"model": "chat", "messages": many}).to_string();
+    let (status, _, param) = refused(&edge, many).await;
+    assert_eq!((status, param), (400, json!("messages")));
+    let agent = json!({"model": "agent/helper", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, param) = refused(&edge, agent.to_string()).await;
+    assert_eq!((status, param), (400, json!("model")));
     let mut deep = chat("hi");
     deep["metadata"] = json!({"a": {"b": {"c": {"d": {"e": {"f": {"g": {}}}}}}}});
     assert_eq!(
@@ -131,9 +140,24 @@ async fn oversized_deep_and_malformed_bodies_are_refused_naming_the_field() {
         .await
         .unwrap();
     assert_eq!(bad_trace.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(bad_trace.headers()["x-should-retry"], "false");
     assert_eq!(
         bad_trace.json::<Value>().await.unwrap()["error"]["param"],
         "x-trace-id"
+    );
+    // A served path with a method it does not take, with the caller's trace ID.
+    let wrong = http
+        .get(format!("{}/chat/completions", edge.base_url()))
+        .bearer_auth(KEY)
+        .header("x-trace-id", "limits-405")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(wrong.headers()["x-trace-id"], "limits-405");
+    assert_eq!(
+        wrong.json::<Value>().await.unwrap()["error"]["param"],
+        "method"
     );
 
     let scraped = scrape(metrics).await;
@@ -150,14 +174,14 @@ async fn oversized_deep_and_malformed_bodies_are_refused_naming_the_field() {
             &scraped,
             "http_server_requests_total",
             &[route, ("status", "400")]
-        ) >= 6.0
+        ) >= 8.0
     );
     assert!(
         counter(
             &scraped,
             "orchestrator_errors_total",
             &[("reason", "INVALID_INPUT")]
-        ) >= 7.0
+        ) >= 9.0
     );
     edge.stop().await;
 }
