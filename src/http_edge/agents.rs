@@ -86,7 +86,17 @@ pub(super) async fn turn(
         }
         .instrument(span.clone())
         .await?;
-        let events = sse(events, trace_id.clone());
+        let cut = [
+            named(
+                "error",
+                &json!({"code": "SHUTTING_DOWN", "message": "the server is shutting down"}),
+            ),
+            named("done", &json!({})),
+        ];
+        let events = edge.streams.bounded(
+            sse(events, trace_id.clone()),
+            cut.into_iter().flatten().collect(),
+        );
         let events = crate::telemetry::InSpan::new(Box::pin(events), span);
         let body = Sse::new(Noted::current(events)).keep_alive(KeepAlive::default());
         Ok::<_, Response>(traced(body.into_response(), &trace_id))

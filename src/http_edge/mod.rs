@@ -12,6 +12,7 @@ mod chat;
 mod error;
 mod models;
 mod observe;
+mod streams;
 
 use crate::{
     api::error::Failure,
@@ -42,6 +43,8 @@ use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 struct Edge {
     pipeline: Pipeline,
     auth: Authenticator,
+    /// The SSE streams under way, cut at the end of the shutdown grace.
+    streams: streams::Streams,
 }
 
 /// The routes, behind CORS and the access log.
@@ -202,7 +205,7 @@ fn field_of(path: &str, why: &str) -> String {
 }
 
 /// Serves the edge on `listener` until `draining` turns true; streams under
-/// way then get `server.shutdown_grace` to end.
+/// way then get `server.shutdown_grace` to end, and are cut after it.
 pub async fn serve(
     listener: TcpListener,
     config: HttpConfig,
@@ -211,7 +214,15 @@ pub async fn serve(
     draining: watch::Receiver<bool>,
 ) {
     let grace = pipeline.config().server.shutdown_grace;
-    let app = app(Edge { pipeline, auth }, &config);
+    let (streams, cutter) = streams::new();
+    let app = app(
+        Edge {
+            pipeline,
+            auth,
+            streams,
+        },
+        &config,
+    );
     // Nagle off, as on the gRPC listener: a small reply on a kept-alive
     // connection would wait for the client's delayed ACK.
     let listener = listener.tap_io(|tcp| {
@@ -232,7 +243,10 @@ pub async fn serve(
         served = server => if let Err(e) = served {
             tracing::error!(error = %e, "HTTP edge failed");
         },
-        () = deadline => tracing::warn!("HTTP edge: streams still open after the shutdown grace"),
+        () = deadline => {
+            tracing::warn!("HTTP edge: streams still open after the shutdown grace; cutting them");
+            cutter.cut().await;
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod fakes;
 mod limits;
 mod same_records;
 mod sdk;
+mod shutdown;
 mod sse;
 
 use crate::{

@@ -67,7 +67,10 @@ async fn answer(edge: &Edge, headers: &HeaderMap, body: Body) -> Result<Response
         let events = async { pipeline.stream_chat(caller.ctx, chat).await.map_err(fail) }
             .instrument(span.clone())
             .await?;
-        let events = sse(events, head, trace_id.clone());
+        let events = edge.streams.bounded(
+            sse(events, head, trace_id.clone()),
+            vec![Event::default().data(shutting_down().to_string())],
+        );
         let events = crate::telemetry::InSpan::new(Box::pin(events), span);
         let body = Sse::new(Noted::current(events)).keep_alive(KeepAlive::default());
         return Ok(traced(body.into_response(), &trace_id));
@@ -78,6 +81,14 @@ async fn answer(edge: &Edge, headers: &HeaderMap, body: Body) -> Result<Response
     reply::note(&meta);
     let body = axum::Json(head.completion(&completion, &meta));
     Ok(traced(body.into_response(), &trace_id))
+}
+
+/// The last chunk of a stream cut by the shutdown: the SDKs raise it.
+fn shutting_down() -> serde_json::Value {
+    serde_json::json!({"error": {
+        "message": "the server is shutting down; retry on another replica",
+        "type": "service_unavailable_error", "code": "SHUTTING_DOWN", "param": null,
+    }})
 }
 
 /// What gRPC bounds besides bytes (`server.max_history_entries`), and a
