@@ -1,6 +1,6 @@
 //! ai-orchestrator: the single gRPC entry point for every AI call.
 //!
-//! One driver: an edge (`api` for gRPC and MCP, `http_edge` for the
+//! One driver: an edge (`api` for gRPC and MCP, `web` for the
 //! OpenAI-compatible HTTP API, `cli` for the admin commands) parses a request into a call context and a feature, runs it
 //! with `call::Pipeline::run` (or `stream`, `converse`), and maps the
 //! answer back. The pipeline (`call`) owns every call's lifecycle: admit,
@@ -20,7 +20,7 @@
 //!
 //! ```text
 //! edge       api, cli, server        anything below
-//!            http_edge               call, agent, auth, store, api (its error
+//!            web                     call, agent, auth, store, api (its error
 //!                                    mapping, envelope checks, access log)
 //! pipeline   call                    the features and everything below them
 //! features   tasks                   router (errors), prompts, usage (types)
@@ -51,7 +51,6 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod domain;
-pub mod http_edge;
 pub mod prompts;
 pub mod providers;
 pub mod resilience;
@@ -62,5 +61,6 @@ pub mod tasks;
 pub mod telemetry;
 pub mod tools;
 pub mod usage;
+pub mod web;
 
 pub use server::serve;

@@ -114,7 +114,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         // The HTTP edge renders failures through gRPC's one mapping
         // (`api::error`) and shares its envelope checks and access log.
         (
-            "http_edge",
+            "web",
             &[
                 "domain",
                 "config",
@@ -161,7 +161,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "agent",
                 "call",
                 "api",
-                "http_edge",
+                "web",
             ][..],
         ),
     ])

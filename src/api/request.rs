@@ -13,6 +13,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 
+/// gRPC metadata, read by authentication and the trace ID rules.
+impl crate::domain::Headers for MetadataMap {
+    fn text(&self, name: &str) -> Option<Result<&str, ()>> {
+        self.get(name).map(|v| v.to_str().map_err(|_| ()))
+    }
+}
+
 /// The measures of a JSON input the request limits use.
 pub(crate) use crate::domain::json::{bytes as json_bytes, depth as json_depth};
 

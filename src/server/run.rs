@@ -247,7 +247,7 @@ fn spawn_http_edge(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "HTTP edge");
     }
-    Some(tokio::spawn(crate::http_edge::serve(
+    Some(tokio::spawn(crate::web::serve(
         listener,
         http.clone(),
         pipeline.clone(),

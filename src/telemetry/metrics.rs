@@ -466,7 +466,7 @@ pub fn grpc_handled(kind: &'static str, method: &'static str, code: &'static str
 }
 
 /// One HTTP edge request handled (`route`: a fixed template, see
-/// `crate::http_edge`), with its status code.
+/// `crate::web`), with its status code.
 pub fn http_handled(route: &'static str, method: &'static str, status: u16, took: Duration) {
     counter!("http_server_requests_total", "route" => route, "method" => method, "status" => status.to_string())
         .increment(1);

@@ -4,7 +4,7 @@
 argv: base URL (http://127.0.0.1:PORT/v1), agent, message, and optionally
 the conversation to continue; AIO_API_KEY is the key. Prints one JSON
 object {status, content_type, events: [{event, data}]} with each event's
-data parsed; the Rust test (tests/api/http_edge/sse.rs) asserts.
+data parsed; the Rust test (tests/api/web/sse.rs) asserts.
 """
 
 import json

@@ -16,6 +16,13 @@ use crate::{
 use axum::http::HeaderMap;
 use tokio::time::Instant;
 
+/// HTTP headers, read by authentication and the trace ID rules.
+impl Headers for HeaderMap {
+    fn text(&self, name: &str) -> Option<Result<&str, ()>> {
+        self.get(name).map(|v| v.to_str().map_err(|_| ()))
+    }
+}
+
 /// A caller parsed and authorised, with the request's span.
 pub(super) struct Caller {
     pub ctx: CallContext,

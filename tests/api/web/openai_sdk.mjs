@@ -5,7 +5,7 @@
 // fallback, models); AIO_BASE_URL (http://127.0.0.1:PORT/v1) and
 // AIO_API_KEY say where and as whom, AIO_OPENAI_NODE is the installed
 // package's folder. Prints one JSON object of what the SDK observed: the
-// Rust test (tests/api/http_edge/sdk.rs) asserts, this script only reports,
+// Rust test (tests/api/web/sdk.rs) asserts, this script only reports,
 // and fails on any error a scenario does not expect.
 
 import { createRequire } from 'node:module';

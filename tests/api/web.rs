@@ -158,7 +158,7 @@ output_per_mtok = 1.25
 
 /// A script of this folder, by file name.
 pub fn script(name: &str) -> String {
-    format!("{}/tests/api/http_edge/{name}", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/tests/api/web/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 /// Runs a counterpart to its end (a minute at most) and parses the one

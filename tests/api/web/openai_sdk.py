@@ -3,7 +3,7 @@
 argv[1] is the scenario (chat, stream, tools, errors, rate_limit, fallback,
 models); AIO_BASE_URL (http://127.0.0.1:PORT/v1) and AIO_API_KEY say where
 and as whom. Prints one JSON object of what the SDK observed: the Rust test
-(tests/api/http_edge/sdk.rs) asserts, this script only reports, and crashes
+(tests/api/web/sdk.rs) asserts, this script only reports, and crashes
 on any exception a scenario does not expect.
 """
 
