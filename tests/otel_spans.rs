@@ -509,3 +509,100 @@ side_effects = true
     }
     assert!(!format!("{spans:?}").contains(CANARY));
 }
+
+/// The HTTP edge's request span is the same server span as gRPC's, named by
+/// its route: it continues the caller's `traceparent`, and the provider
+/// attempts are its children.
+#[tokio::test]
+async fn an_http_request_span_continues_the_callers_trace() {
+    use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+
+    let capture = capture_spans(0.0).await;
+    const TRACE: &str = "5bf92f3577b34da6a3ce929d0e0e4737";
+    const CALLER_SPAN: &str = "10f067aa0ba902b8";
+    let upstream = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1_732_000_000,
+            "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "Hi."}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        })))
+        .mount(&upstream)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let toml = format!(
+        r#"
+[database]
+url = "sqlite://{}"
+[http]
+listen = "127.0.0.1:{port}"
+[providers.openai]
+kind = "openai"
+base_url = "{}/v1"
+api_key_env = "K"
+[tasks.chat]
+chain = [{{ provider = "openai", model = "gpt-4o-mini" }}]
+[pricing."gpt-4o-mini"]
+input_per_mtok = 0.15
+output_per_mtok = 0.6
+"#,
+        dir.path().join("h.db").display(),
+        upstream.uri()
+    );
+    let app = TestApp::spawn_toml_env(&toml, |n| (n == "K").then(|| "sk-test".to_owned())).await;
+    common::wait_for(|| async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    let answer = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .header("x-team-id", "t1")
+        .header("traceparent", format!("00-{TRACE}-{CALLER_SPAN}-01"))
+        .json(&serde_json::json!({"model": "chat",
+            "messages": [{"role": "user", "content": "Hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.headers()["x-trace-id"], TRACE);
+    app.stop().await;
+
+    let spans = capture.spans_once("POST /v1/chat/completions", 1).await;
+    let request_span = spans
+        .iter()
+        .find(|s| s.name == "POST /v1/chat/completions")
+        .expect("the HTTP request span");
+    assert_eq!(
+        request_span.span_kind,
+        opentelemetry::trace::SpanKind::Server
+    );
+    assert_eq!(request_span.span_context.trace_id().to_string(), TRACE);
+    assert_eq!(request_span.parent_span_id.to_string(), CALLER_SPAN);
+    let attr = |key: &str| {
+        request_span
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    };
+    assert_eq!(attr("http.route").as_deref(), Some("/v1/chat/completions"));
+    assert_eq!(attr("http.request.method").as_deref(), Some("POST"));
+    assert_eq!(attr("team_id").as_deref(), Some("t1"));
+    let attempt = spans
+        .iter()
+        .find(|s| s.span_kind == opentelemetry::trace::SpanKind::Client)
+        .expect("a provider attempt span");
+    assert_eq!(
+        attempt.parent_span_id,
+        request_span.span_context.span_id(),
+        "the attempt is the request's child"
+    );
+}
