@@ -43,12 +43,7 @@ fn request_span((service, rpc): (&'static str, &'static str), ctx: &CallContext)
         team_id = %ctx.team_id,
         priority = ctx.priority.as_str(),
     );
-    match &ctx.traceparent {
-        Some(tp) => otel::continue_trace(&span, tp),
-        // Our own trace ID becomes the exported trace's.
-        None => otel::start_root(&span, &ctx.trace_id),
-    }
-    otel::record_span_id(&span);
+    otel::attach(&span, ctx.traceparent.as_deref(), &ctx.trace_id);
     span
 }
 

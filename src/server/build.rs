@@ -22,7 +22,7 @@ use crate::{
     },
 };
 use anyhow::Context;
-use std::sync::Arc;
+use std::{net::SocketAddr, sync::Arc};
 use tokio::{net::TcpListener, sync::watch};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
@@ -75,14 +75,7 @@ impl App {
         for (name, guards) in router.resilience().iter() {
             metrics::breaker_state(name, guards.breaker.state().metric_value());
         }
-        let metrics_listener = match config.server.metrics_listen {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the metrics endpoint {addr}"))?,
-            ),
-            None => None,
-        };
+        let metrics_listener = bind(config.server.metrics_listen, "the metrics endpoint").await?;
 
         let toolbox = Toolbox::new(&config, cluster.as_ref()).map_err(anyhow::Error::msg)?;
         let pipeline = Pipeline::new(
@@ -99,22 +92,9 @@ impl App {
         let on_scrape = scrape_hook(pipeline.clone());
         let tools = ToolServiceApi::new(config.clone(), pipeline.clone(), auth.clone());
         let agents = AgentApi::new(config.clone(), pipeline.clone(), auth.clone());
-        let mcp_listener = match &config.mcp_endpoint {
-            Some(e) => Some(
-                TcpListener::bind(e.listen)
-                    .await
-                    .with_context(|| format!("binding the MCP endpoint {}", e.listen))?,
-            ),
-            None => None,
-        };
-        let http_listener = match &config.http {
-            Some(h) => Some(
-                TcpListener::bind(h.listen)
-                    .await
-                    .with_context(|| format!("binding the HTTP edge {}", h.listen))?,
-            ),
-            None => None,
-        };
+        let mcp_addr = config.mcp_endpoint.as_ref().map(|e| e.listen);
+        let mcp_listener = bind(mcp_addr, "the MCP endpoint").await?;
+        let http_listener = bind(config.http.as_ref().map(|h| h.listen), "the HTTP edge").await?;
         let background_pipeline = pipeline.clone();
         let audit = AuditApi::new(store.clone(), auth.clone());
         let api = OrchestratorApi::new(config.clone(), pipeline, store.clone(), auth.clone());
@@ -156,6 +136,15 @@ impl App {
             cluster,
         })
     }
+}
+
+/// A listener on `addr` when one is configured; an error names `what`.
+async fn bind(addr: Option<SocketAddr>, what: &str) -> anyhow::Result<Option<TcpListener>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {what} {addr}"))?;
+    Ok(Some(listener))
 }
 
 /// What a scrape refreshes: breaker states (an open breaker turns half-open

@@ -213,3 +213,13 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
         )
     })
 }
+
+/// Puts a request's server `span` in its trace: the caller's valid
+/// `traceparent`, else a root whose trace ID is ours; then records its span ID.
+pub fn attach(span: &tracing::Span, traceparent: Option<&str>, trace_id: &str) {
+    match traceparent {
+        Some(tp) => continue_trace(span, tp),
+        None => start_root(span, trace_id),
+    }
+    record_span_id(span);
+}

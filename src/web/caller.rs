@@ -145,10 +145,6 @@ fn request_span(route: &'static str, ctx: &CallContext) -> tracing::Span {
         team_id = %ctx.team_id,
         priority = ctx.priority.as_str(),
     );
-    match &ctx.traceparent {
-        Some(tp) => otel::continue_trace(&span, tp),
-        None => otel::start_root(&span, &ctx.trace_id),
-    }
-    otel::record_span_id(&span);
+    otel::attach(&span, ctx.traceparent.as_deref(), &ctx.trace_id);
     span
 }
