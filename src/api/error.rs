@@ -441,17 +441,28 @@ fn quota_exceeded(
         ),
         _ => (refusal.limit.to_string(), refusal.remaining().to_string()),
     };
+    let subject = refusal.subject();
+    let period = refusal.bucket.period.as_str();
     details.add_quota_failure_violation(
-        refusal.cap.as_str(),
-        format!("monthly cap {limit} would be exceeded; {remaining} remaining"),
+        subject.clone(),
+        format!("{period} limit {limit} would be exceeded; {remaining} remaining"),
     );
-    info.insert("cap".into(), refusal.cap.as_str().into());
+    let whose = if refusal.bucket.is_user() {
+        "user's"
+    } else {
+        "team's"
+    };
+    info.insert("cap".into(), refusal.cap_name());
+    info.insert("limit_subject".into(), subject.clone());
     info.insert("limit".into(), limit);
     info.insert("remaining".into(), remaining);
     (
         Code::ResourceExhausted,
         reason::QUOTA_EXCEEDED,
-        format!("the team's {} cap would be exceeded", refusal.cap.as_str()),
+        format!(
+            "the {whose} {} cap would be exceeded ({subject})",
+            refusal.cap_name()
+        ),
     )
 }
 

@@ -52,6 +52,7 @@ impl OrchestratorApi {
                 Ok(pb::UsageDimension::Provider) => Dimension::Provider,
                 Ok(pb::UsageDimension::Model) => Dimension::Model,
                 Ok(pb::UsageDimension::Day) => Dimension::Day,
+                Ok(pb::UsageDimension::User) => Dimension::User,
                 _ => {
                     return Err(fail(Failure::invalid(
                         &format!("group_by[{i}]"),
@@ -66,14 +67,17 @@ impl OrchestratorApi {
         let caps = ledger::caps_of(
             &self.store,
             &req.team_id,
-            self.pipeline.meter().default_caps(),
+            "",
+            self.pipeline.meter().default_caps().team,
         )
         .await
-        .map_err(|e| fail(Failure::Storage(e.to_string())))?;
+        .map_err(|e| fail(Failure::Storage(e.to_string())))?
+        .month;
         // Limits and remaining describe the month the period starts in (caps
         // are per month; a period spanning months has no single "remaining").
         let start_month = usage::summary::month_of_ms(start).map_or(month_start, |(m, _)| m);
-        let balance = ledger::balance_of(&self.store, &req.team_id, start_month)
+        let bucket = usage::bucket::Bucket::team_month(&req.team_id, start_month);
+        let balance = ledger::balance_of(&self.store, &bucket)
             .await
             .map_err(|e| fail(Failure::Storage(e.to_string())))?;
         let (limits, remaining) = convert::limits(&caps, &balance);
@@ -96,6 +100,7 @@ impl OrchestratorApi {
                         provider: k.provider.clone().unwrap_or_default(),
                         model: k.model.clone().unwrap_or_default(),
                         day: k.day.clone().unwrap_or_default(),
+                        user_id: k.user.clone().unwrap_or_default(),
                         totals: Some(convert::totals(t)),
                     })
                     .collect(),

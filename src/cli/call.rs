@@ -72,7 +72,7 @@ pub enum Call {
     },
     /// GetUsage for the team (current month).
     Usage {
-        /// Group by: task, provider, model, day (comma-separated).
+        /// Group by: task, provider, model, day, user (comma-separated).
         #[arg(long, value_delimiter = ',')]
         group_by: Vec<String>,
     },
@@ -271,8 +271,11 @@ pub async fn call(args: Client, rpc: Call) -> anyhow::Result<String> {
                     "provider" => pb::UsageDimension::Provider,
                     "model" => pb::UsageDimension::Model,
                     "day" => pb::UsageDimension::Day,
+                    "user" => pb::UsageDimension::User,
                     other => {
-                        anyhow::bail!("unknown --group-by `{other}` (task, provider, model, day)")
+                        anyhow::bail!(
+                            "unknown --group-by `{other}` (task, provider, model, day, user)"
+                        )
                     }
                 };
                 dims.push(d as i32);

@@ -244,6 +244,8 @@ pub struct MeteringConfig {
     pub enabled: bool,
     /// Caps for teams without a row in `tenant_limits`; absent = unlimited.
     pub default_limits: LimitsConfig,
+    /// Caps of each user (`context.user_id`) without a `user_limits` row; absent = unlimited.
+    pub user_limits: LimitsConfig,
     /// Most ledger operations written in one transaction (group commit).
     pub batch_max: usize,
     /// PostgreSQL only: ledger writers, each on its own connection (a team always on the same);
@@ -265,6 +267,7 @@ impl Default for MeteringConfig {
         Self {
             enabled: true,
             default_limits: LimitsConfig::default(),
+            user_limits: LimitsConfig::default(),
             // One fsync amortised over a burst, without holding the SQLite lock for long.
             batch_max: 256,
             // Overlaps a few batches' round trips; each holds a pooled connection.
@@ -276,7 +279,7 @@ impl Default for MeteringConfig {
     }
 }
 
-/// Monthly caps of a team; `None` is unlimited.
+/// Caps of a team or user per UTC month and day; `None` is unlimited.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
@@ -286,6 +289,12 @@ pub struct LimitsConfig {
     pub max_requests: Option<u64>,
     #[serde(default)]
     pub max_cost_usd: Option<f64>,
+    #[serde(default)]
+    pub max_tokens_per_day: Option<u64>,
+    #[serde(default)]
+    pub max_requests_per_day: Option<u64>,
+    #[serde(default)]
+    pub max_cost_usd_per_day: Option<f64>,
 }
 
 /// gRPC server settings.

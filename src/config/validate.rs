@@ -401,13 +401,21 @@ fn telemetry(config: &Config, bad: &mut dyn FnMut(String, &str)) {
 
 fn metering(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let m = &config.metering;
-    if let Some(cost) = m.default_limits.max_cost_usd
-        && (!cost.is_finite() || cost < 0.0)
-    {
-        bad(
-            "metering.default_limits.max_cost_usd".into(),
-            "must be a non-negative number",
-        );
+    for (table, limits) in [
+        ("default_limits", &m.default_limits),
+        ("user_limits", &m.user_limits),
+    ] {
+        for (key, cost) in [
+            ("max_cost_usd", limits.max_cost_usd),
+            ("max_cost_usd_per_day", limits.max_cost_usd_per_day),
+        ] {
+            if cost.is_some_and(|c| !c.is_finite() || c < 0.0) {
+                bad(
+                    format!("metering.{table}.{key}"),
+                    "must be a non-negative number",
+                );
+            }
+        }
     }
     if m.batch_max == 0 {
         bad("metering.batch_max".into(), "must be at least 1");

@@ -160,7 +160,9 @@ pub async fn generate(
             // The retry cannot be afforded; the first draft is paid for, so escalate
             // (it does not fit) and the call settles with the first draft's usage.
             let limit = match refused {
-                MeterError::Quota(refusal) => format!("the team's {} cap", refusal.cap.as_str()),
+                MeterError::Quota(refusal) => {
+                    format!("the {} cap ({})", refusal.cap_name(), refusal.subject())
+                }
                 _ => "budget.max_cost_usd".to_owned(),
             };
             return Ok(escalation(&format!(

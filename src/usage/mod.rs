@@ -1,10 +1,11 @@
-//! Usage metering: what a call may spend under its team's monthly caps
+//! Usage metering: what a call may spend under its team's and user's caps
 //! ([`policy`], [`session`], [`estimate`], [`pricing`]), and what it did
 //! ([`ledger`], [`record`], [`summary`], [`sweeper`] for crash orphans).
 //! Nothing here knows the router or a provider: the pipeline hands in plain
 //! amounts and records.
 
 pub mod amount;
+pub mod bucket;
 pub mod estimate;
 pub mod ledger;
 pub mod policy;

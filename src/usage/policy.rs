@@ -1,10 +1,10 @@
 //! The cap rule: a call fits when for every set cap used plus asked stays
-//! within it; [`check`] in Rust, [`GUARDED_RESERVE`] in SQL (atomic on the
-//! locked row), a property test holding the two together.
+//! within it; [`check`] in Rust, the ledger's guarded reserve in SQL (atomic
+//! on the locked row), a property test holding the two together.
 
-use super::amount::Amount;
+use super::{amount::Amount, bucket::Bucket};
 
-/// Monthly caps; `None` is unlimited.
+/// The caps of one bucket (a team's or user's month or day); `None` is unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Caps {
     /// Tokens (input + output).
@@ -48,8 +48,9 @@ impl Check {
         self.used.saturating_add(self.requested) > self.limit
     }
 
-    fn refusal(&self) -> Refusal {
+    fn refusal(&self, bucket: &Bucket) -> Refusal {
         Refusal {
+            bucket: bucket.clone(),
             cap: self.cap,
             limit: self.limit,
             used: self.used,
@@ -70,19 +71,21 @@ pub enum CapKind {
 }
 
 impl CapKind {
-    /// Stable name used in `QuotaFailure` subjects and metrics.
+    /// Stable name, the last part of a limit subject (`team:<id>/month/cost_usd`).
     pub fn as_str(self) -> &'static str {
         match self {
-            CapKind::Tokens => "monthly_tokens",
-            CapKind::Requests => "monthly_requests",
-            CapKind::Cost => "monthly_cost_usd",
+            CapKind::Tokens => "tokens",
+            CapKind::Requests => "requests",
+            CapKind::Cost => "cost_usd",
         }
     }
 }
 
 /// A refused admission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
+    /// The bucket whose cap refused.
+    pub bucket: Bucket,
     /// The cap that would be exceeded.
     pub cap: CapKind,
     /// Its limit.
@@ -94,6 +97,16 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// The limit's subject: `team:<id>/month/cost_usd`, `user:<id>/day/tokens`.
+    pub fn subject(&self) -> String {
+        self.bucket.subject(self.cap.as_str())
+    }
+
+    /// The cap's name: `monthly_tokens`, `daily_cost_usd`, ...
+    pub fn cap_name(&self) -> String {
+        format!("{}_{}", self.bucket.period.adjective(), self.cap.as_str())
+    }
+
     /// What is left under the cap.
     pub fn remaining(&self) -> i64 {
         remaining(self.limit, self.used)
@@ -160,17 +173,30 @@ impl Balance {
 }
 
 /// The cap rule; else the first cap exceeded (requests, tokens, cost) refuses.
-pub fn check(balance: &Balance, caps: &Caps, requested: Amount) -> Result<(), Refusal> {
+pub fn check(balance: &Balance, caps: &Caps, requested: Amount) -> Result<(), CapKind> {
     match caps.each(balance.used(), requested).find(Check::exceeded) {
-        Some(check) => Err(check.refusal()),
+        Some(check) => Err(check.cap),
+        None => Ok(()),
+    }
+}
+
+/// [`check`] of `bucket`, its refusal in full.
+pub fn check_bucket(
+    bucket: &Bucket,
+    balance: &Balance,
+    caps: &Caps,
+    requested: Amount,
+) -> Result<(), Refusal> {
+    match caps.each(balance.used(), requested).find(Check::exceeded) {
+        Some(check) => Err(check.refusal(bucket)),
         None => Ok(()),
     }
 }
 
 /// Why the ledger's SQL guard (`GUARDED_RESERVE`) refused `requested`, against the re-read balance;
 /// if it now seems to fit (READ COMMITTED), the cap closest to its limit.
-pub fn refusal(balance: &Balance, caps: &Caps, requested: Amount) -> Refusal {
-    if let Err(refusal) = check(balance, caps, requested) {
+pub fn refusal(bucket: &Bucket, balance: &Balance, caps: &Caps, requested: Amount) -> Refusal {
+    if let Err(refusal) = check_bucket(bucket, balance, caps, requested) {
         return refusal;
     }
     let share = |c: &Check| {
@@ -185,12 +211,13 @@ pub fn refusal(balance: &Balance, caps: &Caps, requested: Amount) -> Refusal {
         .map_or(
             // No cap: the guard always admits, so this is never reached.
             Refusal {
+                bucket: bucket.clone(),
                 cap: CapKind::Requests,
                 limit: balance.used().requests,
                 used: balance.used().requests,
                 requested: requested.requests,
             },
-            |c| c.refusal(),
+            |c| c.refusal(bucket),
         )
 }
 

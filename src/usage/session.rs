@@ -4,12 +4,13 @@
 use super::{
     UsageRecord,
     amount::Amount,
+    bucket::{Limits, PeriodCaps, day_of},
     ledger::{Done, LedgerWriter, Op, Reservation, Reserve, Settle, WriteError},
     policy::{CapKind, Caps, Refusal},
     pricing::{Pricing, micros_floor},
     summary::month_of,
 };
-use crate::config::MeteringConfig;
+use crate::config::{LimitsConfig, MeteringConfig};
 use futures::{
     TryFutureExt,
     future::{self, Either},
@@ -22,8 +23,8 @@ pub const CANCELLED: &str = "CANCELLED";
 /// Why metering refused or failed a call.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MeterError {
-    /// A monthly cap would be exceeded.
-    #[error("monthly cap {} would be exceeded", .0.cap.as_str())]
+    /// A team's or user's cap would be exceeded.
+    #[error("the limit {} would be exceeded", .0.subject())]
     Quota(Refusal),
     /// The estimated cost exceeds the request's budget.
     #[error("estimated cost exceeds the request budget")]
@@ -43,17 +44,32 @@ pub enum MeterError {
 pub struct Meter {
     writer: Option<LedgerWriter>,
     pricing: Arc<Pricing>,
-    defaults: Caps,
+    defaults: Limits,
+}
+
+/// A config table's caps per period.
+fn period_caps(l: &LimitsConfig) -> PeriodCaps {
+    let count = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+    PeriodCaps {
+        month: Caps {
+            tokens: count(l.max_tokens),
+            requests: count(l.max_requests),
+            cost_micros: l.max_cost_usd.map(micros_floor),
+        },
+        day: Caps {
+            tokens: count(l.max_tokens_per_day),
+            requests: count(l.max_requests_per_day),
+            cost_micros: l.max_cost_usd_per_day.map(micros_floor),
+        },
+    }
 }
 
 impl Meter {
     /// Metering through `writer`; `None` turns metering off entirely.
     pub fn new(writer: Option<LedgerWriter>, pricing: Pricing, config: &MeteringConfig) -> Self {
-        let d = &config.default_limits;
-        let defaults = Caps {
-            tokens: d.max_tokens.map(|t| i64::try_from(t).unwrap_or(i64::MAX)),
-            requests: d.max_requests.map(|r| i64::try_from(r).unwrap_or(i64::MAX)),
-            cost_micros: d.max_cost_usd.map(micros_floor),
+        let defaults = Limits {
+            team: period_caps(&config.default_limits),
+            user: period_caps(&config.user_limits),
         };
         Self {
             writer,
@@ -67,8 +83,8 @@ impl Meter {
         &self.pricing
     }
 
-    /// Caps for teams without an override.
-    pub fn default_caps(&self) -> Caps {
+    /// Caps for teams and users without an override.
+    pub fn default_caps(&self) -> Limits {
         self.defaults
     }
 
@@ -86,6 +102,7 @@ impl Meter {
             who,
             started_at_ms,
             month_start_ms: month_of(at).0,
+            day_start_ms: day_of(started_at_ms),
             budget: budget_usd
                 .filter(|b| *b > 0.0)
                 .map(|b| (b, micros_floor(b))),
@@ -146,6 +163,7 @@ pub struct MeterSession {
     who: Who,
     started_at_ms: i64,
     month_start_ms: i64,
+    day_start_ms: i64,
     /// The request's budget: as sent (USD), and in micro-USD rounded down.
     budget: Option<(f64, i64)>,
     state: Mutex<State>,
@@ -215,6 +233,7 @@ impl MeterSession {
             id: uuid::Uuid::now_v7().simple().to_string(),
             team_id: self.who.team_id.clone(),
             month_start_ms: self.month_start_ms,
+            day_start_ms: self.day_start_ms,
             input_tokens: input,
             output_tokens: output,
             requests,
@@ -295,6 +314,8 @@ impl MeterSession {
                 ..UsageRecord::default()
             },
             month_start_ms: self.month_start_ms,
+            day_start_ms: self.day_start_ms,
+            user_id: self.who.user_id.clone(),
             prompt_owner: None,
         };
         Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
@@ -315,6 +336,8 @@ impl MeterSession {
             reservations: reservations.into_iter().map(|h| h.reservation).collect(),
             record,
             month_start_ms: self.month_start_ms,
+            day_start_ms: self.day_start_ms,
+            user_id: self.who.user_id.clone(),
             prompt_owner,
         })
     }
@@ -372,6 +395,8 @@ impl Drop for MeterSession {
             recorded: true,
             record,
             month_start_ms: self.month_start_ms,
+            day_start_ms: self.day_start_ms,
+            user_id: self.who.user_id.clone(),
             prompt_owner: None,
         });
         let trace_id = self.who.trace_id.clone();

@@ -84,6 +84,7 @@ fn column(d: Dimension) -> &'static str {
         Dimension::Provider => "provider",
         Dimension::Model => "model",
         Dimension::Day => DAY_OF_RECORD,
+        Dimension::User => "user_id",
     }
 }
 
@@ -105,22 +106,23 @@ fn dimension_sql(dims: &[Dimension], day_column: &str) -> (String, String) {
     (select, group_by)
 }
 
-const ORPHANS: &str = "SELECT id, team_id, month_start_ms, input_tokens, output_tokens, requests, cost_micros, \
-task, user_id, trace_id, channel, priority, created_at_ms FROM usage_reservations \
+const ORPHANS: &str = "SELECT id, team_id, month_start_ms, day_start_ms, input_tokens, output_tokens, requests, \
+cost_micros, task, user_id, trace_id, channel, priority, created_at_ms FROM usage_reservations \
 WHERE created_at_ms < $1 ORDER BY created_at_ms LIMIT $2";
 
-/// Releases ($3..$5) never below zero, as in the ledger's settlement.
+/// Releases ($5..$7) never below zero, as in the ledger's settlement, in the bucket `$1..$4`.
 const MOVE_TO_SPENT: &str = "UPDATE usage_ledger SET \
-reserved_tokens = CASE WHEN reserved_tokens > $3 THEN reserved_tokens - $3 ELSE 0 END, \
-reserved_requests = CASE WHEN reserved_requests > $4 THEN reserved_requests - $4 ELSE 0 END, \
-reserved_cost_micros = CASE WHEN reserved_cost_micros > $5 THEN reserved_cost_micros - $5 ELSE 0 END, \
-spent_tokens = spent_tokens + $3, \
-spent_requests = spent_requests + $4, spent_cost_micros = spent_cost_micros + $5 \
-WHERE team_id = $1 AND month_start_ms = $2";
+reserved_tokens = CASE WHEN reserved_tokens > $5 THEN reserved_tokens - $5 ELSE 0 END, \
+reserved_requests = CASE WHEN reserved_requests > $6 THEN reserved_requests - $6 ELSE 0 END, \
+reserved_cost_micros = CASE WHEN reserved_cost_micros > $7 THEN reserved_cost_micros - $7 ELSE 0 END, \
+spent_tokens = spent_tokens + $5, \
+spent_requests = spent_requests + $6, spent_cost_micros = spent_cost_micros + $7 \
+WHERE team_id = $1 AND user_id = $2 AND period = $3 AND period_start_ms = $4";
 
 type OrphanRow = (
     String,
     String,
+    i64,
     i64,
     i64,
     i64,
@@ -309,13 +311,14 @@ crate::impl_for_both_pools!(UsageRepository {
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&mut *tx)
             .await?;
-        // (team, month) order, as the writers lock rows: no wait cycle.
+        // Team order, as the writers lock rows (its month row first): no wait cycle.
         rows.sort_by(|a, b| (&a.1, a.2).cmp(&(&b.1, b.2)));
         let mut swept = 0_u64;
         for (
             id,
             team,
             month,
+            day,
             input,
             output,
             requests,
@@ -336,14 +339,24 @@ crate::impl_for_both_pools!(UsageRepository {
             if claimed != 1 {
                 continue;
             }
-            sqlx::query(MOVE_TO_SPENT)
-                .bind(team)
-                .bind(month)
-                .bind(input + output)
-                .bind(requests)
-                .bind(cost)
-                .execute(&mut *tx)
-                .await?;
+            let account = super::bucket::Account {
+                team_id: team,
+                user_id: user,
+                month_start_ms: *month,
+                day_start_ms: *day,
+            };
+            for bucket in account.buckets() {
+                sqlx::query(MOVE_TO_SPENT)
+                    .bind(&bucket.team_id)
+                    .bind(&bucket.user_id)
+                    .bind(bucket.period.as_str())
+                    .bind(bucket.start_ms)
+                    .bind(input + output)
+                    .bind(requests)
+                    .bind(cost)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             let record = UsageRecord {
                 created_at_ms: *created,
                 team_id: team.clone(),

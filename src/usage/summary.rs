@@ -17,6 +17,8 @@ pub enum Dimension {
     Model,
     /// UTC calendar day.
     Day,
+    /// The request's `context.user_id` ('' for calls naming none).
+    User,
 }
 
 /// Sums over a set of records.
@@ -53,6 +55,8 @@ pub struct BucketKey {
     pub model: Option<String>,
     /// `YYYY-MM-DD`, when grouped by day.
     pub day: Option<String>,
+    /// User, when grouped by user.
+    pub user: Option<String>,
 }
 
 /// Totals plus groups.
@@ -137,7 +141,8 @@ pub async fn summarize(
     let first_day = start_ms.div_euclid(DAY_MS) + i64::from(start_ms.rem_euclid(DAY_MS) != 0);
     let end_day = end_ms.div_euclid(DAY_MS);
     let mut edges = vec![(start_ms, end_ms)];
-    if first_day < end_day {
+    // The rollups have no user: grouping by user reads the records.
+    if first_day < end_day && !dims.contains(&Dimension::User) {
         edges = vec![(start_ms, first_day * DAY_MS), (end_day * DAY_MS, end_ms)];
         for (key, sums) in repository.rollups(team, first_day, end_day, &dims).await? {
             all.add_rollup(&sums);
@@ -186,6 +191,7 @@ fn bucket_key(dims: &[Dimension], values: &[String]) -> BucketKey {
             Dimension::Task => key.task = Some(v.clone()),
             Dimension::Provider => key.provider = Some(v.clone()),
             Dimension::Model => key.model = Some(v.clone()),
+            Dimension::User => key.user = Some(v.clone()),
             Dimension::Day => {
                 key.day = v
                     .parse::<i64>()

@@ -5,6 +5,7 @@
 //! submodules.
 
 use crate::common::{TestApp, TestPostgres, config_toml_with, ctx, wait_for};
+use ai_orchestrator::usage::bucket::Bucket;
 use ai_orchestrator::{
     api::pb,
     config::DatabaseConfig,
@@ -21,6 +22,7 @@ use tonic::Code;
 use tonic_types::StatusExt;
 
 mod admission;
+mod budgets;
 mod caps;
 mod fast_fail;
 mod get_usage;
@@ -104,7 +106,10 @@ async fn burst(apps: &[&TestApp], n: usize) -> (usize, usize) {
                 let quota = status
                     .get_details_quota_failure()
                     .expect("QuotaFailure detail");
-                assert_eq!(quota.violations[0].subject, "monthly_requests");
+                assert!(
+                    quota.violations[0].subject.ends_with("/month/requests"),
+                    "{quota:?}"
+                );
                 assert!(
                     quota.violations[0].description.contains("0 remaining"),
                     "{quota:?}"
@@ -128,7 +133,7 @@ async fn exactly_k_of_200_succeed(postgres: bool) {
     let watcher = tokio::spawn(async move {
         let mut worst = 0;
         for _ in 0..200 {
-            let b = ledger::balance_of(&watcher_store, "t1", month_now())
+            let b = ledger::balance_of(&watcher_store, &Bucket::team_month("t1", month_now()))
                 .await
                 .unwrap();
             worst = worst.max(b.spent_requests + b.reserved_requests);
@@ -143,7 +148,9 @@ async fn exactly_k_of_200_succeed(postgres: bool) {
         "spent + reserved overshot the cap mid-burst"
     );
 
-    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert_eq!(
         (
             b.spent_requests,
@@ -187,7 +194,9 @@ async fn two_replicas_sharing_postgres_never_overshoot() {
     let (ok, refused) = burst(&[&a, &b], 200).await;
     assert_eq!((ok, refused), (K, 200 - K));
     let store = db.store().await;
-    let bal = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let bal = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert_eq!((bal.spent_requests, bal.reserved_requests), (K as i64, 0));
     store.close().await;
     a.stop().await;
@@ -241,7 +250,7 @@ async fn many_teams_over_replicas_and_writers_hold_every_cap() {
     for t in 0..TEAMS {
         let team = format!("team-{t}");
         assert_eq!(ok.get(&team), Some(&K), "{team}: {ok:?}");
-        let bal = ledger::balance_of(&store, &team, month_now())
+        let bal = ledger::balance_of(&store, &Bucket::team_month(&team, month_now()))
             .await
             .unwrap();
         assert_eq!((bal.spent_requests, bal.reserved_requests), (K as i64, 0));
@@ -260,11 +269,13 @@ async fn token_and_cost_caps_hold(postgres: bool) {
     ledger::set_caps(
         &store,
         "t1",
+        "",
         Caps {
             tokens: Some(2_000),
             requests: None,
             cost_micros: None,
-        },
+        }
+        .into(),
         0,
     )
     .await
@@ -284,7 +295,7 @@ async fn token_and_cost_caps_hold(postgres: bool) {
                 Err(s) => {
                     assert_eq!(
                         s.get_details_quota_failure().unwrap().violations[0].subject,
-                        "monthly_tokens"
+                        "team:t1/month/tokens"
                     );
                     counts.1 += 1;
                 }
@@ -296,7 +307,9 @@ async fn token_and_cost_caps_hold(postgres: bool) {
         ok >= 1 && refused >= 1,
         "cap must admit some and refuse some: {ok} ok, {refused} refused"
     );
-    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert!(
         b.spent_tokens <= 2_000,
         "settled tokens {} exceed the cap",
@@ -347,11 +360,12 @@ async fn month_rollover(postgres: bool) {
             id: id.into(),
             team_id: "t9".into(),
             month_start_ms: month,
+            day_start_ms: month,
             input_tokens: 10,
             output_tokens: 10,
             requests: 1,
             cost_micros: 5,
-            default_caps: caps,
+            default_caps: caps.into(),
             task: "sms_classify".into(),
             user_id: String::new(),
             trace_id: id.into(),
@@ -382,7 +396,7 @@ async fn month_rollover(postgres: bool) {
     .unwrap();
     assert_eq!(done[0], Done::Admitted);
     assert!(
-        matches!(done[1], Done::Refused(r) if r.remaining() == 0),
+        matches!(&done[1], Done::Refused(r) if r.remaining() == 0),
         "November is full: {:?}",
         done[1]
     );
@@ -406,7 +420,8 @@ async fn postgres_guards_a_reservation_that_claims_it_was_admitted() {
             default_caps: Caps {
                 requests: Some(1),
                 ..Caps::default()
-            },
+            }
+            .into(),
             admitted: true,
             ..Reserve::default()
         })
@@ -447,11 +462,12 @@ async fn both_backends_apply_a_batch_alike() {
             id: id.into(),
             team_id: team.into(),
             month_start_ms: 0,
+            day_start_ms: 0,
             input_tokens: tokens,
             output_tokens: 0,
             requests: 1,
             cost_micros: 7,
-            default_caps: caps,
+            default_caps: caps.into(),
             task: "meeting_brief".into(),
             user_id: "u".into(),
             trace_id: id.into(),
@@ -493,6 +509,8 @@ async fn both_backends_apply_a_batch_alike() {
             ..record::UsageRecord::default()
         },
         month_start_ms: 0,
+        day_start_ms: 0,
+        user_id: String::new(),
         prompt_owner: None,
     });
     let second = vec![reserve("a3", "ta", 100), settle, reserve("a4", "ta", 100)];
@@ -513,8 +531,12 @@ async fn both_backends_apply_a_batch_alike() {
             });
         }
         let balances = (
-            ledger::balance_of(&store, "ta", 0).await.unwrap(),
-            ledger::balance_of(&store, "tb", 0).await.unwrap(),
+            ledger::balance_of(&store, &Bucket::team_month("ta", 0))
+                .await
+                .unwrap(),
+            ledger::balance_of(&store, &Bucket::team_month("tb", 0))
+                .await
+                .unwrap(),
         );
         let records = record::by_trace(&store, "a1").await.unwrap();
         outcomes.push((
@@ -532,13 +554,13 @@ async fn both_backends_apply_a_batch_alike() {
     assert_eq!(done[0][0], Done::Admitted);
     assert_eq!(done[0][2], Done::Admitted);
     assert_eq!(done[0][1], Done::Admitted);
-    assert!(matches!(done[0][3], Done::Refused(r) if r.limit == 1_000 && r.used == 400));
+    assert!(matches!(&done[0][3], Done::Refused(r) if r.limit == 1_000 && r.used == 400));
     assert_eq!(done[0][4], Done::Admitted);
     // Second batch: a1 settles (a request spent, its reservation released;
     // "swept" was already gone), a3 is ta's third request, a4 its fourth.
     assert_eq!(done[1][1], Done::Settled);
     assert_eq!(done[1][0], Done::Admitted);
-    assert!(matches!(done[1][2], Done::Refused(r) if r.limit == 3 && r.used == 3));
+    assert!(matches!(&done[1][2], Done::Refused(r) if r.limit == 3 && r.used == 3));
     assert_eq!(
         (ta.spent_tokens, ta.spent_requests, ta.spent_cost_micros),
         (50, 1, 3)
@@ -571,7 +593,9 @@ async fn cancelled_call_settles(postgres: bool) {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].outcome, "CANCELLED");
     assert!(records[0].input_tokens > 0, "charged at the estimate");
-    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert_eq!((b.reserved_requests, b.spent_requests), (0, 1));
     store.close().await;
     app.stop().await;
@@ -656,7 +680,9 @@ async fn records_match_responses(postgres: bool) {
         .sum();
     assert_eq!(bucket_sum, 4);
     // The ledger charged exactly what the records say.
-    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert_eq!(b.spent_tokens as u64, tokens_in + tokens_out);
     assert_eq!(
         b.spent_requests, 3,

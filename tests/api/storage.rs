@@ -418,6 +418,8 @@ async fn sqlite_durability_is_the_configured_synchronous_level() {
                 ..UsageRecord::default()
             },
             month_start_ms: 0,
+            day_start_ms: 0,
+            user_id: String::new(),
             prompt_owner: None,
         };
         assert_eq!(

@@ -1,5 +1,5 @@
-//! The reserve → settle ledger: per team and month what was spent and what
-//! calls in flight hold. One algorithm ([`plan::apply`]) over a [`Backend`]
+//! The reserve → settle ledger: per bucket (a team's or user's month or day,
+//! [`Bucket`]) what was spent and what calls in flight hold. One algorithm ([`plan::apply`]) over a [`Backend`]
 //! per database applies each batch in one transaction ([`group_commit`]).
 
 pub mod group_commit;
@@ -12,18 +12,19 @@ pub use sql::{postgres, sqlite};
 use super::policy::{Balance, Caps, Refusal};
 pub use writer::{LedgerWriter, WriteError};
 
-use super::{amount::Amount, record::UsageRecord};
+use super::{
+    amount::Amount,
+    bucket::{Account, Bucket, Limits, PeriodCaps},
+    record::UsageRecord,
+};
 use crate::{
     audit::{AuditEvent, chain::Head, chain::Linked},
     store::{Store, StoreError},
 };
 use std::collections::HashSet;
 
-/// A team's ledger row: (team, month start in unix ms).
-pub type Key = (String, i64);
-
 /// Ledger rows as a batch's transaction left them.
-pub type Rows = Vec<(Key, Balance)>;
+pub type Rows = Vec<(Bucket, Balance)>;
 
 /// A reservation to make before calling a provider.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -34,6 +35,8 @@ pub struct Reserve {
     pub team_id: String,
     /// Month the call is counted in.
     pub month_start_ms: i64,
+    /// UTC day the call is counted in.
+    pub day_start_ms: i64,
     /// Estimated input tokens.
     pub input_tokens: i64,
     /// Estimated output tokens (the output cap).
@@ -42,8 +45,8 @@ pub struct Reserve {
     pub requests: i64,
     /// Estimated cost, micro-USD (0 when unpriced).
     pub cost_micros: i64,
-    /// Caps from config when the team has no `tenant_limits` row.
-    pub default_caps: Caps,
+    /// Caps from config for a team or user without an override row.
+    pub default_caps: Limits,
     /// For the orphan record: task, user, trace, channel, priority.
     pub task: String,
     /// User.
@@ -71,9 +74,19 @@ impl Reserve {
         Amount::new(self.tokens(), self.requests, self.cost_micros)
     }
 
-    /// Its ledger row.
-    pub fn key(&self) -> (&str, i64) {
-        (&self.team_id, self.month_start_ms)
+    /// Who and when it counts for.
+    pub fn account(&self) -> Account<'_> {
+        Account {
+            team_id: &self.team_id,
+            user_id: &self.user_id,
+            month_start_ms: self.month_start_ms,
+            day_start_ms: self.day_start_ms,
+        }
+    }
+
+    /// Its ledger rows, in lock order.
+    pub fn buckets(&self) -> Vec<Bucket> {
+        self.account().buckets()
     }
 }
 
@@ -108,6 +121,10 @@ pub struct Settle {
     pub recorded: bool,
     /// Month the call was admitted in.
     pub month_start_ms: i64,
+    /// UTC day the call was admitted in.
+    pub day_start_ms: i64,
+    /// The user its reservations counted for ('' = none), whatever `record` says.
+    pub user_id: String,
     /// Owner of the stored prompt version used ('' = global); `None` for built-ins.
     pub prompt_owner: Option<String>,
 }
@@ -127,9 +144,19 @@ impl Settle {
         )
     }
 
-    /// Its ledger row.
-    pub fn key(&self) -> (&str, i64) {
-        (&self.record.team_id, self.month_start_ms)
+    /// Who and when it counts for.
+    pub fn account(&self) -> Account<'_> {
+        Account {
+            team_id: &self.record.team_id,
+            user_id: &self.user_id,
+            month_start_ms: self.month_start_ms,
+            day_start_ms: self.day_start_ms,
+        }
+    }
+
+    /// Its ledger rows, in lock order.
+    pub fn buckets(&self) -> Vec<Bucket> {
+        self.account().buckets()
     }
 
     /// `(owner, success)` to fold into a stored prompt version's stats.
@@ -249,18 +276,18 @@ pub(super) trait Backend {
     async fn insert_reservations(&mut self, rows: &[&Reserve]) -> Result<(), StoreError>;
     async fn insert_records(&mut self, rows: &[&UsageRecord]) -> Result<(), StoreError>;
     /// Applies `delta` to a ledger row, creating it when missing.
-    async fn update_row(&mut self, key: (&str, i64), delta: &Delta) -> Result<(), StoreError>;
-    /// [`sql::GUARDED_RESERVE`] of `amount`: true when admitted.
+    async fn update_row(&mut self, bucket: &Bucket, delta: &Delta) -> Result<(), StoreError>;
+    /// [`sql::guarded_reserve`] of `amount`: true when admitted.
     async fn reserve_guarded(
         &mut self,
-        key: (&str, i64),
+        bucket: &Bucket,
         defaults: &Caps,
         amount: Amount,
     ) -> Result<bool, StoreError>;
-    /// The team's own caps, if it has a `tenant_limits` row.
-    async fn team_caps(&mut self, team: &str) -> Result<Option<Caps>, StoreError>;
+    /// The bucket's own caps, if its team or user has an override row.
+    async fn bucket_caps(&mut self, bucket: &Bucket) -> Result<Option<Caps>, StoreError>;
     /// A ledger row (zeros when missing).
-    async fn balance(&mut self, key: (&str, i64)) -> Result<Balance, StoreError>;
+    async fn balance(&mut self, bucket: &Bucket) -> Result<Balance, StoreError>;
     /// Where `team`'s audit chain ends, its head row created and locked.
     async fn audit_head(&mut self, team: &str) -> Result<Head, StoreError>;
     async fn insert_audit(&mut self, rows: &[Linked]) -> Result<(), StoreError>;
@@ -287,49 +314,63 @@ fn net_release(d: &Delta) -> [i64; 3] {
     ]
 }
 
-/// The ledger's reads and the teams' cap overrides (implemented per backend in `sql`).
+/// The ledger's reads and the cap overrides of teams (`user` empty) and
+/// users (implemented per backend in `sql`).
 #[async_trait::async_trait]
 pub trait LedgerRepository: Send + Sync + std::fmt::Debug {
-    /// The team's balance for a month (zeros when it has no row).
-    async fn balance(&self, team: &str, month_start_ms: i64) -> Result<Balance, StoreError>;
+    /// A bucket's balance (zeros when it has no row).
+    async fn balance(&self, bucket: &Bucket) -> Result<Balance, StoreError>;
 
-    /// The team's own caps, if it has a `tenant_limits` row.
-    async fn caps(&self, team: &str) -> Result<Option<Caps>, StoreError>;
+    /// The team's or user's own caps, if it has an override row.
+    async fn caps(&self, team: &str, user: &str) -> Result<Option<PeriodCaps>, StoreError>;
 
-    /// Sets (or with all `None`, makes unlimited) a team's caps.
-    async fn set_caps(&self, team: &str, caps: Caps, now_ms: i64) -> Result<(), StoreError>;
+    /// Sets (or with all `None`, makes unlimited) a team's or user's caps.
+    async fn set_caps(
+        &self,
+        team: &str,
+        user: &str,
+        caps: PeriodCaps,
+        now_ms: i64,
+    ) -> Result<(), StoreError>;
 
-    /// Removes a team's override; false when it had none.
-    async fn clear_caps(&self, team: &str) -> Result<bool, StoreError>;
+    /// Removes a team's or user's override; false when it had none.
+    async fn clear_caps(&self, team: &str, user: &str) -> Result<bool, StoreError>;
 }
 
-/// The team's balance for a month.
-pub async fn balance_of(
+/// A bucket's balance.
+pub async fn balance_of(store: &Store, bucket: &Bucket) -> Result<Balance, StoreError> {
+    sql::repository(store).balance(bucket).await
+}
+
+/// The caps of a team (`user` empty) or user: its override row, else `defaults`.
+pub async fn caps_of(
     store: &Store,
     team: &str,
-    month_start_ms: i64,
-) -> Result<Balance, StoreError> {
-    sql::repository(store).balance(team, month_start_ms).await
+    user: &str,
+    defaults: PeriodCaps,
+) -> Result<PeriodCaps, StoreError> {
+    Ok(sql::repository(store)
+        .caps(team, user)
+        .await?
+        .unwrap_or(defaults))
 }
 
-/// The caps of a team: its `tenant_limits` row, else `defaults`.
-pub async fn caps_of(store: &Store, team: &str, defaults: Caps) -> Result<Caps, StoreError> {
-    Ok(sql::repository(store).caps(team).await?.unwrap_or(defaults))
-}
-
-/// Sets (or with all `None`, makes unlimited) a team's caps.
+/// Sets (or with all `None`, makes unlimited) a team's or user's caps.
 pub async fn set_caps(
     store: &Store,
     team: &str,
-    caps: Caps,
+    user: &str,
+    caps: PeriodCaps,
     now_ms: i64,
 ) -> Result<(), StoreError> {
-    sql::repository(store).set_caps(team, caps, now_ms).await
+    sql::repository(store)
+        .set_caps(team, user, caps, now_ms)
+        .await
 }
 
-/// Removes a team's override (it falls back to the config defaults).
-pub async fn clear_caps(store: &Store, team: &str) -> Result<bool, StoreError> {
-    sql::repository(store).clear_caps(team).await
+/// Removes an override (the config defaults apply again).
+pub async fn clear_caps(store: &Store, team: &str, user: &str) -> Result<bool, StoreError> {
+    sql::repository(store).clear_caps(team, user).await
 }
 
 pub use sql::apply;

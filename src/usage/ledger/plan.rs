@@ -4,20 +4,22 @@
 //!    in the same batch are never written;
 //! 2. the settled reservations still open are deleted (a missing one was
 //!    swept as an orphan and charged already);
-//! 3. each touched row is updated once, in (team, month) order, then its
-//!    guarded reservations admitted, a group together when it fits;
+//! 3. team by team, each touched row (bucket) is updated once in order,
+//!    then the team's guarded reservations admitted in all their buckets or
+//!    none, a group together when it fits;
 //! 4. usage records, then prompt stats (after the ledger rows: every writer
 //!    locks rows in the same order, so PostgreSQL never has a cycle to break);
 //! 5. the admitted reservations are written;
 //! 6. other services' rows ([`super::Write`]), each behind its guard;
 //! 7. audit events, teams in order (their head rows are locked last).
 
-use super::{Backend, Delta, Done, Key, Op, Reserve, Rows, Settle};
+use super::{Backend, Delta, Done, Op, Reserve, Rows, Settle};
 use crate::{
     store::StoreError,
     usage::{
         amount::Amount,
-        policy::{self, Caps},
+        bucket::{Bucket, Limits},
+        policy,
     },
 };
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -42,20 +44,26 @@ pub(super) async fn apply<B: Backend>(
     Ok((batch.done, rows))
 }
 
+/// Guarded reservations of the same buckets and default caps, admitted together when they fit.
+struct Group<'a> {
+    buckets: Vec<Bucket>,
+    members: Vec<(usize, &'a Reserve)>,
+}
+
 /// A batch's reservations and settlements, for steps 1 to 5.
 struct Batch<'a> {
     settles: Vec<&'a Settle>,
     settling: HashSet<&'a str>,
     done: Vec<Done>,
-    deltas: BTreeMap<(&'a str, i64), Delta>,
+    deltas: BTreeMap<Bucket, Delta>,
     to_write: Vec<&'a Reserve>,
     /// Released as if deleted: admitted and settled in this very batch.
     deleted: HashSet<String>,
-    guarded: Vec<Vec<(usize, &'a Reserve)>>,
+    guarded: Vec<Group<'a>>,
 }
 
 impl<'a> Batch<'a> {
-    /// Step 1; the guarded are grouped by (team, month, default caps).
+    /// Step 1; the guarded are grouped by (buckets, default caps).
     fn sort(ops: &'a [Op], admits_in_memory: bool) -> Self {
         let settles: Vec<&'a Settle> = ops
             .iter()
@@ -80,9 +88,12 @@ impl<'a> Batch<'a> {
         };
         for (i, op) in ops.iter().enumerate() {
             let Op::Reserve(r) = op else { continue };
+            let buckets = r.buckets();
             if r.admitted && admits_in_memory {
                 batch.done[i] = Done::Admitted;
-                batch.deltas.entry(r.key()).or_default().reserved += r.amount();
+                for bucket in buckets {
+                    batch.deltas.entry(bucket).or_default().reserved += r.amount();
+                }
                 if batch.settling.contains(r.id.as_str()) {
                     batch.deleted.insert(r.id.clone());
                 } else {
@@ -90,19 +101,24 @@ impl<'a> Batch<'a> {
                 }
                 continue;
             }
-            let same = |g: &&mut Vec<(usize, &Reserve)>| {
-                g.first()
-                    .is_some_and(|(_, f)| f.key() == r.key() && f.default_caps == r.default_caps)
+            let same = |g: &&mut Group<'a>| {
+                g.buckets == buckets
+                    && g.members
+                        .first()
+                        .is_some_and(|(_, f)| f.default_caps == r.default_caps)
             };
             match batch.guarded.iter_mut().find(same) {
-                Some(group) => group.push((i, r)),
-                None => batch.guarded.push(vec![(i, r)]),
+                Some(group) => group.members.push((i, r)),
+                None => batch.guarded.push(Group {
+                    buckets,
+                    members: vec![(i, r)],
+                }),
             }
         }
         batch
     }
 
-    /// Step 2, and each settlement's release and charge into its row's delta.
+    /// Step 2, and each settlement's release and charge into its rows' deltas.
     async fn delete_settled<B: Backend>(&mut self, b: &mut B) -> Result<(), StoreError> {
         let ids: Vec<&str> = self
             .settling
@@ -114,39 +130,52 @@ impl<'a> Batch<'a> {
             self.deleted.extend(b.delete_reservations(&ids).await?);
         }
         for s in self.settles.iter().copied() {
-            let delta = self.deltas.entry(s.key()).or_default();
+            let mut released = Amount::ZERO;
             for r in &s.reservations {
                 if self.deleted.contains(&r.id) {
-                    delta.released += r.amount;
+                    released += r.amount;
                 } else {
                     // Swept as orphaned (charged at its estimate) although
                     // the call finished: over-counting beats losing.
                     tracing::warn!(reservation = %r.id, "settling a reservation the sweeper already charged");
                 }
             }
-            delta.charged += s.charged();
+            for bucket in s.buckets() {
+                let delta = self.deltas.entry(bucket).or_default();
+                delta.released += released;
+                delta.charged += s.charged();
+            }
         }
         Ok(())
     }
 
-    /// Step 3.
+    /// Step 3, team by team: each of its rows updated once in order (the
+    /// month row first, so a team's rows are only locked behind it), then its
+    /// guarded reservations admitted.
     async fn update_rows<B: Backend>(&mut self, b: &mut B) -> Result<(), StoreError> {
-        let mut keys: BTreeSet<(&str, i64)> = self.deltas.keys().copied().collect();
-        keys.extend(
+        let mut teams: BTreeSet<String> = self.deltas.keys().map(|k| k.team_id.clone()).collect();
+        teams.extend(
             self.guarded
                 .iter()
-                .filter_map(|g| g.first().map(|(_, r)| r.key())),
+                .filter_map(|g| g.buckets.first().map(|k| k.team_id.clone())),
         );
-        for key in keys {
-            if let Some(d) = self.deltas.get(&key).filter(|d| **d != Delta::default()) {
-                b.update_row(key, d).await?;
+        for team in teams {
+            let first = Bucket::team_month(&team, i64::MIN);
+            for (bucket, d) in self
+                .deltas
+                .range(first..)
+                .take_while(|(k, _)| k.team_id == team)
+            {
+                if *d != Delta::default() {
+                    b.update_row(bucket, d).await?;
+                }
             }
             for group in self
                 .guarded
                 .iter()
-                .filter(|g| g.first().is_some_and(|(_, r)| r.key() == key))
+                .filter(|g| g.buckets.first().is_some_and(|k| k.team_id == team))
             {
-                admit(b, key, group, &mut self.done, &mut self.to_write).await?;
+                admit(b, group, &mut self.done, &mut self.to_write).await?;
             }
         }
         Ok(())
@@ -240,64 +269,106 @@ async fn append_audit<B: Backend>(
 
 /// Every row the batch touched, as the transaction left it.
 async fn touched_rows<B: Backend>(b: &mut B, ops: &[Op]) -> Result<Rows, StoreError> {
-    let touched: BTreeSet<(&str, i64)> = ops
+    let touched: BTreeSet<Bucket> = ops
         .iter()
-        .filter_map(|op| match op {
-            Op::Reserve(r) => Some(r.key()),
-            Op::Settle(s) => Some(s.key()),
-            Op::Audit(_) | Op::Write(_) => None,
+        .flat_map(|op| match op {
+            Op::Reserve(r) => r.buckets(),
+            Op::Settle(s) => s.buckets(),
+            Op::Audit(_) | Op::Write(_) => Vec::new(),
         })
         .collect();
-    let mut rows = Vec::new();
-    for key in touched {
-        let key_owned: Key = (key.0.to_owned(), key.1);
-        rows.push((key_owned, b.balance(key).await?));
+    let mut rows = Vec::with_capacity(touched.len());
+    for bucket in touched {
+        let balance = b.balance(&bucket).await?;
+        rows.push((bucket, balance));
     }
     Ok(rows)
 }
 
-/// Admits a group of guarded reservations of one row: together when it
-/// fits, else one by one.
+/// Reserves `amount` in every bucket or in none: `Some(k)` is the bucket that refused.
+async fn reserve_all<B: Backend>(
+    b: &mut B,
+    buckets: &[Bucket],
+    defaults: &Limits,
+    amount: Amount,
+) -> Result<Option<usize>, StoreError> {
+    for (k, bucket) in buckets.iter().enumerate() {
+        if b.reserve_guarded(bucket, &defaults.of(bucket), amount)
+            .await?
+        {
+            continue;
+        }
+        let undo = Delta {
+            released: amount,
+            ..Delta::default()
+        };
+        for taken in &buckets[..k] {
+            b.update_row(taken, &undo).await?;
+        }
+        return Ok(Some(k));
+    }
+    Ok(None)
+}
+
+/// Admits a group of guarded reservations: together when it fits, else one by one.
 async fn admit<'a, B: Backend>(
     b: &mut B,
-    key: (&str, i64),
-    group: &[(usize, &'a Reserve)],
+    group: &Group<'a>,
     done: &mut [Done],
     to_write: &mut Vec<&'a Reserve>,
 ) -> Result<(), StoreError> {
-    let Some((_, first)) = group.first() else {
+    let Some((_, first)) = group.members.first() else {
         return Ok(());
     };
     let defaults = first.default_caps;
-    let total: Amount = group.iter().map(|(_, r)| r.amount()).sum();
-    if b.reserve_guarded(key, &defaults, total).await? {
-        for (i, r) in group {
-            done[*i] = Done::Admitted;
+    let total: Amount = group.members.iter().map(|(_, r)| r.amount()).sum();
+    let together = reserve_all(b, &group.buckets, &defaults, total).await?;
+    for (i, r) in &group.members {
+        let refused_at = match together {
+            None => None,
+            // A lone reservation was just refused; do not ask twice.
+            Some(k) if group.members.len() == 1 => Some(k),
+            Some(_) => reserve_all(b, &group.buckets, &defaults, r.amount()).await?,
+        };
+        done[*i] = match refused_at {
+            None => Done::Admitted,
+            Some(k) => match explain(b, &group.buckets, k, &defaults, r.amount()).await? {
+                Some(refusal) => Done::Refused(refusal),
+                None => Done::Admitted,
+            },
+        };
+        if done[*i] == Done::Admitted {
             to_write.push(r);
-        }
-        return Ok(());
-    }
-    // The guard resolves the caps itself; read here only to explain a refusal.
-    let caps: Caps = b.team_caps(key.0).await?.unwrap_or(defaults);
-    for (i, r) in group {
-        // A lone reservation was just refused; do not ask twice.
-        let fits = group.len() > 1 && b.reserve_guarded(key, &defaults, r.amount()).await?;
-        if fits {
-            done[*i] = Done::Admitted;
-            to_write.push(r);
-            continue;
-        }
-        let balance = b.balance(key).await?;
-        // READ COMMITTED: the re-read may see a settlement committed after the
-        // refusal; if it fits now, ask once more (still guarded).
-        let fits_now = policy::check(&balance, &caps, r.amount()).is_ok()
-            && b.reserve_guarded(key, &defaults, r.amount()).await?;
-        if fits_now {
-            done[*i] = Done::Admitted;
-            to_write.push(r);
-        } else {
-            done[*i] = Done::Refused(policy::refusal(&balance, &caps, r.amount()));
         }
     }
     Ok(())
+}
+
+/// Why bucket `k` refused `amount`; `None` when, re-read, everything fits now
+/// and a last guarded try admitted it (READ COMMITTED may see a settlement
+/// committed after the refusal).
+async fn explain<B: Backend>(
+    b: &mut B,
+    buckets: &[Bucket],
+    mut k: usize,
+    defaults: &Limits,
+    amount: Amount,
+) -> Result<Option<policy::Refusal>, StoreError> {
+    let mut retried = false;
+    loop {
+        let Some(bucket) = buckets.get(k) else {
+            return Ok(None);
+        };
+        // The guard resolves the caps itself; read here only to explain a refusal.
+        let caps = b.bucket_caps(bucket).await?.unwrap_or(defaults.of(bucket));
+        let balance = b.balance(bucket).await?;
+        if retried || policy::check(&balance, &caps, amount).is_err() {
+            return Ok(Some(policy::refusal(bucket, &balance, &caps, amount)));
+        }
+        retried = true;
+        match reserve_all(b, buckets, defaults, amount).await? {
+            None => return Ok(None),
+            Some(again) => k = again,
+        }
+    }
 }

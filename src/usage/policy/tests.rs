@@ -9,6 +9,10 @@ const CAPS: Caps = Caps {
     cost_micros: Some(50_000),
 };
 
+fn team() -> Bucket {
+    Bucket::team_month("t", 0)
+}
+
 fn amount(tokens: i64, requests: i64, cost_micros: i64) -> Amount {
     Amount::new(tokens, requests, cost_micros)
 }
@@ -20,10 +24,11 @@ fn refusal_names_the_exceeded_cap() {
         reserved_requests: 10,
         ..Balance::default()
     };
-    let r = refusal(&b, &CAPS, amount(200, 1, 10));
+    let r = refusal(&team(), &b, &CAPS, amount(200, 1, 10));
     assert_eq!(
         r,
         Refusal {
+            bucket: team(),
             cap: CapKind::Tokens,
             limit: 1_000,
             used: 900,
@@ -31,7 +36,9 @@ fn refusal_names_the_exceeded_cap() {
         }
     );
     assert_eq!(r.remaining(), 100);
-    assert_eq!(check(&b, &CAPS, amount(200, 1, 10)), Err(r));
+    assert_eq!(r.subject(), "team:t/month/tokens");
+    assert_eq!(r.cap_name(), "monthly_tokens");
+    assert_eq!(check(&b, &CAPS, amount(200, 1, 10)), Err(CapKind::Tokens));
     assert_eq!(check(&b, &CAPS, amount(100, 1, 10)), Ok(()));
 }
 
@@ -48,8 +55,9 @@ fn refusal_against_a_balance_that_fits_names_the_closest_cap() {
     let r = amount(100, 1, 1_000);
     assert_eq!(check(&b, &CAPS, r), Ok(()));
     assert_eq!(
-        refusal(&b, &CAPS, r),
+        refusal(&team(), &b, &CAPS, r),
         Refusal {
+            bucket: team(),
             cap: CapKind::Cost,
             limit: 50_000,
             used: 44_000,
@@ -62,7 +70,7 @@ fn refusal_against_a_balance_that_fits_names_the_closest_cap() {
         requests: Some(20),
         ..Caps::default()
     };
-    let r = refusal(&b, &caps, amount(100, 1, 1_000));
+    let r = refusal(&team(), &b, &caps, amount(100, 1, 1_000));
     assert_eq!((r.cap, r.limit, r.used), (CapKind::Requests, 20, 10));
     assert_eq!(r.remaining(), 10);
 }

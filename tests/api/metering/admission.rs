@@ -8,6 +8,7 @@
 use super::{Db, month_now};
 use crate::common::config_toml_with;
 use crate::common::wait_for;
+use ai_orchestrator::usage::bucket::Bucket;
 use ai_orchestrator::{
     config::{Config, DatabaseConfig},
     store::Store,
@@ -58,6 +59,8 @@ fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
             ..UsageRecord::default()
         },
         month_start_ms: r.month_start_ms,
+        day_start_ms: 0,
+        user_id: String::new(),
         prompt_owner: None,
     }
 }
@@ -100,12 +103,15 @@ async fn a_reservation_settled_in_its_own_batch_leaves_nothing_open() {
     )
     .unwrap();
     assert_eq!(done, [Done::Admitted, Done::Admitted, Done::Settled]);
-    // The team's ledger row created and updated once, the other call's
-    // reservation and the usage record inserted (its trigger adding it to
-    // the day's two rollups): nothing for `same-batch`'s reservation itself.
-    assert_eq!(conn.total_changes() - changes, 4 + 2);
+    // The team's month and day rows each created and updated once, the
+    // other call's reservation and the usage record inserted (its trigger
+    // adding it to the day's two rollups): nothing for `same-batch`'s
+    // reservation itself.
+    assert_eq!(conn.total_changes() - changes, 6 + 2);
     assert_eq!(sweeper::open_reservations(&store).await.unwrap(), 1);
-    let b = ledger::balance_of(&store, "t1", 0).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", 0))
+        .await
+        .unwrap();
     assert_eq!(
         (b.spent_tokens, b.spent_requests, b.spent_cost_micros),
         (120, 1, 15)
@@ -115,7 +121,15 @@ async fn a_reservation_settled_in_its_own_batch_leaves_nothing_open() {
         running.amount(),
         "only the running call's estimate stays reserved"
     );
-    assert_eq!(rows, [(("t1".to_owned(), 0), b)], "the row as committed");
+    let day = Bucket {
+        period: ai_orchestrator::usage::bucket::Period::Day,
+        ..Bucket::team_month("t1", 0)
+    };
+    assert_eq!(
+        rows,
+        [(Bucket::team_month("t1", 0), b), (day, b)],
+        "the rows as committed"
+    );
     assert_eq!(
         record::by_trace(&store, "same-batch").await.unwrap().len(),
         1
@@ -127,7 +141,9 @@ async fn a_reservation_settled_in_its_own_batch_leaves_nothing_open() {
         sqlite_writer::apply_reading(&mut conn, &[Op::Settle(settle(&running, 80, 5))]).unwrap();
     assert_eq!(done, [Done::Settled]);
     assert_eq!(sweeper::open_reservations(&store).await.unwrap(), 0);
-    let b = ledger::balance_of(&store, "t1", 0).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", 0))
+        .await
+        .unwrap();
     assert_eq!(
         (b.spent_tokens, b.spent_requests, b.spent_cost_micros),
         (200, 2, 20)
@@ -157,7 +173,9 @@ async fn admissions_count_until_written_and_memory_follows_the_ledger() {
         requests: Some(3),
         ..Caps::default()
     };
-    ledger::set_caps(&store, "t1", caps, 0).await.unwrap();
+    ledger::set_caps(&store, "t1", "", caps.into(), 0)
+        .await
+        .unwrap();
     let (writer, _stop) = writer(&db, &store, Duration::from_secs(60)).await;
 
     let rs: Vec<Reserve> = (0..8)
@@ -184,7 +202,9 @@ async fn admissions_count_until_written_and_memory_follows_the_ledger() {
     let admission = writer.admission().expect("a SQLite file admits in memory");
     wait_for(|| async { sweeper::open_reservations(&store).await.unwrap() == 3 }).await;
     wait_for(|| async { admission.snapshot("t1", month).unwrap().1 == Amount::ZERO }).await;
-    let row = ledger::balance_of(&store, "t1", month).await.unwrap();
+    let row = ledger::balance_of(&store, &Bucket::team_month("t1", month))
+        .await
+        .unwrap();
     assert_eq!(admission.snapshot("t1", month).unwrap().0, row);
     assert_eq!((row.reserved_requests, row.reserved_tokens), (3, 450));
 
@@ -200,7 +220,9 @@ async fn admissions_count_until_written_and_memory_follows_the_ledger() {
     assert_eq!(pending, Amount::ZERO);
     assert_eq!(
         committed,
-        ledger::balance_of(&store, "t1", month).await.unwrap()
+        ledger::balance_of(&store, &Bucket::team_month("t1", month))
+            .await
+            .unwrap()
     );
     assert_eq!(
         (
@@ -238,7 +260,9 @@ async fn caps_are_read_again_after_limits_refresh() {
             requests: Some(1),
             ..Caps::default()
         };
-        ledger::set_caps(&store, "t1", tight, 0).await.unwrap();
+        ledger::set_caps(&store, "t1", "", tight.into(), 0)
+            .await
+            .unwrap();
         let second = writer
             .submit(Op::Reserve(reserve("b", "t1", month)))
             .await
@@ -360,7 +384,9 @@ async fn a_cancelled_caps_read_does_not_freeze_the_caps() {
         requests: Some(1),
         ..Caps::default()
     };
-    ledger::set_caps(&store, "t1", tight, 0).await.unwrap();
+    ledger::set_caps(&store, "t1", "", tight.into(), 0)
+        .await
+        .unwrap();
     // Polled once while the pool's only connection is taken, so it is
     // waiting to read the caps, then dropped.
     let Store::Sqlite(pool) = &store else {

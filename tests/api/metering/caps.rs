@@ -4,6 +4,7 @@
 
 use super::{Db, FAST, classify, month_now, traced};
 use crate::common::{TestApp, config_toml_with, ctx};
+use ai_orchestrator::usage::bucket::Bucket;
 use ai_orchestrator::{
     api::pb,
     usage::{ledger, policy::Caps, record, summary, sweeper},
@@ -20,10 +21,12 @@ async fn cost_cap_refuses(postgres: bool) {
     ledger::set_caps(
         &store,
         "t1",
+        "",
         Caps {
             cost_micros: Some(2_000),
             ..Caps::default()
-        },
+        }
+        .into(),
         0,
     )
     .await
@@ -44,7 +47,8 @@ async fn cost_cap_refuses(postgres: bool) {
     assert_eq!(info.metadata["cap"], "monthly_cost_usd");
     assert_eq!(info.metadata["limit"], "0.002000");
     let quota = status.get_details_quota_failure().unwrap();
-    assert_eq!(quota.violations[0].subject, "monthly_cost_usd");
+    assert_eq!(quota.violations[0].subject, "team:t1/month/cost_usd");
+    assert_eq!(info.metadata["limit_subject"], "team:t1/month/cost_usd");
     let remaining = &info.metadata["remaining"];
     assert!(
         quota.violations[0]
@@ -53,7 +57,9 @@ async fn cost_cap_refuses(postgres: bool) {
         "{quota:?}"
     );
 
-    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert!(b.spent_cost_micros <= 2_000, "{b:?}");
     assert_eq!((b.reserved_cost_micros, b.spent_requests), (0, admitted));
     // Refused before any provider call: only the admitted calls have records.
@@ -100,10 +106,12 @@ async fn refused_top_up_settles_the_first_draft(postgres: bool) {
     ledger::set_caps(
         &store,
         "t1",
+        "",
         Caps {
             tokens: Some(150_000),
             ..Caps::default()
-        },
+        }
+        .into(),
         0,
     )
     .await
@@ -144,7 +152,9 @@ async fn refused_top_up_settles_the_first_draft(postgres: bool) {
     assert!(r.output_tokens < 1_000, "actual, not the 100k estimate");
     let cost = r.cost_micros.expect("priced model");
     assert!((usage.cost_usd - cost as f64 / 1e6).abs() < 1e-12);
-    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert_eq!(
         (
             b.spent_tokens,
@@ -208,7 +218,7 @@ async fn the_budget_bounds_both_drafts_together() {
 }
 
 /// Runs `ai-orchestrator --config <config> limits <args>`; returns stdout.
-async fn limits_cli(config: &std::path::Path, args: &[&str]) -> String {
+pub(super) async fn limits_cli(config: &std::path::Path, args: &[&str]) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
         .arg("--config")
         .arg(config)
@@ -272,7 +282,7 @@ async fn limits_cli_sets_shows_clears_and_the_server_enforces() {
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(
         status.get_details_quota_failure().unwrap().violations[0].subject,
-        "monthly_requests"
+        "team:t1/month/requests"
     );
     let show = limits_cli(&config, &["show", "--team", "t1"]).await;
     assert!(

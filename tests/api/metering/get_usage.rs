@@ -3,6 +3,7 @@
 
 use super::{Db, FAST, classify, month_now, traced};
 use crate::common::{TestApp, config_toml_with, ctx};
+use ai_orchestrator::usage::bucket::Bucket;
 use ai_orchestrator::{
     api::pb,
     usage::{
@@ -114,7 +115,9 @@ async fn unpriced_model_records_null_cost(postgres: bool) {
     assert_eq!((t.requests, t.unpriced_requests), (2, 1));
     assert!((t.cost_usd - priced_cost as f64 / 1e6).abs() < 1e-12);
     // Unpriced calls do not count against cost caps.
-    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert_eq!((b.spent_cost_micros, b.spent_requests), (priced_cost, 2));
     store.close().await;
     app.stop().await;
@@ -243,7 +246,9 @@ async fn get_usage_across_months(postgres: bool) {
         requests: Some(10),
         ..Caps::default()
     };
-    ledger::set_caps(&store, "t1", caps, 0).await.unwrap();
+    ledger::set_caps(&store, "t1", "", caps.into(), 0)
+        .await
+        .unwrap();
     // One call last month, reserved and settled like a real one.
     let (this_month, next_month) = summary::month_of(chrono::Utc::now());
     let last_month = summary::month_of_ms(this_month - 1).unwrap().0;
@@ -253,11 +258,12 @@ async fn get_usage_across_months(postgres: bool) {
             id: "last-month".into(),
             team_id: "t1".into(),
             month_start_ms: last_month,
+            day_start_ms: this_month - 86_400_000,
             input_tokens: 100,
             output_tokens: 100,
             requests: 1,
             cost_micros: 50,
-            default_caps: Caps::default(),
+            default_caps: Caps::default().into(),
             task: "sms_classify".into(),
             user_id: String::new(),
             trace_id: "last-month".into(),
@@ -293,6 +299,8 @@ async fn get_usage_across_months(postgres: bool) {
                 ..UsageRecord::default()
             },
             month_start_ms: last_month,
+            day_start_ms: 0,
+            user_id: String::new(),
             prompt_owner: None,
         })],
     )
@@ -431,6 +439,8 @@ async fn rollups_and_partial_days_agree_with_the_records(postgres: bool) {
                     ..UsageRecord::default()
                 },
                 month_start_ms: summary::month_of_ms(*at).unwrap().0,
+                day_start_ms: 0,
+                user_id: String::new(),
                 prompt_owner: None,
             })
         })

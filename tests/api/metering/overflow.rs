@@ -7,6 +7,7 @@
 
 use super::{Db, month_now};
 use crate::common::{TestApp, ctx};
+use ai_orchestrator::usage::bucket::Bucket;
 use ai_orchestrator::{
     api::pb,
     config::DatabaseConfig,
@@ -101,7 +102,9 @@ async fn absurd_usage_is_malformed_and_charged_its_plausible_part(postgres: bool
     }
     // The ledger and GetUsage stay sane: nothing negative, nothing wrapped.
     let store = db.store().await;
-    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert_eq!(b.spent_requests, absurd.len() as i64);
     assert!(b.spent_tokens > 0 && b.spent_tokens < 1_000_000, "{b:?}");
     assert!(
@@ -169,6 +172,8 @@ fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
             ..UsageRecord::default()
         },
         month_start_ms: r.month_start_ms,
+        day_start_ms: 0,
+        user_id: String::new(),
         prompt_owner: None,
     }
 }
@@ -213,7 +218,9 @@ async fn a_bad_operation_fails_alone(postgres: bool) {
         .collect();
     assert_eq!(failed, [5, 15], "{results:?}");
     // Exactly the good calls are charged and recorded.
-    let b = ledger::balance_of(&store, "t1", month_now()).await.unwrap();
+    let b = ledger::balance_of(&store, &Bucket::team_month("t1", month_now()))
+        .await
+        .unwrap();
     assert_eq!(
         (b.spent_tokens, b.spent_requests, b.spent_cost_micros),
         (20 * 7, 20, 20 * 3)

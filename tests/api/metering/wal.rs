@@ -83,6 +83,8 @@ async fn wal_stays_bounded(durability: SqliteDurability) {
                     ..UsageRecord::default()
                 },
                 month_start_ms: 0,
+                day_start_ms: 0,
+                user_id: String::new(),
                 prompt_owner: None,
             }))
             .await

@@ -2,8 +2,8 @@
 //! in SQL on the locked row, as replicas share the ledger.
 
 use super::{
-    BALANCE, BalanceRow, ENSURE_ROW, GUARDED_RESERVE, INSERT_RESERVATION_HEAD, RECORD_STATS,
-    RESERVATION_COLUMNS, TEAM_CAPS, UPDATE_ROW, balance,
+    BALANCE, BalanceRow, CapsRow, ENSURE_ROW, INSERT_RESERVATION_HEAD, RECORD_STATS,
+    RESERVATION_COLUMNS, UPDATE_ROW, balance, bucket_caps, caps, guarded_reserve,
 };
 use crate::usage::ledger::{Backend, Delta, Done, Op, Reserve, Settle, net_release, plan};
 use crate::{
@@ -11,6 +11,7 @@ use crate::{
     store::{Store, StoreError},
     usage::{
         amount::Amount,
+        bucket::Bucket,
         policy::{Balance, Caps},
         record::UsageRecord,
         sql as records,
@@ -113,7 +114,7 @@ fn delete_reservations_sql(rows: usize) -> &'static str {
 struct Pg<'t, 'c> {
     tx: &'t mut Transaction<'c, Postgres>,
     /// Rows known to exist: a refusal there is final, not a missing row.
-    ensured: HashSet<(String, i64)>,
+    ensured: HashSet<Bucket>,
 }
 
 impl<'t, 'c> Pg<'t, 'c> {
@@ -124,18 +125,26 @@ impl<'t, 'c> Pg<'t, 'c> {
         }
     }
 
-    /// Creates the `(team, month)` row unless known; true when just ensured.
-    async fn ensure_row(&mut self, team: &str, month: i64) -> Result<bool, StoreError> {
-        if !self.ensured.insert((team.to_owned(), month)) {
+    /// Creates the bucket's row unless known; true when just ensured.
+    async fn ensure_row(&mut self, bucket: &Bucket) -> Result<bool, StoreError> {
+        if !self.ensured.insert(bucket.clone()) {
             return Ok(false);
         }
-        sqlx::query(ENSURE_ROW)
-            .bind(team)
-            .bind(month)
+        bind_key(sqlx::query(ENSURE_ROW), bucket)
             .execute(&mut **self.tx)
             .await?;
         Ok(true)
     }
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
+
+/// Binds a bucket's `$1..$4`.
+fn bind_key<'q>(q: PgQuery<'q>, bucket: &'q Bucket) -> PgQuery<'q> {
+    q.bind(&bucket.team_id)
+        .bind(&bucket.user_id)
+        .bind(bucket.period.as_str())
+        .bind(bucket.start_ms)
 }
 
 impl Backend for Pg<'_, '_> {
@@ -161,6 +170,7 @@ impl Backend for Pg<'_, '_> {
                     .bind(&r.id)
                     .bind(&r.team_id)
                     .bind(r.month_start_ms)
+                    .bind(r.day_start_ms)
                     .bind(r.input_tokens)
                     .bind(r.output_tokens)
                     .bind(r.requests)
@@ -188,16 +198,10 @@ impl Backend for Pg<'_, '_> {
         Ok(())
     }
 
-    async fn update_row(
-        &mut self,
-        (team, month): (&str, i64),
-        d: &Delta,
-    ) -> Result<(), StoreError> {
+    async fn update_row(&mut self, bucket: &Bucket, d: &Delta) -> Result<(), StoreError> {
         let [rt, rr, rc] = net_release(d);
         for attempt in 0..2 {
-            let updated = sqlx::query(UPDATE_ROW)
-                .bind(team)
-                .bind(month)
+            let updated = bind_key(sqlx::query(UPDATE_ROW), bucket)
                 .bind(rt)
                 .bind(rr)
                 .bind(rc)
@@ -208,10 +212,10 @@ impl Backend for Pg<'_, '_> {
                 .await?
                 .rows_affected();
             if updated > 0 {
-                self.ensured.insert((team.to_owned(), month));
+                self.ensured.insert(bucket.clone());
                 break;
             }
-            if attempt > 0 || !self.ensure_row(team, month).await? {
+            if attempt > 0 || !self.ensure_row(bucket).await? {
                 break;
             }
         }
@@ -220,15 +224,13 @@ impl Backend for Pg<'_, '_> {
 
     async fn reserve_guarded(
         &mut self,
-        (team, month): (&str, i64),
+        bucket: &Bucket,
         defaults: &Caps,
         amount: Amount,
     ) -> Result<bool, StoreError> {
         // Usually one statement; the row is created on the first miss.
         for attempt in 0..2 {
-            let rows = sqlx::query(GUARDED_RESERVE)
-                .bind(team)
-                .bind(month)
+            let rows = bind_key(sqlx::query(guarded_reserve(bucket)), bucket)
                 .bind(amount.tokens)
                 .bind(amount.requests)
                 .bind(amount.cost_micros)
@@ -239,10 +241,10 @@ impl Backend for Pg<'_, '_> {
                 .await?
                 .rows_affected();
             if rows == 1 {
-                self.ensured.insert((team.to_owned(), month));
+                self.ensured.insert(bucket.clone());
                 return Ok(true);
             }
-            if attempt > 0 || !self.ensure_row(team, month).await? {
+            if attempt > 0 || !self.ensure_row(bucket).await? {
                 return Ok(false);
             }
         }
@@ -297,22 +299,20 @@ impl Backend for Pg<'_, '_> {
         Ok(())
     }
 
-    async fn team_caps(&mut self, team: &str) -> Result<Option<Caps>, StoreError> {
-        let row: Option<(Option<i64>, Option<i64>, Option<i64>)> = sqlx::query_as(TEAM_CAPS)
-            .bind(team)
-            .fetch_optional(&mut **self.tx)
-            .await?;
-        Ok(row.map(|(tokens, requests, cost_micros)| Caps {
-            tokens,
-            requests,
-            cost_micros,
-        }))
+    async fn bucket_caps(&mut self, bucket: &Bucket) -> Result<Option<Caps>, StoreError> {
+        let mut q = sqlx::query_as::<_, CapsRow>(bucket_caps(bucket)).bind(&bucket.team_id);
+        if bucket.is_user() {
+            q = q.bind(&bucket.user_id);
+        }
+        Ok(q.fetch_optional(&mut **self.tx).await?.map(caps))
     }
 
-    async fn balance(&mut self, (team, month): (&str, i64)) -> Result<Balance, StoreError> {
+    async fn balance(&mut self, bucket: &Bucket) -> Result<Balance, StoreError> {
         let row: Option<BalanceRow> = sqlx::query_as(BALANCE)
-            .bind(team)
-            .bind(month)
+            .bind(&bucket.team_id)
+            .bind(&bucket.user_id)
+            .bind(bucket.period.as_str())
+            .bind(bucket.start_ms)
             .fetch_optional(&mut **self.tx)
             .await?;
         Ok(balance(row))

@@ -22,6 +22,8 @@ fn settle(team: &str) -> Op {
             ..Default::default()
         },
         month_start_ms: 0,
+        day_start_ms: 0,
+        user_id: String::new(),
         prompt_owner: None,
     })
 }
@@ -125,7 +127,7 @@ fn reserve_for(id: &str, team: &str) -> Reserve {
         id: id.into(),
         team_id: team.into(),
         requests: 1,
-        default_caps: TWO_REQUESTS,
+        default_caps: TWO_REQUESTS.into(),
         ..Reserve::default()
     }
 }
@@ -142,6 +144,8 @@ fn settle_of(r: &Reserve) -> Op {
             ..Default::default()
         },
         month_start_ms: 0,
+        day_start_ms: 0,
+        user_id: String::new(),
         prompt_owner: None,
     })
 }

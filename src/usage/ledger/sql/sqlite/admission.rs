@@ -1,6 +1,7 @@
 //! Admission decided in memory, for a SQLite file: its one writer's process
-//! ([`super::claim`]) knows each ledger row as committed plus what it admitted
-//! or charged since, and admits against that sum without waiting.
+//! ([`super::claim`]) knows each ledger row (bucket) as committed plus what it
+//! admitted or charged since, and admits against that sum without waiting: a
+//! call when it fits every one of its buckets.
 //!
 //! The sum never counts less than the ledger will hold, so concurrent calls
 //! cannot overshoot a cap: an admission adds to `pending` before it returns;
@@ -13,8 +14,9 @@ use crate::{
     store::{Store, StoreError},
     usage::{
         amount::Amount,
-        ledger::{self, Key, Op, Reserve, Rows, Settle},
-        policy::{self, Balance, Caps, Refusal},
+        bucket::{Bucket, Limits, PeriodCaps},
+        ledger::{self, Op, Reserve, Rows, Settle},
+        policy::{self, Balance, Refusal},
     },
 };
 use std::{
@@ -26,7 +28,7 @@ use std::{
 /// Entries held before idle ones are dropped: a few MB, more teams than a month's.
 const SWEEP_AT: usize = 10_000;
 
-/// One (team, month) as this process sees it.
+/// One bucket as this process sees it.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     /// The ledger row as of the writer's last commit that touched it.
@@ -47,37 +49,40 @@ impl Entry {
     }
 }
 
+/// A team (`user` empty) or user whose caps are cached.
+type Scope = (String, String);
+
 #[derive(Debug)]
 struct Inner {
-    ledgers: HashMap<Key, Entry>,
+    ledgers: HashMap<Bucket, Entry>,
     /// The least size at which a sweep runs ([`SWEEP_AT`]).
     sweep_floor: usize,
     sweep_at: usize,
     /// Sweeps that dropped an entry: a row read before one is read again.
     sweeps: u64,
-    caps: HashMap<String, CachedCaps>,
+    caps: HashMap<Scope, CachedCaps>,
     /// Admitted reservations whose batch failed, in `pending` until they settle.
-    held: HashMap<String, (Key, Amount)>,
+    held: HashMap<String, (Vec<Bucket>, Amount)>,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct CachedCaps {
-    caps: Caps,
+    caps: PeriodCaps,
     read: Instant,
     refreshing: bool,
 }
 
-/// Clears a team's `refreshing` mark if its reader is dropped before storing.
+/// Clears a scope's `refreshing` mark if its reader is dropped before storing.
 struct Refreshing<'a> {
     admission: &'a Admission,
-    team: &'a str,
+    scope: &'a Scope,
     armed: bool,
 }
 
 impl Drop for Refreshing<'_> {
     fn drop(&mut self) {
         if self.armed
-            && let Some(cached) = self.admission.lock().caps.get_mut(self.team)
+            && let Some(cached) = self.admission.lock().caps.get_mut(self.scope)
         {
             cached.refreshing = false;
         }
@@ -100,10 +105,10 @@ pub struct Admission {
     >,
 }
 
-/// What a settlement added to its entry, taken back by [`Admission::unsent`].
+/// What a settlement added to its entries, taken back by [`Admission::unsent`].
 #[derive(Debug)]
 pub struct Settling {
-    key: Key,
+    buckets: Vec<Bucket>,
     charged: Amount,
     reservations: usize,
     held: Vec<String>,
@@ -142,12 +147,12 @@ impl Admission {
         self.lock().ledgers.len()
     }
 
-    /// Reservations of a (team, month) admitted and not yet done with.
+    /// Reservations of a team's month admitted and not yet done with.
     #[cfg(test)]
     pub fn open(&self, team: &str, month_start_ms: i64) -> Option<usize> {
         self.lock()
             .ledgers
-            .get(&(team.to_owned(), month_start_ms))
+            .get(&Bucket::team_month(team, month_start_ms))
             .map(|e| e.open)
     }
 
@@ -170,78 +175,71 @@ impl Admission {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits `r` or says which cap refuses it.
+    /// Admits `r` or says which cap of which bucket refuses it.
     pub async fn admit(&self, r: &Reserve) -> Result<Result<(), Refusal>, StoreError> {
-        let caps = self.caps(&r.team_id, r.default_caps).await?;
-        let key = (r.team_id.clone(), r.month_start_ms);
-        // No entry: nothing of this key is queued or in flight, so the row as
-        // committed is exact. Of concurrent loads the first in wins, unless a
-        // sweep ran meanwhile: the row may predate an entry it dropped.
-        let mut loaded = None;
+        let buckets = r.buckets();
+        let team = self.caps(&r.team_id, "", r.default_caps).await?;
+        let user = if r.user_id.is_empty() {
+            PeriodCaps::default()
+        } else {
+            self.caps(&r.team_id, &r.user_id, r.default_caps).await?
+        };
+        let caps = Limits { team, user };
+        // A missing entry: nothing of its bucket is queued or in flight, so
+        // the row as committed is exact. Of concurrent loads the first in
+        // wins, unless a sweep ran meanwhile: the row may predate an entry it
+        // dropped.
+        let mut loaded: HashMap<&Bucket, (Balance, u64)> = HashMap::new();
         loop {
-            let (known, sweeps) = {
+            let (missing, sweeps) = {
                 let inner = self.lock();
-                (inner.ledgers.contains_key(&key), inner.sweeps)
+                let missing: Vec<&Bucket> = buckets
+                    .iter()
+                    .filter(|b| !inner.ledgers.contains_key(*b))
+                    .collect();
+                (missing, inner.sweeps)
             };
-            if !known {
-                let row = ledger::balance_of(&self.store, &r.team_id, r.month_start_ms).await?;
-                loaded = Some((row, sweeps));
+            for bucket in missing {
+                let row = ledger::balance_of(&self.store, bucket).await?;
+                loaded.insert(bucket, (row, sweeps));
                 #[cfg(test)]
-                {
-                    let paused = self.pause.lock().unwrap_or_else(|e| e.into_inner()).take();
-                    if let Some((there, resume)) = paused {
-                        let _ = there.send(());
-                        let _ = resume.await;
-                    }
-                }
+                self.paused().await;
             }
             let mut inner = self.lock();
-            let fresh = match loaded {
-                Some((row, read_after)) if read_after == inner.sweeps => Some(row),
-                _ => None,
-            };
-            if !inner.ledgers.contains_key(&key) {
-                let Some(row) = fresh else { continue };
-                inner.make_room(&key.0);
-                inner.ledgers.insert(
-                    key.clone(),
-                    Entry {
-                        committed: row,
-                        pending: Amount::ZERO,
-                        open: 0,
-                    },
-                );
-            }
-            let Some(entry) = inner.ledgers.get_mut(&key) else {
+            if !inner.enter(&buckets, &loaded) {
                 continue;
-            };
-            if let Err(refusal) = policy::check(&entry.seen(), &caps, r.amount()) {
-                return Ok(Err(refusal));
             }
-            entry.pending += r.amount();
-            entry.open += 1;
-            return Ok(Ok(()));
+            return Ok(inner.take(&buckets, &caps, r.amount()));
+        }
+    }
+
+    /// A test's pause after a row is read, if one was asked for.
+    #[cfg(test)]
+    async fn paused(&self) {
+        let paused = self.pause.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((there, resume)) = paused {
+            let _ = there.send(());
+            let _ = resume.await;
         }
     }
 
     /// Takes back an admission whose reservation never reached the writer.
     pub fn withdraw(&self, r: &Reserve) {
-        if let Some(entry) = self
-            .lock()
-            .ledgers
-            .get_mut(&(r.team_id.clone(), r.month_start_ms))
-        {
-            entry.pending -= r.amount();
-            entry.open = entry.open.saturating_sub(1);
+        let mut inner = self.lock();
+        for bucket in r.buckets() {
+            if let Some(entry) = inner.ledgers.get_mut(&bucket) {
+                entry.pending -= r.amount();
+                entry.open = entry.open.saturating_sub(1);
+            }
         }
     }
 
     /// Counts what `s` charges from now on, before the writer commits it.
     pub fn settling(&self, s: &Settle) -> Settling {
-        let key = (s.record.team_id.clone(), s.month_start_ms);
-        // A charging settlement's entry exists (its reservations keep it).
-        // Without one nothing is added, nor taken back if it is never sent:
-        // an entry made meanwhile read a row this settlement is not in.
+        let buckets = s.buckets();
+        // A charging settlement's entries exist (its reservations keep them).
+        // Where one is missing nothing is added, nor taken back if it is never
+        // sent: an entry made meanwhile read a row this settlement is not in.
         let mut inner = self.lock();
         let held = if inner.held.is_empty() {
             Vec::new()
@@ -252,18 +250,16 @@ impl Admission {
                 .map(|r| r.id.clone())
                 .collect()
         };
-        let Some(entry) = inner.ledgers.get_mut(&key) else {
-            return Settling {
-                key,
-                charged: Amount::ZERO,
-                reservations: 0,
-                held,
-            };
-        };
         let charged = s.charged();
-        entry.pending += charged;
+        let mut counted = Vec::with_capacity(buckets.len());
+        for bucket in buckets {
+            if let Some(entry) = inner.ledgers.get_mut(&bucket) {
+                entry.pending += charged;
+                counted.push(bucket);
+            }
+        }
         Settling {
-            key,
+            buckets: counted,
             charged,
             reservations: s.reservations.len(),
             held,
@@ -274,9 +270,11 @@ impl Admission {
     /// reservations stay for the sweeper, except held ones (in no ledger).
     pub fn unsent(&self, s: &Settling) {
         let mut inner = self.lock();
-        if let Some(entry) = inner.ledgers.get_mut(&s.key) {
-            entry.pending -= s.charged;
-            entry.open = entry.open.saturating_sub(s.reservations);
+        for bucket in &s.buckets {
+            if let Some(entry) = inner.ledgers.get_mut(bucket) {
+                entry.pending -= s.charged;
+                entry.open = entry.open.saturating_sub(s.reservations);
+            }
         }
         for id in &s.held {
             inner.release_held(id);
@@ -287,8 +285,8 @@ impl Admission {
     pub fn committed(&self, ops: &[Op], rows: Rows) {
         let mut inner = self.lock();
         inner.take_out(ops);
-        for (key, balance) in rows {
-            if let Some(entry) = inner.ledgers.get_mut(&key) {
+        for (bucket, balance) in rows {
+            if let Some(entry) = inner.ledgers.get_mut(&bucket) {
                 entry.committed = balance;
             }
         }
@@ -300,8 +298,7 @@ impl Admission {
         for op in ops {
             match op {
                 Op::Reserve(r) if r.admitted => {
-                    let key = (r.team_id.clone(), r.month_start_ms);
-                    inner.held.insert(r.id.clone(), (key, r.amount()));
+                    inner.held.insert(r.id.clone(), (r.buckets(), r.amount()));
                 }
                 Op::Reserve(_) | Op::Audit(_) | Op::Write(_) => {}
                 Op::Settle(s) => inner.settled(s),
@@ -309,15 +306,22 @@ impl Admission {
         }
     }
 
-    /// The caps `admit` uses for `team`. When due, one caller re-reads them
-    /// while the others use the old ones, rather than all hitting the pool.
-    async fn caps(&self, team: &str, defaults: Caps) -> Result<Caps, StoreError> {
+    /// The caps `admit` uses for a team (`user` empty) or user. When due, one
+    /// caller re-reads them while the others use the old ones, rather than all
+    /// hitting the pool.
+    async fn caps(
+        &self,
+        team: &str,
+        user: &str,
+        defaults: Limits,
+    ) -> Result<PeriodCaps, StoreError> {
+        let scope: Scope = (team.to_owned(), user.to_owned());
         let mut guard = Refreshing {
             admission: self,
-            team,
+            scope: &scope,
             armed: false,
         };
-        if let Some(cached) = self.lock().caps.get_mut(team) {
+        if let Some(cached) = self.lock().caps.get_mut(&scope) {
             if cached.refreshing || cached.read.elapsed() < self.limits_refresh {
                 return Ok(cached.caps);
             }
@@ -325,10 +329,11 @@ impl Admission {
             guard.armed = true;
         }
         let read = Instant::now();
-        let caps = ledger::caps_of(&self.store, team, defaults).await?;
+        let defaults = defaults.scope(!user.is_empty());
+        let caps = ledger::caps_of(&self.store, team, user, defaults).await?;
         guard.armed = false;
         self.lock().caps.insert(
-            team.to_owned(),
+            scope.clone(),
             CachedCaps {
                 caps,
                 read,
@@ -338,33 +343,90 @@ impl Admission {
         Ok(caps)
     }
 
-    /// `(committed, pending)` of a (team, month) while it is held.
+    /// `(committed, pending)` of a team's month while it is held.
     pub fn snapshot(&self, team: &str, month_start_ms: i64) -> Option<(Balance, Amount)> {
         self.lock()
             .ledgers
-            .get(&(team.to_owned(), month_start_ms))
+            .get(&Bucket::team_month(team, month_start_ms))
             .map(|e| (e.committed, e.pending))
     }
 }
 
 impl Inner {
-    /// At [`Inner::sweep_at`] entries drops idle ones and their caps; the next
-    /// sweep waits for twice what is left, so sweeping stays linear.
-    fn make_room(&mut self, team: &str) {
+    /// Makes an entry of every missing bucket from a row read since the last
+    /// sweep; false when one has none yet (read it, then try again).
+    fn enter(&mut self, buckets: &[Bucket], loaded: &HashMap<&Bucket, (Balance, u64)>) -> bool {
+        let mut fresh = Vec::new();
+        for bucket in buckets {
+            if self.ledgers.contains_key(bucket) {
+                continue;
+            }
+            match loaded.get(bucket) {
+                Some((row, read_after)) if *read_after == self.sweeps => fresh.push((bucket, *row)),
+                _ => return false,
+            }
+        }
+        if fresh.is_empty() {
+            return true;
+        }
+        self.make_room(buckets);
+        for (bucket, row) in fresh {
+            self.ledgers.insert(
+                bucket.clone(),
+                Entry {
+                    committed: row,
+                    pending: Amount::ZERO,
+                    open: 0,
+                },
+            );
+        }
+        true
+    }
+
+    /// Admits `amount` in every bucket (all entered) or refuses it.
+    fn take(&mut self, buckets: &[Bucket], caps: &Limits, amount: Amount) -> Result<(), Refusal> {
+        for bucket in buckets {
+            let seen = self
+                .ledgers
+                .get(bucket)
+                .map(Entry::seen)
+                .unwrap_or_default();
+            policy::check_bucket(bucket, &seen, &caps.of(bucket), amount)?;
+        }
+        for bucket in buckets {
+            if let Some(entry) = self.ledgers.get_mut(bucket) {
+                entry.pending += amount;
+                entry.open += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// At [`Inner::sweep_at`] entries drops idle ones (but `keep`'s) and their
+    /// caps; the next sweep waits for twice what is left, so sweeping stays linear.
+    fn make_room(&mut self, keep: &[Bucket]) {
         if self.ledgers.len() < self.sweep_at {
             return;
         }
         let before = self.ledgers.len();
         self.ledgers
-            .retain(|_, e| e.open > 0 || e.pending != Amount::ZERO);
+            .retain(|b, e| e.open > 0 || e.pending != Amount::ZERO || keep.contains(b));
         if self.ledgers.len() < before {
             self.sweeps += 1;
         }
         // Pruned even when no entry went: caps can be read without an entry following.
-        let mut teams: HashSet<&str> = self.ledgers.keys().map(|(t, _)| t.as_str()).collect();
-        teams.insert(team);
-        self.caps
-            .retain(|team, c| c.refreshing || teams.contains(team.as_str()));
+        let mut scopes: HashSet<(&str, &str)> = self
+            .ledgers
+            .keys()
+            .map(|b| (b.team_id.as_str(), b.user_id.as_str()))
+            .collect();
+        scopes.extend(
+            keep.iter()
+                .map(|b| (b.team_id.as_str(), b.user_id.as_str())),
+        );
+        self.caps.retain(|(team, user), c| {
+            c.refreshing || scopes.contains(&(team.as_str(), user.as_str()))
+        });
         self.sweep_at = self.sweep_floor.max(self.ledgers.len().saturating_mul(2));
     }
 
@@ -372,9 +434,10 @@ impl Inner {
         for op in ops {
             match op {
                 Op::Reserve(r) if r.admitted => {
-                    let key = (r.team_id.clone(), r.month_start_ms);
-                    if let Some(entry) = self.ledgers.get_mut(&key) {
-                        entry.pending -= r.amount();
+                    for bucket in r.buckets() {
+                        if let Some(entry) = self.ledgers.get_mut(&bucket) {
+                            entry.pending -= r.amount();
+                        }
                     }
                 }
                 Op::Reserve(_) | Op::Audit(_) | Op::Write(_) => {}
@@ -385,10 +448,11 @@ impl Inner {
 
     /// `s` is done with: its charge and any held reservations leave `pending`.
     fn settled(&mut self, s: &Settle) {
-        let key = (s.record.team_id.clone(), s.month_start_ms);
-        if let Some(entry) = self.ledgers.get_mut(&key) {
-            entry.pending -= s.charged();
-            entry.open = entry.open.saturating_sub(s.reservations.len());
+        for bucket in s.buckets() {
+            if let Some(entry) = self.ledgers.get_mut(&bucket) {
+                entry.pending -= s.charged();
+                entry.open = entry.open.saturating_sub(s.reservations.len());
+            }
         }
         if self.held.is_empty() {
             return;
@@ -400,10 +464,13 @@ impl Inner {
 
     /// A reservation whose batch failed is done with: it stops counting.
     fn release_held(&mut self, id: &str) {
-        if let Some((key, amount)) = self.held.remove(id)
-            && let Some(entry) = self.ledgers.get_mut(&key)
-        {
-            entry.pending -= amount;
+        let Some((buckets, amount)) = self.held.remove(id) else {
+            return;
+        };
+        for bucket in buckets {
+            if let Some(entry) = self.ledgers.get_mut(&bucket) {
+                entry.pending -= amount;
+            }
         }
     }
 }

@@ -10,8 +10,8 @@ pub mod writer;
 pub use admission::Admission;
 
 use super::{
-    BALANCE, BalanceRow, ENSURE_ROW, GUARDED_RESERVE, INSERT_RESERVATION_HEAD, RECORD_STATS,
-    TEAM_CAPS, UPDATE_ROW, balance,
+    BALANCE, BalanceRow, ENSURE_ROW, INSERT_RESERVATION_HEAD, RECORD_STATS, UPDATE_ROW, balance,
+    bucket_caps, caps, guarded_reserve,
 };
 use crate::usage::ledger::{Backend, Delta, Done, Op, Reserve, Rows, Settle, net_release, plan};
 use crate::{
@@ -20,6 +20,7 @@ use crate::{
     store::StoreError,
     usage::{
         amount::Amount,
+        bucket::{Bucket, Period},
         policy::{Balance, Caps},
         record::UsageRecord,
         sql as records,
@@ -107,9 +108,18 @@ impl Sqlite<'_, '_> {
         stmt.raw_execute()
     }
 
-    fn ensure_row(&self, team: &str, month: i64) -> rusqlite::Result<usize> {
-        self.execute(ENSURE_ROW, &[&team, &month])
+    fn ensure_row(&self, bucket: &Bucket) -> rusqlite::Result<usize> {
+        self.execute(ENSURE_ROW, &key_args(bucket))
     }
+}
+
+/// A bucket's `$1..$4`.
+fn key_args(bucket: &Bucket) -> [&dyn ToSql; 4] {
+    let period: &'static &'static str = match bucket.period {
+        Period::Month => &"month",
+        Period::Day => &"day",
+    };
+    [&bucket.team_id, &bucket.user_id, period, &bucket.start_ms]
 }
 
 /// `INSERT INTO usage_reservations ... VALUES ($1, ..., $13)`.
@@ -144,6 +154,7 @@ impl Backend for Sqlite<'_, '_> {
                     &r.id,
                     &r.team_id,
                     &r.month_start_ms,
+                    &r.day_start_ms,
                     &r.input_tokens,
                     &r.output_tokens,
                     &r.requests,
@@ -191,15 +202,14 @@ impl Backend for Sqlite<'_, '_> {
         Ok(())
     }
 
-    async fn update_row(
-        &mut self,
-        (team, month): (&str, i64),
-        d: &Delta,
-    ) -> Result<(), StoreError> {
+    async fn update_row(&mut self, bucket: &Bucket, d: &Delta) -> Result<(), StoreError> {
         let [rt, rr, rc] = net_release(d);
-        let args: [&dyn ToSql; 8] = [
-            &team,
-            &month,
+        let [team, user, period, start] = key_args(bucket);
+        let args: [&dyn ToSql; 10] = [
+            team,
+            user,
+            period,
+            start,
             &rt,
             &rr,
             &rc,
@@ -208,7 +218,7 @@ impl Backend for Sqlite<'_, '_> {
             &d.charged.cost_micros,
         ];
         if self.execute(UPDATE_ROW, &args)? == 0 {
-            self.ensure_row(team, month)?;
+            self.ensure_row(bucket)?;
             self.execute(UPDATE_ROW, &args)?;
         }
         Ok(())
@@ -216,13 +226,16 @@ impl Backend for Sqlite<'_, '_> {
 
     async fn reserve_guarded(
         &mut self,
-        (team, month): (&str, i64),
+        bucket: &Bucket,
         defaults: &Caps,
         amount: Amount,
     ) -> Result<bool, StoreError> {
-        let args: [&dyn ToSql; 8] = [
-            &team,
-            &month,
+        let [team, user, period, start] = key_args(bucket);
+        let args: [&dyn ToSql; 10] = [
+            team,
+            user,
+            period,
+            start,
             &amount.tokens,
             &amount.requests,
             &amount.cost_micros,
@@ -230,26 +243,26 @@ impl Backend for Sqlite<'_, '_> {
             &defaults.requests,
             &defaults.cost_micros,
         ];
-        if self.execute(GUARDED_RESERVE, &args)? == 1 {
+        let sql = guarded_reserve(bucket);
+        if self.execute(sql, &args)? == 1 {
             return Ok(true);
         }
         // The row may not exist yet: create it and ask once more.
-        if self.ensure_row(team, month)? == 1 {
-            return Ok(self.execute(GUARDED_RESERVE, &args)? == 1);
+        if self.ensure_row(bucket)? == 1 {
+            return Ok(self.execute(sql, &args)? == 1);
         }
         Ok(false)
     }
 
-    async fn team_caps(&mut self, team: &str) -> Result<Option<Caps>, StoreError> {
-        Ok(self
-            .tx
-            .prepare_cached(TEAM_CAPS)?
-            .query_row([team], |row| {
-                Ok(Caps {
-                    tokens: row.get(0)?,
-                    requests: row.get(1)?,
-                    cost_micros: row.get(2)?,
-                })
+    async fn bucket_caps(&mut self, bucket: &Bucket) -> Result<Option<Caps>, StoreError> {
+        let mut stmt = self.tx.prepare_cached(bucket_caps(bucket))?;
+        let mut args: Vec<&dyn ToSql> = vec![&bucket.team_id];
+        if bucket.is_user() {
+            args.push(&bucket.user_id);
+        }
+        Ok(stmt
+            .query_row(args.as_slice(), |row| {
+                Ok(caps((row.get(0)?, row.get(1)?, row.get(2)?)))
             })
             .optional()?)
     }
@@ -324,11 +337,11 @@ impl Backend for Sqlite<'_, '_> {
         Ok(())
     }
 
-    async fn balance(&mut self, (team, month): (&str, i64)) -> Result<Balance, StoreError> {
+    async fn balance(&mut self, bucket: &Bucket) -> Result<Balance, StoreError> {
         let row: Option<BalanceRow> = self
             .tx
             .prepare_cached(BALANCE)?
-            .query_row(rusqlite::params![team, month], |row| {
+            .query_row(key_args(bucket).as_slice(), |row| {
                 Ok((
                     row.get(0)?,
                     row.get(1)?,

@@ -220,6 +220,8 @@ mod tests {
                 ..Default::default()
             },
             month_start_ms: 0,
+            day_start_ms: 0,
+            user_id: String::new(),
             prompt_owner: None,
         }
     }

@@ -1,0 +1,54 @@
+-- Budgets per user and per day (SPEC §14.2). The ledger's rows become
+-- buckets: a team's (user_id '') or one of its users' spending in a UTC
+-- month or day. A call reserves in each of its buckets or in none; existing
+-- rows are the teams' months, unchanged.
+--
+-- SQLite cannot change a primary key, so the ledger is copied once into a
+-- table keyed by the bucket.
+CREATE TABLE usage_ledger_buckets (
+    team_id            TEXT    NOT NULL,
+    user_id            TEXT    NOT NULL DEFAULT '',
+    period             TEXT    NOT NULL DEFAULT 'month' CHECK (period IN ('month', 'day')),
+    period_start_ms    INTEGER NOT NULL,
+    spent_tokens       INTEGER NOT NULL DEFAULT 0 CHECK (typeof(spent_tokens) = 'integer' AND spent_tokens >= 0),
+    spent_requests     INTEGER NOT NULL DEFAULT 0 CHECK (typeof(spent_requests) = 'integer' AND spent_requests >= 0),
+    spent_cost_micros  INTEGER NOT NULL DEFAULT 0 CHECK (typeof(spent_cost_micros) = 'integer' AND spent_cost_micros >= 0),
+    reserved_tokens    INTEGER NOT NULL DEFAULT 0 CHECK (typeof(reserved_tokens) = 'integer' AND reserved_tokens >= 0),
+    reserved_requests  INTEGER NOT NULL DEFAULT 0 CHECK (typeof(reserved_requests) = 'integer' AND reserved_requests >= 0),
+    reserved_cost_micros INTEGER NOT NULL DEFAULT 0 CHECK (typeof(reserved_cost_micros) = 'integer' AND reserved_cost_micros >= 0),
+    PRIMARY KEY (team_id, user_id, period, period_start_ms)
+) WITHOUT ROWID;
+INSERT INTO usage_ledger_buckets (team_id, user_id, period, period_start_ms, spent_tokens,
+    spent_requests, spent_cost_micros, reserved_tokens, reserved_requests, reserved_cost_micros)
+SELECT team_id, '', 'month', month_start_ms, spent_tokens, spent_requests, spent_cost_micros,
+    reserved_tokens, reserved_requests, reserved_cost_micros
+FROM usage_ledger;
+DROP TABLE usage_ledger;
+ALTER TABLE usage_ledger_buckets RENAME TO usage_ledger;
+
+-- The UTC day a reservation counts in (its call's start, like its month).
+ALTER TABLE usage_reservations ADD COLUMN day_start_ms INTEGER NOT NULL DEFAULT 0;
+UPDATE usage_reservations SET day_start_ms = created_at_ms - (created_at_ms % 86400000);
+
+-- A team's daily caps beside its monthly ones. An override row written
+-- before this has none (NULL: no daily cap), whatever the config's defaults.
+ALTER TABLE tenant_limits ADD COLUMN max_tokens_per_day INTEGER
+    CHECK (max_tokens_per_day IS NULL OR max_tokens_per_day >= 0);
+ALTER TABLE tenant_limits ADD COLUMN max_requests_per_day INTEGER
+    CHECK (max_requests_per_day IS NULL OR max_requests_per_day >= 0);
+ALTER TABLE tenant_limits ADD COLUMN max_cost_micros_per_day INTEGER
+    CHECK (max_cost_micros_per_day IS NULL OR max_cost_micros_per_day >= 0);
+
+-- A user's overrides of `[metering.user_limits]`, within a team.
+CREATE TABLE user_limits (
+    team_id                 TEXT    NOT NULL,
+    user_id                 TEXT    NOT NULL,
+    max_tokens              INTEGER CHECK (max_tokens IS NULL OR max_tokens >= 0),
+    max_requests            INTEGER CHECK (max_requests IS NULL OR max_requests >= 0),
+    max_cost_micros         INTEGER CHECK (max_cost_micros IS NULL OR max_cost_micros >= 0),
+    max_tokens_per_day      INTEGER CHECK (max_tokens_per_day IS NULL OR max_tokens_per_day >= 0),
+    max_requests_per_day    INTEGER CHECK (max_requests_per_day IS NULL OR max_requests_per_day >= 0),
+    max_cost_micros_per_day INTEGER CHECK (max_cost_micros_per_day IS NULL OR max_cost_micros_per_day >= 0),
+    updated_at_ms           INTEGER NOT NULL,
+    PRIMARY KEY (team_id, user_id)
+);
