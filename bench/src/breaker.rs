@@ -165,6 +165,7 @@ async fn trip(bench: &Bench, live: &Live) -> anyhow::Result<u64> {
                 target::BRIEF_INPUT.into(),
             )),
             budget: None,
+            prompt_key: String::new(),
         };
         // The fallback answers; a failure here is only counted.
         let _ = tokio::time::timeout(Duration::from_secs(30), client.execute(request)).await;

@@ -292,6 +292,7 @@ pub fn grpc(
                         input: Some(pb::execute_request::Input::InputJson(
                             BRIEF_INPUT.to_owned(),
                         )),
+                        prompt_key: String::new(),
                     });
                     sending.prepare(&mut request);
                     match client.execute(request).await {

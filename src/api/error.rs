@@ -44,6 +44,8 @@ pub mod reason {
     pub const BUDGET_EXCEEDED: &str = "BUDGET_EXCEEDED";
     /// The named prompt version does not exist.
     pub const NOT_FOUND: &str = "NOT_FOUND";
+    /// The prompt key a request named (`ExecuteRequest.prompt_key`) has no stored version.
+    pub const PROMPT_NOT_FOUND: &str = "PROMPT_NOT_FOUND";
     /// Too many requests in flight on this replica; retry shortly.
     pub const OVERLOADED: &str = "OVERLOADED";
     /// The MCP endpoint holds `mcp_endpoint.max_sessions` sessions.
@@ -86,6 +88,8 @@ pub(crate) enum Failure {
     Route(RouteError),
     Storage(String),
     NotFound(String),
+    /// The prompt key a request named has no stored version, the team's or a global one.
+    PromptNotFound(String),
     /// Load shed: too many requests in flight.
     Overloaded,
     Unauthenticated(crate::auth::AuthError),
@@ -207,6 +211,7 @@ impl From<CallError> for Failure {
         match err {
             CallError::Invalid(v) => Failure::Invalid(v),
             CallError::UnknownTask { task, known } => Failure::UnknownTask { task, known },
+            CallError::PromptNotFound(key) => Failure::PromptNotFound(key),
             CallError::Route(e) => Failure::Route(e),
             CallError::Quota(refusal) => Failure::Quota(refusal),
             CallError::Budget {
@@ -270,6 +275,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             )
         }
         Failure::NotFound(what) => (Code::NotFound, reason::NOT_FOUND, what),
+        Failure::PromptNotFound(key) => prompt_not_found(&key, &mut info),
         // The turn's own refusal of the same state has the same reason.
         Failure::PromptExceedsWindow(why) => (
             Code::FailedPrecondition,
@@ -365,6 +371,17 @@ fn unknown_task(
         Code::InvalidArgument,
         reason::TASK_UNKNOWN,
         format!("unknown task `{task}`; known tasks: {known}"),
+    )
+}
+
+/// A prompt key the request named with no stored version: echoed clipped, in `ErrorInfo` too.
+fn prompt_not_found(key: &str, info: &mut HashMap<String, String>) -> Parts {
+    let key = clip(key, MAX_ECHO);
+    info.insert("prompt_key".into(), key.clone());
+    (
+        Code::NotFound,
+        reason::PROMPT_NOT_FOUND,
+        format!("no active prompt `{key}` for the team, nor a global one"),
     )
 }
 

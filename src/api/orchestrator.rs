@@ -13,6 +13,7 @@ use crate::{
     call::{CallEvent, CallMeta, Pipeline},
     config::Config,
     domain::sms::SmsEncoding,
+    prompts,
     store::Store,
     tasks::{execute::Execute, research, sms_classify, sms_generate},
 };
@@ -105,7 +106,17 @@ fn execute_input(
     }
 }
 
-/// Parses an `Execute` request: caller, task, sizes, input.
+/// The request's `prompt_key`: none when empty, else a key a version could be stored under
+/// (whether one is, the call finds out).
+fn prompt_override(key: String) -> Result<Option<String>, Failure> {
+    if key.is_empty() {
+        return Ok(None);
+    }
+    prompts::check_key(&key).map_err(|why| Failure::invalid("prompt_key", &why))?;
+    Ok(Some(key))
+}
+
+/// Parses an `Execute` request: caller, task, sizes, prompt key, input.
 fn parse_execute(
     api: &OrchestratorApi,
     rpc: &'static str,
@@ -120,6 +131,7 @@ fn parse_execute(
     let fields = [
         input,
         ("task", req.task.len()),
+        ("prompt_key", req.prompt_key.len()),
         ("context", context_bytes(req.context.as_ref())),
     ];
     let envelope = (req.context.as_ref(), req.budget.as_ref());
@@ -127,10 +139,12 @@ fn parse_execute(
     if req.task.is_empty() {
         return Err(caller.fail(Failure::invalid("task", "is required")));
     }
+    let prompt_key = prompt_override(req.prompt_key).map_err(|f| caller.fail(f))?;
     let input = execute_input(api, req.input).map_err(|f| caller.fail(f))?;
     let execute = Execute {
         task: req.task,
         input,
+        prompt_key,
     };
     Ok((caller, execute))
 }

@@ -18,6 +18,8 @@ pub enum CallError {
     Invalid(Vec<(String, String)>),
     /// No `[tasks.<name>]`; `known` lists the configured ones.
     UnknownTask { task: String, known: Vec<String> },
+    /// The prompt key the request named has no stored version, the team's or a global one.
+    PromptNotFound(String),
     /// Every target failed, or the deadline passed; carries every attempt.
     Route(RouteError),
     /// A monthly cap would be exceeded.
@@ -100,6 +102,8 @@ impl From<TaskError> for CallError {
             },
             TaskError::Route(e) => CallError::Route(e),
             TaskError::Meter(e) => e.into(),
+            TaskError::PromptNotFound(key) => CallError::PromptNotFound(key),
+            TaskError::PromptStore(e) => CallError::Storage(e),
         }
     }
 }
@@ -125,6 +129,7 @@ impl Call {
                     err,
                     CallError::Invalid(_)
                         | CallError::UnknownTask { .. }
+                        | CallError::PromptNotFound(_)
                         | CallError::Quota(_)
                         | CallError::Budget { .. }
                         | CallError::ToolBudget { .. }

@@ -28,18 +28,22 @@ impl Session for Call {
                 prompts::builtin(key)
             }
         };
-        self.log().prompt(&prompt);
-        // One budget for both texts: together they are what is sent.
-        let limit = self.pipeline.inner.config.server.max_prompt_bytes;
-        let system = prompts::render_bounded(&prompt.system, vars, limit)
-            .map_err(|e| template_error(e, &prompt, vars))?;
-        let user = prompts::render_bounded(&prompt.user_template, vars, limit - system.len())
-            .map_err(|e| template_error(e, &prompt, vars))?;
-        Ok(Rendered {
-            prompt,
-            system,
-            user,
-        })
+        self.rendered(prompt, vars)
+    }
+
+    async fn render_named(
+        &self,
+        key: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Rendered, TaskError> {
+        let team = &self.ctx.team_id;
+        // Version 0 is the built-in: a named key has none to fall back on, nor a store
+        // that cannot be read (the caller asked for this prompt, not another).
+        match self.pipeline.inner.prompts.resolve(team, key).await {
+            Ok(prompt) if prompt.version > 0 => self.rendered(prompt, vars),
+            Ok(_) => Err(TaskError::PromptNotFound(key.to_owned())),
+            Err(e) => Err(TaskError::PromptStore(e.to_string())),
+        }
     }
 
     async fn complete<T: Send>(
@@ -64,6 +68,26 @@ impl Session for Call {
 }
 
 impl Call {
+    /// `prompt` rendered with `vars`, and remembered as the call's prompt.
+    fn rendered(
+        &self,
+        prompt: prompts::Prompt,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Rendered, TaskError> {
+        self.log().prompt(&prompt);
+        // One budget for both texts: together they are what is sent.
+        let limit = self.pipeline.inner.config.server.max_prompt_bytes;
+        let system = prompts::render_bounded(&prompt.system, vars, limit)
+            .map_err(|e| template_error(e, &prompt, vars))?;
+        let user = prompts::render_bounded(&prompt.user_template, vars, limit - system.len())
+            .map_err(|e| template_error(e, &prompt, vars))?;
+        Ok(Rendered {
+            prompt,
+            system,
+            user,
+        })
+    }
+
     /// One model call of `request` over `chain`: reserved at its worst case
     /// (priced as called: a prompt's model override at the primary), routed,
     /// and every attempt logged.

@@ -52,7 +52,9 @@ impl Pipeline {
     ) -> Result<impl Stream<Item = CallEvent> + Send + use<>, CallError> {
         let call = self.open(ctx, &execute.task)?;
         let tasks = self.tasks();
-        let prepared = execute::prepare(tasks, &call, &execute.task, execute.input).await;
+        let prompt_key = execute.prompt_key.as_deref();
+        let prepared =
+            execute::prepare(tasks, &call, &execute.task, prompt_key, execute.input).await;
         let (rendered, format) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => return Err(call.refused(e)),

@@ -8,21 +8,33 @@ use crate::config::MAX_OUTPUT_TOKENS;
 
 const MAX_KEY_BYTES: usize = 128;
 
+/// Why `key` can name no prompt, if it cannot: it is logged, audited and matched against
+/// task names, so a bounded line of text, not blank. A version is stored, and a request
+/// names one (`ExecuteRequest.prompt_key`), under the same rule.
+pub fn check_key(key: &str) -> Result<(), String> {
+    if key.trim().is_empty() {
+        return Err("must not be blank".into());
+    }
+    if key.len() > MAX_KEY_BYTES || key.chars().any(char::is_control) {
+        return Err(format!(
+            "must be at most {MAX_KEY_BYTES} bytes, without control characters"
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses a version that could never serve a call, rather than fail every later call.
 pub(super) fn check(new: &NewPrompt) -> Result<(), PromptError> {
-    if new.key.trim().is_empty() {
+    if new.key.is_empty() {
         return Err(PromptError::Invalid {
             field: "prompt_key",
             why: "is required".into(),
         });
     }
-    // Logged, audited and matched against task names: a bounded line of text.
-    if new.key.len() > MAX_KEY_BYTES || new.key.chars().any(char::is_control) {
-        return Err(PromptError::Invalid {
-            field: "prompt_key",
-            why: format!("must be at most {MAX_KEY_BYTES} bytes, without control characters"),
-        });
-    }
+    check_key(&new.key).map_err(|why| PromptError::Invalid {
+        field: "prompt_key",
+        why,
+    })?;
     if new.user_template.trim().is_empty() {
         return Err(PromptError::Invalid {
             field: "user_prompt_template",
@@ -91,6 +103,12 @@ mod tests {
         assert!(refused(&new(&"k".repeat(129), "{{x}}".into())));
         assert!(refused(&new("two\nlines", "{{x}}".into())));
         assert!(check(&new(&"k".repeat(128), "{{x}}".into())).is_ok());
+        // A request naming a key (`ExecuteRequest.prompt_key`) is held to the same rule.
+        let long = "k".repeat(129);
+        for bad in ["  ", "tab\there", long.as_str()] {
+            assert!(check_key(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_key("meeting brief (short)").is_ok());
         let template: String = (0..50_000)
             .map(|i| format!("{{{{v{i}}}}} {{{{v{i}}}}} "))
             .collect();

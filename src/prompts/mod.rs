@@ -7,6 +7,7 @@ mod check;
 pub mod store;
 pub mod template;
 
+pub use check::check_key;
 pub use template::{TemplateError, render, render_bounded};
 
 /// A resolved prompt.

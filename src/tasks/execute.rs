@@ -14,13 +14,15 @@ pub struct Output {
     pub json: Option<Map<String, Value>>,
 }
 
-/// Builds the prompt for `task` and the structured output to ask for. Template variables:
-/// `task`, `input` (the whole object as JSON) and each top-level field (strings as-is,
-/// other values as JSON), all inserted as data.
+/// Builds the prompt for `task` (from `prompt_key` instead of the task's own, when given)
+/// and the structured output to ask for. Template variables: `task`, `input` (the whole
+/// object as JSON) and each top-level field (strings as-is, other values as JSON), all
+/// inserted as data.
 pub async fn prepare(
     tasks: &Tasks,
     session: &impl Session,
     task: &str,
+    prompt_key: Option<&str>,
     input: Map<String, Value>,
 ) -> Result<(Rendered, Option<JsonSchemaFormat>), TaskError> {
     if !tasks.known(task) {
@@ -39,7 +41,10 @@ pub async fn prepare(
     let whole = whole_input(&Value::Object(input), tasks.config.server.max_prompt_bytes);
     vars.insert("input".into(), prompts::as_data(&whole));
     vars.insert("task".into(), task.to_owned());
-    let rendered = session.render(task, &vars).await?;
+    let rendered = match prompt_key {
+        Some(key) => session.render_named(key, &vars).await?,
+        None => session.render(task, &vars).await?,
+    };
     let format = tasks
         .config
         .tasks
@@ -86,6 +91,8 @@ fn whole_input(input: &Value, limit: usize) -> String {
 pub struct Execute {
     pub task: String,
     pub input: Map<String, Value>,
+    /// The prompt key to render instead of the task's own (`ExecuteRequest.prompt_key`).
+    pub prompt_key: Option<String>,
 }
 
 impl Task for Execute {
@@ -96,21 +103,25 @@ impl Task for Execute {
     }
 
     async fn run(self, tasks: &Tasks, session: &impl Session) -> Result<Output, TaskError> {
-        execute(tasks, session, &self.task, self.input).await
+        execute(tasks, session, self).await
     }
 }
 
-/// Runs `task` with `input` (see [`prepare`]).
+/// Runs `request` (see [`prepare`]).
 pub async fn execute(
     tasks: &Tasks,
     session: &impl Session,
-    task: &str,
-    input: Map<String, Value>,
+    request: Execute,
 ) -> Result<Output, TaskError> {
-    let (rendered, format) = prepare(tasks, session, task, input).await?;
-    let validator = tasks.output_validator(task);
+    let Execute {
+        task,
+        input,
+        prompt_key,
+    } = request;
+    let (rendered, format) = prepare(tasks, session, &task, prompt_key.as_deref(), input).await?;
+    let validator = tasks.output_validator(&task);
     let (output, _) = session
-        .complete(task, &rendered, format, |c| {
+        .complete(&task, &rendered, format, |c| {
             parse(&c.text, validator.as_deref())
         })
         .await?;

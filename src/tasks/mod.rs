@@ -27,6 +27,14 @@ pub trait Session: Sync {
         vars: &BTreeMap<String, String>,
     ) -> impl Future<Output = Result<Rendered, TaskError>> + Send;
 
+    /// Like [`Session::render`] for a key the request named: only a stored version (the
+    /// team's active one, else the global one) will do, else [`TaskError::PromptNotFound`].
+    fn render_named(
+        &self,
+        key: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<Rendered, TaskError>> + Send;
+
     /// One model call; a `parse` error is a malformed answer, so the chain moves on.
     fn complete<T: Send>(
         &self,
@@ -74,6 +82,12 @@ pub enum TaskError {
     /// Metering refused the call (cap, budget) or could not reserve.
     #[error(transparent)]
     Meter(#[from] MeterError),
+    /// The prompt key the request named has no stored version, the team's or a global one.
+    #[error("no prompt `{0}` for the team or global")]
+    PromptNotFound(String),
+    /// The prompt store could not be read for a key the request named (no built-in stands in).
+    #[error("the prompt store is unavailable: {0}")]
+    PromptStore(String),
 }
 
 impl TaskError {

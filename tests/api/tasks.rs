@@ -1,10 +1,11 @@
 //! The typed tasks end to end: reply escalation paths and SMS encoding, the
 //! versioned prompt store (resolution, stats, audit), template variables,
-//! and output schemas of generic tasks. Classification and research have
-//! their own files under `tasks/`.
+//! and output schemas of generic tasks. Classification, research and
+//! `Execute`'s prompt key override have their own files under `tasks/`.
 
 mod classify;
 mod generate;
+mod prompt_key;
 mod research;
 
 use crate::common::{TestApp, config_toml_with, ctx};
