@@ -494,6 +494,7 @@ async fn both_backends_apply_a_batch_alike() {
         },
         month_start_ms: 0,
         prompt_owner: None,
+        audit: Vec::new(),
     });
     let second = vec![reserve("a3", "ta", 100), settle, reserve("a4", "ta", 100)];
 

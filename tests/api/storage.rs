@@ -419,6 +419,7 @@ async fn sqlite_durability_is_the_configured_synchronous_level() {
             },
             month_start_ms: 0,
             prompt_owner: None,
+            audit: Vec::new(),
         };
         assert_eq!(
             writer.submit(Op::Settle(settle)).await.unwrap(),

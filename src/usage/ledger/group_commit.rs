@@ -191,6 +191,7 @@ mod tests {
             },
             month_start_ms: 0,
             prompt_owner: None,
+            audit: Vec::new(),
         })
     }
 

@@ -110,6 +110,9 @@ pub struct Settle {
     pub month_start_ms: i64,
     /// Owner of the stored prompt version used ('' = global); `None` for built-ins.
     pub prompt_owner: Option<String>,
+    /// The call's audit events (`call.completed` / `call.failed`, SPEC §14.3), of the
+    /// record's team, appended in the same transaction as the record; empty for others.
+    pub audit: Vec<AuditEvent>,
 }
 
 impl Settle {

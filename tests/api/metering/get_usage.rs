@@ -294,6 +294,7 @@ async fn get_usage_across_months(postgres: bool) {
             },
             month_start_ms: last_month,
             prompt_owner: None,
+            audit: Vec::new(),
         })],
     )
     .await
@@ -432,6 +433,7 @@ async fn rollups_and_partial_days_agree_with_the_records(postgres: bool) {
                 },
                 month_start_ms: summary::month_of_ms(*at).unwrap().0,
                 prompt_owner: None,
+                audit: Vec::new(),
             })
         })
         .collect();

@@ -170,6 +170,7 @@ fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
         },
         month_start_ms: r.month_start_ms,
         prompt_owner: None,
+        audit: Vec::new(),
     }
 }
 

@@ -84,6 +84,7 @@ async fn wal_stays_bounded(durability: SqliteDurability) {
                 },
                 month_start_ms: 0,
                 prompt_owner: None,
+                audit: Vec::new(),
             }))
             .await
             .unwrap();

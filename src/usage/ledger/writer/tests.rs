@@ -23,6 +23,7 @@ fn settle(team: &str) -> Op {
         },
         month_start_ms: 0,
         prompt_owner: None,
+        audit: Vec::new(),
     })
 }
 
@@ -143,6 +144,7 @@ fn settle_of(r: &Reserve) -> Op {
         },
         month_start_ms: 0,
         prompt_owner: None,
+        audit: Vec::new(),
     })
 }
 

@@ -221,6 +221,7 @@ mod tests {
             },
             month_start_ms: 0,
             prompt_owner: None,
+            audit: Vec::new(),
         }
     }
 
