@@ -7,7 +7,7 @@ use crate::{
     loadgen::{self, MakeRequest, Plan},
     prom,
     report::{Group, LedgerView, Quantiles, Results, ServerHistogram, Step},
-    server::{self, Metering, PgDatabase, Server},
+    server::{self, AuditCalls, Metering, PgDatabase, Server},
     settings::Settings,
     sys,
     target::{self, Expect, Rpc},
@@ -33,6 +33,9 @@ pub struct Bench {
     /// TOML appended to the config of the servers started next (the
     /// cluster scenario's `[cluster]`); empty otherwise.
     pub config_extra: String,
+    /// `[audit] calls` of the servers started next (`--audit-calls` in the
+    /// fixed-rate groups; the product default elsewhere).
+    pub audit_calls: AuditCalls,
     servers: usize,
 }
 
@@ -65,10 +68,19 @@ pub struct Live {
     pub clients: Arc<Vec<target::Client>>,
     /// Metering mode.
     pub metering: Metering,
+    /// Whether it audits every model call.
+    pub audit_calls: AuditCalls,
     /// PostgreSQL database, for its backends' CPU.
     pub pg: Option<PgDatabase>,
     /// Index in `results.groups`.
     pub group: usize,
+}
+
+impl Live {
+    /// Its mode's name in results (see [`AuditCalls::label`]).
+    pub fn mode(&self) -> String {
+        self.audit_calls.label(self.metering)
+    }
 }
 
 impl Bench {
@@ -83,6 +95,7 @@ impl Bench {
             results,
             direct_done: Vec::new(),
             config_extra: String::new(),
+            audit_calls: AuditCalls::On,
             servers: 0,
         })
     }
@@ -96,8 +109,9 @@ impl Bench {
         sqlite_file: Option<PathBuf>,
     ) -> Option<Live> {
         self.servers += 1;
+        let mode = self.audit_calls.label(metering);
         let mut group = Group {
-            metering: metering.name().into(),
+            metering: mode.clone(),
             upstream_latency_ms: latency_ms,
             purpose: purpose.into(),
             ..Group::default()
@@ -108,26 +122,21 @@ impl Bench {
         match started {
             Ok((server, clients, pg)) => {
                 group.cold_start_ms = Some(server.cold_start.as_secs_f64() * 1000.0);
-                tracing::info!(
-                    purpose,
-                    metering = metering.name(),
-                    latency_ms,
-                    "server SERVING"
-                );
+                tracing::info!(purpose, metering = %mode, latency_ms, "server SERVING");
                 self.results.groups.push(group);
                 Some(Live {
                     server,
                     clients,
                     metering,
+                    audit_calls: self.audit_calls,
                     pg,
                     group: self.results.groups.len() - 1,
                 })
             }
             Err(e) => {
-                tracing::error!(purpose, metering = metering.name(), error = %format!("{e:#}"), "server not started; skipping");
+                tracing::error!(purpose, metering = %mode, error = %format!("{e:#}"), "server not started; skipping");
                 self.results.notes.push(format!(
-                    "{purpose} with {} metering at {latency_ms} ms skipped: {e:#}",
-                    metering.name()
+                    "{purpose} with {mode} metering at {latency_ms} ms skipped: {e:#}"
                 ));
                 group.skipped = Some(format!("{e:#}").lines().next().unwrap_or("").to_owned());
                 self.results.groups.push(group);
@@ -171,7 +180,7 @@ impl Bench {
             self.settings.upstream,
             &ca_file,
         );
-        std::fs::write(&config, toml + &self.config_extra)?;
+        std::fs::write(&config, toml + self.audit_calls.toml() + &self.config_extra)?;
         let log = dir.join(format!("server-{n}.log"));
         let started = Server::start(&self.settings.server_bin, &config, grpc, metrics, &log).await;
         let server = match started {
@@ -314,7 +323,7 @@ impl Bench {
             kind: kind.into(),
             rpc: rpc.name().into(),
             via: "orchestrator".into(),
-            metering: live.metering.name().into(),
+            metering: live.mode(),
             task: if matches!(rpc, Rpc::Execute | Rpc::ChatHttp) {
                 "meeting_brief".into()
             } else {

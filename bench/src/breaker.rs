@@ -66,7 +66,7 @@ fn step(kind: &str, live: &Live, task: &str) -> Step {
         kind: kind.into(),
         rpc: Rpc::Execute.name().into(),
         via: "orchestrator".into(),
-        metering: live.metering.name().into(),
+        metering: live.mode(),
         task: task.into(),
         ..Step::default()
     }
@@ -137,7 +137,7 @@ async fn refused(bench: &Bench, live: &Live) -> anyhow::Result<Refused> {
         )
         .await?;
     Ok(Refused {
-        metering: live.metering.name().into(),
+        metering: live.mode(),
         broken_upstream_calls: bench.upstream.error_calls() - before,
         step,
     })
@@ -175,7 +175,7 @@ async fn trip(bench: &Bench, live: &Live) -> anyhow::Result<u64> {
     tracing::info!(
         calls,
         broken,
-        metering = live.metering.name(),
+        metering = %live.mode(),
         "breaker OPEN"
     );
     Ok(calls)

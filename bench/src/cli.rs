@@ -49,6 +49,12 @@ pub struct Args {
         default_value = "sqlite,sqlite-normal,postgres,off"
     )]
     pub metering: Vec<String>,
+    /// `[audit] calls` modes: on (the default: every model call leaves an
+    /// audit event in its usage record's transaction) and off. The fixed
+    /// rates, paired rounds and saturation run once per metering mode and
+    /// audit mode; off is named `<metering>/audit-calls-off` in results.
+    #[arg(long, value_delimiter = ',', default_value = "on")]
+    pub audit_calls: Vec<String>,
     /// Fixed rates, requests/s [default: 200,1000,3000; smoke: 50].
     #[arg(long, value_delimiter = ',')]
     pub rates: Option<Vec<f64>>,

@@ -10,7 +10,7 @@ use crate::{
     report::{Results, Step},
     run::noted,
     saturation,
-    server::Metering,
+    server::{AuditCalls, Metering},
     target::Rpc,
 };
 
@@ -22,12 +22,17 @@ pub async fn run(bench: &mut Bench) {
     }
     let lowest = s.latencies.iter().copied().min();
     for metering in s.metering.clone() {
-        for latency in bench.settings.latencies.clone() {
-            let outcome = group(bench, metering, latency, Some(latency) == lowest).await;
-            let what = format!("{} metering at {latency} ms", metering.name());
-            noted(bench, &what, outcome);
+        for audit in bench.settings.audit_calls.clone() {
+            bench.audit_calls = audit;
+            for latency in bench.settings.latencies.clone() {
+                let outcome = group(bench, metering, latency, Some(latency) == lowest).await;
+                let what = format!("{} metering at {latency} ms", audit.label(metering));
+                noted(bench, &what, outcome);
+            }
         }
     }
+    // The other scenarios run the product default.
+    bench.audit_calls = AuditCalls::On;
 }
 
 /// One server: warm-up, quiet wait, direct baseline (once per upstream
@@ -87,10 +92,7 @@ async fn drive(
     }
     bench.warm_up(live, &warm).await?;
     if let Some(q) = bench.settings.quiet {
-        let before = format!(
-            "{} metering, {latency_ms} ms upstream",
-            live.metering.name()
-        );
+        let before = format!("{} metering, {latency_ms} ms upstream", live.mode());
         quiet::wait(bench, q, &before).await?;
     }
     if bench.settings.direct && !bench.direct_done.contains(&latency_ms) {

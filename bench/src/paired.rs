@@ -55,7 +55,7 @@ pub async fn run(
         };
         orchestrator.added_latency_us = Some(orchestrator.latency_us.minus(&direct.latency_us));
         pairs.push(Pair {
-            metering: live.metering.name().into(),
+            metering: live.mode(),
             rpc: rpc.name().into(),
             round: u32::try_from(round).unwrap_or(u32::MAX),
             direct_first,

@@ -71,7 +71,7 @@ pub async fn measure(
     repeat: usize,
 ) -> anyhow::Result<(Saturation, Vec<Step>)> {
     let mut sat = Saturation {
-        metering: live.metering.name().into(),
+        metering: live.mode(),
         repeat: u32::try_from(repeat).unwrap_or(u32::MAX),
         rpc: rpc.name().into(),
         upstream_latency_ms: latency_ms,

@@ -1,7 +1,12 @@
 //! What to run and how hard: the command line resolved into the full-run
 //! or the smoke defaults, and recorded in `results.json` as it ran.
 
-use crate::{cli::Args, paired, server::Metering, target::Rpc};
+use crate::{
+    cli::Args,
+    paired,
+    server::{AuditCalls, Metering},
+    target::Rpc,
+};
 use anyhow::Context;
 use std::{path::PathBuf, time::Duration};
 
@@ -20,6 +25,8 @@ pub struct Settings {
     pub latencies: Vec<u64>,
     /// Metering modes.
     pub metering: Vec<Metering>,
+    /// `[audit] calls` modes of the fixed-rate groups.
+    pub audit_calls: Vec<AuditCalls>,
     /// RPCs at fixed rates.
     pub rpcs: Vec<Rpc>,
     /// Run the direct baseline.
@@ -121,6 +128,13 @@ impl Settings {
             .iter()
             .map(|m| Metering::parse(m).with_context(|| format!("--metering: unknown mode `{m}`")))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let audit_calls = args
+            .audit_calls
+            .iter()
+            .map(|a| {
+                AuditCalls::parse(a).with_context(|| format!("--audit-calls: unknown mode `{a}`"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let rpcs = args
             .rpcs
             .iter()
@@ -157,6 +171,7 @@ impl Settings {
             warmup: secs(pick(args.warmup, s, 0.3, 2.0)),
             latencies: pick(args.upstream_latency_ms.clone(), s, vec![0], vec![0, 50]),
             metering,
+            audit_calls,
             sat_rpcs: std::iter::once(Rpc::Execute)
                 .chain(rpcs.contains(&Rpc::InvokeTool).then_some(Rpc::InvokeTool))
                 .chain(rpcs.contains(&Rpc::Converse).then_some(Rpc::Converse))
@@ -209,6 +224,7 @@ impl Settings {
             "warmup_s": self.warmup.as_secs_f64(),
             "upstream_latency_ms": self.latencies,
             "metering": self.metering.iter().map(|m| m.name()).collect::<Vec<_>>(),
+            "audit_calls": self.audit_calls.iter().map(|a| a.name()).collect::<Vec<_>>(),
             "scenarios": args.scenarios,
             "connections": self.connections,
             "max_inflight": self.max_inflight,

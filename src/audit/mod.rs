@@ -22,6 +22,8 @@ pub enum Category {
     Prompt,
     /// Limits and keys.
     Admin,
+    /// A model call through any edge (SPEC §14.3, `[audit] calls`).
+    Call,
 }
 
 impl Category {
@@ -33,6 +35,7 @@ impl Category {
             Category::Agent => "agent",
             Category::Prompt => "prompt",
             Category::Admin => "admin",
+            Category::Call => "call",
         }
     }
 
@@ -44,6 +47,7 @@ impl Category {
             "agent" => Category::Agent,
             "prompt" => Category::Prompt,
             "admin" => Category::Admin,
+            "call" => Category::Call,
             _ => return None,
         })
     }
@@ -64,13 +68,14 @@ pub struct AuditEvent {
     pub principal: String,
     /// What it is about.
     pub category: Category,
-    /// `tool.call`, `workflow.result`, `agent.turn.start`, `prompt.activated`, `key.revoked`, …
+    /// `tool.call`, `workflow.result`, `agent.turn.start`, `call.completed`, `key.revoked`, …
     pub action: String,
     /// What was acted on: `tool@version`, `prompt key/version`, a team, a key's name.
     pub subject: String,
     /// `allow`, `deny`, `ok` or `error`.
     pub decision: String,
-    /// The stable reason of a denial or failure (`TIMED_OUT`, …), empty otherwise.
+    /// The stable reason of a denial or failure (`TIMED_OUT`, …), empty otherwise; the end
+    /// of a turn or a call puts it first and its counts after it as `key=value` words.
     pub reason: String,
     /// Digest of the redacted input ([`digest::digest`]).
     pub input_sha256: Option<String>,

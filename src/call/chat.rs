@@ -3,13 +3,14 @@
 //! and defaults. No template runs, so no prompt is recorded; the model's
 //! tool calls come back to the caller, who runs its own tools.
 
-use super::{Call, CallContext, CallError, CallEvent, Feature, Pipeline};
+use super::{Call, CallContext, CallError, CallEvent, Feature, Pipeline, audit};
 use crate::{
     domain::{ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, ToolChoice, ToolSpec},
     router::RouteOptions,
     tasks::TaskError,
 };
 use futures::Stream;
+use serde_json::Value;
 
 /// One chat call, parsed by an edge.
 #[derive(Debug, Clone)]
@@ -60,6 +61,10 @@ impl Feature for Chat {
         self.task.clone()
     }
 
+    fn audit_input(&self) -> Option<Value> {
+        Some(audit::messages(self.system.as_deref(), &self.messages))
+    }
+
     async fn run(self, call: &Call) -> Result<Completion, CallError> {
         let task = self.task.clone();
         let chain = call
@@ -85,6 +90,7 @@ impl Pipeline {
         chat: Chat,
     ) -> Result<impl Stream<Item = CallEvent> + Send + use<>, CallError> {
         let call = self.open(ctx, &chat.task)?;
+        call.audit_input(|| chat.audit_input());
         let task = chat.task.clone();
         let request = chat.request(&call);
         let options = call.route_options();

@@ -25,7 +25,7 @@ impl Call {
             return Ok(());
         }
         let bound = worst_case(meter, chain, request, Precision::Bound);
-        match self.meter.reserve(task, bound).await {
+        let reserved = match self.meter.reserve(task, bound).await {
             Err(e)
                 if MeterSession::refusal_depends_on_size(&e)
                     && chain.iter().any(|t| estimate::has_tokenizer(&t.model)) =>
@@ -36,10 +36,13 @@ impl Call {
                 })
                 .await
                 .unwrap_or(bound);
-                self.meter.reserve(task, exact).await
+                self.meter.reserve(task, exact).await.map(|()| exact)
             }
-            other => other,
-        }
+            other => other.map(|()| bound),
+        }?;
+        // The call's audit event shows what was held against what was spent.
+        self.log().estimated(reserved.cost_micros);
+        Ok(())
     }
 }
 

@@ -4,6 +4,7 @@
 
 use super::{Call, CallContext, CallError, CallMeta, Pipeline};
 use crate::tasks::Task;
+use serde_json::Value;
 use std::future::Future;
 
 /// A unit of work run inside one call: it sees the pipeline only through
@@ -15,6 +16,10 @@ pub trait Feature: Send {
     /// The task the call is admitted, metered and recorded under.
     fn task(&self) -> String;
 
+    /// The request as its `call.*` audit event digests it (SPEC §14.3:
+    /// redacted, never kept); `None` for a feature that audits itself.
+    fn audit_input(&self) -> Option<Value>;
+
     /// Runs inside `call`; the pipeline finishes the call with the result.
     fn run(self, call: &Call) -> impl Future<Output = Result<Self::Output, CallError>> + Send;
 }
@@ -25,6 +30,10 @@ impl<T: Task> Feature for T {
 
     fn task(&self) -> String {
         self.name().to_owned()
+    }
+
+    fn audit_input(&self) -> Option<Value> {
+        Some(Task::input(self))
     }
 
     async fn run(self, call: &Call) -> Result<Self::Output, CallError> {
@@ -42,6 +51,7 @@ impl Pipeline {
         feature: F,
     ) -> Result<(F::Output, CallMeta), CallError> {
         let call = self.open(ctx, &feature.task())?;
+        call.audit_input(|| feature.audit_input());
         let result = feature.run(&call).await;
         call.finish(result).await
     }

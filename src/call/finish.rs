@@ -1,7 +1,9 @@
-//! The end of a call: metrics, usage record and settlement, from its log.
+//! The end of a call: metrics, usage record, audit event and settlement,
+//! from its log.
 
-use super::{Call, CallMeta, log::CallLog};
+use super::{Call, CallMeta, audit, log::CallLog};
 use crate::{
+    audit::AuditEvent,
     router::{AttemptRecord, RouteError},
     tasks::TaskError,
     telemetry::metrics,
@@ -109,10 +111,11 @@ impl From<TaskError> for CallError {
 }
 
 impl Call {
-    /// Ends the call: metrics, usage record, settlement; then the answer.
-    /// Durable before it returns when a provider was called (SPEC §5), unless
-    /// the call is a turn's (its reply waits on the turn's durable end). A
-    /// refusal before any attempt waits for no disk and leaves no record. The
+    /// Ends the call: metrics, usage record and its `call.*` audit event (in
+    /// one transaction), settlement; then the answer. Durable before it
+    /// returns when a provider was called (SPEC §5), unless the call is a
+    /// turn's (its reply waits on the turn's durable end). A refusal before
+    /// any attempt waits for no disk and leaves no record nor event. The
     /// future does not hold the call's log (docs/benchmarks.md, *Sizing*).
     pub(super) fn finish<T>(
         self,
@@ -121,82 +124,115 @@ impl Call {
         let answer = match result {
             Ok(value) => Ok(value),
             Err(CallError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => Err(err),
-            Err(other) => {
-                let err = self.refused(other);
-                // A refusal before anything ran gives back what it reserved; any other
-                // failure may have spent it (the session, dropped, charges it CANCELLED).
-                let refused = matches!(
-                    err,
-                    CallError::Invalid(_)
-                        | CallError::UnknownTask { .. }
-                        | CallError::PromptNotFound(_)
-                        | CallError::Quota(_)
-                        | CallError::Budget { .. }
-                        | CallError::ToolBudget { .. }
-                        | CallError::ToolDenied(_)
-                        | CallError::Agent(_)
-                        | CallError::Overloaded
-                ) && {
-                    // Once one of its own model calls was served, it spent what it reserved.
-                    let log = self.log();
-                    log.tools.is_empty()
-                        && !log.attempts.iter().any(AttemptRecord::reached_provider)
-                };
-                let Call {
-                    meter, _slot: slot, ..
-                } = self;
-                return Either::Left(async move {
-                    if refused && let Err(e) = meter.release_refused().await {
-                        tracing::warn!(error = %e, "releasing a refused call's reservation failed; the sweeper will charge it");
-                    }
-                    drop(meter);
-                    drop(slot);
-                    Err(err)
-                });
-            }
+            Err(other) => return Either::Left(self.unrouted::<T>(other)),
         };
         let outcome = answer.as_ref().map_or_else(RouteError::reason, |_| "ok");
-        let (meta, record, prompt_owner, provider_time, reached) = {
-            let mut log = self.log();
-            if answer.is_err() {
-                // A redraft's first draft may have been served; the call was not.
-                log.served = None;
-            }
-            let meta = CallMeta::of(&log, &self.ctx.trace_id, self.ctx.started.elapsed());
-            let provider_time = self.observe(&log, &meta);
-            let reached =
-                answer.is_ok() || log.attempts.iter().any(AttemptRecord::reached_provider);
-            // Built-in prompts (version 0) keep no stats.
-            let prompt_owner = log
-                .prompt
-                .as_ref()
-                .filter(|(_, _, version)| *version > 0)
-                .map(|(owner, _, _)| owner.clone());
-            let record = self.record(&log, &meta, outcome);
-            (meta, record, prompt_owner, provider_time, reached)
-        };
+        let Ending {
+            meta,
+            record,
+            prompt_owner,
+            provider_time,
+            reached,
+            audit: events,
+        } = self.ending(answer.is_ok(), outcome);
         let Call {
+            pipeline,
             meter,
             ctx,
             queued_settlement: queued,
             _slot: slot,
             ..
         } = self;
+        // With metering off no settlement carries the call's audit event.
+        let (settled_events, unsettled) = if pipeline.meter().enabled() {
+            (events, Vec::new())
+        } else {
+            (Vec::new(), events)
+        };
+        let durable = reached && !queued;
         Either::Right(async move {
-            let settled = if reached && !queued {
-                meter.settle(record, prompt_owner).await
+            let settled = if durable {
+                meter.settle(record, prompt_owner, settled_events).await
             } else {
-                meter.settle_refused(record, prompt_owner).await
+                meter
+                    .settle_refused(record, prompt_owner, settled_events)
+                    .await
             };
+            let ledger = pipeline.ledger();
+            let audited = audit::append_unsettled(ledger, unsettled, durable).await;
             // Our overhead includes the settlement the response waits for.
             metrics::overhead(ctx.started.elapsed().saturating_sub(provider_time));
             drop(slot);
             settled?;
+            audited?;
             match answer {
                 Ok(value) => Ok((value, meta)),
                 Err(err) => Err(CallError::Route(err.with_attempts(meta.attempts))),
             }
         })
+    }
+
+    /// A call that ended before it was routed: no record, no audit event.
+    /// A refusal before anything ran gives back what it reserved; any other
+    /// failure may have spent it (the session, dropped, charges it CANCELLED).
+    fn unrouted<T>(self, err: CallError) -> impl Future<Output = Result<(T, CallMeta), CallError>> {
+        let err = self.refused(err);
+        let refused = matches!(
+            err,
+            CallError::Invalid(_)
+                | CallError::UnknownTask { .. }
+                | CallError::PromptNotFound(_)
+                | CallError::Quota(_)
+                | CallError::Budget { .. }
+                | CallError::ToolBudget { .. }
+                | CallError::ToolDenied(_)
+                | CallError::Agent(_)
+                | CallError::Overloaded
+        ) && {
+            // Once one of its own model calls was served, it spent what it reserved.
+            let log = self.log();
+            log.tools.is_empty() && !log.attempts.iter().any(AttemptRecord::reached_provider)
+        };
+        let Call {
+            meter, _slot: slot, ..
+        } = self;
+        async move {
+            if refused && let Err(e) = meter.release_refused().await {
+                tracing::warn!(error = %e, "releasing a refused call's reservation failed; the sweeper will charge it");
+            }
+            drop(meter);
+            drop(slot);
+            Err(err)
+        }
+    }
+
+    /// What the call leaves, read from its log once: its meta (metrics
+    /// observed), usage record and audit event.
+    fn ending(&self, ok: bool, outcome: &str) -> Ending {
+        let mut log = self.log();
+        if !ok {
+            // A redraft's first draft may have been served; the call was not.
+            log.served = None;
+        }
+        let meta = CallMeta::of(&log, &self.ctx.trace_id, self.ctx.started.elapsed());
+        let provider_time = self.observe(&log, &meta);
+        let reached = ok || log.attempts.iter().any(AttemptRecord::reached_provider);
+        // Built-in prompts (version 0) keep no stats.
+        let prompt_owner = log
+            .prompt
+            .as_ref()
+            .filter(|(_, _, version)| *version > 0)
+            .map(|(owner, _, _)| owner.clone());
+        let record = self.record(&log, &meta, outcome);
+        let audit = audit::event(&self.ctx, &log, &record).into_iter().collect();
+        Ending {
+            meta,
+            record,
+            prompt_owner,
+            provider_time,
+            reached,
+            audit,
+        }
     }
 
     /// A call refused before any provider work: unrecorded, a cap refusal counted.
@@ -264,6 +300,20 @@ impl Call {
             iteration: self.turn.as_ref().map_or(0, |t| i64::from(t.1)),
         }
     }
+}
+
+/// What a finished call leaves ([`Call::ending`]).
+struct Ending {
+    meta: CallMeta,
+    record: UsageRecord,
+    /// Owner of the stored prompt version used, for its stats.
+    prompt_owner: Option<String>,
+    /// Time spent waiting on providers and tools (not our overhead).
+    provider_time: Duration,
+    /// A provider was reached, or the call answered: the reply waits for the disk.
+    reached: bool,
+    /// Its `call.*` event, when the call is audited.
+    audit: Vec<AuditEvent>,
 }
 
 fn attempts_json(attempts: &[AttemptRecord]) -> String {

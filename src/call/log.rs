@@ -24,6 +24,12 @@ pub(super) struct CallLog {
     pub tools: Vec<(&'static str, String, i64)>,
     /// How long tools ran: waiting on them is not our overhead.
     pub tool_time: Duration,
+    /// Estimated cost reserved for its model calls, micro-USD (`None` unmetered).
+    pub estimated_micros: Option<i64>,
+    /// Digest and size of the redacted input of an audited call (`[audit] calls`).
+    pub audit_input: Option<(String, i64)>,
+    /// Digest and size of its last answer, redacted.
+    pub audit_output: Option<(String, i64)>,
 }
 
 impl CallLog {
@@ -45,6 +51,15 @@ impl CallLog {
     pub fn add_tool(&mut self, kind: &'static str, id: String, cost_micros: i64, took: Duration) {
         self.tools.push((kind, id, cost_micros));
         self.tool_time += took;
+    }
+
+    /// Adds the estimated cost a model call reserved.
+    pub fn estimated(&mut self, cost_micros: i64) {
+        let sum = self
+            .estimated_micros
+            .unwrap_or(0)
+            .saturating_add(cost_micros);
+        self.estimated_micros = Some(sum);
     }
 
     /// Remembers the prompt a model call used.

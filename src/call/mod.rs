@@ -1,9 +1,12 @@
 //! The one per-call pipeline every RPC goes through: open (a slot under
 //! `server.max_concurrent_requests`, shed past it, and a meter session),
 //! run the feature (each model call reserved at its worst case, then
-//! routed), finish (costs, metrics, usage record, settlement). Nothing else
-//! enters `usage` for a call: it is recorded once, with all its model calls.
+//! routed), finish (costs, metrics, usage record, settlement, and with
+//! `[audit] calls` the call's audit event in the same transaction). Nothing
+//! else enters `usage` for a call: it is recorded once, with all its model
+//! calls.
 
+mod audit;
 pub mod chat;
 mod context;
 mod estimate;

@@ -108,6 +108,7 @@ impl Call {
         let pricing = self.pipeline.meter().pricing();
         match routed {
             Ok(routed) => {
+                self.audit_answer(&routed.completion);
                 let mut log = self.log();
                 log.add(&routed.attempts, pricing);
                 log.served = Some((routed.provider, routed.model, routed.degraded));

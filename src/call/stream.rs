@@ -1,7 +1,7 @@
 //! A streamed model call (`ExecuteStream`): reserved, its events passed
 //! through, and the call finished (recorded, settled) before its last event.
 
-use super::{Call, CallContext, CallError, CallMeta, Pipeline};
+use super::{Call, CallContext, CallError, CallMeta, Feature, Pipeline};
 use crate::{
     domain::{Completion, CompletionRequest},
     router::{RouteEvent, RouteOptions},
@@ -51,6 +51,7 @@ impl Pipeline {
         execute: Execute,
     ) -> Result<impl Stream<Item = CallEvent> + Send + use<>, CallError> {
         let call = self.open(ctx, &execute.task)?;
+        call.audit_input(|| Feature::audit_input(&execute));
         let tasks = self.tasks();
         let prompt_key = execute.prompt_key.as_deref();
         let prepared =
@@ -108,6 +109,7 @@ impl Call {
                     RouteEvent::Fallback { from, to, reason } => yield CallEvent::Fallback { from, to, reason },
                     RouteEvent::Delta(text) => yield CallEvent::Delta(text),
                     RouteEvent::Completed { completion, provider, model, degraded, attempts } => {
+                        self.audit_answer(&completion);
                         {
                             let mut log = self.log();
                             log.add(&attempts, self.pipeline.meter().pricing());

@@ -31,6 +31,7 @@ const SECTIONS: &[&str] = &[
     "mcp_endpoint",
     "tool_worker",
     "tool_limits",
+    "audit",
     "agents",
     "cluster",
 ];

@@ -4,6 +4,7 @@
 //! file: a provider names the variable holding its key (`api_key_env`), read into a [`Secret`].
 
 pub mod agents;
+mod audit;
 mod auth;
 pub mod cluster;
 mod database;
@@ -23,6 +24,7 @@ pub use tools::{
 };
 
 pub use self::http::HttpConfig;
+pub use audit::AuditConfig;
 pub use auth::{ApiKeyConfig, AuthConfig};
 pub use database::{DatabaseConfig, SqliteDurability};
 pub use secret::Secret;
@@ -136,6 +138,9 @@ pub struct Config {
     pub tool_worker: ToolWorkerConfig,
     #[serde(default)]
     pub tool_limits: tools::ToolLimitsConfig,
+    /// What the audit log records besides decisions (every model call, by default).
+    #[serde(default)]
+    pub audit: AuditConfig,
     /// What loading changed that an operator should know (a capped timeout), logged at start.
     #[serde(skip)]
     pub notes: Vec<String>,

@@ -102,6 +102,10 @@ impl Task for Execute {
         &self.task
     }
 
+    fn input(&self) -> Value {
+        Value::Object(self.input.clone())
+    }
+
     async fn run(self, tasks: &Tasks, session: &impl Session) -> Result<Output, TaskError> {
         execute(tasks, session, self).await
     }

@@ -55,6 +55,10 @@ pub trait Task: Send {
     /// The task it runs (its usage record's task, its routing chain).
     fn name(&self) -> &str;
 
+    /// The caller's request as JSON: what the call's audit event digests
+    /// (after redaction, so a lead's email or phone never shows through).
+    fn input(&self) -> serde_json::Value;
+
     /// Runs the task through `session`.
     fn run(
         self,
@@ -181,6 +185,14 @@ pub struct SmsTurn {
     /// Sent by the lead (true) or by us (false).
     pub inbound: bool,
     pub text: String,
+}
+
+/// An SMS history as a request's JSON, oldest first.
+pub(crate) fn history_json(history: &[SmsTurn]) -> serde_json::Value {
+    history
+        .iter()
+        .map(|t| serde_json::json!({"inbound": t.inbound, "text": t.text}))
+        .collect()
 }
 
 /// Formats an SMS history for a prompt, oldest first, as inert data.

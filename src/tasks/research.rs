@@ -89,6 +89,10 @@ impl super::Task for Query {
         self.depth.task()
     }
 
+    fn input(&self) -> Value {
+        json!({"query": self.query, "depth": self.depth.task()})
+    }
+
     async fn run(self, _: &super::Tasks, session: &impl Session) -> Result<Answer, TaskError> {
         research(session, &self.query, self.depth).await
     }

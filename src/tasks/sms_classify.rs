@@ -84,6 +84,10 @@ impl super::Task for ClassifyInput {
         TASK
     }
 
+    fn input(&self) -> Value {
+        json!({"message": self.message, "history": super::history_json(&self.history)})
+    }
+
     async fn run(self, tasks: &Tasks, session: &impl Session) -> Result<Classification, TaskError> {
         classify(tasks, session, self).await
     }

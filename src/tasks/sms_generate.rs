@@ -72,6 +72,16 @@ impl super::Task for GenerateInput {
         TASK
     }
 
+    fn input(&self) -> Value {
+        json!({
+            "inbound_message": self.inbound_message,
+            "history": super::history_json(&self.history),
+            "lead": self.lead,
+            "goal": self.goal,
+            "max_segments": self.max_segments,
+        })
+    }
+
     async fn run(self, tasks: &Tasks, session: &impl Session) -> Result<Reply, TaskError> {
         generate(tasks, session, self).await
     }

@@ -10,7 +10,10 @@ use super::{
     pricing::{Pricing, micros_floor},
     summary::month_of,
 };
-use crate::config::{LimitsConfig, MeteringConfig};
+use crate::{
+    audit::AuditEvent,
+    config::{LimitsConfig, MeteringConfig},
+};
 use futures::{
     TryFutureExt,
     future::{self, Either},
@@ -262,15 +265,19 @@ impl MeterSession {
         }
     }
 
-    /// Settles durably with `record`; the future only waits for the writer.
+    /// Settles durably with `record` and the call's `audit` events (in the
+    /// same transaction); the future only waits for the writer. With
+    /// metering off nothing is written: the caller appends `audit` itself.
     pub fn settle(
         &self,
         record: UsageRecord,
         prompt_owner: Option<String>,
+        audit: Vec<AuditEvent>,
     ) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
-        let (Some(writer), Some(settle)) =
-            (&self.meter.writer, self.settlement(record, prompt_owner))
-        else {
+        let (Some(writer), Some(settle)) = (
+            &self.meter.writer,
+            self.settlement(record, prompt_owner, audit),
+        ) else {
             return Either::Left(future::ready(Ok(())));
         };
         // A combinator, not an `async` block: the submit future is held once.
@@ -283,10 +290,12 @@ impl MeterSession {
         &self,
         record: UsageRecord,
         prompt_owner: Option<String>,
+        audit: Vec<AuditEvent>,
     ) -> impl Future<Output = Result<(), MeterError>> + Send + '_ {
-        let (Some(writer), Some(settle)) =
-            (&self.meter.writer, self.settlement(record, prompt_owner))
-        else {
+        let (Some(writer), Some(settle)) = (
+            &self.meter.writer,
+            self.settlement(record, prompt_owner, audit),
+        ) else {
             return Either::Left(future::ready(Ok(())));
         };
         Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
@@ -317,12 +326,19 @@ impl MeterSession {
             day_start_ms: self.day_start_ms,
             user_id: self.who.user_id.clone(),
             prompt_owner: None,
+            audit: Vec::new(),
         };
         Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
     }
 
-    /// The settlement with `record` (`None`: metering off); marks it settled.
-    fn settlement(&self, mut record: UsageRecord, prompt_owner: Option<String>) -> Option<Settle> {
+    /// The settlement with `record` and `audit` (`None`: metering off);
+    /// marks it settled.
+    fn settlement(
+        &self,
+        mut record: UsageRecord,
+        prompt_owner: Option<String>,
+        audit: Vec<AuditEvent>,
+    ) -> Option<Settle> {
         self.meter.writer.as_ref()?;
         let reservations = {
             let mut state = self.lock();
@@ -339,6 +355,7 @@ impl MeterSession {
             day_start_ms: self.day_start_ms,
             user_id: self.who.user_id.clone(),
             prompt_owner,
+            audit,
         })
     }
 
@@ -398,6 +415,7 @@ impl Drop for MeterSession {
             day_start_ms: self.day_start_ms,
             user_id: self.who.user_id.clone(),
             prompt_owner: None,
+            audit: Vec::new(),
         });
         let trace_id = self.who.trace_id.clone();
         runtime.spawn(async move {

@@ -7,7 +7,7 @@ mod conversations;
 mod edges;
 mod golden;
 mod layers;
-mod upstream;
+pub mod upstream;
 
 use crate::{
     common::TestApp,

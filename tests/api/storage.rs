@@ -421,6 +421,7 @@ async fn sqlite_durability_is_the_configured_synchronous_level() {
             day_start_ms: 0,
             user_id: String::new(),
             prompt_owner: None,
+            audit: Vec::new(),
         };
         assert_eq!(
             writer.submit(Op::Settle(settle)).await.unwrap(),

@@ -3,6 +3,7 @@
 //! counts its calls, real SQLite files and PostgreSQL.
 
 mod audit;
+mod audit_calls;
 mod audit_list;
 pub mod counterparts;
 mod durable;

@@ -79,7 +79,9 @@ fn step(s: &Step, strict: bool) -> anyhow::Result<()> {
         // `usage_ledger_*` series. A refused call's reply does not wait for
         // its settlement, nor do an agent turn's calls (its end does, ADR
         // 0018), but their records are committed.
-        let metered = s.via == "orchestrator" && s.metering != "off";
+        // `off/audit-calls-off` is metering off too.
+        let unmetered = s.metering.split('/').next() == Some("off");
+        let metered = s.via == "orchestrator" && !unmetered;
         let queued = s.kind == "refused" || s.rpc == "Converse";
         let figures = s.ledger.is_some_and(|l| {
             let waited = l.settle_wait_us.is_some();

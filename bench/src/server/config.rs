@@ -45,6 +45,54 @@ impl Metering {
     }
 }
 
+/// Whether a run's servers audit every model call (`[audit] calls`, SPEC
+/// §14.3): an event per call, in the same transaction as its usage record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditCalls {
+    /// The product default: `call.completed` / `call.failed` for every call.
+    On,
+    /// `[audit] calls = false`.
+    Off,
+}
+
+impl AuditCalls {
+    /// Name in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            AuditCalls::On => "on",
+            AuditCalls::Off => "off",
+        }
+    }
+
+    /// Parses a CLI name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "on" | "true" => Some(AuditCalls::On),
+            "off" | "false" => Some(AuditCalls::Off),
+            _ => None,
+        }
+    }
+
+    /// What a server's config gets: nothing for the default, so a server
+    /// built before `[audit]` existed (an A/B run's older side) still starts.
+    pub fn toml(self) -> &'static str {
+        match self {
+            AuditCalls::On => "",
+            AuditCalls::Off => "\n[audit]\ncalls = false\n",
+        }
+    }
+
+    /// A server's mode in results: its metering mode's name, marked when
+    /// calls are not audited (`sqlite/audit-calls-off`), so the default
+    /// runs keep the names every report and target reads.
+    pub fn label(self, metering: Metering) -> String {
+        match self {
+            AuditCalls::On => metering.name().to_owned(),
+            AuditCalls::Off => format!("{}/audit-calls-off", metering.name()),
+        }
+    }
+}
+
 /// Tasks of the breaker scenario: primary always 500 → healthy fallback,
 /// the healthy provider alone, and the failing provider alone (once its
 /// breaker is open, every call is refused with no provider call).

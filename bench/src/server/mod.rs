@@ -8,8 +8,8 @@ mod config;
 mod postgres;
 
 pub use config::{
-    AGENT, BREAKER_ONLY_TASK, BREAKER_TASK, BROKEN_PROVIDER, HEALTHY_TASK, KEY_ENV, Metering,
-    config_toml, free_ports,
+    AGENT, AuditCalls, BREAKER_ONLY_TASK, BREAKER_TASK, BROKEN_PROVIDER, HEALTHY_TASK, KEY_ENV,
+    Metering, config_toml, free_ports,
 };
 pub use postgres::PgDatabase;
 

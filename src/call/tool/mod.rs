@@ -62,6 +62,11 @@ impl super::Feature for InvokeTool {
         format!("tool:{name}")
     }
 
+    /// A tool audits its own call and result (`tool.call`, `tool.result`).
+    fn audit_input(&self) -> Option<Value> {
+        None
+    }
+
     async fn run(self, call: &Call) -> Result<ToolResult, CallError> {
         call.invoke_tool(&self.principal, self.request).await
     }

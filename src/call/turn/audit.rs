@@ -1,5 +1,7 @@
-//! A turn's own audit events (SPEC §10): its start and its end, digests
-//! and counts only. Each tool call audits itself in the entry point.
+//! A turn's own audit events (SPEC §10, §14.3): its start and its end
+//! (`agent.turn.complete`, or `agent.turn.failed`), digests and counts only.
+//! Each tool call audits itself in the entry point, each model call in its
+//! settlement (`call::audit`).
 
 use super::super::{CallContext, CallError, Pipeline};
 use crate::{
@@ -60,12 +62,19 @@ pub(super) fn complete(
         record.tool_calls,
         record.memory_suggestions.len()
     );
-    turn_end(ctx, principal, agent, ("ok", &reason), started)
-        .with_output(&serde_json::json!({ "text": text }))
+    turn_end(
+        ctx,
+        principal,
+        agent,
+        ("agent.turn.complete", "ok", &reason),
+        started,
+    )
+    .with_output(&serde_json::json!({ "text": text }))
 }
 
-/// `agent.turn.complete` of a failed turn, durable before the failure is
-/// answered (the turn's queued settlements commit before it).
+/// `agent.turn.failed` with the failure's stable reason, durable before
+/// the failure is answered (the turn's queued settlements, its model
+/// calls' events among them, commit before it).
 pub(super) async fn failed(
     pipeline: &Pipeline,
     ctx: &CallContext,
@@ -74,18 +83,19 @@ pub(super) async fn failed(
     reason: &str,
     started: Instant,
 ) {
-    let event = turn_end(ctx, principal, agent, ("error", reason), started);
+    let end = ("agent.turn.failed", "error", reason);
+    let event = turn_end(ctx, principal, agent, end, started);
     if let Err(e) = submit(pipeline, event).await {
         tracing::error!(trace_id = %ctx.trace_id, error = ?e, "auditing a failed turn failed");
     }
 }
 
-/// A turn's `agent.turn.complete` with its `(decision, reason)`.
+/// A turn's end: its `(action, decision, reason)` and duration.
 fn turn_end(
     ctx: &CallContext,
     principal: &Principal,
     agent: &str,
-    (decision, reason): (&str, &str),
+    (action, decision, reason): (&str, &str, &str),
     started: Instant,
 ) -> AuditEvent {
     let mut event = AuditEvent::new(
@@ -93,7 +103,7 @@ fn turn_end(
         &principal.name,
         &ctx.trace_id,
         Category::Agent,
-        "agent.turn.complete",
+        action,
         agent,
     )
     .decided(decision, reason);

@@ -15,7 +15,7 @@ use crate::{
         turn::{ModelEvent, Refused, Report, StoredTurn, ToolCalls, TurnSession},
     },
     auth::Principal,
-    call::{Call, CallContext, CallError, CallMeta, Pipeline, tool::AgentScope},
+    call::{Call, CallContext, CallError, CallMeta, Pipeline, audit::messages, tool::AgentScope},
     config::agents::AgentConfig,
     domain::{ChatMessage, CompletionRequest, ToolCall, ToolOutcome},
     router::{RouteError, RouteEvent},
@@ -89,6 +89,8 @@ impl TurnSession for PipelineTurn {
         request.trace_id.clone_from(&self.ctx.trace_id);
         request.traceparent.clone_from(&self.ctx.traceparent);
         let call = self.opener().open(iteration, budget);
+        let input = || Some(messages(request.system.as_deref(), &request.messages));
+        call.audit_input(input);
         match call.model_stream(&self.agent.chain, request).await {
             Ok(events) => Ok(model_events(call, events).boxed()),
             // Refused before any work: the call leaves no record.
@@ -185,6 +187,7 @@ fn model_events(
                 RouteEvent::Fallback { from, to, reason } => yield ModelEvent::Fallback { from, to, reason },
                 RouteEvent::Delta(text) => yield ModelEvent::Delta(text),
                 RouteEvent::Completed { completion, provider, model, degraded, attempts } => {
+                    call.audit_answer(&completion);
                     {
                         let mut log = call.log();
                         log.add(&attempts, call.pipeline().meter().pricing());

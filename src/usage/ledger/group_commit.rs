@@ -193,6 +193,7 @@ mod tests {
             day_start_ms: 0,
             user_id: String::new(),
             prompt_owner: None,
+            audit: Vec::new(),
         })
     }
 

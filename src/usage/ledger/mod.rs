@@ -127,6 +127,9 @@ pub struct Settle {
     pub user_id: String,
     /// Owner of the stored prompt version used ('' = global); `None` for built-ins.
     pub prompt_owner: Option<String>,
+    /// The call's audit events (`call.completed` / `call.failed`, SPEC §14.3), of the
+    /// record's team, appended in the same transaction as the record; empty for others.
+    pub audit: Vec<AuditEvent>,
 }
 
 impl Settle {

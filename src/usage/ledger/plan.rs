@@ -11,7 +11,8 @@
 //!    locks rows in the same order, so PostgreSQL never has a cycle to break);
 //! 5. the admitted reservations are written;
 //! 6. other services' rows ([`super::Write`]), each behind its guard;
-//! 7. audit events, teams in order (their head rows are locked last).
+//! 7. audit events (the settlements' and the writes' too), teams in order
+//!    (their head rows are locked last).
 
 use super::{Backend, Delta, Done, Op, Reserve, Rows, Settle};
 use crate::{
@@ -241,7 +242,8 @@ async fn write_services<B: Backend>(
     Ok(())
 }
 
-/// Step 7, the writes' audit events included.
+/// Step 7, the settlements' and the writes' audit events included, in
+/// the batch's order (a team's chain follows its operations).
 async fn append_audit<B: Backend>(
     b: &mut B,
     ops: &[Op],
@@ -254,8 +256,9 @@ async fn append_audit<B: Backend>(
                 done[i] = Done::Audited;
                 audited.extend(events.iter().cloned());
             }
+            Op::Settle(s) => audited.extend(s.audit.iter().cloned()),
             Op::Write(w) => audited.extend(w.audit.iter().cloned()),
-            Op::Reserve(_) | Op::Settle(_) => {}
+            Op::Reserve(_) => {}
         }
     }
     for (team, events) in crate::audit::store::by_team(audited) {

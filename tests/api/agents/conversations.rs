@@ -225,14 +225,17 @@ async fn a_conversation_erased_during_a_turn_keeps_none_of_it() {
     );
     assert!(conversations::turns(&store, &id).await.unwrap().is_empty());
     // Its end is in the audit log all the same, written with the rows the
-    // guard left out.
+    // guard left out, after its model call's event.
     let ends: Vec<String> = crate::tools::events(&app, "t1")
         .await
         .into_iter()
         .filter(|e| e.trace_id == "erase-2")
         .map(|e| e.action)
         .collect();
-    assert_eq!(ends, ["agent.turn.start", "agent.turn.complete"]);
+    assert_eq!(
+        ends,
+        ["agent.turn.start", "call.completed", "agent.turn.complete"]
+    );
 }
 
 #[tokio::test]
@@ -411,19 +414,28 @@ async fn a_failed_turn_stores_nothing_and_frees_its_conversation() {
         (failed.code(), reason(&failed).as_str()),
         (Code::Unavailable, "ALL_PROVIDERS_FAILED")
     );
-    // Audited as failed, durably, before the error was answered.
+    // Audited as failed, durably, before the error was answered: its model
+    // call (the reason first, its figures after) and the turn.
     let audit: Vec<(String, String, String)> = crate::tools::events(&app, "t1")
         .await
         .into_iter()
         .filter(|e| e.trace_id == "fail-2")
-        .map(|e| (e.action, e.decision, e.reason))
+        .map(|e| {
+            let reason = e.reason.split(' ').next().unwrap_or_default().to_owned();
+            (e.action, e.decision, reason)
+        })
         .collect();
     assert_eq!(
         audit,
         [
             ("agent.turn.start".into(), "allow".into(), String::new()),
             (
-                "agent.turn.complete".into(),
+                "call.failed".into(),
+                "error".into(),
+                "ALL_PROVIDERS_FAILED".into()
+            ),
+            (
+                "agent.turn.failed".into(),
                 "error".into(),
                 "ALL_PROVIDERS_FAILED".into()
             ),

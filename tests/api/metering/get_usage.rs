@@ -302,6 +302,7 @@ async fn get_usage_across_months(postgres: bool) {
             day_start_ms: 0,
             user_id: String::new(),
             prompt_owner: None,
+            audit: Vec::new(),
         })],
     )
     .await
@@ -442,6 +443,7 @@ async fn rollups_and_partial_days_agree_with_the_records(postgres: bool) {
                 day_start_ms: 0,
                 user_id: String::new(),
                 prompt_owner: None,
+                audit: Vec::new(),
             })
         })
         .collect();

@@ -175,6 +175,7 @@ fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
         day_start_ms: 0,
         user_id: String::new(),
         prompt_owner: None,
+        audit: Vec::new(),
     }
 }
 

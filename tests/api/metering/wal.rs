@@ -86,6 +86,7 @@ async fn wal_stays_bounded(durability: SqliteDurability) {
                 day_start_ms: 0,
                 user_id: String::new(),
                 prompt_owner: None,
+                audit: Vec::new(),
             }))
             .await
             .unwrap();

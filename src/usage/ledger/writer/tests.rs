@@ -25,6 +25,7 @@ fn settle(team: &str) -> Op {
         day_start_ms: 0,
         user_id: String::new(),
         prompt_owner: None,
+        audit: Vec::new(),
     })
 }
 
@@ -147,6 +148,7 @@ fn settle_of(r: &Reserve) -> Op {
         day_start_ms: 0,
         user_id: String::new(),
         prompt_owner: None,
+        audit: Vec::new(),
     })
 }
 
