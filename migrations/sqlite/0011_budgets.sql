@@ -30,6 +30,24 @@ ALTER TABLE usage_ledger_buckets RENAME TO usage_ledger;
 ALTER TABLE usage_reservations ADD COLUMN day_start_ms INTEGER NOT NULL DEFAULT 0;
 UPDATE usage_reservations SET day_start_ms = created_at_ms - (created_at_ms % 86400000);
 
+-- Calls in flight during the upgrade hold their reservations in their team's
+-- month row only; their other buckets (the team's day, the user's month and
+-- day) take them too, so settling or sweeping them releases what they hold
+-- everywhere. Those rows cannot exist yet: only month rows of teams do.
+INSERT INTO usage_ledger (team_id, user_id, period, period_start_ms, reserved_tokens,
+    reserved_requests, reserved_cost_micros)
+SELECT team_id, '', 'day', day_start_ms, SUM(input_tokens + output_tokens), SUM(requests),
+    SUM(cost_micros)
+FROM usage_reservations GROUP BY team_id, day_start_ms
+UNION ALL
+SELECT team_id, user_id, 'month', month_start_ms, SUM(input_tokens + output_tokens), SUM(requests),
+    SUM(cost_micros)
+FROM usage_reservations WHERE user_id <> '' GROUP BY team_id, user_id, month_start_ms
+UNION ALL
+SELECT team_id, user_id, 'day', day_start_ms, SUM(input_tokens + output_tokens), SUM(requests),
+    SUM(cost_micros)
+FROM usage_reservations WHERE user_id <> '' GROUP BY team_id, user_id, day_start_ms;
+
 -- A team's daily caps beside its monthly ones. An override row written
 -- before this has none (NULL: no daily cap), whatever the config's defaults.
 ALTER TABLE tenant_limits ADD COLUMN max_tokens_per_day INTEGER

@@ -306,16 +306,29 @@ crate::impl_for_both_pools!(UsageRepository {
 
     async fn sweep_orphans(&self, before_ms: i64, limit: usize) -> Result<(u64, usize), StoreError> {
         let mut tx = begin_write(self, Self::POSTGRES).await?;
-        let mut rows: Vec<OrphanRow> = sqlx::query_as(ORPHANS)
+        let rows: Vec<OrphanRow> = sqlx::query_as(ORPHANS)
             .bind(before_ms)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&mut *tx)
             .await?;
-        // Team order, as the writers lock rows (its month row first): no wait cycle.
-        rows.sort_by(|a, b| (&a.1, a.2).cmp(&(&b.1, b.2)));
+        // Every reservation claimed before any ledger row is locked: a writer
+        // settling one of them holds it while it waits for those rows.
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows.iter() {
+            let deleted = sqlx::query("DELETE FROM usage_reservations WHERE id = $1")
+                .bind(&row.0)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if deleted == 1 {
+                claimed.push(row);
+            }
+        }
+        // Team and month order, each month row first, as the writers lock them.
+        claimed.sort_by(|a, b| (&a.1, a.2).cmp(&(&b.1, b.2)));
         let mut swept = 0_u64;
         for (
-            id,
+            _,
             team,
             month,
             day,
@@ -329,16 +342,8 @@ crate::impl_for_both_pools!(UsageRepository {
             channel,
             priority,
             created,
-        ) in &rows
+        ) in claimed
         {
-            let claimed = sqlx::query("DELETE FROM usage_reservations WHERE id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if claimed != 1 {
-                continue;
-            }
             let account = super::bucket::Account {
                 team_id: team,
                 user_id: user,

@@ -280,6 +280,9 @@ pub(super) trait Backend {
     async fn insert_records(&mut self, rows: &[&UsageRecord]) -> Result<(), StoreError>;
     /// Applies `delta` to a ledger row, creating it when missing.
     async fn update_row(&mut self, bucket: &Bucket, delta: &Delta) -> Result<(), StoreError>;
+    /// Locks a row until the transaction ends, creating it when missing
+    /// (nothing to do where the whole database is locked).
+    async fn lock_row(&mut self, bucket: &Bucket) -> Result<(), StoreError>;
     /// [`sql::guarded_reserve`] of `amount`: true when admitted.
     async fn reserve_guarded(
         &mut self,

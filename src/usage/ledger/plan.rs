@@ -19,7 +19,7 @@ use crate::{
     store::StoreError,
     usage::{
         amount::Amount,
-        bucket::{Bucket, Limits},
+        bucket::{Bucket, Limits, Period},
         policy,
     },
 };
@@ -150,9 +150,11 @@ impl<'a> Batch<'a> {
         Ok(())
     }
 
-    /// Step 3, team by team: each of its rows updated once in order (the
-    /// month row first, so a team's rows are only locked behind it), then its
-    /// guarded reservations admitted.
+    /// Step 3, team by team: its month rows first, in order, then its other
+    /// rows updated once each, then its guarded reservations admitted. Every
+    /// transaction touching a team's rows of a month takes that month row
+    /// first, so it serializes them and no two batches (nor the sweeper)
+    /// wait on each other in a cycle (ADR 0028).
     async fn update_rows<B: Backend>(&mut self, b: &mut B) -> Result<(), StoreError> {
         let mut teams: BTreeSet<String> = self.deltas.keys().map(|k| k.team_id.clone()).collect();
         teams.extend(
@@ -161,13 +163,14 @@ impl<'a> Batch<'a> {
                 .filter_map(|g| g.buckets.first().map(|k| k.team_id.clone())),
         );
         for team in teams {
+            let months = self.lock_months(b, &team).await?;
             let first = Bucket::team_month(&team, i64::MIN);
             for (bucket, d) in self
                 .deltas
                 .range(first..)
                 .take_while(|(k, _)| k.team_id == team)
             {
-                if *d != Delta::default() {
+                if *d != Delta::default() && !months.contains(bucket) {
                     b.update_row(bucket, d).await?;
                 }
             }
@@ -180,6 +183,38 @@ impl<'a> Batch<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Updates the team's month rows with a delta, in order; when the batch
+    /// touches several months (a call admitted before a month ended,
+    /// topped up after), also locks those it only reserves in, so none is
+    /// taken after a later one. Returns the rows updated.
+    async fn lock_months<B: Backend>(
+        &self,
+        b: &mut B,
+        team: &str,
+    ) -> Result<BTreeSet<Bucket>, StoreError> {
+        let is_month = |k: &Bucket| k.team_id == team && !k.is_user() && k.period == Period::Month;
+        let mut months: BTreeSet<&Bucket> = self.deltas.keys().filter(|k| is_month(k)).collect();
+        months.extend(
+            self.guarded
+                .iter()
+                .filter_map(|g| g.buckets.first())
+                .filter(|k| is_month(k)),
+        );
+        let several = months.len() > 1;
+        let mut updated = BTreeSet::new();
+        for bucket in months {
+            match self.deltas.get(bucket).filter(|d| **d != Delta::default()) {
+                Some(d) => {
+                    b.update_row(bucket, d).await?;
+                    updated.insert(bucket.clone());
+                }
+                None if several => b.lock_row(bucket).await?,
+                None => {}
+            }
+        }
+        Ok(updated)
     }
 
     /// Steps 4 and 5.

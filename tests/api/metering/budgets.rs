@@ -244,7 +244,7 @@ async fn limits_set_user_overrides_one_user() {
 /// A database migrated before budgets keeps its teams' balances and caps:
 /// the month rows become the teams' month buckets, an override keeps its
 /// monthly caps (and has no daily ones), and a call in flight at the
-/// upgrade is swept into its team's month.
+/// upgrade holds its reservation in its new buckets too, and is swept from all.
 #[tokio::test]
 async fn an_older_database_keeps_its_balances_and_caps() {
     let dir = tempfile::tempdir().unwrap();
@@ -302,6 +302,19 @@ async fn an_older_database_keeps_its_balances_and_caps() {
         (b.spent_tokens, b.spent_requests, b.reserved_requests),
         (500, 4, 1)
     );
+    let team_day = Bucket {
+        period: Period::Day,
+        ..team_month.clone()
+    };
+    let d = ledger::balance_of(&store, &team_day).await.unwrap();
+    assert_eq!(
+        (
+            d.reserved_tokens,
+            d.reserved_requests,
+            d.reserved_cost_micros
+        ),
+        (30, 1, 30)
+    );
     let caps = ledger::caps_of(&store, "t1", "", Default::default())
         .await
         .unwrap();
@@ -315,8 +328,8 @@ async fn an_older_database_keeps_its_balances_and_caps() {
         "no daily caps on an old override"
     );
 
-    // The in-flight call is swept into the month row it reserved in (its
-    // day has no row: it never reserved there).
+    // The in-flight call is swept out of every bucket: the migration put
+    // its reservation in its day too.
     let swept = ai_orchestrator::usage::sweeper::sweep(&store, i64::MAX)
         .await
         .unwrap();
@@ -363,5 +376,73 @@ async fn get_usage_groups_by_user() {
     let row = |u: &str, n| (u.to_owned(), "sms_classify".to_owned(), n);
     assert_eq!(per_user, [row("", 1), row("u1", 2), row("u2", 1)]);
     app.stop().await;
+    db.cleanup().await;
+}
+
+/// Batches that span a month's end (a call admitted before it, topped up
+/// after) lock a team's month rows in order: two writers, each settling in
+/// one month and reserving in the other, never deadlock on PostgreSQL.
+#[tokio::test]
+async fn batches_spanning_a_month_end_never_deadlock() {
+    use ai_orchestrator::usage::{
+        Amount, UsageRecord,
+        ledger::{Done, Op, Reservation, Reserve, Settle},
+    };
+    let db = Db::new(true).await;
+    let store = db.store().await;
+    let (old, new) = (1_000 * 86_400_000, 1_030 * 86_400_000);
+    let reserve = |id: String, month: i64| Reserve {
+        id,
+        team_id: "t1".into(),
+        user_id: "u1".into(),
+        month_start_ms: month,
+        day_start_ms: month,
+        input_tokens: 5,
+        requests: 1,
+        ..Reserve::default()
+    };
+    let settle = |r: &Reserve| Settle {
+        reservations: vec![Reservation::from(r)],
+        charge: true,
+        recorded: false,
+        record: UsageRecord {
+            team_id: "t1".into(),
+            input_tokens: 5,
+            ..UsageRecord::default()
+        },
+        month_start_ms: r.month_start_ms,
+        day_start_ms: r.day_start_ms,
+        user_id: r.user_id.clone(),
+        prompt_owner: None,
+        audit: Vec::new(),
+    };
+    for round in 0..20 {
+        let mut batches = Vec::new();
+        for (settled, reserved) in [(old, new), (new, old)] {
+            let earlier = reserve(format!("{round}-{settled}-a"), settled);
+            let admitted = ledger::apply(&store, &[Op::Reserve(earlier.clone())])
+                .await
+                .unwrap();
+            assert_eq!(admitted, [Done::Admitted]);
+            let ops = vec![
+                Op::Settle(settle(&earlier)),
+                Op::Reserve(reserve(format!("{round}-{reserved}-b"), reserved)),
+            ];
+            batches.push(ops);
+        }
+        let (a, b) = (batches.remove(0), batches.remove(0));
+        let (store_a, store_b) = (store.clone(), store.clone());
+        let (a, b) = tokio::join!(
+            tokio::spawn(async move { ledger::apply(&store_a, &a).await }),
+            tokio::spawn(async move { ledger::apply(&store_b, &b).await }),
+        );
+        assert_eq!(a.unwrap().expect("no deadlock")[1], Done::Admitted);
+        assert_eq!(b.unwrap().expect("no deadlock")[1], Done::Admitted);
+    }
+    let month = ledger::balance_of(&store, &Bucket::team_month("t1", old))
+        .await
+        .unwrap();
+    assert_eq!(month.spent(), Amount::new(100, 20, 0));
+    store.close().await;
     db.cleanup().await;
 }

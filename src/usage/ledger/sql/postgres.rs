@@ -137,6 +137,10 @@ impl<'t, 'c> Pg<'t, 'c> {
     }
 }
 
+/// Locks a bucket's row until commit.
+const LOCK_ROW: &str = "SELECT 1 FROM usage_ledger WHERE team_id = $1 AND user_id = $2 AND period = $3 \
+AND period_start_ms = $4 FOR UPDATE";
+
 type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
 
 /// Binds a bucket's `$1..$4`.
@@ -294,6 +298,14 @@ impl Backend for Pg<'_, '_> {
             .bind(team)
             .bind(head.seq)
             .bind(&head.hash)
+            .execute(&mut **self.tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn lock_row(&mut self, bucket: &Bucket) -> Result<(), StoreError> {
+        self.ensure_row(bucket).await?;
+        bind_key(sqlx::query(LOCK_ROW), bucket)
             .execute(&mut **self.tx)
             .await?;
         Ok(())

@@ -254,6 +254,11 @@ impl Backend for Sqlite<'_, '_> {
         Ok(false)
     }
 
+    async fn lock_row(&mut self, _: &Bucket) -> Result<(), StoreError> {
+        // BEGIN IMMEDIATE holds the database's one write lock.
+        Ok(())
+    }
+
     async fn bucket_caps(&mut self, bucket: &Bucket) -> Result<Option<Caps>, StoreError> {
         let mut stmt = self.tx.prepare_cached(bucket_caps(bucket))?;
         let mut args: Vec<&dyn ToSql> = vec![&bucket.team_id];
