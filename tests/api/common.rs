@@ -313,3 +313,38 @@ where
     }
     panic!("condition not reached within 10 s");
 }
+
+/// A SQLite store in `dir` migrated with the SQLite migrations before
+/// `first_left_out` only: a database of an older release, to upgrade.
+pub async fn sqlite_migrated_before(
+    dir: &std::path::Path,
+    first_left_out: &str,
+) -> ai_orchestrator::store::Store {
+    use ai_orchestrator::{config::DatabaseConfig, store::Store};
+    let before = dir.join("migrations");
+    std::fs::create_dir(&before).unwrap();
+    for entry in std::fs::read_dir("migrations/sqlite").unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.as_str() < first_left_out {
+            std::fs::copy(&path, before.join(name)).unwrap();
+        }
+    }
+    let url = format!("sqlite://{}", dir.join("upgraded.db").display());
+    let store = Store::connect(&DatabaseConfig {
+        url,
+        ..DatabaseConfig::default()
+    })
+    .await
+    .unwrap();
+    let Store::Sqlite(pool) = &store else {
+        unreachable!("a sqlite: URL")
+    };
+    sqlx::migrate::Migrator::new(before.as_path())
+        .await
+        .unwrap()
+        .run(pool)
+        .await
+        .unwrap();
+    store
+}

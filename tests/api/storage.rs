@@ -487,31 +487,10 @@ output_per_mtok = 2.0
 #[tokio::test]
 async fn the_slim_ledger_migration_keeps_records_and_reservations() {
     let dir = tempfile::tempdir().unwrap();
-    let before = dir.path().join("migrations");
-    std::fs::create_dir(&before).unwrap();
-    for entry in std::fs::read_dir("migrations/sqlite").unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if name.as_str() < "0005" {
-            std::fs::copy(&path, before.join(name)).unwrap();
-        }
-    }
-    let url = format!("sqlite://{}", dir.path().join("upgraded.db").display());
-    let store = Store::connect(&DatabaseConfig {
-        url,
-        ..DatabaseConfig::default()
-    })
-    .await
-    .unwrap();
+    let store = crate::common::sqlite_migrated_before(dir.path(), "0005").await;
     let Store::Sqlite(pool) = &store else {
         unreachable!("a sqlite: URL")
     };
-    sqlx::migrate::Migrator::new(before.as_path())
-        .await
-        .unwrap()
-        .run(pool)
-        .await
-        .unwrap();
     for (id, trace) in [(7, "old-1"), (9, "old-2")] {
         sqlx::query(
             "INSERT INTO usage_records (id, created_at_ms, team_id, task, trace_id, outcome) \

@@ -7,7 +7,6 @@ use super::{Db, FAST, caps::limits_cli, month_now};
 use crate::common::{TestApp, config_toml_with};
 use ai_orchestrator::{
     api::pb,
-    config::DatabaseConfig,
     store::Store,
     usage::{
         bucket::{Bucket, Period, day_of},
@@ -248,31 +247,10 @@ async fn limits_set_user_overrides_one_user() {
 #[tokio::test]
 async fn an_older_database_keeps_its_balances_and_caps() {
     let dir = tempfile::tempdir().unwrap();
-    let before = dir.path().join("migrations");
-    std::fs::create_dir(&before).unwrap();
-    for entry in std::fs::read_dir("migrations/sqlite").unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if name.as_str() < "0011" {
-            std::fs::copy(&path, before.join(name)).unwrap();
-        }
-    }
-    let url = format!("sqlite://{}", dir.path().join("upgraded.db").display());
-    let store = Store::connect(&DatabaseConfig {
-        url,
-        ..DatabaseConfig::default()
-    })
-    .await
-    .unwrap();
+    let store = crate::common::sqlite_migrated_before(dir.path(), "0011").await;
     let Store::Sqlite(pool) = &store else {
         unreachable!("a sqlite: URL")
     };
-    sqlx::migrate::Migrator::new(before.as_path())
-        .await
-        .unwrap()
-        .run(pool)
-        .await
-        .unwrap();
     let month = month_now();
     for sql in [
         format!(
