@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/ai/orchestrator/v1/tools.proto",
         "proto/ai/orchestrator/v1/audit.proto",
         "proto/ai/orchestrator/v1/agent.proto",
+        "proto/ai/orchestrator/v1/approvals.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

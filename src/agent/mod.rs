@@ -52,6 +52,8 @@ pub enum StopReason {
     Budget,
     /// The deadline passed.
     Deadline,
+    /// A tool call waits for a person's decision (SPEC §14.1); `resume` goes on.
+    ApprovalRequired,
 }
 
 impl StopReason {
@@ -63,6 +65,7 @@ impl StopReason {
             StopReason::MaxToolCalls => "MAX_TOOL_CALLS",
             StopReason::Budget => "BUDGET",
             StopReason::Deadline => "DEADLINE",
+            StopReason::ApprovalRequired => "APPROVAL_REQUIRED",
         }
     }
 }
@@ -102,6 +105,22 @@ pub enum AgentError {
     /// A layer of the prompt does not fit its budget.
     #[error(transparent)]
     Prompt(#[from] prompt::PromptError),
+    /// A tool call of the conversation waits for a decision (or for
+    /// `resume`): no new message until it is settled.
+    #[error(
+        "conversation `{conversation}` has a tool call awaiting approval {approval_id}: {what}"
+    )]
+    ApprovalPending {
+        /// The conversation.
+        conversation: String,
+        /// The approval it waits on.
+        approval_id: String,
+        /// What to do.
+        what: &'static str,
+    },
+    /// `resume` of a conversation with no held call.
+    #[error("conversation `{0}` has no tool call to resume")]
+    NothingToResume(String),
 }
 
 impl AgentError {
@@ -118,6 +137,8 @@ impl AgentError {
             AgentError::AgentMismatch { .. } => "CONVERSATION_AGENT_MISMATCH",
             AgentError::WindowExceeded { .. } => Self::PROMPT_EXCEEDS_WINDOW,
             AgentError::Prompt(p) => p.reason(),
+            AgentError::ApprovalPending { .. } => "APPROVAL_PENDING",
+            AgentError::NothingToResume(_) => "NOTHING_TO_RESUME",
         }
     }
 }

@@ -198,8 +198,12 @@ fn assemble_at(
     }
 
     // Checked before any cut: without room for the message there is no call.
-    let message = ChatMessage::text(Role::User, layers.message);
-    let message_cost = message_tokens_at(model, &message, precision);
+    // A resumed turn has none: the history ends with its held calls.
+    let message =
+        (!layers.message.is_empty()).then(|| ChatMessage::text(Role::User, layers.message));
+    let message_cost = message
+        .as_ref()
+        .map_or(0, |m| message_tokens_at(model, m, precision));
     let history_budget = u64::from(budgets.history);
     if message_cost > history_budget {
         return Err(PromptError::MessageTooLong {
@@ -247,7 +251,7 @@ fn assemble_at(
     counts.history_kept = layers.history.len() - start;
     counts.history_tokens = history_cost.saturating_add(message_cost);
     let mut messages: Vec<ChatMessage> = layers.history.iter().skip(start).cloned().collect();
-    messages.push(message);
+    messages.extend(message);
 
     Ok(Assembled {
         system,

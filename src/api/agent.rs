@@ -126,6 +126,7 @@ impl AgentApi {
                     priority: r.priority,
                 })
                 .collect(),
+            resume: req.resume,
         })
     }
 }
@@ -137,6 +138,7 @@ fn stop_reason(s: StopReason) -> pb::StopReason {
         StopReason::MaxToolCalls => pb::StopReason::MaxToolCalls,
         StopReason::Budget => pb::StopReason::Budget,
         StopReason::Deadline => pb::StopReason::Deadline,
+        StopReason::ApprovalRequired => pb::StopReason::ApprovalRequired,
     }
 }
 
@@ -224,6 +226,9 @@ impl AgentService for AgentApi {
                         })
                     }
                     TurnEvent::Fallback { from, to, reason } => Event::Fallback(pb::FallbackEvent { from, to, reason }),
+                    TurnEvent::ApprovalRequired { call_id, tool, approval_id } => {
+                        Event::ApprovalRequired(pb::ApprovalRequired { call_id, tool, approval_id })
+                    }
                     TurnEvent::MemorySuggestions(items) => Event::MemorySuggestions(pb::MemorySuggestions { items }),
                     TurnEvent::Completed(outcome) => Event::Completed(pb::TurnCompleted {
                         text: outcome.text,

@@ -122,6 +122,8 @@ pub(crate) enum Failure {
         /// The request's budget, USD, as sent.
         budget_usd: f64,
     },
+    /// An approval could not be decided.
+    Approval(crate::call::approvals::ApprovalError),
 }
 
 impl Failure {
@@ -310,6 +312,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             estimate_micros,
             budget_usd,
         } => tool_budget_exceeded(estimate_micros, budget_usd, &mut details, &mut info),
+        Failure::Approval(err) => approval_refusal(err, &mut info),
     };
     assemble(code, reason, &message, details, info, trace_id)
 }
@@ -529,6 +532,34 @@ fn tool_budget_exceeded(
     )
 }
 
+fn approval_refusal(
+    err: crate::call::approvals::ApprovalError,
+    info: &mut HashMap<String, String>,
+) -> Parts {
+    use crate::call::approvals::ApprovalError as E;
+    let code = match &err {
+        E::NotFound(_) => Code::NotFound,
+        E::CapabilityMissing(capability) => {
+            info.insert("capability".into(), capability.clone());
+            Code::PermissionDenied
+        }
+        E::OwnRequest => Code::PermissionDenied,
+        E::AlreadyDecided { status, .. } => {
+            info.insert("status".into(), (*status).to_owned());
+            Code::FailedPrecondition
+        }
+        E::Storage(detail) => {
+            tracing::error!(error = %detail, "storage failure deciding an approval");
+            return (
+                Code::Unavailable,
+                reason::STORAGE_UNAVAILABLE,
+                "storage is unavailable".to_owned(),
+            );
+        }
+    };
+    (code, err.reason(), err.to_string())
+}
+
 fn agent_refusal(err: AgentError, details: &mut ErrorDetails) -> Parts {
     let reason = err.reason();
     let code = match &err {
@@ -545,9 +576,10 @@ fn agent_refusal(err: AgentError, details: &mut ErrorDetails) -> Parts {
             details.set_retry_info(Some(Duration::from_secs(1)));
             Code::Aborted
         }
-        AgentError::AgentMismatch { .. } | AgentError::WindowExceeded { .. } => {
-            Code::FailedPrecondition
-        }
+        AgentError::AgentMismatch { .. }
+        | AgentError::WindowExceeded { .. }
+        | AgentError::ApprovalPending { .. }
+        | AgentError::NothingToResume(_) => Code::FailedPrecondition,
         AgentError::Prompt(_) => Code::InvalidArgument,
     };
     (code, reason, err.to_string())

@@ -188,6 +188,8 @@ impl ServerHandler for Endpoint {
                 mode: Mode::Sync,
                 idempotency_key: None,
                 agent: None,
+                call_id: None,
+                approved: None,
             },
         };
         let (result, _meta) = self
@@ -201,6 +203,17 @@ impl ServerHandler for Endpoint {
             (Status::Succeeded, Some(output), _) => {
                 let output = serde_json::Value::Object(output_object(output));
                 CallToolResult::structured(output).into()
+            }
+            // Held for a person: MCP has no pending result, so the client is
+            // told what to poll (GetToolInvocation) or decide (ApprovalService).
+            (Status::AwaitingApproval, _, _) => {
+                let text = format!(
+                    "AWAITING_APPROVAL: held for a person's decision (approval {}, invocation {}); \
+                     it runs once approved",
+                    result.approval_id.unwrap_or_default(),
+                    result.invocation_id
+                );
+                CallToolResult::error(vec![ContentBlock::text(text)]).into()
             }
             (_, _, error) => {
                 let text = error.map_or_else(

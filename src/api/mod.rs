@@ -4,6 +4,7 @@
 pub mod access;
 pub mod admin;
 pub mod agent;
+pub mod approvals;
 pub mod audit;
 pub mod auth;
 pub mod convert;

@@ -16,7 +16,7 @@ use crate::{
     },
     config::{Config, ServerConfig},
     tools::{
-        Kind, Status as InvocationStatus,
+        Kind, Status as InvocationStatus, approvals,
         invocations::{self, Mode},
     },
 };
@@ -78,6 +78,8 @@ impl ToolServiceApi {
             mode,
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
             agent: None,
+            call_id: None,
+            approved: None,
         })
     }
 }
@@ -97,6 +99,8 @@ fn status(s: InvocationStatus) -> pb::InvocationStatus {
         InvocationStatus::Succeeded => pb::InvocationStatus::Succeeded,
         InvocationStatus::Failed => pb::InvocationStatus::Failed,
         InvocationStatus::TimedOut => pb::InvocationStatus::TimedOut,
+        InvocationStatus::AwaitingApproval => pb::InvocationStatus::AwaitingApproval,
+        InvocationStatus::Rejected => pb::InvocationStatus::Rejected,
     }
 }
 
@@ -174,6 +178,7 @@ pub fn invocation(r: &ToolResult) -> pb::ToolInvocation {
         deduplicated: r.deduplicated,
         execution_id: r.execution_id.clone().unwrap_or_default(),
         attempts: u32::try_from(r.attempts).unwrap_or(0),
+        approval_id: r.approval_id.clone().unwrap_or_default(),
     }
 }
 
@@ -259,10 +264,16 @@ impl ToolService for ToolServiceApi {
             .await
             .map_err(|e| fail(Failure::Storage(e.to_string())))?;
         match found {
-            Some(inv) => Ok(reply(
-                &ctx.trace_id,
-                invocation(&ToolResult::from_stored(&inv, false)),
-            )),
+            Some(inv) => {
+                let mut result = ToolResult::from_stored(&inv, false);
+                // Held or not, the approval it went through (an indexed read).
+                result.approval_id =
+                    approvals::for_invocation(self.pipeline.store(), &ctx.team_id, &inv.id)
+                        .await
+                        .map_err(|e| fail(Failure::Storage(e.to_string())))?
+                        .map(|a| a.id);
+                Ok(reply(&ctx.trace_id, invocation(&result)))
+            }
             None => Err(fail(Failure::NotFound(format!(
                 "tool invocation `{}`",
                 req.invocation_id

@@ -24,6 +24,8 @@ pub enum Category {
     Admin,
     /// A model call through any edge (SPEC §14.3, `[audit] calls`).
     Call,
+    /// A tool call held for a person's decision (SPEC §14.1).
+    Approval,
 }
 
 impl Category {
@@ -36,6 +38,7 @@ impl Category {
             Category::Prompt => "prompt",
             Category::Admin => "admin",
             Category::Call => "call",
+            Category::Approval => "approval",
         }
     }
 
@@ -48,6 +51,7 @@ impl Category {
             "prompt" => Category::Prompt,
             "admin" => Category::Admin,
             "call" => Category::Call,
+            "approval" => Category::Approval,
             _ => return None,
         })
     }

@@ -6,6 +6,7 @@
 //! else enters `usage` for a call: it is recorded once, with all its model
 //! calls.
 
+pub mod approvals;
 mod audit;
 pub mod chat;
 mod context;

@@ -4,6 +4,7 @@
 //! file: a provider names the variable holding its key (`api_key_env`), read into a [`Secret`].
 
 pub mod agents;
+mod approvals;
 mod audit;
 mod auth;
 pub mod cluster;
@@ -24,6 +25,7 @@ pub use tools::{
 };
 
 pub use self::http::HttpConfig;
+pub use approvals::{ApprovalSetting, ApprovalsConfig};
 pub use audit::AuditConfig;
 pub use auth::{ApiKeyConfig, AuthConfig};
 pub use database::{DatabaseConfig, SqliteDurability};
@@ -141,6 +143,9 @@ pub struct Config {
     /// What the audit log records besides decisions (every model call, by default).
     #[serde(default)]
     pub audit: AuditConfig,
+    /// Which tool calls wait for a person, and for how long (SPEC §14.1).
+    #[serde(default)]
+    pub approvals: ApprovalsConfig,
     /// What loading changed that an operator should know (a capped timeout), logged at start.
     #[serde(skip)]
     pub notes: Vec<String>,

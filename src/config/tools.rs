@@ -91,6 +91,9 @@ pub struct ToolConfig {
     /// Writes or sends something (a `viewer` may never call it).
     #[serde(default)]
     pub side_effects: bool,
+    /// `always`: each call waits for a person's decision (SPEC §14.1).
+    #[serde(default)]
+    pub approval: super::ApprovalSetting,
     /// Capability a caller's role needs; default `tool:<name>`.
     #[serde(default)]
     pub capability: Option<String>,
@@ -271,6 +274,9 @@ pub struct McpServerConfig {
     /// Its tools write or send (a `viewer` may never call them).
     #[serde(default = "yes")]
     pub side_effects: bool,
+    /// `always`: each call of its tools waits for a person's decision.
+    #[serde(default)]
+    pub approval: super::ApprovalSetting,
     #[serde(default)]
     pub tenant_scoped: bool,
     #[serde(default)]

@@ -92,6 +92,8 @@ impl App {
         let on_scrape = scrape_hook(pipeline.clone());
         let tools = ToolServiceApi::new(config.clone(), pipeline.clone(), auth.clone());
         let agents = AgentApi::new(config.clone(), pipeline.clone(), auth.clone());
+        let approvals =
+            crate::api::approvals::ApprovalApi::new(config.clone(), pipeline.clone(), auth.clone());
         let mcp_addr = config.mcp_endpoint.as_ref().map(|e| e.listen);
         let mcp_listener = bind(mcp_addr, "the MCP endpoint").await?;
         let http_listener = bind(config.http.as_ref().map(|h| h.listen), "the HTTP edge").await?;
@@ -120,6 +122,7 @@ impl App {
                 tools,
                 agents,
                 audit,
+                approvals,
             },
             pipeline: background_pipeline,
             mcp_listener,

@@ -8,16 +8,16 @@
 
 use crate::{
     api::{
-        OrchestratorApi, admin::PromptAdminApi, agent::AgentApi, audit::AuditApi,
-        auth::AuthInterceptor, pb, tools::ToolServiceApi,
+        OrchestratorApi, admin::PromptAdminApi, agent::AgentApi, approvals::ApprovalApi,
+        audit::AuditApi, auth::AuthInterceptor, pb, tools::ToolServiceApi,
     },
     auth::Authenticator,
     config::ServerConfig,
 };
 use pb::{
-    agent_service_server::AgentServiceServer, audit_service_server::AuditServiceServer,
-    orchestrator_server::OrchestratorServer, prompt_admin_server::PromptAdminServer,
-    tool_service_server::ToolServiceServer,
+    agent_service_server::AgentServiceServer, approval_service_server::ApprovalServiceServer,
+    audit_service_server::AuditServiceServer, orchestrator_server::OrchestratorServer,
+    prompt_admin_server::PromptAdminServer, tool_service_server::ToolServiceServer,
 };
 use std::sync::Arc;
 use tonic::{
@@ -33,6 +33,7 @@ pub(super) struct Authenticated {
     pub tools: ToolServiceApi,
     pub agents: AgentApi,
     pub audit: AuditApi,
+    pub approvals: ApprovalApi,
 }
 
 /// `Orchestrator` methods with their own limit, never above `max_message_bytes`.
@@ -78,6 +79,10 @@ pub(super) fn add_authenticated(
         ))
         .add_service(guarded(
             AuditServiceServer::new(services.audit).max_decoding_message_size(limit),
+            auth,
+        ))
+        .add_service(guarded(
+            ApprovalServiceServer::new(services.approvals).max_decoding_message_size(limit),
             auth,
         ));
     for (method, limit) in method_limits(server) {

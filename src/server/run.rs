@@ -108,6 +108,7 @@ struct Background {
     sweeper: Option<JoinHandle<()>>,
     conversation_sweeper: Option<JoinHandle<()>>,
     worker: JoinHandle<()>,
+    approval_sweeper: JoinHandle<()>,
     mcp_clients: Vec<JoinHandle<()>>,
     probes: Vec<JoinHandle<()>>,
     cluster_watch: Option<JoinHandle<()>>,
@@ -147,6 +148,10 @@ impl Background {
             pipeline.clone(),
             stopped.clone(),
         ));
+        let approval_sweeper = tokio::spawn(crate::call::approvals::run_sweeper(
+            pipeline.clone(),
+            stopped.clone(),
+        ));
         let env: crate::tools::mcp::Env = Arc::new(|name| std::env::var(name).ok());
         let mcp_clients = config
             .mcp_servers
@@ -172,6 +177,7 @@ impl Background {
             sweeper,
             conversation_sweeper,
             worker,
+            approval_sweeper,
             mcp_clients,
             probes,
             cluster_watch,
@@ -193,6 +199,7 @@ impl Background {
         for task in [
             self.sweeper,
             self.conversation_sweeper,
+            Some(self.approval_sweeper),
             self.key_refresher,
             metrics_task,
         ]

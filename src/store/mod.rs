@@ -44,6 +44,9 @@ pub enum StoreError {
     /// An operation this backend does not offer.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// A row the operation relied on changed under it; trying again may succeed.
+    #[error("{0}")]
+    Raced(&'static str),
 }
 
 /// Runs `$body` once per backend with `$pool` bound to its pool, for SQL valid on both: the

@@ -3,6 +3,7 @@
 //! built-ins, webhooks (`http`), MCP servers (`mcp`). The entry point itself
 //! is the pipeline's (`call::tool`): tools are metered and audited like models.
 
+pub mod approvals;
 pub mod builtin;
 pub mod cost;
 pub mod executor;
@@ -145,6 +146,10 @@ pub enum Status {
     /// Failed (including an output that breaks `output_schema`).
     Failed,
     TimedOut,
+    /// Held until a person decides (SPEC §14.1); runs as ASYNC once approved.
+    AwaitingApproval,
+    /// Its approval was rejected or expired: it never ran.
+    Rejected,
 }
 
 impl Status {
@@ -156,6 +161,8 @@ impl Status {
             Status::Succeeded => "SUCCEEDED",
             Status::Failed => "FAILED",
             Status::TimedOut => "TIMED_OUT",
+            Status::AwaitingApproval => "AWAITING_APPROVAL",
+            Status::Rejected => "REJECTED",
         }
     }
 
@@ -167,13 +174,18 @@ impl Status {
             "SUCCEEDED" => Status::Succeeded,
             "FAILED" => Status::Failed,
             "TIMED_OUT" => Status::TimedOut,
+            "AWAITING_APPROVAL" => Status::AwaitingApproval,
+            "REJECTED" => Status::Rejected,
             _ => return None,
         })
     }
 
     /// Whether the invocation is over.
     pub fn finished(self) -> bool {
-        matches!(self, Status::Succeeded | Status::Failed | Status::TimedOut)
+        matches!(
+            self,
+            Status::Succeeded | Status::Failed | Status::TimedOut | Status::Rejected
+        )
     }
 }
 

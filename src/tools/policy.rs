@@ -2,7 +2,7 @@
 //! and the tool, so every reason is a unit test.
 
 use super::{Denial, Tool};
-use crate::domain::Role;
+use crate::{config::ApprovalsConfig, domain::Role};
 
 /// Who asks, with its role's capabilities, and for which team.
 #[derive(Debug, Clone)]
@@ -43,6 +43,23 @@ pub fn gate(caller: &Caller<'_>, tool: &Tool) -> Result<(), Denial> {
         return Err(Denial::TenantRequired);
     }
     Ok(())
+}
+
+/// Whether a call of `tool` waits for a person (SPEC §14.1): its own
+/// `approval = "always"`, or `[approvals] side_effects` over a tool that has them.
+pub fn needs_approval(tool: &Tool, approvals: &ApprovalsConfig) -> bool {
+    tool.approval || (approvals.side_effects && tool.side_effects)
+}
+
+/// The capability that decides, and auto-approves, calls of the tool `name`.
+pub fn approve_capability(name: &str) -> String {
+    format!("approve:{name}")
+}
+
+/// Whether `capabilities` include `approve:<name>` (or `approve:*`, or `*`).
+pub fn may_approve(capabilities: &[String], name: &str) -> bool {
+    let wanted = approve_capability(name);
+    capabilities.iter().any(|p| grants(p, &wanted))
 }
 
 /// Whether `caller` may see `tool` in a listing: only what the gate allows.
@@ -92,6 +109,30 @@ enabled = {enabled}
         assert!(!grants("tool:crm.add_note", "tool:crm.add_notes"));
         assert!(!grants("tool:sms.*", "tool:crm.add_note"));
         assert!(!grants("tool:crm", "tool:crm.add_note"));
+    }
+
+    #[test]
+    fn approval_follows_the_tool_or_side_effects_and_approve_capabilities_grant_by_prefix() {
+        let sends = tool(true, true, true);
+        let off = ApprovalsConfig::default();
+        let on = ApprovalsConfig {
+            side_effects: true,
+            ..ApprovalsConfig::default()
+        };
+        assert!(!needs_approval(&sends, &off));
+        assert!(needs_approval(&sends, &on));
+        assert!(!needs_approval(&tool(false, true, true), &on));
+        let caps = |c: &[&str]| c.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(may_approve(
+            &caps(&["approve:crm.add_note"]),
+            "crm.add_note"
+        ));
+        assert!(may_approve(&caps(&["approve:*"]), "crm.add_note"));
+        assert!(may_approve(&caps(&["approve:crm.*"]), "crm.add_note"));
+        assert!(!may_approve(
+            &caps(&["approve:sms.*", "tool:*"]),
+            "crm.add_note"
+        ));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use super::{Denial, Kind, mcp::McpTool};
 use crate::config::{
-    Config, ToolConfig, ToolKind,
+    ApprovalSetting, Config, ToolConfig, ToolKind,
     tools::{CostConfig, QuotaConfig, ToolRetryConfig},
 };
 use semver::Version;
@@ -24,6 +24,8 @@ pub struct Tool {
     pub enabled: bool,
     /// Writes or sends something.
     pub side_effects: bool,
+    /// Its own setting asks a person before each call (`approval = "always"`).
+    pub approval: bool,
     /// The capability a caller needs.
     pub capability: String,
     /// Acts on a team's data (refused without one).
@@ -146,6 +148,7 @@ impl Registry {
                 kind: Kind::Builtin,
                 enabled: true,
                 side_effects: false,
+                approval: false,
                 capability: format!("tool:{name}"),
                 tenant_scoped: false,
                 timeout: Duration::from_secs(30),
@@ -160,6 +163,7 @@ impl Registry {
                 tool.timeout = t.timeout;
                 tool.cost = t.cost.clone();
                 tool.quota = t.quota;
+                tool.approval = t.approval == ApprovalSetting::Always;
                 if let Some(cap) = &t.capability {
                     tool.capability.clone_from(cap);
                 }
@@ -259,6 +263,7 @@ fn configured_tool(key: &str, t: &ToolConfig) -> Result<Tool, String> {
         kind: Kind::Http(http),
         enabled: t.enabled,
         side_effects: t.side_effects,
+        approval: t.approval == ApprovalSetting::Always,
         tenant_scoped: t.tenant_scoped.unwrap_or(true),
         timeout: t.timeout,
         input: compile(&t.input_schema)
@@ -301,6 +306,7 @@ pub fn mcp_tool(
         },
         enabled: true,
         side_effects: settings.side_effects,
+        approval: settings.approval == ApprovalSetting::Always,
         tenant_scoped: settings.tenant_scoped,
         timeout: settings.timeout,
         input,

@@ -37,7 +37,12 @@ use tracing::Instrument;
 struct TurnBody {
     #[serde(default)]
     conversation_id: Option<String>,
+    /// Empty (or absent) only with `resume`.
+    #[serde(default)]
     message: String,
+    /// Settles the conversation's held tool calls, then goes on (SPEC §14.1).
+    #[serde(default)]
+    resume: bool,
     #[serde(default)]
     preferences: Option<PreferencesBody>,
     #[serde(default)]
@@ -131,6 +136,7 @@ fn turn_request(agent: String, body: TurnBody) -> Result<crate::call::turn::Turn
                 priority: r.priority,
             })
             .collect(),
+        resume: body.resume,
     })
 }
 
@@ -164,6 +170,10 @@ fn sse(
                 TurnEvent::Fallback { from, to, reason } => {
                     ("fallback", json!({"from": from, "to": to, "reason": reason}))
                 }
+                TurnEvent::ApprovalRequired { call_id, tool, approval_id } => (
+                    "approval.required",
+                    json!({"call_id": call_id, "tool": tool, "approval_id": approval_id}),
+                ),
                 TurnEvent::MemorySuggestions(items) => {
                     ("memory.suggestions", json!({"items": items}))
                 }

@@ -3,6 +3,7 @@
 //! over real HTTP (streams sent frame by frame), the scripted mock, real
 //! SQLite files and PostgreSQL.
 
+mod approvals;
 mod conversations;
 mod edges;
 mod golden;
@@ -191,6 +192,7 @@ pub fn kinds(events: &[Event]) -> Vec<&'static str> {
             Event::ToolResult(_) => "tool_result",
             Event::Fallback(_) => "fallback",
             Event::MemorySuggestions(_) => "memory_suggestions",
+            Event::ApprovalRequired(_) => "approval_required",
             Event::Completed(_) => "completed",
         };
         if !(kind == "delta" && out.last() == Some(&"delta")) {

@@ -2,6 +2,7 @@
 //! port 0 with auth, the generated clients, a fake workflow webhook that
 //! counts its calls, real SQLite files and PostgreSQL.
 
+mod approvals;
 mod audit;
 mod audit_calls;
 mod audit_list;

@@ -77,6 +77,15 @@ pub enum TurnEvent<M, E> {
         /// Stable error code.
         reason: String,
     },
+    /// A tool call waits for a person's decision: it was not run.
+    ApprovalRequired {
+        /// The model's ID for it.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// The approval to decide.
+        approval_id: String,
+    },
     /// The answer's memory suggestions.
     MemorySuggestions(Vec<String>),
     /// The turn ended.
@@ -112,8 +121,11 @@ pub struct Start {
     pub turn: u32,
     /// The system prompt: layers 1-4 (and the memory instruction).
     pub system: String,
-    /// Layer 5: the kept history and the new message, last.
+    /// Layer 5: the kept history and the new message, last (or, resumed,
+    /// the history ending with the held calls).
     pub messages: Vec<ChatMessage>,
+    /// The held calls a resumed turn settles first (decided by a person).
+    pub resume: Vec<ToolCall>,
     /// The tools offered, in our names.
     pub tools: Vec<ToolSpec>,
     /// Every tool the agent's patterns allow, offered or not: a call of
@@ -160,6 +172,8 @@ struct Turn<S: TurnSession> {
     system: String,
     /// What the model sees: the history, the message, the turn so far.
     messages: Vec<ChatMessage>,
+    /// Held calls to settle before the first model call.
+    resume: Vec<ToolCall>,
     tools: Vec<ToolSpec>,
     /// Every name the model may see, offered or in the history, with its
     /// wire name, once for the whole turn.
@@ -191,6 +205,7 @@ impl<S: TurnSession> Turn<S> {
             turn,
             system,
             messages,
+            resume,
             tools,
             known,
             deadline,
@@ -203,7 +218,12 @@ impl<S: TurnSession> Turn<S> {
                     .flat_map(|m| m.tool_calls.iter().map(|c| c.name.as_str())),
             ),
         );
-        let stored = vec![messages.last().cloned().unwrap_or_default()];
+        // A resumed turn has no message of its own: it stores what it adds.
+        let stored = if resume.is_empty() {
+            vec![messages.last().cloned().unwrap_or_default()]
+        } else {
+            Vec::new()
+        };
         Self {
             session,
             name,
@@ -212,6 +232,7 @@ impl<S: TurnSession> Turn<S> {
             turn,
             system,
             messages,
+            resume,
             tools,
             names,
             deadline,
@@ -232,11 +253,45 @@ impl<S: TurnSession> Turn<S> {
     async fn run(mut self) {
         let conversation_id = self.conversation_id.clone();
         self.emit.send(TurnEvent::Started { conversation_id }).await;
-        self.session.started(self.messages.last()).await;
-        match self.iterate().await {
+        let message = self
+            .resume
+            .is_empty()
+            .then(|| self.messages.last())
+            .flatten();
+        self.session.started(message).await;
+        let ended = match self.resume_held().await {
+            Ok(None) => self.iterate().await,
+            Ok(Some(stop)) => Ok(stop),
+            Err(err) => Err(err),
+        };
+        match ended {
             Ok(stop) => self.complete(stop).await,
             Err(err) => self.fail(err).await,
         }
+    }
+
+    /// A resumed turn's held calls, settled as a person decided (an
+    /// approved call runs, a rejected one is answered as such) before the
+    /// model goes on. `Some(stop)` when that already ends the turn.
+    async fn resume_held(&mut self) -> Result<Option<StopReason>, S::Error> {
+        if self.resume.is_empty() {
+            return Ok(None);
+        }
+        let calls = std::mem::take(&mut self.resume);
+        let room = self.admit(&calls).await;
+        self.settle(&calls, room).await
+    }
+
+    /// Gives `calls` their places under `max_tool_calls`, announcing each:
+    /// the calls from the returned index on are refused over the cap.
+    async fn admit(&mut self, calls: &[ToolCall]) -> usize {
+        let room = self.agent.max_tool_calls.saturating_sub(self.admitted) as usize;
+        self.admitted += u32::try_from(calls.len().min(room)).unwrap_or(u32::MAX);
+        for c in calls {
+            let (call_id, tool) = (c.id.clone(), c.name.clone());
+            self.emit.send(TurnEvent::ToolCall { call_id, tool }).await;
+        }
+        room
     }
 
     /// Iterations until the model answers or a cap (iterations, the
@@ -386,33 +441,48 @@ impl<S: TurnSession> Turn<S> {
         };
         self.messages.push(assistant.clone());
         self.stored.push(assistant);
-        let room = self.agent.max_tool_calls.saturating_sub(self.admitted) as usize;
+        let room = self.admit(&calls).await;
         let over_cap = calls.len() > room;
-        self.admitted += u32::try_from(calls.len().min(room)).unwrap_or(u32::MAX);
-        for c in &calls {
-            let (call_id, tool) = (c.id.clone(), c.name.clone());
-            self.emit.send(TurnEvent::ToolCall { call_id, tool }).await;
+        if let Some(stop) = self.settle(&calls, room).await? {
+            return Ok(Some(stop));
         }
+        Ok(over_cap.then_some(StopReason::MaxToolCalls))
+    }
+
+    /// Runs `calls` (those from `room` on refused over the cap) on a call
+    /// of their own and appends their results. `Some(stop)` when the
+    /// budget is spent or a call waits for approval: the held call has no
+    /// result yet, the resumed turn gives it one.
+    async fn settle(
+        &mut self,
+        calls: &[ToolCall],
+        room: usize,
+    ) -> Result<Option<StopReason>, S::Error> {
         let Some(left) = self.session.budget_left() else {
-            self.refuse_over_budget(&calls).await;
+            self.refuse_over_budget(calls).await;
             return Ok(Some(StopReason::Budget));
         };
         let on = self.session.tools(self.iterations, left);
-        let results = match self.run_tools(&on, &calls, room).await {
+        let results = match self.run_tools(&on, calls, room).await {
             Ok(results) => results,
             Err(err) => {
                 on.abandon().await;
                 return Err(err);
             }
         };
-        for outcome in results.into_iter().flatten() {
+        let mut held = false;
+        for outcome in results {
+            let Some(outcome) = outcome else {
+                held = true;
+                continue;
+            };
             let message = tool_message(outcome);
             self.messages.push(message.clone());
             self.stored.push(message);
         }
         let meta = on.finish().await?;
         self.session.add(&meta, false);
-        Ok(over_cap.then_some(StopReason::MaxToolCalls))
+        Ok(held.then_some(StopReason::ApprovalRequired))
     }
 
     /// The budget was spent by the model call that asked for `calls`:
@@ -459,7 +529,17 @@ impl<S: TurnSession> Turn<S> {
         };
         let mut results = vec![None; calls.len()];
         while let Some((i, done)) = running.next().await {
-            let (mut outcome, report) = done?;
+            let (mut outcome, mut report) = done?;
+            if let Some(approval_id) = report.approval_id.take() {
+                let (call_id, tool) = (outcome.call_id, outcome.name);
+                let event = TurnEvent::ApprovalRequired {
+                    call_id,
+                    tool,
+                    approval_id,
+                };
+                self.emit.send(event).await;
+                continue;
+            }
             if report.executed {
                 self.tool_calls += 1;
             }

@@ -13,7 +13,7 @@ const MAX_RESULT_BYTES: usize = 64 * 1024;
 /// How one tool call ended, for the `tool_result` event and metrics.
 #[derive(Debug, Clone)]
 pub struct Report {
-    /// SUCCEEDED, FAILED, TIMED_OUT or DENIED.
+    /// SUCCEEDED, FAILED, TIMED_OUT, DENIED, REJECTED or AWAITING_APPROVAL.
     pub status: &'static str,
     /// How long it took.
     pub duration_ms: u64,
@@ -21,6 +21,8 @@ pub struct Report {
     pub error_code: String,
     /// It reached the tool (counts against `max_tool_calls`).
     pub executed: bool,
+    /// It was not run: it waits for this approval.
+    pub approval_id: Option<String>,
 }
 
 /// An error result for `call`.
@@ -69,6 +71,7 @@ pub fn over_cap(call: &ToolCall, cap: u32) -> (ToolOutcome, Report) {
             duration_ms: 0,
             error_code: "MAX_TOOL_CALLS".into(),
             executed: false,
+            approval_id: None,
         },
     )
 }
@@ -88,6 +91,27 @@ pub fn refused_over_budget(call: &ToolCall) -> (ToolOutcome, Report) {
             duration_ms: 0,
             error_code: "BUDGET_EXCEEDED".into(),
             executed: false,
+            approval_id: None,
+        },
+    )
+}
+
+/// A held call a person rejected (or let expire), as the model reads it
+/// when the conversation resumes: `{"error": "rejected: <reason>"}`.
+pub fn rejected(call: &ToolCall, reason: &str) -> (ToolOutcome, Report) {
+    (
+        ToolOutcome {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            content: json!({ "error": format!("rejected: {reason}") }).to_string(),
+            is_error: true,
+        },
+        Report {
+            status: "REJECTED",
+            duration_ms: 0,
+            error_code: "REJECTED".into(),
+            executed: false,
+            approval_id: None,
         },
     )
 }

@@ -7,6 +7,7 @@
 //! `tool.call` in the same group commit as its result. A workflow claims
 //! its idempotency key first; a later holder gets the first invocation.
 
+mod approval;
 mod audit;
 mod run;
 
@@ -44,6 +45,10 @@ pub struct ToolRequest {
     pub idempotency_key: Option<String>,
     /// An agent's limits, when an agent's model asked for the call.
     pub agent: Option<AgentScope>,
+    /// The model's ID of an agent's call: a held call is approved by it.
+    pub call_id: Option<String>,
+    /// The approval a person gave this call: it runs without asking again.
+    pub approved: Option<String>,
 }
 
 /// A caller's tool invocation (`InvokeTool`, MCP `tools/call`), as a feature.
@@ -97,6 +102,8 @@ pub struct ToolResult {
     pub execution_id: Option<String>,
     /// POSTs made to a workflow's webhook.
     pub attempts: i64,
+    /// The approval it waits for (or waited for).
+    pub approval_id: Option<String>,
 }
 
 impl ToolResult {
@@ -114,6 +121,7 @@ impl ToolResult {
             deduplicated,
             execution_id: inv.execution_id.clone(),
             attempts: inv.attempts,
+            approval_id: None,
         }
     }
 }
@@ -126,6 +134,8 @@ struct Admitted {
     /// A SYNC invocation's concurrency slot, held while it runs.
     slot: Option<Slot>,
     now_ms: i64,
+    /// Whether it waits for a person.
+    gate: approval::Gate,
 }
 
 /// An invocation's stored row, and a SYNC row's lease (guards `finish`).
@@ -135,9 +145,9 @@ struct Row {
 }
 
 /// Who runs an invocation whose row claimed its idempotency key.
-enum Claim {
+enum Claim<R = Row> {
     /// This call: the row is new.
-    Ours(Box<Row>),
+    Ours(Box<R>),
     /// An earlier holder of the key (its invocation, and the key).
     Theirs(Box<Invocation>, String),
 }
@@ -179,6 +189,7 @@ impl Done {
             deduplicated: false,
             execution_id: self.execution_id,
             attempts: self.attempts,
+            approval_id: None,
         }
     }
 }
@@ -259,21 +270,18 @@ impl Call {
     ) -> Result<ToolResult, CallError> {
         let admitted = self.admit(principal, &req, span).await?;
         let called = self.call_event(principal, &req, &admitted);
+        if admitted.gate == approval::Gate::Held {
+            return self.hold(principal, &req, admitted, called, span).await;
+        }
         // A workflow claims its key first: the unique key, not a check, decides who runs.
         let needs_row = matches!(admitted.tool.kind, Kind::Http(_)) || req.mode == Mode::Async;
         let row = if needs_row {
             match self.claim(principal, &req, &admitted).await? {
                 Claim::Ours(row) => Some(*row),
                 Claim::Theirs(first, key) => {
-                    // Deduplicated: nothing runs, nothing more is charged.
-                    let mut dedup = called;
-                    dedup.decision = "deduplicated".into();
-                    dedup.idempotency_key = Some(key);
-                    self.audit(vec![dedup]).await?;
-                    let kind = admitted.tool.kind.as_str();
-                    self.log().add_tool(kind, admitted.id, 0, Duration::ZERO);
-                    span.record("status", first.status.as_str());
-                    return Ok(ToolResult::from_stored(&first, true));
+                    return self
+                        .deduplicated(called, &admitted, &first, key, span)
+                        .await;
                 }
             }
         } else {
@@ -293,6 +301,30 @@ impl Call {
                 self.execute(principal, &req, admitted, row, span).await
             }
         }
+    }
+
+    /// The first holder of the idempotency key answers: nothing runs,
+    /// nothing more is charged.
+    async fn deduplicated(
+        &self,
+        called: AuditEvent,
+        a: &Admitted,
+        first: &Invocation,
+        key: String,
+        span: &tracing::Span,
+    ) -> Result<ToolResult, CallError> {
+        let mut dedup = called;
+        dedup.decision = "deduplicated".into();
+        dedup.idempotency_key = Some(key);
+        self.audit(vec![dedup]).await?;
+        let kind = a.tool.kind.as_str();
+        self.log().add_tool(kind, a.id.clone(), 0, Duration::ZERO);
+        span.record("status", first.status.as_str());
+        let mut result = ToolResult::from_stored(first, true);
+        if first.status == Status::AwaitingApproval || first.status == Status::Rejected {
+            result.approval_id = self.approval_of(first).await;
+        }
+        Ok(result)
     }
 
     /// Steps 1 to 5: look up, policy gate (and the agent's list), input
@@ -327,16 +359,25 @@ impl Call {
             let denial = Denial::InputInvalid(violations);
             return Err(self.deny(&id, &req.input, denial).await);
         }
+        let gate = self.approval_gate(&tool, &capabilities, req);
         let estimate = cost::estimate(&tool.cost, &req.input, tool.timeout);
         self.reserve_tool(&tool, &id, &req.input, estimate).await?;
         let now_ms = chrono::Utc::now().timestamp_millis();
-        match self.take_quota(&tool, &id, req.mode, now_ms).await {
+        let quota = match (gate, &req.agent) {
+            // An agent's held call is not run now: its quota is taken when it is.
+            (approval::Gate::Held, Some(_)) => Ok(None),
+            // Held, it runs later as ASYNC does: its hour counts now.
+            (approval::Gate::Held, None) => self.take_quota(&tool, &id, Mode::Async, now_ms).await,
+            _ => self.take_quota(&tool, &id, req.mode, now_ms).await,
+        };
+        match quota {
             Ok(slot) => Ok(Admitted {
                 tool,
                 id,
                 estimate,
                 slot,
                 now_ms,
+                gate,
             }),
             Err(d) => Err(self.deny(&id, &req.input, d).await),
         }
@@ -398,7 +439,7 @@ impl Call {
             call_action,
             &a.id,
         )
-        .decided("allow", "")
+        .decided("allow", a.gate.reason())
         .with_input(&req.input);
         AuditEvent {
             estimated_cost_micros: Some(a.estimate),

@@ -6,6 +6,7 @@
 
 mod audit;
 mod calls;
+mod held;
 mod lease;
 mod prepare;
 mod session;
@@ -82,6 +83,7 @@ fn run(
         tools,
         known,
         prompt,
+        resumed,
     } = turn;
     let start = Start {
         name: name.clone(),
@@ -90,6 +92,7 @@ fn run(
         turn: conversation.turns + 1,
         system,
         messages,
+        resume: resumed.calls,
         tools,
         known,
         deadline: ctx.deadline,
@@ -105,6 +108,7 @@ fn run(
         token,
         held,
         prompt,
+        resolved: std::sync::Arc::new(resumed.resolved),
         totals: Totals::new(),
         _slot: slot,
     };

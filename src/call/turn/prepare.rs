@@ -3,6 +3,7 @@
 
 use super::{
     super::{CallContext, CallError, Pipeline},
+    held::Resumed,
     lease::Held,
 };
 use crate::{
@@ -32,6 +33,9 @@ pub struct TurnRequest {
     pub preferences: Preferences,
     /// Layer 4.
     pub retrieved: Vec<Retrieved>,
+    /// Settles the conversation's held tool calls as decided, then goes
+    /// on, with no message (SPEC §14.1).
+    pub resume: bool,
 }
 
 /// A turn ready to run.
@@ -54,6 +58,17 @@ pub(super) struct Prepared {
     pub known: Vec<String>,
     /// The governed prompt: `(owner team, key, version)`; version 0 is none.
     pub prompt: (String, String, u32),
+    /// A resumed turn's held calls and their decisions.
+    pub resumed: Resumed,
+}
+
+/// What `assemble` gives a turn.
+struct Assembly {
+    system: String,
+    messages: Vec<ChatMessage>,
+    tools: Vec<ToolSpec>,
+    prompt: (String, String, u32),
+    resumed: Resumed,
 }
 
 /// Unix ms now.
@@ -77,12 +92,7 @@ impl Pipeline {
             }
             .into());
         };
-        if req.message.trim().is_empty() {
-            return Err(CallError::Invalid(vec![(
-                "message".into(),
-                "is required".into(),
-            )]));
-        }
+        check_message(&req)?;
         let store = self.store();
         let now = now_ms();
         let left = ctx.deadline.saturating_duration_since(Instant::now());
@@ -140,7 +150,13 @@ impl Pipeline {
             .assemble(ctx, principal, &agent, &conversation, &req)
             .await;
         match assembled {
-            Ok((system, messages, tools, prompt)) => Ok(Prepared {
+            Ok(Assembly {
+                system,
+                messages,
+                tools,
+                prompt,
+                resumed,
+            }) => Ok(Prepared {
                 known: self
                     .toolbox()
                     .registry
@@ -158,6 +174,7 @@ impl Pipeline {
                 messages,
                 tools,
                 prompt,
+                resumed,
             }),
             Err(e) => {
                 held.release(ctx).await;
@@ -166,7 +183,6 @@ impl Pipeline {
         }
     }
 
-    #[allow(clippy::type_complexity)] // one use: `prepare` takes it apart
     async fn assemble(
         &self,
         ctx: &CallContext,
@@ -174,15 +190,7 @@ impl Pipeline {
         agent: &AgentConfig,
         conversation: &Conversation,
         req: &TurnRequest,
-    ) -> Result<
-        (
-            String,
-            Vec<ChatMessage>,
-            Vec<ToolSpec>,
-            (String, String, u32),
-        ),
-        CallError,
-    > {
+    ) -> Result<Assembly, CallError> {
         if conversation.agent != req.agent {
             return Err(AgentError::AgentMismatch {
                 conversation: conversation.id.clone(),
@@ -191,6 +199,9 @@ impl Pipeline {
             .into());
         }
         let history = self.history(agent, conversation).await?;
+        let resumed = self
+            .held(&ctx.team_id, &conversation.id, &history, req.resume)
+            .await?;
         let governed = self.governed(&ctx.team_id, agent).await?;
         let governed_text = governed.as_ref().map(|p| p.system.clone());
         let (system, messages) = layered(ctx, agent, governed_text, req, history).await?;
@@ -198,8 +209,14 @@ impl Pipeline {
         let prompt = governed.map_or((String::new(), String::new(), 0), |p| {
             (p.owner, p.key, p.version)
         });
-        debug_assert!(messages.last().is_some_and(|m| m.role == Role::User));
-        Ok((system, messages, tools, prompt))
+        debug_assert!(req.resume || messages.last().is_some_and(|m| m.role == Role::User));
+        Ok(Assembly {
+            system,
+            messages,
+            tools,
+            prompt,
+            resumed,
+        })
     }
 
     /// Layer 5's history: the conversation's kept messages.
@@ -262,6 +279,20 @@ impl Pipeline {
                 parameters: t.input_schema.clone(),
             })
             .collect()
+    }
+}
+
+/// A turn has a message, or resumes a conversation with none.
+fn check_message(req: &TurnRequest) -> Result<(), CallError> {
+    let invalid =
+        |field: &str, why: &str| Err(CallError::Invalid(vec![(field.into(), why.into())]));
+    match (req.resume, req.message.trim().is_empty()) {
+        (false, true) => invalid("message", "is required"),
+        (true, false) => invalid("message", "must be empty when `resume` is set"),
+        (true, true) if req.conversation_id.is_none() => {
+            invalid("conversation_id", "is required when `resume` is set")
+        }
+        _ => Ok(()),
     }
 }
 

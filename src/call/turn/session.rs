@@ -2,6 +2,7 @@
 //! each model call and each iteration's tools a call of its own (opened by
 //! [`Opener`]), the turn's audit events, its storage and its totals.
 
+use super::held::Resolution;
 use super::{
     audit,
     calls::Opener,
@@ -21,6 +22,7 @@ use crate::{
     router::{RouteError, RouteEvent},
 };
 use futures::{StreamExt, stream::BoxStream};
+use std::{collections::BTreeMap, sync::Arc};
 use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 
 /// One turn's hold on the pipeline.
@@ -36,6 +38,8 @@ pub(super) struct PipelineTurn {
     pub held: Held,
     /// The governed prompt: `(owner team, key, version)`.
     pub prompt: (String, String, u32),
+    /// A resumed turn's held calls, as decided, by call ID.
+    pub resolved: Arc<BTreeMap<String, Resolution>>,
     pub totals: Totals,
     /// The turn's slot under `server.max_concurrent_requests`.
     pub _slot: OwnedSemaphorePermit,
@@ -110,6 +114,7 @@ impl TurnSession for PipelineTurn {
                 tools: self.agent.tools.clone(),
                 timeout: self.agent.tool_timeout,
             },
+            resolved: Arc::clone(&self.resolved),
         }
     }
 
@@ -229,6 +234,7 @@ pub(super) struct IterationTools {
     call: Call,
     principal: Principal,
     scope: AgentScope,
+    resolved: Arc<BTreeMap<String, Resolution>>,
 }
 
 impl ToolCalls for IterationTools {
@@ -236,7 +242,8 @@ impl ToolCalls for IterationTools {
     type Meta = CallMeta;
 
     async fn run(&self, call: &ToolCall) -> Result<(ToolOutcome, Report), CallError> {
-        tools::run(&self.call, &self.principal, &self.scope, call).await
+        let resolved = self.resolved.get(&call.id);
+        tools::run(&self.call, &self.principal, &self.scope, call, resolved).await
     }
 
     async fn over_cap(&self, call: &ToolCall, cap: u32) -> (ToolOutcome, Report) {

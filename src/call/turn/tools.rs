@@ -5,6 +5,7 @@
 //! to the caller.
 
 use super::super::{Call, CallError, tool::AgentScope, tool::ToolRequest};
+use super::held::Resolution;
 use crate::{
     agent::turn::{
         Report,
@@ -59,7 +60,11 @@ pub async fn run(
     principal: &Principal,
     scope: &AgentScope,
     tc: &ToolCall,
+    resolved: Option<&Resolution>,
 ) -> Result<(ToolOutcome, Report), CallError> {
+    if let Some(Resolution::Rejected(reason)) = resolved {
+        return Ok(outcomes::rejected(tc, reason));
+    }
     let started = Instant::now();
     let took = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let parsed = tc
@@ -81,6 +86,7 @@ pub async fn run(
                     duration_ms: took(),
                     error_code: "ARGUMENTS_INVALID".into(),
                     executed: false,
+                    approval_id: None,
                 },
             ));
         }
@@ -91,8 +97,23 @@ pub async fn run(
         mode: Mode::Sync,
         idempotency_key: None,
         agent: Some(scope.clone()),
+        call_id: Some(tc.id.clone()),
+        approved: match resolved {
+            Some(Resolution::Approved(id)) => Some(id.clone()),
+            _ => None,
+        },
     };
     match call.invoke_tool(principal, request).await {
+        Ok(result) if result.status == Status::AwaitingApproval => Ok((
+            error(tc, "AWAITING_APPROVAL", "held for a person's decision"),
+            Report {
+                status: "AWAITING_APPROVAL",
+                duration_ms: took(),
+                error_code: "AWAITING_APPROVAL".into(),
+                executed: false,
+                approval_id: result.approval_id,
+            },
+        )),
         Ok(result) => {
             let outcome = match (&result.output, &result.error) {
                 (Some(output), _) if result.status == Status::Succeeded => ToolOutcome {
@@ -109,6 +130,7 @@ pub async fn run(
                 duration_ms: u64::try_from(result.duration_ms).unwrap_or(0),
                 error_code: result.error.map(|f| f.code).unwrap_or_default(),
                 executed: true,
+                approval_id: None,
             };
             Ok((outcome, report))
         }
@@ -122,6 +144,7 @@ pub async fn run(
                     duration_ms: took(),
                     error_code: code.to_owned(),
                     executed: false,
+                    approval_id: None,
                 },
             ))
         }

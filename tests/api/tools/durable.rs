@@ -25,7 +25,8 @@ timeout = "2s"
 retry = { max_attempts = 1 }
 "#;
 
-fn free_addr() -> SocketAddr {
+/// A free local address for a server binary.
+pub(super) fn free_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
 }
@@ -43,7 +44,8 @@ fn write_config(dir: &Path, addr: SocketAddr, hook: &Webhook, timeout: &str) -> 
     path
 }
 
-async fn start(config: &Path, addr: SocketAddr) -> Child {
+/// Starts the server binary on `config`; answers once `addr` accepts.
+pub(super) async fn start(config: &Path, addr: SocketAddr) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_ai-orchestrator"))
         .args(["--config", config.to_str().unwrap(), "serve"])
         .env("RUST_LOG", "warn")
@@ -57,7 +59,8 @@ async fn start(config: &Path, addr: SocketAddr) -> Child {
     child
 }
 
-async fn kill(mut server: Child) {
+/// SIGKILL: no drain.
+pub(super) async fn kill(mut server: Child) {
     server.start_kill().unwrap(); // SIGKILL: no drain
     server.wait().await.unwrap();
 }

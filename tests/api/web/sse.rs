@@ -111,3 +111,63 @@ async fn an_agent_turn_reaches_an_sse_client_and_its_conversation_is_read_then_e
     assert_eq!(body["error"]["code"], "NOT_FOUND", "{body}");
     edge.stop().await;
 }
+
+/// Sections after `[server]`: an agent whose model calls `system.echo`,
+/// which always waits for a person.
+const HELD_ECHO: &str = r#"
+[providers.scripted]
+kind = "mock"
+[providers.scripted.mock]
+tool_script = [[{ tool = "system.echo", arguments = '{"text":"hi"}' }]]
+
+[agents.asker]
+chain = [{ provider = "scripted", model = "gpt-4o-mini" }]
+core_prompt = "You echo."
+tools = ["system.*"]
+
+[tools."system.echo"]
+kind = "builtin"
+approval = "always"
+"#;
+
+#[tokio::test]
+async fn a_held_tool_call_reaches_an_sse_client_as_approval_required() {
+    let python = counterparts::python_with_openai();
+    let edge = Edge::start(HELD_ECHO).await;
+    let out = report(
+        Command::new(python)
+            .arg(script("sse_agent.py"))
+            .args([edge.base_url().as_str(), "asker", "Echo hi"])
+            .env("AIO_API_KEY", KEY),
+    )
+    .await;
+    assert_eq!(out["status"], 200, "{out}");
+    let events = out["events"].as_array().unwrap();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "message.start",
+            "tool.start",
+            "approval.required",
+            "message.complete",
+            "done"
+        ],
+        "{out}"
+    );
+    let held = &events[2]["data"];
+    assert_eq!(held["tool"], "system.echo", "{held}");
+    assert_eq!(held["call_id"], "call_mock_0_0", "{held}");
+    assert!(
+        held["approval_id"].as_str().is_some_and(|a| !a.is_empty()),
+        "{held}"
+    );
+    assert_eq!(
+        events[3]["data"]["stop_reason"], "APPROVAL_REQUIRED",
+        "{out}"
+    );
+    edge.stop().await;
+}
