@@ -5,35 +5,50 @@
 pub mod conversations;
 pub mod memory;
 pub mod prompt;
+pub mod safety;
 pub mod turn;
 
 use crate::config::agents::AgentConfig;
 
-/// Layer 1 as a turn sends it: the core prompt, and for an agent asking for
-/// memory suggestions the structured-answer instruction, which is the
-/// agent's own (above the quoted data, counted against the window).
+/// Layers 0 and 1 as a turn sends them: the safety core (unless the agent
+/// turned it off), the core prompt, and for an agent asking for memory
+/// suggestions the structured-answer instruction, which is the agent's own
+/// (above the quoted data, counted against the window).
 pub fn core_layer(agent: &AgentConfig) -> String {
+    let mut core = safety::core(agent).map_or_else(String::new, |s| format!("{s}\n\n"));
+    core.push_str(&agent.core_prompt);
     if agent.memory_suggestions {
-        format!("{}\n\n{}", agent.core_prompt, memory::instruction())
-    } else {
-        agent.core_prompt.clone()
+        core.push_str("\n\n");
+        core.push_str(memory::instruction());
     }
+    core
 }
 
-/// Tokens every turn of `agent` needs before any caller data: layers 1 and
-/// 2 (`system`, the governed prompt), counted with the primary model's
-/// tokenizer as a turn counts them, plus the layer budgets and
-/// `max_tokens`. Past `context_window` every turn is refused. Counted with
-/// the free bound first, as a turn does (the tokenizer's tables take tens
-/// of MB): a need within the window may be an over-count, one past it is
-/// exact. CPU work on long prompts: call it off the runtime's threads.
+/// The system prompt's fixed text, as the window counts it: layers 0–1,
+/// the governed prompt (`system`), and the tool guardrail.
+pub fn fixed_text(agent: &AgentConfig, system: Option<&str>) -> String {
+    let mut text = core_layer(agent);
+    for part in [system, safety::tool_guardrail(agent)]
+        .into_iter()
+        .flatten()
+    {
+        text.push_str("\n\n");
+        text.push_str(part);
+    }
+    text
+}
+
+/// Tokens every turn of `agent` needs before any caller data: the fixed
+/// text ([`fixed_text`], with `system` the governed prompt), counted with
+/// the primary model's tokenizer as a turn counts them, plus the layer
+/// budgets and `max_tokens`. Past `context_window` every turn is refused.
+/// Counted with the free bound first, as a turn does (the tokenizer's
+/// tables take tens of MB): a need within the window may be an over-count,
+/// one past it is exact. CPU work on long prompts: call it off the
+/// runtime's threads.
 pub fn fixed_need(agent: &AgentConfig, system: Option<&str>) -> u64 {
     let model = agent.chain.first().map_or("", |t| t.model.as_str());
-    let core = core_layer(agent);
-    let text = match system {
-        Some(governed) => format!("{core}\n\n{governed}"),
-        None => core,
-    };
+    let text = fixed_text(agent, system);
     let variable = agent.variable_tokens();
     let room = u64::from(agent.context_window).saturating_sub(variable);
     crate::domain::tokens::count_within(model, &text, room).saturating_add(variable)

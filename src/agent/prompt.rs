@@ -1,8 +1,10 @@
-//! Layered prompt assembly (SPEC §11.5): one model call's system prompt and
-//! messages from five layers, in order of precedence: 1 the agent's
-//! immutable core, 2 the governed system prompt, 3 the user's preferences,
-//! 4 retrieved context, 5 the history and the new message. Layers 1–2 are
-//! trusted instructions, never cut. Layers 3–4 go in as quoted data under a
+//! Layered prompt assembly (SPEC §11.5, §15): one model call's system prompt
+//! and messages from five layers, in order of precedence: 1 the agent's
+//! immutable core (the safety core, layer 0, at its head), 2 the governed
+//! system prompt, 3 the user's preferences, 4 retrieved context, 5 the
+//! history and the new message; the tool guardrail closes the system prompt,
+//! after the quoted data. Layers 1–2 and the guardrail are trusted
+//! instructions, never cut. Layers 3–4 go in as quoted data under a
 //! header ranking them below the instructions, one JSON line per item with
 //! `<` and `>` escaped, so no data can close its block, open another, or
 //! start a line of its own. Over budget, layer 4 loses its lowest-priority
@@ -77,12 +79,15 @@ pub struct Layers<'a> {
     /// Layer 5: earlier messages, oldest first.
     pub history: &'a [ChatMessage],
     pub message: &'a str,
+    /// Fixed instructions after the quoted data (the tool guardrail): the
+    /// last the model reads before the conversation.
+    pub closing: Option<&'a str>,
 }
 
 /// The prompt of one model call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assembled {
-    /// Layers 1–2, then the header and the quoted layers 3–4.
+    /// Layers 1–2, then the header and the quoted layers 3–4, then the closing.
     pub system: String,
     /// The kept history, oldest first, ending with the new user message.
     pub messages: Vec<ChatMessage>,
@@ -92,7 +97,7 @@ pub struct Assembled {
 /// Tokens per layer and what the budgets cut, for logs and metrics.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Counts {
-    /// Layers 1–2 together.
+    /// Layers 1–2 and the closing together.
     pub fixed_tokens: u64,
     pub preferences_tokens: u64,
     pub retrieved_kept: usize,
@@ -239,6 +244,10 @@ fn assemble_at(
                 &block(RETRIEVED_OPEN, &kept_lines, RETRIEVED_CLOSE),
             );
         }
+    }
+    if let Some(closing) = layers.closing.filter(|c| !c.trim().is_empty()) {
+        push_section(&mut system, closing);
+        counts.fixed_tokens = counts.fixed_tokens.saturating_add(tokens(closing));
     }
 
     let (start, history_cost) = fit_history(

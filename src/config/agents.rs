@@ -56,6 +56,9 @@ pub struct AgentConfig {
     /// Ask for memory suggestions with each answer.
     #[serde(default)]
     pub memory_suggestions: bool,
+    /// Layer 0, the built-in safety core, above `core_prompt` (SPEC §15).
+    #[serde(default = "yes")]
+    pub safety_core: bool,
 }
 
 fn yes() -> bool {

@@ -46,6 +46,7 @@ fn layers<'a>(
         retrieved,
         history,
         message,
+        closing: None,
     }
 }
 
@@ -100,6 +101,43 @@ fn layers_come_in_order_and_are_counted() {
             history_tokens,
         }
     );
+}
+
+#[test]
+fn the_closing_block_follows_the_quoted_data_and_counts_as_fixed() {
+    const CLOSING: &str = "Tool use: call tools only when asked.";
+    let prefs = Preferences {
+        formality: "casual".into(),
+        ..Preferences::default()
+    };
+    let retrieved = [item("kb/1", 1, "Opening hours are 9 to 5.")];
+    let l = Layers {
+        closing: Some(CLOSING),
+        ..layers(&prefs, &retrieved, &[], "next")
+    };
+    let out = assemble(MODEL, &l, &wide()).unwrap();
+    assert!(
+        out.system
+            .ends_with(&format!("</retrieved_context>\n\n{CLOSING}")),
+        "{}",
+        out.system
+    );
+    assert!(
+        out.system
+            .starts_with(&format!("{CORE}\n\n{GOVERNED}\n\n{HEADER}"))
+    );
+    assert_eq!(
+        out.counts.fixed_tokens,
+        tokens(MODEL, &format!("{CORE}\n\n{GOVERNED}")) + tokens(MODEL, CLOSING)
+    );
+    // Without data blocks it follows the fixed layers directly.
+    let none = Preferences::default();
+    let bare = Layers {
+        closing: Some(CLOSING),
+        ..layers(&none, &[], &[], "next")
+    };
+    let out = assemble(MODEL, &bare, &wide()).unwrap();
+    assert_eq!(out.system, format!("{CORE}\n\n{GOVERNED}\n\n{CLOSING}"));
 }
 
 #[test]

@@ -310,6 +310,8 @@ async fn layered(
     let model = agent.chain.first().map_or("", |t| t.model.as_str());
     // The structured-answer instruction is layer 1's, counted against the window.
     let core = crate::agent::core_layer(agent);
+    let closing = crate::agent::safety::tool_guardrail(agent);
+    let fixed_text = crate::agent::fixed_text(agent, governed_text.as_deref());
     let (preferences, retrieved, message) = (
         req.preferences.clone(),
         req.retrieved.clone(),
@@ -332,17 +334,14 @@ async fn layered(
                 retrieved: &retrieved,
                 history: &history,
                 message: &message,
+                closing,
             },
             &budgets,
         )?;
         // Counted with the bound: over the window, count exactly before refusing.
         let mut fixed = assembled.counts.fixed_tokens;
         if fixed.saturating_add(variable) > window {
-            let text = match &governed_text {
-                Some(g) => format!("{core}\n\n{g}"),
-                None => core.clone(),
-            };
-            fixed = prompt::tokens(&model, &text);
+            fixed = prompt::tokens(&model, &fixed_text);
         }
         Ok::<_, prompt::PromptError>((assembled, fixed))
     })

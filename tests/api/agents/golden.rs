@@ -9,7 +9,10 @@ use super::{
     },
 };
 use crate::tools::{CALLER, VIEWER, events, with_key};
-use ai_orchestrator::api::pb::{self, converse_event::Event};
+use ai_orchestrator::{
+    agent::safety::{SAFETY_CORE, TOOL_GUARDRAIL},
+    api::pb::{self, converse_event::Event},
+};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use std::{sync::Arc, time::Duration};
@@ -92,11 +95,13 @@ async fn the_model_calls_a_tool_gets_the_result_and_answers() {
     assert!(offered.contains(&"system__echo"), "{offered:?}");
     let first = messages(&bodies[0]);
     assert_eq!(first[0]["role"], "system");
+    // Layer 0, the agent's core, and (it has tools) the tool guardrail last.
+    let system = first[0]["content"].as_str().unwrap();
+    let core = format!("{SAFETY_CORE}\n\nYou are the test agent.");
+    assert!(system.starts_with(&core), "{system}");
     assert!(
-        first[0]["content"]
-            .as_str()
-            .unwrap()
-            .starts_with("You are the test agent.")
+        system.ends_with(&format!("\n\n{TOOL_GUARDRAIL}")),
+        "{system}"
     );
     let second = messages(&bodies[1]);
     let n = second.len();
@@ -462,11 +467,10 @@ async fn a_fallback_mid_turn_carries_the_tool_history_to_anthropic() {
     );
     assert_eq!(completed(&events).text, "Echoed: hi");
     let body = &anthropic.bodies()[0];
+    let system = body["system"].as_str().unwrap();
     assert!(
-        body["system"]
-            .as_str()
-            .unwrap()
-            .starts_with("You are the test agent.")
+        system.starts_with(&format!("{SAFETY_CORE}\n\nYou are the test agent.")),
+        "{system}"
     );
     let sent = messages(body);
     assert_eq!(sent.len(), 3, "{sent:?}");

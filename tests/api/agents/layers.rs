@@ -1,5 +1,5 @@
 //! The layered prompt (SPEC §11.5) through `Converse`, as the provider
-//! receives it: core, then the team's active governed prompt, then the
+//! receives it: the safety core and the agent's core, then the team's active governed prompt, then the
 //! preferences and retrieved context as quoted data under their header,
 //! then history and the new message; retrieved context cut lowest
 //! priority first; a layer that cannot fit refused before any model call.
@@ -12,7 +12,10 @@ use crate::{
     common::TestApp,
     tools::{ADMIN, CALLER, with_key},
 };
-use ai_orchestrator::api::pb::{self, prompt_admin_client::PromptAdminClient};
+use ai_orchestrator::{
+    agent::safety::SAFETY_CORE,
+    api::pb::{self, prompt_admin_client::PromptAdminClient},
+};
 use serde_json::Value;
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -32,6 +35,11 @@ output_per_mtok = 0.60
 chain = [{ provider = "openai", model = "gpt-4o-mini" }]
 core_prompt = "You are the layered agent. Never reveal internal notes."
 prompt_key = "layered_system"
+
+[agents.bare]
+chain = [{ provider = "openai", model = "gpt-4o-mini" }]
+core_prompt = "You are bare."
+safety_core = false
 
 [agents.tight]
 chain = [{ provider = "openai", model = "layers-model" }]
@@ -162,7 +170,13 @@ async fn the_provider_receives_the_five_layers_in_order() {
     assert_eq!(bodies.len(), 2);
     // Without preferences or retrieved context: layers 1-2 only, no header.
     let one = chat(&bodies[0]);
-    assert_eq!(one[0], ("system".into(), format!("{CORE}\n\n{GOVERNED}")));
+    assert_eq!(
+        one[0],
+        (
+            "system".into(),
+            format!("{SAFETY_CORE}\n\n{CORE}\n\n{GOVERNED}")
+        )
+    );
     assert_eq!(one[1], ("user".into(), "What plans do you have?".into()));
     assert_eq!(one.len(), 2);
 
@@ -170,7 +184,7 @@ async fn the_provider_receives_the_five_layers_in_order() {
     let (role, system) = &two[0];
     assert_eq!(role, "system");
     let rest = system
-        .strip_prefix(&format!("{CORE}\n\n{GOVERNED}\n\n"))
+        .strip_prefix(&format!("{SAFETY_CORE}\n\n{CORE}\n\n{GOVERNED}\n\n"))
         .unwrap_or_else(|| panic!("layers 1-2 come first, in order: {system}"));
     let (header, data) = rest
         .split_once("\n\n<preferences>\n")
@@ -207,6 +221,17 @@ async fn the_provider_receives_the_five_layers_in_order() {
 }
 
 #[tokio::test]
+async fn an_agent_may_turn_the_safety_core_off() {
+    let openai = Upstream::start([Reply::sse(openai_text(&["Hi."]))]).await;
+    let app = spawn(&openai.url(), &openai.url(), EXTRA).await;
+    turn(&app, CALLER, "bare", converse("bare", "Hello", None))
+        .await
+        .unwrap();
+    let sent = chat(&openai.bodies()[0]);
+    assert_eq!(sent[0], ("system".into(), "You are bare.".into()));
+}
+
+#[tokio::test]
 async fn over_its_budget_retrieved_context_loses_the_lowest_priority_first() {
     let openai = Upstream::start([Reply::sse(openai_text(&["Done."]))]).await;
     let app = spawn(&openai.url(), &openai.url(), EXTRA).await;
@@ -227,7 +252,10 @@ async fn over_its_budget_retrieved_context_loses_the_lowest_priority_first() {
     assert_eq!(bodies.len(), 1);
     let sent = chat(&bodies[0]);
     let system = &sent[0].1;
-    assert!(system.starts_with("You are tight.\n\n"), "{system}");
+    assert!(
+        system.starts_with(&format!("{SAFETY_CORE}\n\nYou are tight.\n\n")),
+        "{system}"
+    );
     assert!(
         !system.contains("<preferences>"),
         "no preferences, no block"
