@@ -30,6 +30,7 @@
 //!            providers               the ground floor
 //! services   usage, prompts, auth    audit, store, the ground floor
 //!            tools                   audit, store, cluster, the ground floor
+//!            guardrails              the ground floor (screening, pure)
 //!            audit                   store, the ground floor
 //!            store                   the ground floor
 //!            cluster                 the ground floor (the shared store of fleet-wide limits)
@@ -51,6 +52,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod domain;
+pub mod guardrails;
 pub mod prompts;
 pub mod providers;
 pub mod resilience;

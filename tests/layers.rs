@@ -22,6 +22,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         // Storage and the services the pipeline calls.
         ("store", BOTTOM),
         ("cluster", BOTTOM),
+        ("guardrails", BOTTOM),
         ("audit", &["domain", "config", "telemetry", "store"][..]),
         (
             "tools",
@@ -88,6 +89,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "audit",
                 "tools",
                 "tasks",
+                "guardrails",
             ][..],
         ),
         // The edge.
@@ -162,6 +164,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "call",
                 "api",
                 "web",
+                "guardrails",
             ][..],
         ),
     ])

@@ -46,6 +46,8 @@ pub mod reason {
     pub const NOT_FOUND: &str = "NOT_FOUND";
     /// The prompt key a request named (`ExecuteRequest.prompt_key`) has no stored version.
     pub const PROMPT_NOT_FOUND: &str = "PROMPT_NOT_FOUND";
+    /// A guardrail with `action = "block"` detected something (SPEC §15).
+    pub const GUARDRAIL_BLOCKED: &str = "GUARDRAIL_BLOCKED";
     /// Too many requests in flight on this replica; retry shortly.
     pub const OVERLOADED: &str = "OVERLOADED";
     /// The MCP endpoint holds `mcp_endpoint.max_sessions` sessions.
@@ -90,6 +92,11 @@ pub(crate) enum Failure {
     NotFound(String),
     /// The prompt key a request named has no stored version, the team's or a global one.
     PromptNotFound(String),
+    /// A blocking guardrail's refusal: the guardrail and where, never the content.
+    GuardrailBlocked {
+        guardrail: String,
+        stage: &'static str,
+    },
     /// Load shed: too many requests in flight.
     Overloaded,
     Unauthenticated(crate::auth::AuthError),
@@ -214,6 +221,9 @@ impl From<CallError> for Failure {
             CallError::Invalid(v) => Failure::Invalid(v),
             CallError::UnknownTask { task, known } => Failure::UnknownTask { task, known },
             CallError::PromptNotFound(key) => Failure::PromptNotFound(key),
+            CallError::GuardrailBlocked {
+                guardrail, stage, ..
+            } => Failure::GuardrailBlocked { guardrail, stage },
             CallError::Route(e) => Failure::Route(e),
             CallError::Quota(refusal) => Failure::Quota(refusal),
             CallError::Budget {
@@ -278,6 +288,15 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
         }
         Failure::NotFound(what) => (Code::NotFound, reason::NOT_FOUND, what),
         Failure::PromptNotFound(key) => prompt_not_found(&key, &mut info),
+        Failure::GuardrailBlocked { guardrail, stage } => {
+            info.insert("guardrail".into(), guardrail.clone());
+            info.insert("stage".into(), stage.to_owned());
+            (
+                Code::InvalidArgument,
+                reason::GUARDRAIL_BLOCKED,
+                format!("guardrail `{guardrail}` blocked the {stage}"),
+            )
+        }
         // The turn's own refusal of the same state has the same reason.
         Failure::PromptExceedsWindow(why) => (
             Code::FailedPrecondition,

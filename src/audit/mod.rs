@@ -26,6 +26,8 @@ pub enum Category {
     Call,
     /// A tool call held for a person's decision (SPEC §14.1).
     Approval,
+    /// A guardrail's detection (SPEC §15).
+    Guardrail,
 }
 
 impl Category {
@@ -39,6 +41,7 @@ impl Category {
             Category::Admin => "admin",
             Category::Call => "call",
             Category::Approval => "approval",
+            Category::Guardrail => "guardrail",
         }
     }
 
@@ -52,6 +55,7 @@ impl Category {
             "admin" => Category::Admin,
             "call" => Category::Call,
             "approval" => Category::Approval,
+            "guardrail" => Category::Guardrail,
             _ => return None,
         })
     }

@@ -44,6 +44,13 @@ pub enum CallError {
         estimate_micros: i64,
         budget_usd: f64,
     },
+    /// A blocking guardrail detected something (SPEC §15).
+    GuardrailBlocked {
+        guardrail: String,
+        stage: &'static str,
+        /// After a provider answered: recorded and charged like any answer.
+        answered: bool,
+    },
 }
 
 impl CallError {
@@ -105,7 +112,16 @@ impl From<TaskError> for CallError {
             TaskError::Route(e) => CallError::Route(e),
             TaskError::Meter(e) => e.into(),
             TaskError::PromptNotFound(key) => CallError::PromptNotFound(key),
-            TaskError::PromptStore(e) => CallError::Storage(e),
+            TaskError::PromptStore(e) | TaskError::Storage(e) => CallError::Storage(e),
+            TaskError::GuardrailBlocked {
+                guardrail,
+                stage,
+                answered,
+            } => CallError::GuardrailBlocked {
+                guardrail,
+                stage,
+                answered,
+            },
         }
     }
 }
@@ -123,10 +139,18 @@ impl Call {
     ) -> impl Future<Output = Result<(T, CallMeta), CallError>> {
         let answer = match result {
             Ok(value) => Ok(value),
-            Err(CallError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => Err(err),
+            Err(CallError::Route(err)) if !matches!(err, RouteError::UnknownTask(_)) => {
+                Err(CallError::Route(err))
+            }
+            // Answered, then blocked: the tokens were spent, so it is recorded.
+            Err(blocked @ CallError::GuardrailBlocked { answered: true, .. }) => Err(blocked),
             Err(other) => return Either::Left(self.unrouted::<T>(other)),
         };
-        let outcome = answer.as_ref().map_or_else(RouteError::reason, |_| "ok");
+        let outcome = match &answer {
+            Ok(_) => "ok",
+            Err(CallError::Route(err)) => err.reason(),
+            Err(_) => "GUARDRAIL_BLOCKED",
+        };
         let Ending {
             meta,
             record,
@@ -167,7 +191,10 @@ impl Call {
             audited?;
             match answer {
                 Ok(value) => Ok((value, meta)),
-                Err(err) => Err(CallError::Route(err.with_attempts(meta.attempts))),
+                Err(CallError::Route(err)) => {
+                    Err(CallError::Route(err.with_attempts(meta.attempts)))
+                }
+                Err(other) => Err(other),
             }
         })
     }
@@ -188,6 +215,7 @@ impl Call {
                 | CallError::ToolDenied(_)
                 | CallError::Agent(_)
                 | CallError::Overloaded
+                | CallError::GuardrailBlocked { .. }
         ) && {
             // Once one of its own model calls was served, it spent what it reserved.
             let log = self.log();

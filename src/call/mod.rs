@@ -13,6 +13,7 @@ mod context;
 mod estimate;
 mod feature;
 mod finish;
+mod guard;
 mod log;
 mod model;
 mod stream;
@@ -28,6 +29,7 @@ pub use stream::CallEvent;
 
 use crate::{
     config::Config,
+    guardrails::Guardrails,
     prompts::store::PromptStore,
     router::Router,
     store::Store,
@@ -54,6 +56,7 @@ struct Inner {
     ledger: LedgerWriter,
     store: Store,
     toolbox: Toolbox,
+    guardrails: Guardrails,
     /// Calls in flight on this replica (`server.max_concurrent_requests`).
     inflight: Arc<Semaphore>,
 }
@@ -67,6 +70,8 @@ pub struct Services {
     pub ledger: LedgerWriter,
     pub store: Store,
     pub toolbox: Toolbox,
+    /// The configured guardrails, compiled.
+    pub guardrails: Guardrails,
 }
 
 impl Pipeline {
@@ -80,6 +85,7 @@ impl Pipeline {
             ledger,
             store,
             toolbox,
+            guardrails,
         } = services;
         Self {
             inner: Arc::new(Inner {
@@ -91,6 +97,7 @@ impl Pipeline {
                 ledger,
                 store,
                 toolbox,
+                guardrails,
                 inflight,
             }),
         }
@@ -109,6 +116,11 @@ impl Pipeline {
     /// The ledger's writer.
     pub fn ledger(&self) -> &LedgerWriter {
         &self.inner.ledger
+    }
+
+    /// The configured guardrails.
+    pub fn guardrails(&self) -> &Guardrails {
+        &self.inner.guardrails
     }
 
     /// The database.

@@ -3,11 +3,11 @@
 
 use super::Call;
 use crate::{
-    config::TargetConfig,
+    config::{TargetConfig, guardrails::Stage},
     domain::{
         ChatMessage, Completion, CompletionRequest, JsonSchemaFormat, ToolChoice, completion::Role,
     },
-    prompts,
+    guardrails, prompts,
     router::RouteOptions,
     tasks::{Rendered, Session, TaskError, template_error},
 };
@@ -54,11 +54,11 @@ impl Session for Call {
         parse: impl Fn(&Completion) -> Result<T, String> + Send + Sync,
     ) -> Result<(T, Completion), TaskError> {
         let chain = self.pipeline.router().chain(task)?;
-        let request = self.request(task, prompt, format);
         let options = RouteOptions {
             priority: self.ctx.priority,
             primary_model: prompt.prompt.model.clone(),
         };
+        let request = self.request(task, prompt, format);
         self.routed(task, chain, &request, &options, parse).await
     }
 
@@ -88,10 +88,52 @@ impl Call {
         })
     }
 
-    /// One model call of `request` over `chain`: reserved at its worst case
+    /// One model call of `request` over `chain` under the task's guardrails
+    /// (SPEC §15): the user messages screened before it, the answer after,
+    /// before it is parsed, so a redaction is what the caller gets. An answer
+    /// blocked is the call's error, not a malformed answer: no other target
+    /// is tried.
+    pub(super) async fn routed<T: Send>(
+        &self,
+        task: &str,
+        chain: &[TargetConfig],
+        request: &CompletionRequest,
+        options: &RouteOptions,
+        parse: impl Fn(&Completion) -> Result<T, String> + Send + Sync,
+    ) -> Result<(T, Completion), TaskError> {
+        let guardrails = self.task_guardrails(task);
+        if guardrails.is_empty() {
+            return self.route(task, chain, request, options, parse).await;
+        }
+        let screened = self.screen_request(&guardrails, task, request).await?;
+        let request = screened.as_ref().unwrap_or(request);
+        let answer = |c: &Completion| match guardrails::screen(&guardrails, Stage::Output, &c.text)
+        {
+            Err(blocked) => Ok(Err(blocked)),
+            Ok(screened) => {
+                let shown = Completion {
+                    text: screened.text.clone(),
+                    ..c.clone()
+                };
+                parse(&shown).map(|value| Ok((value, screened)))
+            }
+        };
+        let (value, mut completion) = self.route(task, chain, request, options, answer).await?;
+        match value {
+            Ok((value, screened)) => {
+                self.report(&screened.findings, task, &completion.text, true)
+                    .await?;
+                completion.text = screened.text;
+                Ok((value, completion))
+            }
+            Err(blocked) => Err(self.blocked(blocked, task, &completion.text, true).await),
+        }
+    }
+
+    /// [`Call::routed`] without guardrails: reserved at its worst case
     /// (priced as called: a prompt's model override at the primary), routed,
     /// and every attempt logged.
-    pub(super) async fn routed<T: Send>(
+    async fn route<T: Send>(
         &self,
         task: &str,
         chain: &[TargetConfig],

@@ -3,6 +3,7 @@
 
 use super::{Call, CallContext, CallError, CallMeta, Feature, Pipeline};
 use crate::{
+    config::guardrails::Stage,
     domain::{Completion, CompletionRequest},
     router::{RouteEvent, RouteOptions},
     tasks::{
@@ -100,6 +101,14 @@ impl Call {
         self.reserve(task, &options.chain_as_called(chain), &request)
             .await
             .map_err(|e| self.refused(e))?;
+        let guardrails = self.task_guardrails(task);
+        let request = match self.screen_request(&guardrails, task, &request).await {
+            Ok(screened) => screened.unwrap_or(request),
+            Err(e) => return Err(self.refused(e)),
+        };
+        // Output screened needs the whole answer: it is sent in one piece.
+        let hold = guardrails.iter().any(|g| g.applies(Stage::Output));
+        let task = task.to_owned();
         let events = router.stream(chain.to_vec(), request, self.ctx.deadline, &options);
         Ok(async_stream::stream! {
             futures::pin_mut!(events);
@@ -107,13 +116,28 @@ impl Call {
                 match event {
                     RouteEvent::Started { provider, model } => yield CallEvent::Started { provider, model },
                     RouteEvent::Fallback { from, to, reason } => yield CallEvent::Fallback { from, to, reason },
-                    RouteEvent::Delta(text) => yield CallEvent::Delta(text),
-                    RouteEvent::Completed { completion, provider, model, degraded, attempts } => {
+                    RouteEvent::Delta(text) if !hold => yield CallEvent::Delta(text),
+                    RouteEvent::Delta(_) => {}
+                    RouteEvent::Completed { mut completion, provider, model, degraded, attempts } => {
                         self.audit_answer(&completion);
                         {
                             let mut log = self.log();
                             log.add(&attempts, self.pipeline.meter().pricing());
                             log.served = Some((provider, model, degraded));
+                        }
+                        if hold {
+                            match self.screen(&guardrails, Stage::Output, &completion.text, &task, true).await {
+                                Ok(text) => {
+                                    completion.text = text;
+                                    yield CallEvent::Delta(completion.text.clone());
+                                }
+                                Err(e) => {
+                                    if let Err(err) = self.finish::<()>(Err(e.into())).await {
+                                        yield CallEvent::Failed(err);
+                                    }
+                                    return;
+                                }
+                            }
                         }
                         yield match self.finish(Ok(())).await {
                             Ok(((), meta)) => CallEvent::Completed { completion: Box::new(completion), json: None, meta },

@@ -59,6 +59,9 @@ pub struct AgentConfig {
     /// Layer 0, the built-in safety core, above `core_prompt` (SPEC §15).
     #[serde(default = "yes")]
     pub safety_core: bool,
+    /// `[guardrails.<name>]` screening its turns, in order.
+    #[serde(default)]
+    pub guardrails: Vec<String>,
 }
 
 fn yes() -> bool {

@@ -9,6 +9,7 @@ mod audit;
 mod auth;
 pub mod cluster;
 mod database;
+pub mod guardrails;
 mod http;
 mod load;
 mod provider;
@@ -146,6 +147,9 @@ pub struct Config {
     /// Which tool calls wait for a person, and for how long (SPEC §14.1).
     #[serde(default)]
     pub approvals: ApprovalsConfig,
+    /// Screening rules tasks and agents list by name (SPEC §15).
+    #[serde(default)]
+    pub guardrails: BTreeMap<String, guardrails::GuardrailConfig>,
     /// What loading changed that an operator should know (a capped timeout), logged at start.
     #[serde(skip)]
     pub notes: Vec<String>,
@@ -400,6 +404,9 @@ pub struct TaskConfig {
     /// JSON schema an `Execute` answer must match; one that does not is malformed (next target).
     #[serde(default)]
     pub output_schema: Option<serde_json::Value>,
+    /// `[guardrails.<name>]` screening its prompt and answer, in order.
+    #[serde(default)]
+    pub guardrails: Vec<String>,
 }
 
 fn default_max_tokens() -> u32 {

@@ -222,6 +222,23 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         cluster_check(cluster, &mut bad);
     }
     http_edge(config, &mut bad);
+    let lists: Vec<(String, &[String])> = (config.tasks.iter())
+        .map(|(n, t)| (format!("tasks.{n}.guardrails"), t.guardrails.as_slice()))
+        .chain(
+            (config.agents.iter())
+                .map(|(n, a)| (format!("agents.{n}.guardrails"), a.guardrails.as_slice())),
+        )
+        .collect();
+    super::guardrails::check(&config.guardrails, &lists, &mut bad);
+    for (name, agent) in &config.agents {
+        if !agent.guardrails.is_empty() {
+            // Refused rather than ignored: a guardrail an operator lists must hold.
+            bad(
+                format!("agents.{name}.guardrails"),
+                "guardrails screen tasks only in this release (agent turns: issue #48)",
+            );
+        }
+    }
     tools::check(config, &mut bad);
     agents::check(config, &mut bad);
     bounds::check(config, &mut bad);

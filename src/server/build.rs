@@ -10,6 +10,7 @@ use crate::{
     auth::{Authenticator, keys::KeyStore},
     call::{Pipeline, Services},
     config::Config,
+    guardrails::Guardrails,
     providers::Providers,
     router::Router,
     store::Store,
@@ -87,6 +88,7 @@ impl App {
                 ledger: writer,
                 store: store.clone(),
                 toolbox,
+                guardrails: Guardrails::from_config(&config).map_err(anyhow::Error::msg)?,
             },
         );
         let on_scrape = scrape_hook(pipeline.clone());

@@ -92,6 +92,18 @@ pub enum TaskError {
     /// The prompt store could not be read for a key the request named (no built-in stands in).
     #[error("the prompt store is unavailable: {0}")]
     PromptStore(String),
+    /// The call's durable state (its audit events) could not be written.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// A guardrail with `action = "block"` detected something (SPEC §15).
+    #[error("guardrail `{guardrail}` blocked the {stage}")]
+    GuardrailBlocked {
+        guardrail: String,
+        /// Where: `input`, `output`, ...
+        stage: &'static str,
+        /// After a provider answered: the call spent tokens and is recorded.
+        answered: bool,
+    },
 }
 
 impl TaskError {

@@ -410,6 +410,12 @@ pub fn error_reason(reason: &'static str) {
     counter!("orchestrator_errors_total", "reason" => reason).increment(1);
 }
 
+/// A guardrail detected something and acted (`block`, `flag`, `redact`).
+pub fn guardrail_decision(guardrail: &str, action: &'static str) {
+    counter!("guardrail_decisions_total", "guardrail" => guardrail.to_owned(), "action" => action)
+        .increment(1);
+}
+
 /// One tool invocation ended (or, ASYNC, was accepted: `PENDING`).
 pub fn tool_invocation(tool: &str, status: &'static str, took: Duration) {
     counter!("tool_invocations_total", "tool" => tool.to_owned(), "status" => status).increment(1);

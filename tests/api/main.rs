@@ -12,6 +12,7 @@ mod deadlines;
 mod docs_commands;
 mod errors;
 mod fleet;
+mod guardrails;
 mod health;
 mod interop;
 mod metering;

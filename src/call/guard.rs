@@ -1,0 +1,145 @@
+//! Guardrails in a call (SPEC §15): the text a task sends and the answer it
+//! gets screened by the task's guardrails, each detection audited
+//! (`guardrail.flagged`, durable with the call's settlement) and counted
+//! (`guardrail_decisions_total`); a block is the call's error, naming the
+//! guardrail and never the content.
+
+use super::Call;
+use crate::{
+    audit::{AuditEvent, Category},
+    config::guardrails::{Action, Stage},
+    domain::{CompletionRequest, completion::Role},
+    guardrails::{self, Blocked, Finding, Guardrail},
+    tasks::TaskError,
+    telemetry::metrics,
+};
+use std::sync::Arc;
+
+impl Call {
+    /// The guardrails `[tasks.<task>] guardrails` lists, in order.
+    pub(super) fn task_guardrails(&self, task: &str) -> Vec<Arc<Guardrail>> {
+        let names = self
+            .pipeline
+            .config()
+            .tasks
+            .get(task)
+            .map(|t| &t.guardrails);
+        names.map_or_else(Vec::new, |n| self.pipeline.guardrails().listed(n))
+    }
+
+    /// `request` with its user messages screened (`input`): `None` when
+    /// nothing changed, the redacted request otherwise.
+    pub(super) async fn screen_request(
+        &self,
+        list: &[Arc<Guardrail>],
+        task: &str,
+        request: &CompletionRequest,
+    ) -> Result<Option<CompletionRequest>, TaskError> {
+        let mut changed: Option<CompletionRequest> = None;
+        for (i, m) in request.messages.iter().enumerate() {
+            if m.role != Role::User || m.content.is_empty() {
+                continue;
+            }
+            let text = self
+                .screen(list, Stage::Input, &m.content, task, false)
+                .await?;
+            if text != m.content {
+                let copy = changed.get_or_insert_with(|| request.clone());
+                copy.messages[i].content = text;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// `text` screened at `stage` for `subject` (the task): what is left
+    /// after redactions, or the block as the task's error (`answered`: a
+    /// provider already answered, so the call is recorded).
+    pub(super) async fn screen(
+        &self,
+        list: &[Arc<Guardrail>],
+        stage: Stage,
+        text: &str,
+        subject: &str,
+        answered: bool,
+    ) -> Result<String, TaskError> {
+        match guardrails::screen(list, stage, text) {
+            Ok(screened) => {
+                self.report(&screened.findings, subject, text, answered)
+                    .await?;
+                Ok(screened.text)
+            }
+            Err(blocked) => Err(self.blocked(blocked, subject, text, answered).await),
+        }
+    }
+
+    /// A block as the task's error, audited and counted first.
+    pub(super) async fn blocked(
+        &self,
+        Blocked {
+            guardrail,
+            stage,
+            score,
+        }: Blocked,
+        subject: &str,
+        text: &str,
+        answered: bool,
+    ) -> TaskError {
+        let finding = Finding {
+            guardrail: guardrail.clone(),
+            action: Action::Block,
+            stage,
+            score,
+        };
+        if let Err(e) = self.report(&[finding], subject, text, answered).await {
+            return e;
+        }
+        TaskError::GuardrailBlocked {
+            guardrail,
+            stage: stage.as_str(),
+            answered,
+        }
+    }
+
+    /// Counts and audits `findings` over `text` (its digest, never the
+    /// text). Before a provider answered (`answered` false) the events are
+    /// durable at once: the call may yet be refused and write nothing else.
+    /// After, they ride the call's settlement.
+    pub(super) async fn report(
+        &self,
+        findings: &[Finding],
+        subject: &str,
+        text: &str,
+        answered: bool,
+    ) -> Result<(), TaskError> {
+        if findings.is_empty() {
+            return Ok(());
+        }
+        let ctx = &self.ctx;
+        let events = findings
+            .iter()
+            .map(|f| {
+                metrics::guardrail_decision(&f.guardrail, f.action.as_str());
+                let reason = match f.score {
+                    Some(score) => format!("{}:{}:{score:.2}", f.guardrail, f.stage.as_str()),
+                    None => format!("{}:{}", f.guardrail, f.stage.as_str()),
+                };
+                AuditEvent::new(
+                    &ctx.team_id,
+                    &ctx.principal,
+                    &ctx.trace_id,
+                    Category::Guardrail,
+                    "guardrail.flagged",
+                    subject,
+                )
+                .decided(f.action.as_str(), &reason)
+                .with_input(&serde_json::Value::String(text.to_owned()))
+            })
+            .collect();
+        let written = if answered {
+            self.audit_before_finish(events).await
+        } else {
+            self.audit(events).await
+        };
+        written.map_err(|e| TaskError::Storage(format!("auditing a guardrail decision: {e:?}")))
+    }
+}

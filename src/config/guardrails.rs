@@ -1,0 +1,165 @@
+//! `[guardrails.<name>]` (SPEC §15): screening rules that tasks and agents
+//! list by name. Each has a kind (what it detects), the places it looks
+//! (`applies_to`) and what a detection does (`action`).
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// Patterns of one `regex` guardrail at most.
+pub const MAX_PATTERNS: usize = 100;
+/// Bytes of one pattern at most.
+pub const MAX_PATTERN_BYTES: usize = 1000;
+/// Compiled size of one pattern at most (the `regex` crate's size limit).
+pub const MAX_COMPILED_BYTES: usize = 1 << 20;
+
+/// One guardrail.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardrailConfig {
+    pub kind: GuardrailKind,
+    /// Where it looks; default the caller's input only.
+    #[serde(default = "default_applies_to")]
+    pub applies_to: Vec<Stage>,
+    pub action: Action,
+    /// `regex`: what to find (Rust `regex` syntax, no look-around).
+    #[serde(default)]
+    pub patterns: Vec<String>,
+    /// `injection`: the score at which text is taken for an injection
+    /// (default the built-in rules' own, 1.0).
+    #[serde(default)]
+    pub threshold: Option<f64>,
+}
+
+fn default_applies_to() -> Vec<Stage> {
+    vec![Stage::Input]
+}
+
+/// What a guardrail detects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardrailKind {
+    /// Any of its `patterns`.
+    Regex,
+    /// The built-in prompt-injection heuristics, scored against `threshold`.
+    Injection,
+}
+
+/// Where a guardrail looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// The caller's text: a task's rendered prompt, an agent's message.
+    Input,
+    /// The model's answer.
+    Output,
+    /// The arguments a model writes for a tool.
+    ToolInput,
+    /// A tool's result, before the model sees it.
+    ToolOutput,
+    /// An agent's retrieved context (layer 4).
+    Retrieved,
+}
+
+impl Stage {
+    /// The name in config, metrics and audit events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Input => "input",
+            Stage::Output => "output",
+            Stage::ToolInput => "tool_input",
+            Stage::ToolOutput => "tool_output",
+            Stage::Retrieved => "retrieved",
+        }
+    }
+}
+
+/// What a detection does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Refuse: INVALID_ARGUMENT `GUARDRAIL_BLOCKED`, naming the guardrail.
+    Block,
+    /// Let it through, audited and counted.
+    Flag,
+    /// Replace what was found, audited and counted, and go on.
+    Redact,
+}
+
+impl Action {
+    /// The name in config, metrics and audit events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Block => "block",
+            Action::Flag => "flag",
+            Action::Redact => "redact",
+        }
+    }
+}
+
+/// Checks the guardrails and the names tasks and agents list, calling
+/// `bad(path, message)` for each problem.
+pub(super) fn check(
+    guardrails: &BTreeMap<String, GuardrailConfig>,
+    lists: &[(String, &[String])],
+    bad: &mut dyn FnMut(String, &str),
+) {
+    for (name, g) in guardrails {
+        let at = |key: &str| format!("guardrails.{name}.{key}");
+        if g.applies_to.is_empty() {
+            bad(at("applies_to"), "must name at least one place to look");
+        }
+        match g.kind {
+            GuardrailKind::Regex => regex_patterns(g, &at, bad),
+            GuardrailKind::Injection => {
+                if !g.patterns.is_empty() {
+                    bad(at("patterns"), "is for kind = \"regex\" only");
+                }
+                if g.threshold.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
+                    bad(at("threshold"), "must be a number above 0");
+                }
+            }
+        }
+        if g.kind == GuardrailKind::Regex && g.threshold.is_some() {
+            bad(at("threshold"), "is for kind = \"injection\" only");
+        }
+    }
+    for (path, names) in lists {
+        for (i, name) in names.iter().enumerate() {
+            if !guardrails.contains_key(name) {
+                bad(
+                    format!("{path}[{i}]"),
+                    "names no [guardrails.<name>] section",
+                );
+            }
+        }
+    }
+}
+
+fn regex_patterns(
+    g: &GuardrailConfig,
+    at: &dyn Fn(&str) -> String,
+    bad: &mut dyn FnMut(String, &str),
+) {
+    if g.patterns.is_empty() {
+        bad(at("patterns"), "must hold at least one pattern");
+    }
+    if g.patterns.len() > MAX_PATTERNS {
+        bad(at("patterns"), "holds more than 100 patterns");
+        return;
+    }
+    for (i, p) in g.patterns.iter().enumerate() {
+        let path = at(&format!("patterns[{i}]"));
+        if p.len() > MAX_PATTERN_BYTES {
+            bad(path, "is longer than 1000 bytes");
+        } else if let Err(e) = compile(p) {
+            bad(path, &format!("is not a valid pattern: {e}"));
+        }
+    }
+}
+
+/// `pattern` compiled within the size bound: the one way patterns are compiled.
+pub fn compile(pattern: &str) -> Result<regex::Regex, regex::Error> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(MAX_COMPILED_BYTES)
+        .build()
+}
