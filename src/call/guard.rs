@@ -9,13 +9,58 @@ use crate::{
     audit::{AuditEvent, Category},
     config::guardrails::{Action, Stage},
     domain::{CompletionRequest, completion::Role},
-    guardrails::{self, Blocked, Finding, Guardrail},
+    guardrails::{self, Blocked, Finding, Guardrail, pii::Masker},
     tasks::TaskError,
     telemetry::metrics,
 };
 use std::sync::Arc;
 
+/// A call's PII masker and whether its answer gets the originals back.
+pub(super) struct Pii {
+    pub masker: Masker,
+    pub restore: bool,
+}
+
+impl Pii {
+    /// `request` with its system prompt and every message's text masked:
+    /// contents, tool results, and the arguments of earlier tool calls.
+    pub(super) fn mask(&mut self, request: &CompletionRequest) -> CompletionRequest {
+        let mut masked = request.clone();
+        if let Some(system) = &mut masked.system {
+            *system = self.masker.mask(system);
+        }
+        for m in &mut masked.messages {
+            m.content = self.masker.mask(&m.content);
+            if let Some(result) = &mut m.tool_result {
+                result.content = self.masker.mask(&result.content);
+            }
+            for call in &mut m.tool_calls {
+                call.arguments = self.masker.mask(&call.arguments);
+            }
+        }
+        masked
+    }
+
+    /// The answer as the caller sees it: with the originals back if asked.
+    pub(super) fn shown(&self, text: &str) -> String {
+        if self.restore {
+            self.masker.restore(text)
+        } else {
+            text.to_owned()
+        }
+    }
+}
+
 impl Call {
+    /// The masker of `[tasks.<task>] pii`, if the task masks.
+    pub(super) fn task_pii(&self, task: &str) -> Option<Pii> {
+        let config = self.pipeline.config().tasks.get(task)?.pii.as_ref()?;
+        Some(Pii {
+            masker: Masker::new(&config.mask),
+            restore: config.restore,
+        })
+    }
+
     /// The guardrails `[tasks.<task>] guardrails` lists, in order.
     pub(super) fn task_guardrails(&self, task: &str) -> Vec<Arc<Guardrail>> {
         let names = self

@@ -89,8 +89,9 @@ impl Call {
     }
 
     /// One model call of `request` over `chain` under the task's guardrails
-    /// (SPEC §15): the user messages screened before it, the answer after,
-    /// before it is parsed, so a redaction is what the caller gets. An answer
+    /// and PII masking (SPEC §15): the request masked, its user messages
+    /// screened, the answer screened then restored before it is parsed, so
+    /// a redaction (or an original put back) is what the caller gets. An answer
     /// blocked is the call's error, not a malformed answer: no other target
     /// is tried.
     pub(super) async fn routed<T: Send>(
@@ -102,20 +103,28 @@ impl Call {
         parse: impl Fn(&Completion) -> Result<T, String> + Send + Sync,
     ) -> Result<(T, Completion), TaskError> {
         let guardrails = self.task_guardrails(task);
-        if guardrails.is_empty() {
+        let mut pii = self.task_pii(task);
+        if guardrails.is_empty() && pii.is_none() {
             return self.route(task, chain, request, options, parse).await;
         }
+        // Masked first: guardrails, logs and the provider see placeholders only.
+        let masked = pii.as_mut().map(|p| p.mask(request));
+        let request = masked.as_ref().unwrap_or(request);
         let screened = self.screen_request(&guardrails, task, request).await?;
         let request = screened.as_ref().unwrap_or(request);
+        let shown = |text: &str| {
+            pii.as_ref()
+                .map_or_else(|| text.to_owned(), |p| p.shown(text))
+        };
         let answer = |c: &Completion| match guardrails::screen(&guardrails, Stage::Output, &c.text)
         {
             Err(blocked) => Ok(Err(blocked)),
             Ok(screened) => {
-                let shown = Completion {
-                    text: screened.text.clone(),
+                let seen = Completion {
+                    text: shown(&screened.text),
                     ..c.clone()
                 };
-                parse(&shown).map(|value| Ok((value, screened)))
+                parse(&seen).map(|value| Ok((value, screened)))
             }
         };
         let (value, mut completion) = self.route(task, chain, request, options, answer).await?;
@@ -123,7 +132,7 @@ impl Call {
             Ok((value, screened)) => {
                 self.report(&screened.findings, task, &completion.text, true)
                     .await?;
-                completion.text = screened.text;
+                completion.text = shown(&screened.text);
                 Ok((value, completion))
             }
             Err(blocked) => Err(self.blocked(blocked, task, &completion.text, true).await),

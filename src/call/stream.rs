@@ -102,12 +102,19 @@ impl Call {
             .await
             .map_err(|e| self.refused(e))?;
         let guardrails = self.task_guardrails(task);
+        let mut pii = self.task_pii(task);
+        let request = match pii.as_mut() {
+            Some(p) => p.mask(&request),
+            None => request,
+        };
         let request = match self.screen_request(&guardrails, task, &request).await {
             Ok(screened) => screened.unwrap_or(request),
             Err(e) => return Err(self.refused(e)),
         };
-        // Output screened needs the whole answer: it is sent in one piece.
-        let hold = guardrails.iter().any(|g| g.applies(Stage::Output));
+        // Output screened, or placeholders put back, needs the whole answer:
+        // it is sent in one piece (a placeholder may span two deltas).
+        let restore = pii.as_ref().is_some_and(|p| p.restore);
+        let hold = restore || guardrails.iter().any(|g| g.applies(Stage::Output));
         let task = task.to_owned();
         let events = router.stream(chain.to_vec(), request, self.ctx.deadline, &options);
         Ok(async_stream::stream! {
@@ -128,8 +135,10 @@ impl Call {
                         if hold {
                             match self.screen(&guardrails, Stage::Output, &completion.text, &task, true).await {
                                 Ok(text) => {
-                                    completion.text = text;
-                                    yield CallEvent::Delta(completion.text.clone());
+                                    completion.text = pii.as_ref().map_or_else(|| text.clone(), |p| p.shown(&text));
+                                    if !completion.text.is_empty() {
+                                        yield CallEvent::Delta(completion.text.clone());
+                                    }
                                 }
                                 Err(e) => {
                                     if let Err(err) = self.finish::<()>(Err(e.into())).await {

@@ -62,6 +62,9 @@ pub struct AgentConfig {
     /// `[guardrails.<name>]` screening its turns, in order.
     #[serde(default)]
     pub guardrails: Vec<String>,
+    /// Personal data masked before a provider sees it (SPEC §15).
+    #[serde(default)]
+    pub pii: Option<super::guardrails::PiiConfig>,
 }
 
 fn yes() -> bool {

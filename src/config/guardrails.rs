@@ -163,3 +163,45 @@ pub fn compile(pattern: &str) -> Result<regex::Regex, regex::Error> {
         .size_limit(MAX_COMPILED_BYTES)
         .build()
 }
+
+/// `pii = { mask = [...], restore = ... }` on a task: what is masked before
+/// a provider sees it (SPEC §15).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PiiConfig {
+    /// The kinds replaced with typed placeholders (`<EMAIL_1>`).
+    pub mask: Vec<PiiKind>,
+    /// Put the originals back into the answer before anyone sees it.
+    #[serde(default)]
+    pub restore: bool,
+}
+
+/// A kind of personal data the masker finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PiiKind {
+    Email,
+    Phone,
+    /// 13–19 digits that pass the Luhn check.
+    Card,
+    /// A US social security number (`123-45-6789`, valid areas only).
+    Ssn,
+    /// An IBAN whose check digits hold (ISO 13616, mod 97).
+    Iban,
+    /// An IPv4 or full-form IPv6 address.
+    Ip,
+}
+
+impl PiiKind {
+    /// The placeholder's tag (`EMAIL` in `<EMAIL_1>`).
+    pub fn tag(self) -> &'static str {
+        match self {
+            PiiKind::Email => "EMAIL",
+            PiiKind::Phone => "PHONE",
+            PiiKind::Card => "CARD",
+            PiiKind::Ssn => "SSN",
+            PiiKind::Iban => "IBAN",
+            PiiKind::Ip => "IP",
+        }
+    }
+}

@@ -407,6 +407,9 @@ pub struct TaskConfig {
     /// `[guardrails.<name>]` screening its prompt and answer, in order.
     #[serde(default)]
     pub guardrails: Vec<String>,
+    /// Personal data masked before a provider sees it (SPEC §15).
+    #[serde(default)]
+    pub pii: Option<guardrails::PiiConfig>,
 }
 
 fn default_max_tokens() -> u32 {

@@ -231,11 +231,25 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
         .collect();
     super::guardrails::check(&config.guardrails, &lists, &mut bad);
     for (name, agent) in &config.agents {
+        // Refused rather than ignored: a guardrail an operator lists must hold.
         if !agent.guardrails.is_empty() {
-            // Refused rather than ignored: a guardrail an operator lists must hold.
             bad(
                 format!("agents.{name}.guardrails"),
                 "guardrails screen tasks only in this release (agent turns: issue #48)",
+            );
+        }
+        if agent.pii.is_some() {
+            bad(
+                format!("agents.{name}.pii"),
+                "PII masking applies to tasks only in this release (agent turns: issue #48)",
+            );
+        }
+    }
+    for (name, task) in &config.tasks {
+        if task.pii.as_ref().is_some_and(|p| p.mask.is_empty()) {
+            bad(
+                format!("tasks.{name}.pii.mask"),
+                "must name at least one kind",
             );
         }
     }

@@ -4,6 +4,7 @@
 //! pipeline runs it, audits what it reports and counts it.
 
 mod injection;
+pub mod pii;
 
 use crate::config::{
     Config,

@@ -219,3 +219,154 @@ async fn a_streamed_answer_under_output_guardrails_arrives_screened_in_one_piece
     assert_eq!(completed.unwrap().text, "Card [REDACTED:cards] is on file.");
     app.stop().await;
 }
+
+/// One task per provider kind, each masking emails and cards and putting
+/// them back; Gemini and Perplexity at the same fake upstream.
+const PII: &str = r#"
+[providers.gemini]
+kind = "gemini"
+base_url = "UPSTREAM"
+api_key_env = "TEST_OPENAI_KEY"
+[providers.pplx]
+kind = "perplexity"
+base_url = "UPSTREAM"
+api_key_env = "TEST_OPENAI_KEY"
+[pricing."gemini-1.5-flash"]
+input_per_mtok = 0.075
+output_per_mtok = 0.30
+[pricing.sonar]
+input_per_mtok = 1.0
+output_per_mtok = 1.0
+
+[tasks.pii_openai]
+chain = [{ provider = "openai", model = "gpt-4o-mini" }]
+pii = { mask = ["email", "card", "phone"], restore = true }
+[tasks.pii_anthropic]
+chain = [{ provider = "anthropic", model = "claude-3-haiku-20240307" }]
+pii = { mask = ["email", "card", "phone"], restore = true }
+[tasks.pii_gemini]
+chain = [{ provider = "gemini", model = "gemini-1.5-flash" }]
+pii = { mask = ["email", "card", "phone"], restore = true }
+[tasks.pii_pplx]
+chain = [{ provider = "pplx", model = "sonar" }]
+pii = { mask = ["email", "card", "phone"], restore = true }
+[tasks.pii_kept]
+chain = [{ provider = "openai", model = "gpt-4o-mini" }]
+pii = { mask = ["email"] }
+"#;
+
+/// What the model answers, with the placeholders it was given.
+const MASKED_ANSWER: &str = "Refund of <CARD_1> confirmed to <EMAIL_1>.";
+
+fn anthropic_answer(text: &str) -> Reply {
+    Reply::json(
+        200,
+        &json!({
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-3-haiku-20240307",
+            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 20, "output_tokens": 5}
+        }),
+    )
+}
+
+fn gemini_answer(text: &str) -> Reply {
+    Reply::json(
+        200,
+        &json!({
+            "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP"}],
+            "usageMetadata": {"promptTokenCount": 20, "candidatesTokenCount": 5, "totalTokenCount": 25},
+            "modelVersion": "gemini-1.5-flash"
+        }),
+    )
+}
+
+#[tokio::test]
+async fn each_provider_sees_placeholders_and_the_caller_the_originals() {
+    let upstream = Upstream::start([
+        answer(MASKED_ANSWER),
+        anthropic_answer(MASKED_ANSWER),
+        gemini_answer(MASKED_ANSWER),
+        answer(MASKED_ANSWER),
+        answer("Written to <EMAIL_1>."),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("pii.db").display());
+    let extra = PII.replace("UPSTREAM", &upstream.url());
+    let config = toml(&url, &upstream.url(), &upstream.url(), &extra);
+    let mut app = TestApp::spawn_toml_env(&config, env).await;
+    app.keep(dir);
+
+    let email = "ann.lee@example.com";
+    let note = format!("Refund {CARD} for {email}, call +44 20 7946 0958, again {email}");
+    for (i, task) in ["pii_openai", "pii_anthropic", "pii_gemini", "pii_pplx"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut req = execute(&note);
+        req.task = task.into();
+        let reply = OrchestratorClient::new(app.channel.clone())
+            .execute(with_key(CALLER, task, req))
+            .await
+            .unwrap_or_else(|e| panic!("{task}: {e:?}"))
+            .into_inner();
+        assert_eq!(
+            reply.text,
+            format!("Refund of {CARD} confirmed to {email}."),
+            "{task}"
+        );
+        let body = upstream.bodies()[i].to_string();
+        for original in [CARD, email, "7946"] {
+            assert!(!body.contains(original), "{task} sent {original}: {body}");
+        }
+        for placeholder in ["<CARD_1>", "<EMAIL_1>", "<PHONE_1>"] {
+            assert!(body.contains(placeholder), "{task}: {body}");
+        }
+        assert!(
+            !body.contains("<EMAIL_2>"),
+            "one value, one placeholder: {body}"
+        );
+    }
+
+    // Without `restore` the caller gets the placeholders as the model wrote them.
+    let mut req = execute(&note);
+    req.task = "pii_kept".into();
+    let reply = OrchestratorClient::new(app.channel.clone())
+        .execute(with_key(CALLER, "kept", req))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.text, "Written to <EMAIL_1>.");
+    let body = upstream.bodies()[4].to_string();
+    assert!(body.contains(CARD), "only emails are masked there: {body}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_streamed_answer_gets_its_originals_back_across_deltas() {
+    // The placeholder arrives split over two deltas.
+    let pieces = ["Refund to <EMA", "IL_1> done."];
+    let upstream = Upstream::start([Reply::sse(openai_text(&pieces))]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("pii.db").display());
+    let extra = PII.replace("UPSTREAM", &upstream.url());
+    let config = toml(&url, &upstream.url(), &upstream.url(), &extra);
+    let mut app = TestApp::spawn_toml_env(&config, env).await;
+    app.keep(dir);
+    let mut req = execute("Refund ann@example.com");
+    req.task = "pii_openai".into();
+    let mut stream = OrchestratorClient::new(app.channel.clone())
+        .execute_stream(with_key(CALLER, "pii-stream", req))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut deltas = Vec::new();
+    while let Some(e) = stream.message().await.unwrap() {
+        if let Some(pb::execute_event::Event::Delta(d)) = e.event {
+            deltas.push(d.text);
+        }
+    }
+    assert_eq!(deltas, ["Refund to ann@example.com done."]);
+    assert!(!upstream.bodies()[0].to_string().contains("ann@example.com"));
+    app.stop().await;
+}
