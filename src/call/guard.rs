@@ -8,7 +8,7 @@ use super::Call;
 use crate::{
     audit::{AuditEvent, Category},
     config::guardrails::{Action, Stage},
-    domain::{CompletionRequest, completion::Role},
+    domain::{CompletionRequest, ToolCall, completion::Role},
     guardrails::{self, Blocked, Finding, Guardrail, pii::Masker},
     tasks::TaskError,
     telemetry::metrics,
@@ -47,6 +47,14 @@ impl Pii {
             self.masker.restore(text)
         } else {
             text.to_owned()
+        }
+    }
+
+    /// The tool calls the model wrote, as the caller (or a tool) gets them:
+    /// with the originals back in their arguments if asked.
+    pub(super) fn show_calls(&self, calls: &mut [ToolCall]) {
+        for call in calls.iter_mut().filter(|_| self.restore) {
+            call.arguments = self.masker.restore(&call.arguments);
         }
     }
 }
@@ -186,5 +194,45 @@ impl Call {
             self.audit(events).await
         };
         written.map_err(|e| TaskError::Storage(format!("auditing a guardrail decision: {e:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config::guardrails::PiiKind, domain::ChatMessage};
+
+    #[test]
+    fn a_masked_request_is_restored_in_the_answer_and_the_tool_calls_the_model_writes() {
+        let mut pii = Pii {
+            masker: Masker::new(&[PiiKind::Email]),
+            restore: true,
+        };
+        let request = CompletionRequest {
+            tools: Vec::new(),
+            tool_choice: crate::domain::ToolChoice::Auto,
+            model: "m".into(),
+            system: Some("Reply to ann@example.com".into()),
+            messages: vec![ChatMessage::text(Role::User, "Write to ann@example.com")],
+            temperature: None,
+            max_tokens: 10,
+            response_format: None,
+            trace_id: "t".into(),
+            traceparent: None,
+            deadline: tokio::time::Instant::now(),
+        };
+        let masked = pii.mask(&request);
+        assert_eq!(masked.system.as_deref(), Some("Reply to <EMAIL_1>"));
+        assert_eq!(masked.messages[0].content, "Write to <EMAIL_1>");
+        let mut calls = vec![ToolCall {
+            id: "c1".into(),
+            name: "mail.send".into(),
+            arguments: r#"{"to":"<EMAIL_1>"}"#.into(),
+        }];
+        pii.show_calls(&mut calls);
+        assert_eq!(calls[0].arguments, r#"{"to":"ann@example.com"}"#);
+        assert_eq!(pii.shown("Sent to <EMAIL_1>."), "Sent to ann@example.com.");
+        pii.restore = false;
+        assert_eq!(pii.shown("Sent to <EMAIL_1>."), "Sent to <EMAIL_1>.");
     }
 }

@@ -120,10 +120,13 @@ impl Call {
         {
             Err(blocked) => Ok(Err(blocked)),
             Ok(screened) => {
-                let seen = Completion {
+                let mut seen = Completion {
                     text: shown(&screened.text),
                     ..c.clone()
                 };
+                if let Some(p) = &pii {
+                    p.show_calls(&mut seen.tool_calls);
+                }
                 parse(&seen).map(|value| Ok((value, screened)))
             }
         };
@@ -133,6 +136,9 @@ impl Call {
                 self.report(&screened.findings, task, &completion.text, true)
                     .await?;
                 completion.text = shown(&screened.text);
+                if let Some(p) = &pii {
+                    p.show_calls(&mut completion.tool_calls);
+                }
                 Ok((value, completion))
             }
             Err(blocked) => Err(self.blocked(blocked, task, &completion.text, true).await),

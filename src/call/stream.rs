@@ -136,6 +136,9 @@ impl Call {
                             match self.screen(&guardrails, Stage::Output, &completion.text, &task, true).await {
                                 Ok(text) => {
                                     completion.text = pii.as_ref().map_or_else(|| text.clone(), |p| p.shown(&text));
+                                    if let Some(p) = &pii {
+                                        p.show_calls(&mut completion.tool_calls);
+                                    }
                                     if !completion.text.is_empty() {
                                         yield CallEvent::Delta(completion.text.clone());
                                     }
