@@ -17,11 +17,14 @@
 //! stream drops the turn (cancelled as any call) and nothing runs
 //! unpolled.
 
+mod event;
 pub mod outcomes;
 mod session;
 mod wire;
 
+pub use event::{TurnEvent, TurnOutcome};
 pub use outcomes::Report;
+use outcomes::{tool_message, tool_result};
 pub use session::{ModelEvent, ModelStream, Refused, StoredTurn, ToolCalls, TurnSession};
 
 use super::{StopReason, conversations::TurnRecord, memory};
@@ -36,78 +39,6 @@ use crate::{
 use futures::{SinkExt, Stream, StreamExt, channel::mpsc, stream::FuturesUnordered};
 use tokio::time::Instant;
 use wire::{on_wire, ours};
-
-/// What a turn reports, in order: `Started` first, `Completed` (or
-/// `Failed`) last.
-#[derive(Debug)]
-pub enum TurnEvent<M, E> {
-    /// The turn runs in this conversation.
-    Started {
-        /// The conversation (new or continued).
-        conversation_id: String,
-    },
-    /// A piece of answer text.
-    Delta(String),
-    /// A tool call starts.
-    ToolCall {
-        /// The model's ID for it.
-        call_id: String,
-        /// Tool name.
-        tool: String,
-    },
-    /// A tool call ended.
-    ToolResult {
-        /// The model's ID for it.
-        call_id: String,
-        /// Tool name.
-        tool: String,
-        /// SUCCEEDED, FAILED, TIMED_OUT or DENIED.
-        status: &'static str,
-        /// How long it ran.
-        duration_ms: u64,
-        /// Why it did not succeed.
-        error_code: String,
-    },
-    /// A model call moved to its next target before any output.
-    Fallback {
-        /// Provider that failed.
-        from: String,
-        /// Provider tried next.
-        to: String,
-        /// Stable error code.
-        reason: String,
-    },
-    /// A tool call waits for a person's decision: it was not run.
-    ApprovalRequired {
-        /// The model's ID for it.
-        call_id: String,
-        /// Tool name.
-        tool: String,
-        /// The approval to decide.
-        approval_id: String,
-    },
-    /// The answer's memory suggestions.
-    MemorySuggestions(Vec<String>),
-    /// The turn ended.
-    Completed(Box<TurnOutcome<M>>),
-    /// The turn failed; nothing of it was stored.
-    Failed(E),
-}
-
-/// How a turn ended.
-#[derive(Debug)]
-pub struct TurnOutcome<M> {
-    /// The final answer, or the text so far when a cap ended the turn.
-    pub text: String,
-    /// Model calls made.
-    pub iterations: u32,
-    /// Tool executions made.
-    pub tool_calls: u32,
-    /// Why it ended.
-    pub stop_reason: StopReason,
-    /// Every model call and tool of the turn, summed.
-    pub meta: M,
-}
 
 /// A turn ready to run, as the pipeline prepared it.
 pub struct Start {
@@ -609,38 +540,5 @@ impl<S: TurnSession> Turn<S> {
         self.emit
             .send(TurnEvent::Completed(Box::new(outcome)))
             .await;
-    }
-}
-
-/// A tool's result as the message the model reads.
-fn tool_message(outcome: ToolOutcome) -> ChatMessage {
-    ChatMessage {
-        role: Role::Tool,
-        content: String::new(),
-        tool_calls: Vec::new(),
-        tool_result: Some(outcome),
-    }
-}
-
-/// The event of a tool call's `outcome`, counted in the agent's metrics
-/// (a tool not `offered` counted as `other`: the model names it).
-fn tool_result<M, E>(
-    agent: &str,
-    offered: &[ToolSpec],
-    outcome: &ToolOutcome,
-    report: Report,
-) -> TurnEvent<M, E> {
-    let tool = if offered.iter().any(|t| t.name == outcome.name) {
-        outcome.name.as_str()
-    } else {
-        "other"
-    };
-    metrics::agent_tool_call(agent, tool, report.status);
-    TurnEvent::ToolResult {
-        call_id: outcome.call_id.clone(),
-        tool: outcome.name.clone(),
-        status: report.status,
-        duration_ms: report.duration_ms,
-        error_code: report.error_code,
     }
 }

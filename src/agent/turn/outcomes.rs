@@ -3,7 +3,11 @@
 //! happens to a call (denied, invalid, failed, timed out, past a cap) is a
 //! result, never an error raised to the caller.
 
-use crate::domain::{ToolCall, ToolOutcome};
+use super::TurnEvent;
+use crate::{
+    domain::{ChatMessage, ToolCall, ToolOutcome, ToolSpec, completion::Role},
+    telemetry::metrics,
+};
 use serde_json::json;
 
 /// Most bytes of a tool's output handed back to the model: an output past
@@ -128,5 +132,38 @@ pub fn over_output_budget(outcome: &ToolOutcome) -> ToolOutcome {
         }})
         .to_string(),
         is_error: true,
+    }
+}
+
+/// A tool's result as the message the model reads.
+pub(super) fn tool_message(outcome: ToolOutcome) -> ChatMessage {
+    ChatMessage {
+        role: Role::Tool,
+        content: String::new(),
+        tool_calls: Vec::new(),
+        tool_result: Some(outcome),
+    }
+}
+
+/// The event of a tool call's `outcome`, counted in the agent's metrics
+/// (a tool not `offered` counted as `other`: the model names it).
+pub(super) fn tool_result<M, E>(
+    agent: &str,
+    offered: &[ToolSpec],
+    outcome: &ToolOutcome,
+    report: Report,
+) -> TurnEvent<M, E> {
+    let tool = if offered.iter().any(|t| t.name == outcome.name) {
+        outcome.name.as_str()
+    } else {
+        "other"
+    };
+    metrics::agent_tool_call(agent, tool, report.status);
+    TurnEvent::ToolResult {
+        call_id: outcome.call_id.clone(),
+        tool: outcome.name.clone(),
+        status: report.status,
+        duration_ms: report.duration_ms,
+        error_code: report.error_code,
     }
 }
