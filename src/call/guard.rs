@@ -88,6 +88,9 @@ impl Call {
         task: &str,
         request: &CompletionRequest,
     ) -> Result<Option<CompletionRequest>, TaskError> {
+        if !list.iter().any(|g| g.applies(Stage::Input)) {
+            return Ok(None);
+        }
         let mut changed: Option<CompletionRequest> = None;
         for (i, m) in request.messages.iter().enumerate() {
             if m.role != Role::User || m.content.is_empty() {
