@@ -35,6 +35,8 @@ const PREFERENCES_OPEN: &str = "<preferences>";
 const PREFERENCES_CLOSE: &str = "</preferences>";
 const RETRIEVED_OPEN: &str = "<retrieved_context>";
 const RETRIEVED_CLOSE: &str = "</retrieved_context>";
+const SUMMARY_OPEN: &str = "<earlier_conversation_summary>";
+const SUMMARY_CLOSE: &str = "</earlier_conversation_summary>";
 
 /// Layer 3: how the user wants to be answered; empty fields are left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -78,6 +80,9 @@ pub struct Layers<'a> {
     pub retrieved: &'a [Retrieved],
     /// Layer 5: earlier messages, oldest first.
     pub history: &'a [ChatMessage],
+    /// Layer 5: the summary of messages older than `history`, quoted in
+    /// the system prompt and paid for from the history's budget.
+    pub summary: Option<&'a str>,
     pub message: &'a str,
     /// Fixed instructions after the quoted data (the tool guardrail): the
     /// last the model reads before the conversation.
@@ -106,8 +111,10 @@ pub struct Counts {
     pub history_kept: usize,
     /// History messages cut: over budget, or orphaned by the cut.
     pub history_dropped: usize,
-    /// Layer 5 in tokens: the kept history plus the new message.
+    /// Layer 5 in tokens: the summary, the kept history and the new message.
     pub history_tokens: u64,
+    /// The summary's tokens; 0 when there is none or it did not fit.
+    pub summary_tokens: u64,
 }
 
 /// Why a prompt cannot be assembled: from the caller's input, never retried.
@@ -230,7 +237,17 @@ fn assemble_at(
     counts.retrieved_kept = kept_lines.len();
     counts.retrieved_dropped = lines.len() - kept_lines.len();
 
-    if preferences.is_some() || !kept_lines.is_empty() {
+    // The summary stands in for older messages: the history's budget pays
+    // for it first. One that cannot fit beside the message is left out.
+    let summary = (layers.summary.filter(|s| !s.trim().is_empty()))
+        .map(|text| quote(&serde_json::json!({ "summary": text })));
+    let summary_cost = summary.as_ref().map_or(0, |line| tokens(line));
+    let summary = summary.filter(|_| summary_cost <= history_budget - message_cost);
+    if summary.is_some() {
+        counts.summary_tokens = summary_cost;
+    }
+
+    if preferences.is_some() || !kept_lines.is_empty() || summary.is_some() {
         push_section(&mut system, HEADER);
         if let Some(line) = &preferences {
             push_section(
@@ -244,6 +261,12 @@ fn assemble_at(
                 &block(RETRIEVED_OPEN, &kept_lines, RETRIEVED_CLOSE),
             );
         }
+        if let Some(line) = &summary {
+            push_section(
+                &mut system,
+                &block(SUMMARY_OPEN, &[line.as_str()], SUMMARY_CLOSE),
+            );
+        }
     }
     if let Some(closing) = layers.closing.filter(|c| !c.trim().is_empty()) {
         push_section(&mut system, closing);
@@ -253,12 +276,14 @@ fn assemble_at(
     let (start, history_cost) = fit_history(
         model,
         layers.history,
-        history_budget - message_cost,
+        history_budget - message_cost - counts.summary_tokens,
         precision,
     );
     counts.history_dropped = start;
     counts.history_kept = layers.history.len() - start;
-    counts.history_tokens = history_cost.saturating_add(message_cost);
+    counts.history_tokens = history_cost
+        .saturating_add(message_cost)
+        .saturating_add(counts.summary_tokens);
     let mut messages: Vec<ChatMessage> = layers.history.iter().skip(start).cloned().collect();
     messages.extend(message);
 

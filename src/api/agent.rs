@@ -284,6 +284,7 @@ impl AgentService for AgentApi {
                 created_at_ms: c.created_at_ms,
                 updated_at_ms: c.updated_at_ms,
                 expires_at_ms: c.expires_at_ms,
+                summary: c.summary,
                 messages: messages.into_iter().map(stored).collect(),
                 memory_suggestions: turns
                     .into_iter()

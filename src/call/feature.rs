@@ -3,8 +3,11 @@
 //! entry points (`converse`, `stream`) over the same open and finish.
 
 use super::{Call, CallContext, CallError, CallMeta, Pipeline};
-use crate::tasks::Task;
-use serde_json::Value;
+use crate::tasks::{
+    Task,
+    execute::{Execute, Output},
+};
+use serde_json::{Map, Value};
 use std::future::Future;
 
 /// A unit of work run inside one call: it sees the pipeline only through
@@ -54,5 +57,32 @@ impl Pipeline {
         call.audit_input(|| feature.audit_input());
         let result = feature.run(&call).await;
         call.finish(result).await
+    }
+}
+
+impl Pipeline {
+    /// Generic `task` on `input`, for the caller of `ctx` but in a call of
+    /// its own started now: what a feature asks a model on the side (a
+    /// classification, a summary), admitted, metered and recorded under its
+    /// task with the caller's trace. `Err` is the failure's stable reason.
+    pub(super) async fn run_aside(
+        &self,
+        ctx: &CallContext,
+        task: &str,
+        input: Map<String, Value>,
+    ) -> Result<Output, &'static str> {
+        let mut ctx = ctx.clone();
+        ctx.started = tokio::time::Instant::now();
+        ctx.started_at_ms = chrono::Utc::now().timestamp_millis();
+        let execute = Execute {
+            task: task.to_owned(),
+            input,
+            prompt_key: None,
+        };
+        match self.run(ctx, execute).await {
+            Ok((output, _)) => Ok(output),
+            Err(CallError::Route(e)) => Err(e.reason()),
+            Err(e) => Err(e.reason().unwrap_or("INTERNAL")),
+        }
     }
 }

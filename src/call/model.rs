@@ -91,9 +91,9 @@ impl Call {
     /// One model call of `request` over `chain` under the task's guardrails
     /// and PII masking (SPEC §15): the request masked, its user messages
     /// screened, the answer screened then restored before it is parsed, so
-    /// a redaction (or an original put back) is what the caller gets. An answer
-    /// blocked is the call's error, not a malformed answer: no other target
-    /// is tried.
+    /// a redaction (or an original put back) is what the caller gets; the
+    /// classifiers judge it after. An answer blocked is the call's error,
+    /// not a malformed answer: no other target is tried.
     pub(super) async fn routed<T: Send>(
         &self,
         task: &str,
@@ -131,6 +131,14 @@ impl Call {
             }
         };
         let (value, mut completion) = self.route(task, chain, request, options, answer).await?;
+        // Classifiers are model calls: they judge the answer once it is in.
+        let value = match value {
+            Ok((value, screened)) => (self.pipeline)
+                .classified(&self.ctx, &guardrails, Stage::Output, screened)
+                .await
+                .map(|screened| (value, screened)),
+            Err(blocked) => Err(blocked),
+        };
         match value {
             Ok((value, screened)) => {
                 self.report(&screened.findings, task, &completion.text, true)

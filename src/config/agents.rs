@@ -65,6 +65,34 @@ pub struct AgentConfig {
     /// Personal data masked before a provider sees it (SPEC §15).
     #[serde(default)]
     pub pii: Option<super::guardrails::PiiConfig>,
+    /// What becomes of history that no longer fits layer 5 (SPEC §15).
+    #[serde(default)]
+    pub history_overflow: HistoryOverflow,
+    /// `summarize`: the task (`[tasks.<name>]`) that writes the summary.
+    #[serde(default)]
+    pub summary_task: Option<String>,
+}
+
+/// What becomes of the oldest messages once the history outgrows its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryOverflow {
+    /// Left out of the prompt (still stored).
+    #[default]
+    Drop,
+    /// Replaced by one summary, written by `summary_task` and stored on the
+    /// conversation.
+    Summarize,
+}
+
+impl HistoryOverflow {
+    /// The name in config and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HistoryOverflow::Drop => "drop",
+            HistoryOverflow::Summarize => "summarize",
+        }
+    }
 }
 
 fn yes() -> bool {

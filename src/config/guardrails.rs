@@ -28,6 +28,25 @@ pub struct GuardrailConfig {
     /// (default the built-in rules' own, 1.0).
     #[serde(default)]
     pub threshold: Option<f64>,
+    /// `classifier`: the task (`[tasks.<name>]`) whose JSON answer
+    /// `{flagged, categories[]}` decides.
+    #[serde(default)]
+    pub task: Option<String>,
+    /// `classifier`: what a classification that fails (no answer, not the
+    /// JSON asked for) does: `closed` blocks, `open` lets the text through.
+    #[serde(default)]
+    pub fail: Fail,
+}
+
+/// What a classifier's failure does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fail {
+    /// Let the text through, audited and counted (`fail_open`).
+    Open,
+    /// Refuse it like a block (`fail_closed`): safety over availability.
+    #[default]
+    Closed,
 }
 
 fn default_applies_to() -> Vec<Stage> {
@@ -42,6 +61,8 @@ pub enum GuardrailKind {
     Regex,
     /// The built-in prompt-injection heuristics, scored against `threshold`.
     Injection,
+    /// A model call: the answer of `task` decides.
+    Classifier,
 }
 
 /// Where a guardrail looks.
@@ -100,6 +121,7 @@ impl Action {
 /// `bad(path, message)` for each problem.
 pub(super) fn check(
     guardrails: &BTreeMap<String, GuardrailConfig>,
+    tasks: &BTreeMap<String, crate::config::TaskConfig>,
     lists: &[(String, &[String])],
     bad: &mut dyn FnMut(String, &str),
 ) {
@@ -118,9 +140,13 @@ pub(super) fn check(
                     bad(at("threshold"), "must be a number above 0");
                 }
             }
+            GuardrailKind::Classifier => classifier(g, guardrails, tasks, &at, bad),
         }
-        if g.kind == GuardrailKind::Regex && g.threshold.is_some() {
+        if g.kind != GuardrailKind::Injection && g.threshold.is_some() {
             bad(at("threshold"), "is for kind = \"injection\" only");
+        }
+        if g.kind != GuardrailKind::Classifier && g.task.is_some() {
+            bad(at("task"), "is for kind = \"classifier\" only");
         }
     }
     for (path, names) in lists {
@@ -132,6 +158,46 @@ pub(super) fn check(
                 );
             }
         }
+    }
+}
+
+/// A classifier names a task that is not itself screened by a classifier
+/// (a classification would classify itself without end), and cannot
+/// redact: its verdict is about the whole text.
+fn classifier(
+    g: &GuardrailConfig,
+    guardrails: &BTreeMap<String, GuardrailConfig>,
+    tasks: &BTreeMap<String, crate::config::TaskConfig>,
+    at: &dyn Fn(&str) -> String,
+    bad: &mut dyn FnMut(String, &str),
+) {
+    if !g.patterns.is_empty() {
+        bad(at("patterns"), "is for kind = \"regex\" only");
+    }
+    if g.action == Action::Redact {
+        bad(
+            at("action"),
+            "a classifier judges the whole text: use \"block\" or \"flag\"",
+        );
+    }
+    let Some(task) = &g.task else {
+        bad(at("task"), "is required: the task whose answer decides");
+        return;
+    };
+    let Some(config) = tasks.get(task) else {
+        bad(at("task"), "names no [tasks.<name>] section");
+        return;
+    };
+    let nested = config.guardrails.iter().any(|n| {
+        guardrails
+            .get(n)
+            .is_some_and(|g| g.kind == GuardrailKind::Classifier)
+    });
+    if nested {
+        bad(
+            at("task"),
+            "names a task that lists a classifier guardrail itself (it would classify its own classification)",
+        );
     }
 }
 

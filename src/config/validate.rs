@@ -229,28 +229,15 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
                 .map(|(n, a)| (format!("agents.{n}.guardrails"), a.guardrails.as_slice())),
         )
         .collect();
-    super::guardrails::check(&config.guardrails, &lists, &mut bad);
-    for (name, agent) in &config.agents {
-        // Refused rather than ignored: a guardrail an operator lists must hold.
-        if !agent.guardrails.is_empty() {
-            bad(
-                format!("agents.{name}.guardrails"),
-                "guardrails screen tasks only in this release (agent turns: issue #48)",
-            );
-        }
-        if agent.pii.is_some() {
-            bad(
-                format!("agents.{name}.pii"),
-                "PII masking applies to tasks only in this release (agent turns: issue #48)",
-            );
-        }
-    }
-    for (name, task) in &config.tasks {
-        if task.pii.as_ref().is_some_and(|p| p.mask.is_empty()) {
-            bad(
-                format!("tasks.{name}.pii.mask"),
-                "must name at least one kind",
-            );
+    super::guardrails::check(&config.guardrails, &config.tasks, &lists, &mut bad);
+    let masks = (config.tasks.iter())
+        .map(|(n, t)| (format!("tasks.{n}.pii.mask"), t.pii.as_ref()))
+        .chain(
+            (config.agents.iter()).map(|(n, a)| (format!("agents.{n}.pii.mask"), a.pii.as_ref())),
+        );
+    for (path, pii) in masks {
+        if pii.is_some_and(|p| p.mask.is_empty()) {
+            bad(path, "must name at least one kind");
         }
     }
     tools::check(config, &mut bad);

@@ -1,14 +1,16 @@
 //! Screening of what passes through a call (SPEC §15): each guardrail a
 //! task or agent lists looks at the places it applies to and, on a
 //! detection, blocks, flags or redacts. Pure and synchronous: the call
-//! pipeline runs it, audits what it reports and counts it.
+//! pipeline runs it, audits what it reports and counts it. A `classifier`
+//! is a model call, so the pipeline runs it itself ([`Guardrail::classifier`]);
+//! [`screen`] passes over it.
 
 mod injection;
 pub mod pii;
 
 use crate::config::{
     Config,
-    guardrails::{Action, GuardrailConfig, GuardrailKind, Stage, compile},
+    guardrails::{Action, Fail, GuardrailConfig, GuardrailKind, Stage, compile},
 };
 use injection::Injection;
 use regex::Regex;
@@ -35,6 +37,10 @@ enum Detector {
         rules: Arc<Injection>,
         threshold: f64,
     },
+    Classifier {
+        task: String,
+        fail: Fail,
+    },
 }
 
 /// Every configured guardrail, compiled once at start.
@@ -51,6 +57,10 @@ pub struct Finding {
     pub stage: Stage,
     /// The injection score, for the audit event.
     pub score: Option<f64>,
+    /// What a classifier said (its categories), or why it failed.
+    pub detail: Option<String>,
+    /// A classifier that failed and let the text through (`fail = "open"`).
+    pub failed: bool,
 }
 
 /// A blocking guardrail's refusal: names the guardrail, never the content.
@@ -61,6 +71,10 @@ pub struct Blocked {
     pub stage: Stage,
     /// The injection score, for the audit event.
     pub score: Option<f64>,
+    /// What a classifier said (its categories), or why it failed.
+    pub detail: Option<String>,
+    /// A classifier that failed and refused the text (`fail = "closed"`).
+    pub failed: bool,
 }
 
 /// Text after screening: changed only by redactions.
@@ -104,6 +118,13 @@ fn compiled(name: &str, g: &GuardrailConfig, rules: &Arc<Injection>) -> Result<G
             rules: Arc::clone(rules),
             threshold: g.threshold.unwrap_or(rules.threshold),
         },
+        GuardrailKind::Classifier => Detector::Classifier {
+            task: g
+                .task
+                .clone()
+                .ok_or_else(|| format!("guardrails.{name}.task is required"))?,
+            fail: g.fail,
+        },
     };
     Ok(Guardrail {
         name: name.to_owned(),
@@ -127,6 +148,15 @@ impl Guardrail {
         self.stages.contains(&stage)
     }
 
+    /// A classifier's task and what its failure does; `None` for the kinds
+    /// [`screen`] runs.
+    pub fn classifier(&self) -> Option<(&str, Fail)> {
+        match &self.detector {
+            Detector::Classifier { task, fail } => Some((task, *fail)),
+            _ => None,
+        }
+    }
+
     fn detect(&self, text: &str) -> Option<Detection> {
         match &self.detector {
             Detector::Regex(patterns) => {
@@ -142,13 +172,15 @@ impl Guardrail {
                 let score = rules.score(text).score;
                 (score >= *threshold).then_some(Detection::Whole(score))
             }
+            Detector::Classifier { .. } => None,
         }
     }
 }
 
-/// `text` screened at `stage` by each of `list` that applies, in order: the
-/// first blocking detection refuses; a redaction changes the text the
-/// next guardrail sees; every other detection is reported.
+/// `text` screened at `stage` by each of `list` that applies, in order
+/// (classifiers aside): the first blocking detection refuses; a redaction
+/// changes the text the next guardrail sees; every other detection is
+/// reported.
 pub fn screen(list: &[Arc<Guardrail>], stage: Stage, text: &str) -> Result<Screened, Blocked> {
     let mut out = Screened {
         text: text.to_owned(),
@@ -168,6 +200,8 @@ pub fn screen(list: &[Arc<Guardrail>], stage: Stage, text: &str) -> Result<Scree
                     guardrail: g.name.clone(),
                     stage,
                     score,
+                    detail: None,
+                    failed: false,
                 });
             }
             Action::Flag => {}
@@ -178,6 +212,8 @@ pub fn screen(list: &[Arc<Guardrail>], stage: Stage, text: &str) -> Result<Scree
             action: g.action,
             stage,
             score,
+            detail: None,
+            failed: false,
         });
     }
     Ok(out)

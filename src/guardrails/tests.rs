@@ -125,3 +125,63 @@ price = "unknown"
         ]
     );
 }
+
+#[test]
+fn a_classifier_names_an_unscreened_task_and_never_redacts() {
+    let toml = r#"
+[guardrails.judge]
+kind = "classifier"
+task = "moderate"
+action = "block"
+[guardrails.rewrite]
+kind = "classifier"
+task = "moderate"
+action = "redact"
+threshold = 0.5
+[guardrails.nameless]
+kind = "classifier"
+action = "flag"
+[guardrails.ghost]
+kind = "classifier"
+task = "missing"
+action = "flag"
+[guardrails.loop]
+kind = "classifier"
+task = "screened"
+action = "flag"
+[guardrails.words]
+kind = "regex"
+patterns = ['x']
+task = "moderate"
+action = "flag"
+[providers.mock]
+kind = "mock"
+[tasks.moderate]
+chain = [{ provider = "mock", model = "m" }]
+[tasks.screened]
+chain = [{ provider = "mock", model = "m" }]
+guardrails = ["judge"]
+[agents.a]
+chain = [{ provider = "mock", model = "m" }]
+core_prompt = "x"
+guardrails = ["judge"]
+pii = { mask = [] }
+[pricing.m]
+price = "unknown"
+"#;
+    let err = Config::from_toml_str(toml, |_| None).unwrap_err();
+    let mut paths = err.paths();
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            "agents.a.pii.mask",
+            "guardrails.ghost.task",
+            "guardrails.loop.task",
+            "guardrails.nameless.task",
+            "guardrails.rewrite.action",
+            "guardrails.rewrite.threshold",
+            "guardrails.words.task",
+        ]
+    );
+}

@@ -257,6 +257,14 @@ fn describe_tools_and_agents() {
         "agent_tool_calls_total",
         "Tool calls asked for by agents' models, by agent, tool and status (DENIED included)."
     );
+    describe_counter!(
+        "agent_history_truncated_total",
+        "Agent turns whose history outgrew its budget, by agent and what became of the overflow (drop, summarize)."
+    );
+    describe_counter!(
+        "guardrail_decisions_total",
+        "Guardrail detections, by guardrail and action (block, flag, redact, fail_open, fail_closed)."
+    );
 }
 
 fn describe_grpc() {
@@ -435,6 +443,13 @@ pub fn agent_turn(agent: &str, stop_reason: &'static str, iterations: u32) {
     counter!("agent_turns_total", "agent" => agent.to_owned(), "stop_reason" => stop_reason)
         .increment(1);
     histogram!("agent_iterations", "agent" => agent.to_owned()).record(f64::from(iterations));
+}
+
+/// A turn whose history did not fit: `mode` is what became of the
+/// overflow (`drop`, or `summarize` when a summary replaced it).
+pub fn agent_history_truncated(agent: &str, mode: &'static str) {
+    counter!("agent_history_truncated_total", "agent" => agent.to_owned(), "mode" => mode)
+        .increment(1);
 }
 
 /// A tool call an agent's model asked for, by how it ended. `tool` is one

@@ -241,6 +241,7 @@ pub(super) async fn get_conversation(
         "created_at_ms": c.created_at_ms,
         "updated_at_ms": c.updated_at_ms,
         "expires_at_ms": c.expires_at_ms,
+        "summary": c.summary,
         "messages": messages.iter().map(stored).collect::<Vec<_>>(),
         "memory_suggestions": turns
             .iter()

@@ -7,6 +7,8 @@ mod approvals;
 mod conversations;
 mod edges;
 mod golden;
+mod guardrails;
+mod history;
 mod layers;
 pub mod upstream;
 

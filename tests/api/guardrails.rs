@@ -95,7 +95,7 @@ fn info(status: &tonic::Status) -> (String, String, String) {
 }
 
 /// The team's `guardrail.flagged` events as (decision, reason).
-async fn decisions(app: &TestApp) -> Vec<(String, String)> {
+pub async fn decisions(app: &TestApp) -> Vec<(String, String)> {
     events(app, "t1")
         .await
         .into_iter()
@@ -368,5 +368,151 @@ async fn a_streamed_answer_gets_its_originals_back_across_deltas() {
     }
     assert_eq!(deltas, ["Refund to ann@example.com done."]);
     assert!(!upstream.bodies()[0].to_string().contains("ann@example.com"));
+    app.stop().await;
+}
+
+/// Two tasks screened by a classifier task: `strict` blocks what it flags
+/// and when it fails; `lenient` flags, and lets text through when it fails.
+const CLASSIFIED: &str = r#"
+[tasks.moderate]
+chain = [{ provider = "openai", model = "gpt-4o-mini" }]
+
+[guardrails.moderation]
+kind = "classifier"
+task = "moderate"
+action = "block"
+
+[guardrails.moderation_open]
+kind = "classifier"
+task = "moderate"
+action = "flag"
+fail = "open"
+applies_to = ["input", "output"]
+
+[tasks.strict]
+chain = [{ provider = "openai", model = "gpt-4o-mini" }]
+guardrails = ["moderation"]
+
+[tasks.lenient]
+chain = [{ provider = "openai", model = "gpt-4o-mini" }]
+guardrails = ["moderation_open"]
+"#;
+
+async fn classified(upstream: &Upstream) -> TestApp {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("classifier.db").display());
+    let config = toml(&url, &upstream.url(), &upstream.url(), CLASSIFIED);
+    let mut app = TestApp::spawn_toml_env(&config, env).await;
+    app.keep(dir);
+    app
+}
+
+async fn run(app: &TestApp, task: &str, note: &str) -> Result<String, tonic::Status> {
+    let mut req = execute(note);
+    req.task = task.into();
+    OrchestratorClient::new(app.channel.clone())
+        .execute(with_key(CALLER, task, req))
+        .await
+        .map(|r| r.into_inner().text)
+}
+
+/// The team's guardrail events as (action, decision, reason).
+async fn verdicts(app: &TestApp) -> Vec<(String, String, String)> {
+    let mut seen: Vec<_> = events(app, "t1")
+        .await
+        .into_iter()
+        .filter(|e| e.action.starts_with("guardrail."))
+        .map(|e| (e.action, e.decision, e.reason))
+        .collect();
+    seen.sort();
+    seen
+}
+
+#[tokio::test]
+async fn a_classifier_task_decides_through_the_pipeline_and_is_metered() {
+    let upstream = Upstream::start([
+        answer(r#"{"flagged": true, "categories": ["harassment"]}"#),
+        answer(r#"{"flagged": false, "categories": []}"#),
+        answer("Thanks for the note."),
+    ])
+    .await;
+    let app = classified(&upstream).await;
+    let status = run(&app, "strict", "You are all useless idiots")
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        info(&status),
+        (
+            "GUARDRAIL_BLOCKED".into(),
+            "moderation".into(),
+            "input".into()
+        )
+    );
+    assert!(!status.message().contains("idiots"), "{}", status.message());
+    let asked = upstream.bodies()[0].to_string();
+    assert!(
+        asked.contains("useless idiots"),
+        "the classifier reads the text: {asked}"
+    );
+
+    assert_eq!(
+        run(&app, "strict", "Please call me back").await.unwrap(),
+        "Thanks for the note."
+    );
+    assert_eq!(upstream.bodies().len(), 3);
+    // Each classification is a call of its own: recorded and charged.
+    let totals = usage_totals(&app).await;
+    assert_eq!(totals.requests, 3, "two classifications and the task");
+    assert_eq!(
+        verdicts(&app).await,
+        [(
+            "guardrail.flagged".into(),
+            "block".into(),
+            "moderation:input:harassment".into()
+        )]
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_classification_blocks_when_closed_and_lets_through_when_open() {
+    let upstream = Upstream::start([
+        answer("I cannot classify this."),
+        answer("not json either"),
+        answer("Here is the answer."),
+        answer(r#"{"categories": ["none"]}"#),
+    ])
+    .await;
+    let app = classified(&upstream).await;
+    let status = run(&app, "strict", "Hello").await.unwrap_err();
+    assert_eq!(
+        info(&status),
+        (
+            "GUARDRAIL_BLOCKED".into(),
+            "moderation".into(),
+            "input".into()
+        )
+    );
+    assert_eq!(
+        run(&app, "lenient", "Hello").await.unwrap(),
+        "Here is the answer."
+    );
+    let seen = verdicts(&app).await;
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!(
+        (seen[0].0.as_str(), seen[0].1.as_str()),
+        ("guardrail.failed", "fail_closed")
+    );
+    assert!(seen[0].2.starts_with("moderation:input:"), "{seen:?}");
+    let open: Vec<&str> = seen[1..].iter().map(|s| s.2.as_str()).collect();
+    assert!(
+        seen[1..]
+            .iter()
+            .all(|s| s.0 == "guardrail.failed" && s.1 == "fail_open"),
+        "{seen:?}"
+    );
+    assert!(open[0].starts_with("moderation_open:input:"), "{open:?}");
+    assert!(open[1].starts_with("moderation_open:output:"), "{open:?}");
     app.stop().await;
 }

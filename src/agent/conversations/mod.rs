@@ -7,7 +7,7 @@
 
 mod sql;
 
-pub use sql::{acquire, complete_turn, create, release};
+pub use sql::{acquire, complete_turn, create, release, summarized};
 
 use crate::{
     domain::ChatMessage,
@@ -28,6 +28,10 @@ pub struct Conversation {
     pub updated_at_ms: i64,
     /// Erased after this, unix ms.
     pub expires_at_ms: i64,
+    /// The summary of its oldest messages (`history_overflow = "summarize"`).
+    pub summary: String,
+    /// The last message (seq) the summary covers; 0 for none.
+    pub summary_through: i64,
 }
 
 /// One stored message.
@@ -37,6 +41,8 @@ pub struct StoredMessage {
     pub turn: u32,
     pub message: ChatMessage,
     pub created_at_ms: i64,
+    /// Its place in the conversation, from 1.
+    pub seq: i64,
 }
 
 /// How a completed turn ended.
@@ -77,8 +83,14 @@ pub trait ConversationRepository: Send + Sync + std::fmt::Debug {
         now_ms: i64,
     ) -> Result<Option<Conversation>, StoreError>;
 
-    /// The newest `limit` messages of conversation `id`, oldest first.
-    async fn history(&self, id: &str, limit: u32) -> Result<Vec<StoredMessage>, StoreError>;
+    /// The newest `limit` messages of conversation `id` after seq `after`,
+    /// oldest first.
+    async fn history(
+        &self,
+        id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<StoredMessage>, StoreError>;
 
     /// Conversation `id`'s turn records, by turn.
     async fn turns(&self, id: &str) -> Result<Vec<TurnRecord>, StoreError>;
@@ -126,7 +138,18 @@ pub async fn history(
     id: &str,
     limit: u32,
 ) -> Result<Vec<StoredMessage>, StoreError> {
-    sql::repository(store).history(id, limit).await
+    sql::repository(store).history(id, 0, limit).await
+}
+
+/// The newest `limit` messages of conversation `id` after seq `after`
+/// (what a summary does not cover), oldest first.
+pub async fn history_after(
+    store: &Store,
+    id: &str,
+    after: i64,
+    limit: u32,
+) -> Result<Vec<StoredMessage>, StoreError> {
+    sql::repository(store).history(id, after, limit).await
 }
 
 /// Every memory suggestion stored on conversation `id`'s turns, by turn.

@@ -44,12 +44,14 @@ fn role_parse(s: &str) -> Role {
     }
 }
 
-const CONVERSATION: &str = "SELECT id, team_id, agent, turns, created_at_ms, updated_at_ms, expires_at_ms FROM conversations";
+const CONVERSATION: &str = "SELECT id, team_id, agent, turns, created_at_ms, updated_at_ms, \
+     expires_at_ms, summary, summary_through FROM conversations";
 
-type ConversationRow = (String, String, String, i64, i64, i64, i64);
+type ConversationRow = (String, String, String, i64, i64, i64, i64, String, i64);
 
 fn conversation(row: ConversationRow) -> Conversation {
-    let (id, team_id, agent, turns, created_at_ms, updated_at_ms, expires_at_ms) = row;
+    let (id, team_id, agent, turns, created_at_ms, updated_at_ms, expires_at_ms) =
+        (row.0, row.1, row.2, row.3, row.4, row.5, row.6);
     Conversation {
         id,
         team_id,
@@ -58,10 +60,23 @@ fn conversation(row: ConversationRow) -> Conversation {
         created_at_ms,
         updated_at_ms,
         expires_at_ms,
+        summary: row.7,
+        summary_through: row.8,
     }
 }
 
-type MessageRow = (i64, String, String, Option<String>, Option<String>, i64);
+const MESSAGE: &str = "SELECT turn, role, content, tool_calls, tool_result, created_at_ms, seq \
+     FROM conversation_messages";
+
+type MessageRow = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    i64,
+    i64,
+);
 
 fn message(row: MessageRow) -> StoredMessage {
     let (turn, role, content, calls, result) = (row.0, row.1, row.2, row.3, row.4);
@@ -92,6 +107,7 @@ fn message(row: MessageRow) -> StoredMessage {
             tool_result,
         },
         created_at_ms: row.5,
+        seq: row.6,
     }
 }
 
@@ -129,6 +145,8 @@ pub fn create(
         updated_at_ms: now_ms,
         // Until its first turn completes, the lease is its whole life.
         expires_at_ms: lease_until_ms,
+        summary: String::new(),
+        summary_through: 0,
     };
     (conversation, insert)
 }
@@ -229,6 +247,16 @@ pub fn complete_turn(
     statements
 }
 
+/// Stores `summary` on conversation `id` as covering its messages up to
+/// `through` (a seq), while the turn `token` holds it.
+pub fn summarized(id: &str, token: &str, summary: &str, through: i64) -> Statement {
+    Statement::new(
+        "UPDATE conversations SET summary = $1, summary_through = $2 \
+         WHERE id = $3 AND busy_token = $4",
+        vec![summary.into(), through.into(), id.into(), token.into()],
+    )
+}
+
 /// Gives conversation `id` back after a turn holding it by `token` ended
 /// unstored: erased if it was to be its first turn, else its lease cleared.
 /// A no-op once the lease was lost or given back, so always safe to run.
@@ -260,15 +288,21 @@ crate::impl_for_both_pools!(ConversationRepository {
         Ok(row.map(conversation))
     }
 
-    async fn history(&self, id: &str, limit: u32) -> Result<Vec<StoredMessage>, StoreError> {
-        let rows: Vec<MessageRow> = sqlx::query_as(
-            "SELECT turn, role, content, tool_calls, tool_result, created_at_ms \
-             FROM conversation_messages WHERE conversation_id = $1 ORDER BY seq DESC LIMIT $2",
-        )
-        .bind(id)
-        .bind(i64::from(limit))
-        .fetch_all(self)
-        .await?;
+    async fn history(
+        &self,
+        id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        let sql = format!(
+            "{MESSAGE} WHERE conversation_id = $1 AND seq > $2 ORDER BY seq DESC LIMIT $3"
+        );
+        let rows: Vec<MessageRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .bind(after)
+            .bind(i64::from(limit))
+            .fetch_all(self)
+            .await?;
         Ok(rows.into_iter().rev().map(message).collect())
     }
 

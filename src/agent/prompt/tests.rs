@@ -46,6 +46,7 @@ fn layers<'a>(
         retrieved,
         history,
         message,
+        summary: None,
         closing: None,
     }
 }
@@ -99,6 +100,7 @@ fn layers_come_in_order_and_are_counted() {
             history_kept: 2,
             history_dropped: 0,
             history_tokens,
+            summary_tokens: 0,
         }
     );
 }
@@ -112,6 +114,7 @@ fn the_closing_block_follows_the_quoted_data_and_counts_as_fixed() {
     };
     let retrieved = [item("kb/1", 1, "Opening hours are 9 to 5.")];
     let l = Layers {
+        summary: None,
         closing: Some(CLOSING),
         ..layers(&prefs, &retrieved, &[], "next")
     };
@@ -133,6 +136,7 @@ fn the_closing_block_follows_the_quoted_data_and_counts_as_fixed() {
     // Without data blocks it follows the fixed layers directly.
     let none = Preferences::default();
     let bare = Layers {
+        summary: None,
         closing: Some(CLOSING),
         ..layers(&none, &[], &[], "next")
     };
@@ -305,6 +309,43 @@ fn history_is_cut_oldest_first_and_stays_contiguous() {
     );
     assert_eq!(out.counts.history_dropped, 2);
     assert_eq!(out.counts.history_tokens, 15);
+}
+
+#[test]
+fn a_summary_is_quoted_after_the_retrieved_context_and_paid_for_by_the_history() {
+    let history = [user("aaa"), assistant("bbb"), user("ccc"), assistant("ddd")];
+    let prefs = Preferences::default();
+    let retrieved = [item("doc", 1, "fact")];
+    let line = r#"{"summary":"Ann is from Berlin."}"#;
+    let cost = tokens(MODEL, line);
+    let with_summary = Layers {
+        summary: Some("Ann is from Berlin."),
+        ..layers(&prefs, &retrieved, &history, "eee")
+    };
+    let budgets = Budgets {
+        history: 5 + 10 + u32::try_from(cost).unwrap(),
+        ..wide()
+    };
+    let out = assemble(MODEL, &with_summary, &budgets).unwrap();
+    assert_eq!(
+        out.messages,
+        vec![user("ccc"), assistant("ddd"), user("eee")]
+    );
+    assert_eq!(out.counts.summary_tokens, cost);
+    assert_eq!(out.counts.history_tokens, 15 + cost);
+    let block = format!("<earlier_conversation_summary>\n{line}\n</earlier_conversation_summary>");
+    let at_summary = out.system.find(&block).expect("the summary block");
+    assert!(out.system.find("<retrieved_context>").unwrap() < at_summary);
+
+    // One that cannot fit beside the message is left out; the history gets the room.
+    let budgets = Budgets {
+        history: 5 + u32::try_from(cost).unwrap() - 1,
+        ..wide()
+    };
+    let out = assemble(MODEL, &with_summary, &budgets).unwrap();
+    assert!(!out.system.contains("earlier_conversation_summary"));
+    assert_eq!(out.counts.summary_tokens, 0);
+    assert_eq!(out.messages.last(), Some(&user("eee")));
 }
 
 #[test]

@@ -6,7 +6,9 @@
 
 mod audit;
 mod calls;
+mod guard;
 mod held;
+mod history;
 mod lease;
 mod prepare;
 mod session;
@@ -84,6 +86,7 @@ fn run(
         known,
         prompt,
         resumed,
+        guard,
     } = turn;
     let start = Start {
         name: name.clone(),
@@ -109,6 +112,7 @@ fn run(
         held,
         prompt,
         resolved: std::sync::Arc::new(resumed.resolved),
+        guard,
         totals: Totals::new(),
         _slot: slot,
     };

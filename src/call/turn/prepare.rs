@@ -3,7 +3,9 @@
 
 use super::{
     super::{CallContext, CallError, Pipeline},
+    guard::TurnGuard,
     held::Resumed,
+    history::Overflow,
     lease::Held,
 };
 use crate::{
@@ -16,6 +18,7 @@ use crate::{
     config::agents::AgentConfig,
     domain::{ChatMessage, ToolSpec, completion::Role},
 };
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// How long a turn's hold on its conversation outlives its deadline: the
@@ -60,6 +63,8 @@ pub(super) struct Prepared {
     pub prompt: (String, String, u32),
     /// A resumed turn's held calls and their decisions.
     pub resumed: Resumed,
+    /// The agent's guardrails and masker, if it lists any.
+    pub guard: Option<Arc<TurnGuard>>,
 }
 
 /// What `assemble` gives a turn.
@@ -82,7 +87,7 @@ impl Pipeline {
         &self,
         ctx: &CallContext,
         principal: &Principal,
-        req: TurnRequest,
+        mut req: TurnRequest,
     ) -> Result<Prepared, CallError> {
         let Some(agent) = self.config().agents.get(&req.agent).cloned() else {
             let known = self.config().agents.keys().cloned().collect();
@@ -93,6 +98,13 @@ impl Pipeline {
             .into());
         };
         check_message(&req)?;
+        // Screened before the conversation is taken: a block leaves nothing to give back.
+        let guard = TurnGuard::of(self, &agent);
+        if let Some(guard) = &guard {
+            let (message, retrieved) = (&mut req.message, &mut req.retrieved);
+            self.screen_turn(ctx, guard, &req.agent, message, retrieved)
+                .await?;
+        }
         let store = self.store();
         let now = now_ms();
         let left = ctx.deadline.saturating_duration_since(Instant::now());
@@ -147,7 +159,7 @@ impl Pipeline {
             }
         };
         let assembled = self
-            .assemble(ctx, principal, &agent, &conversation, &req)
+            .assemble(ctx, principal, &agent, &conversation, &token, &req)
             .await;
         match assembled {
             Ok(Assembly {
@@ -175,6 +187,7 @@ impl Pipeline {
                 tools,
                 prompt,
                 resumed,
+                guard,
             }),
             Err(e) => {
                 held.release(ctx).await;
@@ -189,6 +202,7 @@ impl Pipeline {
         principal: &Principal,
         agent: &AgentConfig,
         conversation: &Conversation,
+        token: &str,
         req: &TurnRequest,
     ) -> Result<Assembly, CallError> {
         if conversation.agent != req.agent {
@@ -198,13 +212,39 @@ impl Pipeline {
             }
             .into());
         }
-        let history = self.history(agent, conversation).await?;
+        let stored = self.history(agent, conversation).await?;
+        let history: Vec<ChatMessage> = stored.messages.iter().map(|m| m.message.clone()).collect();
         let resumed = self
             .held(&ctx.team_id, &conversation.id, &history, req.resume)
             .await?;
         let governed = self.governed(&ctx.team_id, agent).await?;
         let governed_text = governed.as_ref().map(|p| p.system.clone());
-        let (system, messages) = layered(ctx, agent, governed_text, req, history).await?;
+        let summary = Some(conversation.summary.clone()).filter(|s| !s.is_empty());
+        let first = layered(
+            ctx,
+            agent,
+            governed_text.clone(),
+            req,
+            history.clone(),
+            summary,
+        )
+        .await?;
+        let overflow = Overflow {
+            agent: &req.agent,
+            config: agent,
+            conversation,
+            token,
+            dropped: first.2,
+        };
+        let (system, messages) = match self.overflowed(ctx, &stored, overflow).await? {
+            // The summary stands in for what was left out.
+            Some(summary) => {
+                let kept = history.get(first.2..).unwrap_or_default().to_vec();
+                let again = layered(ctx, agent, governed_text, req, kept, Some(summary)).await?;
+                (again.0, again.1)
+            }
+            None => (first.0, first.1),
+        };
         let tools = self.offered_tools(principal, &ctx.team_id, agent);
         let prompt = governed.map_or((String::new(), String::new(), 0), |p| {
             (p.owner, p.key, p.version)
@@ -217,22 +257,6 @@ impl Pipeline {
             prompt,
             resumed,
         })
-    }
-
-    /// Layer 5's history: the conversation's kept messages.
-    async fn history(
-        &self,
-        agent: &AgentConfig,
-        conversation: &Conversation,
-    ) -> Result<Vec<ChatMessage>, CallError> {
-        if conversation.turns == 0 {
-            return Ok(Vec::new());
-        }
-        let kept =
-            conversations::history(self.store(), &conversation.id, agent.max_history_messages)
-                .await
-                .map_err(|e| CallError::Storage(e.to_string()))?;
-        Ok(kept.into_iter().map(|m| m.message).collect())
     }
 
     /// Layer 2: the active stored version only. A store that cannot be
@@ -297,15 +321,17 @@ fn check_message(req: &TurnRequest) -> Result<(), CallError> {
 }
 
 /// Layers 1 to 5 assembled within their budgets, off the runtime's threads
-/// (a real tokenizer is CPU work): the system prompt and the messages, or
-/// a refusal when the fixed layers leave the window no room.
+/// (a real tokenizer is CPU work): the system prompt, the messages and how
+/// many of `history`'s oldest were left out, or a refusal when the fixed
+/// layers leave the window no room.
 async fn layered(
     ctx: &CallContext,
     agent: &AgentConfig,
     governed_text: Option<String>,
     req: &TurnRequest,
     history: Vec<ChatMessage>,
-) -> Result<(String, Vec<ChatMessage>), CallError> {
+    summary: Option<String>,
+) -> Result<(String, Vec<ChatMessage>, usize), CallError> {
     // The primary model's tokenizer counts the budgets.
     let model = agent.chain.first().map_or("", |t| t.model.as_str());
     // The structured-answer instruction is layer 1's, counted against the window.
@@ -333,6 +359,7 @@ async fn layered(
                 preferences: &preferences,
                 retrieved: &retrieved,
                 history: &history,
+                summary: summary.as_deref(),
                 message: &message,
                 closing,
             },
@@ -369,7 +396,8 @@ async fn layered(
         retrieved_dropped = counts.retrieved_dropped,
         history_kept = counts.history_kept,
         history_dropped = counts.history_dropped,
+        summary_tokens = counts.summary_tokens,
         "agent prompt assembled"
     );
-    Ok((system, messages))
+    Ok((system, messages, counts.history_dropped))
 }

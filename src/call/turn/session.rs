@@ -6,6 +6,7 @@ use super::held::Resolution;
 use super::{
     audit,
     calls::Opener,
+    guard::TurnGuard,
     lease::{Completed, Held, store_turn},
     tools,
     totals::Totals,
@@ -17,8 +18,8 @@ use crate::{
     },
     auth::Principal,
     call::{Call, CallContext, CallError, CallMeta, Pipeline, audit::messages, tool::AgentScope},
-    config::agents::AgentConfig,
-    domain::{ChatMessage, CompletionRequest, ToolCall, ToolOutcome},
+    config::{agents::AgentConfig, guardrails::Stage},
+    domain::{ChatMessage, Completion, CompletionRequest, ToolCall, ToolOutcome},
     router::{RouteError, RouteEvent},
 };
 use futures::{StreamExt, stream::BoxStream};
@@ -40,6 +41,8 @@ pub(super) struct PipelineTurn {
     pub prompt: (String, String, u32),
     /// A resumed turn's held calls, as decided, by call ID.
     pub resolved: Arc<BTreeMap<String, Resolution>>,
+    /// The agent's guardrails and masker, if it lists any.
+    pub guard: Option<Arc<TurnGuard>>,
     pub totals: Totals,
     /// The turn's slot under `server.max_concurrent_requests`.
     pub _slot: OwnedSemaphorePermit,
@@ -92,11 +95,14 @@ impl TurnSession for PipelineTurn {
     ) -> Result<BoxStream<'static, ModelEvent<CallMeta, CallError>>, Refused<CallError>> {
         request.trace_id.clone_from(&self.ctx.trace_id);
         request.traceparent.clone_from(&self.ctx.traceparent);
+        if let Some(guard) = &self.guard {
+            request = guard.mask(request);
+        }
         let call = self.opener().open(iteration, budget);
         let input = || Some(messages(request.system.as_deref(), &request.messages));
         call.audit_input(input);
         match call.model_stream(&self.agent.chain, request).await {
-            Ok(events) => Ok(model_events(call, events).boxed()),
+            Ok(events) => Ok(model_events(call, events, self.guard.clone()).boxed()),
             // Refused before any work: the call leaves no record.
             Err(CallError::Budget { .. }) => Err(Refused::Budget),
             Err(err) => {
@@ -115,6 +121,7 @@ impl TurnSession for PipelineTurn {
                 timeout: self.agent.tool_timeout,
             },
             resolved: Arc::clone(&self.resolved),
+            guard: self.guard.clone(),
         }
     }
 
@@ -179,24 +186,38 @@ impl TurnSession for PipelineTurn {
 }
 
 /// A model call's route events as the turn reads them: the call logged
-/// and finished (recorded, settled) before its last event.
+/// and finished (recorded, settled) before its last event. Under `guard`
+/// the answer may be held whole, then screened and restored.
 fn model_events(
     call: Call,
     events: impl futures::Stream<Item = RouteEvent> + Send + 'static,
+    guard: Option<Arc<TurnGuard>>,
 ) -> impl futures::Stream<Item = ModelEvent<CallMeta, CallError>> + Send + 'static {
+    let hold = guard.as_ref().is_some_and(|g| g.holds());
     async_stream::stream! {
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
             match event {
                 RouteEvent::Started { .. } => {}
                 RouteEvent::Fallback { from, to, reason } => yield ModelEvent::Fallback { from, to, reason },
-                RouteEvent::Delta(text) => yield ModelEvent::Delta(text),
-                RouteEvent::Completed { completion, provider, model, degraded, attempts } => {
+                RouteEvent::Delta(text) if !hold => yield ModelEvent::Delta(text),
+                RouteEvent::Delta(_) => {}
+                RouteEvent::Completed { mut completion, provider, model, degraded, attempts } => {
                     call.audit_answer(&completion);
                     {
                         let mut log = call.log();
                         log.add(&attempts, call.pipeline().meter().pricing());
                         log.served = Some((provider, model, degraded));
+                    }
+                    if let Some(guard) = &guard {
+                        if let Err(err) = guarded(&call, guard, &mut completion).await {
+                            let err = call.finish::<()>(Err(err)).await.err();
+                            yield ModelEvent::Failed(err.unwrap_or(CallError::Overloaded));
+                            return;
+                        }
+                        if hold && !completion.text.is_empty() {
+                            yield ModelEvent::Delta(completion.text.clone());
+                        }
                     }
                     yield match call.finish(Ok(())).await {
                         Ok(((), meta)) => ModelEvent::Answered(Box::new(completion), meta),
@@ -214,6 +235,23 @@ fn model_events(
         let ended = RouteError::AllProvidersFailed { attempts: Vec::new() };
         yield model_failed(call, ended).await;
     }
+}
+
+/// A model's answer under the turn's guard: its text screened (`output`),
+/// then the originals put back. A block is the call's error.
+async fn guarded(
+    call: &Call,
+    guard: &TurnGuard,
+    completion: &mut Completion,
+) -> Result<(), CallError> {
+    if guard.applies(Stage::Output) && !completion.text.is_empty() {
+        let subject = call.task.clone();
+        completion.text = call
+            .screen(&guard.list, Stage::Output, &completion.text, &subject, true)
+            .await?;
+    }
+    guard.show(completion);
+    Ok(())
 }
 
 /// A model call that gave no answer, recorded with its outcome (a record
@@ -235,6 +273,7 @@ pub(super) struct IterationTools {
     principal: Principal,
     scope: AgentScope,
     resolved: Arc<BTreeMap<String, Resolution>>,
+    guard: Option<Arc<TurnGuard>>,
 }
 
 impl ToolCalls for IterationTools {
@@ -243,7 +282,16 @@ impl ToolCalls for IterationTools {
 
     async fn run(&self, call: &ToolCall) -> Result<(ToolOutcome, Report), CallError> {
         let resolved = self.resolved.get(&call.id);
-        tools::run(&self.call, &self.principal, &self.scope, call, resolved).await
+        let guard = self.guard.as_deref();
+        tools::run(
+            &self.call,
+            &self.principal,
+            &self.scope,
+            call,
+            resolved,
+            guard,
+        )
+        .await
     }
 
     async fn over_cap(&self, call: &ToolCall, cap: u32) -> (ToolOutcome, Report) {

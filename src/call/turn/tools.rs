@@ -4,17 +4,21 @@
 //! `max_tool_calls`) becomes a tool result the model reads; none is raised
 //! to the caller.
 
-use super::super::{Call, CallError, tool::AgentScope, tool::ToolRequest};
-use super::held::Resolution;
+use super::super::{
+    Call, CallError,
+    tool::{AgentScope, ToolRequest, ToolResult},
+};
+use super::{guard::TurnGuard, held::Resolution};
 use crate::{
     agent::turn::{
         Report,
         outcomes::{self, arguments, cut, error},
     },
     auth::Principal,
-    config::ServerConfig,
+    config::{ServerConfig, guardrails::Stage},
     domain::json::{bytes as json_bytes, depth as json_depth},
     domain::{ToolCall, ToolOutcome},
+    tasks::TaskError,
     tools::{Status, invocations::Mode},
 };
 use tokio::time::Instant;
@@ -53,19 +57,61 @@ fn within_limits(
     Ok(input)
 }
 
-/// Runs `tc` for `principal` within `scope`. `Err` only when what the
-/// call did could not be recorded or audited: that fails the turn.
+/// `text` screened at `stage` by the turn's guardrails: `Ok(Err(why))`
+/// when one blocks (the model is answered with `why`).
+async fn screened(
+    call: &Call,
+    guard: Option<&TurnGuard>,
+    stage: Stage,
+    text: String,
+    tool: &str,
+) -> Result<Result<String, String>, CallError> {
+    let Some(guard) = guard.filter(|g| g.applies(stage)) else {
+        return Ok(Ok(text));
+    };
+    match call.screen(&guard.list, stage, &text, tool, false).await {
+        Ok(text) => Ok(Ok(text)),
+        Err(TaskError::GuardrailBlocked {
+            guardrail, stage, ..
+        }) => Ok(Err(format!("guardrail `{guardrail}` blocked the {stage}"))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs `tc` for `principal` within `scope`, its arguments and its result
+/// screened by the turn's `guard`. `Err` only when what the call did could
+/// not be recorded or audited: that fails the turn.
 pub async fn run(
     call: &Call,
     principal: &Principal,
     scope: &AgentScope,
     tc: &ToolCall,
     resolved: Option<&Resolution>,
+    guard: Option<&TurnGuard>,
 ) -> Result<(ToolOutcome, Report), CallError> {
     if let Some(Resolution::Rejected(reason)) = resolved {
         return Ok(outcomes::rejected(tc, reason));
     }
     let started = Instant::now();
+    let took = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let tc = &match screened(
+        call,
+        guard,
+        Stage::ToolInput,
+        tc.arguments.clone(),
+        &tc.name,
+    )
+    .await?
+    {
+        Ok(arguments) => ToolCall {
+            arguments,
+            ..tc.clone()
+        },
+        Err(why) => {
+            let code = "GUARDRAIL_BLOCKED";
+            return Ok((error(tc, code, &why), refusal(code, took())));
+        }
+    };
     let took = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let parsed = tc
         .parsed()
@@ -79,16 +125,8 @@ pub async fn run(
             // the entry point's own.
             call.audit_denial(&tc.name, &arguments(tc), "ARGUMENTS_INVALID")
                 .await;
-            return Ok((
-                error(tc, "ARGUMENTS_INVALID", &why),
-                Report {
-                    status: "FAILED",
-                    duration_ms: took(),
-                    error_code: "ARGUMENTS_INVALID".into(),
-                    executed: false,
-                    approval_id: None,
-                },
-            ));
+            let code = "ARGUMENTS_INVALID";
+            return Ok((error(tc, code, &why), refusal(code, took())));
         }
     };
     let request = ToolRequest {
@@ -114,39 +152,67 @@ pub async fn run(
                 approval_id: result.approval_id,
             },
         )),
-        Ok(result) => {
-            let outcome = match (&result.output, &result.error) {
-                (Some(output), _) if result.status == Status::Succeeded => ToolOutcome {
-                    call_id: tc.id.clone(),
-                    name: tc.name.clone(),
-                    content: cut(output.to_string()),
-                    is_error: false,
-                },
-                (_, Some(f)) => error(tc, &f.code, &f.message),
-                _ => error(tc, result.status.as_str(), "the tool gave no output"),
-            };
-            let report = Report {
-                status: result.status.as_str(),
-                duration_ms: u64::try_from(result.duration_ms).unwrap_or(0),
-                error_code: result.error.map(|f| f.code).unwrap_or_default(),
-                executed: true,
-                approval_id: None,
-            };
-            Ok((outcome, report))
-        }
+        Ok(result) => ran(call, guard, tc, result).await,
         Err(err @ CallError::Storage(_)) => Err(err),
         Err(err) => {
             let code = err.reason().unwrap_or("INTERNAL");
-            Ok((
-                error(tc, code, &format!("the call was refused ({code})")),
-                Report {
-                    status: "DENIED",
-                    duration_ms: took(),
-                    error_code: code.to_owned(),
-                    executed: false,
-                    approval_id: None,
-                },
-            ))
+            let why = format!("the call was refused ({code})");
+            Ok((error(tc, code, &why), refusal(code, took())))
         }
+    }
+}
+
+/// What the model reads of a tool that ran: its output (screened as
+/// `tool_output`: a block answers an error instead) or its failure.
+async fn ran(
+    call: &Call,
+    guard: Option<&TurnGuard>,
+    tc: &ToolCall,
+    result: ToolResult,
+) -> Result<(ToolOutcome, Report), CallError> {
+    let mut report = Report {
+        status: result.status.as_str(),
+        duration_ms: u64::try_from(result.duration_ms).unwrap_or(0),
+        error_code: String::new(),
+        executed: true,
+        approval_id: None,
+    };
+    let outcome = match (&result.output, result.error) {
+        (Some(output), _) if result.status == Status::Succeeded => {
+            let content = cut(output.to_string());
+            match screened(call, guard, Stage::ToolOutput, content, &tc.name).await? {
+                Ok(content) => ToolOutcome {
+                    call_id: tc.id.clone(),
+                    name: tc.name.clone(),
+                    content,
+                    is_error: false,
+                },
+                Err(why) => {
+                    report.error_code = "GUARDRAIL_BLOCKED".into();
+                    error(tc, "GUARDRAIL_BLOCKED", &why)
+                }
+            }
+        }
+        (_, Some(f)) => {
+            report.error_code.clone_from(&f.code);
+            error(tc, &f.code, &f.message)
+        }
+        _ => error(tc, result.status.as_str(), "the tool gave no output"),
+    };
+    Ok((outcome, report))
+}
+
+/// The report of a call that never reached the tool.
+fn refusal(code: &str, duration_ms: u64) -> Report {
+    Report {
+        status: if code == "ARGUMENTS_INVALID" {
+            "FAILED"
+        } else {
+            "DENIED"
+        },
+        duration_ms,
+        error_code: code.to_owned(),
+        executed: false,
+        approval_id: None,
     }
 }

@@ -52,6 +52,7 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                 "must not be empty (layer 1 of the prompt)",
             );
         }
+        summary_task(config, a, &at, bad);
         for (i, p) in a.tools.iter().enumerate() {
             if !valid_pattern(p) {
                 bad(
@@ -124,6 +125,31 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
                 }
             }
         }
+    }
+}
+
+/// `history_overflow = "summarize"` names a task that writes the summary;
+/// a `summary_task` elsewhere would never run.
+fn summary_task(
+    config: &Config,
+    a: &crate::config::agents::AgentConfig,
+    at: &dyn Fn(&str) -> String,
+    bad: &mut dyn FnMut(String, &str),
+) {
+    use crate::config::agents::HistoryOverflow;
+    match (a.history_overflow, &a.summary_task) {
+        (HistoryOverflow::Summarize, None) => bad(
+            at("summary_task"),
+            "is required with history_overflow = \"summarize\"",
+        ),
+        (HistoryOverflow::Summarize, Some(task)) if !config.tasks.contains_key(task) => {
+            bad(at("summary_task"), "names no [tasks.<name>] section");
+        }
+        (HistoryOverflow::Drop, Some(_)) => bad(
+            at("summary_task"),
+            "is for history_overflow = \"summarize\" only",
+        ),
+        _ => {}
     }
 }
 

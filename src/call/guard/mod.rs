@@ -4,12 +4,14 @@
 //! (`guardrail_decisions_total`); a block is the call's error, naming the
 //! guardrail and never the content.
 
-use super::Call;
+mod classify;
+
+use super::{Call, CallContext, Pipeline};
 use crate::{
     audit::{AuditEvent, Category},
-    config::guardrails::{Action, Stage},
+    config::guardrails::{Action, PiiConfig, Stage},
     domain::{CompletionRequest, ToolCall, completion::Role},
-    guardrails::{self, Blocked, Finding, Guardrail, pii::Masker},
+    guardrails::{self, Blocked, Finding, Guardrail, Screened, pii::Masker},
     tasks::TaskError,
     telemetry::metrics,
 };
@@ -22,6 +24,14 @@ pub(super) struct Pii {
 }
 
 impl Pii {
+    /// The masker `config` asks for.
+    pub(super) fn of(config: &PiiConfig) -> Self {
+        Self {
+            masker: Masker::new(&config.mask),
+            restore: config.restore,
+        }
+    }
+
     /// `request` with its system prompt and every message's text masked:
     /// contents, tool results, and the arguments of earlier tool calls.
     pub(super) fn mask(&mut self, request: &CompletionRequest) -> CompletionRequest {
@@ -63,10 +73,7 @@ impl Call {
     /// The masker of `[tasks.<task>] pii`, if the task masks.
     pub(super) fn task_pii(&self, task: &str) -> Option<Pii> {
         let config = self.pipeline.config().tasks.get(task)?.pii.as_ref()?;
-        Some(Pii {
-            masker: Masker::new(&config.mask),
-            restore: config.restore,
-        })
+        Some(Pii::of(config))
     }
 
     /// The guardrails `[tasks.<task>] guardrails` lists, in order.
@@ -118,7 +125,14 @@ impl Call {
         subject: &str,
         answered: bool,
     ) -> Result<String, TaskError> {
-        match guardrails::screen(list, stage, text) {
+        if !list.iter().any(|g| g.applies(stage)) {
+            return Ok(text.to_owned());
+        }
+        match self
+            .pipeline
+            .screen_text(&self.ctx, list, stage, text)
+            .await
+        {
             Ok(screened) => {
                 self.report(&screened.findings, subject, text, answered)
                     .await?;
@@ -131,22 +145,16 @@ impl Call {
     /// A block as the task's error, audited and counted first.
     pub(super) async fn blocked(
         &self,
-        Blocked {
-            guardrail,
-            stage,
-            score,
-        }: Blocked,
+        blocked: Blocked,
         subject: &str,
         text: &str,
         answered: bool,
     ) -> TaskError {
-        let finding = Finding {
-            guardrail: guardrail.clone(),
-            action: Action::Block,
-            stage,
-            score,
-        };
-        if let Err(e) = self.report(&[finding], subject, text, answered).await {
+        let (guardrail, stage) = (blocked.guardrail.clone(), blocked.stage);
+        if let Err(e) = self
+            .report(&[as_finding(blocked)], subject, text, answered)
+            .await
+        {
             return e;
         }
         TaskError::GuardrailBlocked {
@@ -170,27 +178,7 @@ impl Call {
         if findings.is_empty() {
             return Ok(());
         }
-        let ctx = &self.ctx;
-        let events = findings
-            .iter()
-            .map(|f| {
-                metrics::guardrail_decision(&f.guardrail, f.action.as_str());
-                let reason = match f.score {
-                    Some(score) => format!("{}:{}:{score:.2}", f.guardrail, f.stage.as_str()),
-                    None => format!("{}:{}", f.guardrail, f.stage.as_str()),
-                };
-                AuditEvent::new(
-                    &ctx.team_id,
-                    &ctx.principal,
-                    &ctx.trace_id,
-                    Category::Guardrail,
-                    "guardrail.flagged",
-                    subject,
-                )
-                .decided(f.action.as_str(), &reason)
-                .with_input(&serde_json::Value::String(text.to_owned()))
-            })
-            .collect();
+        let events = events(&self.ctx, findings, subject, text);
         let written = if answered {
             self.audit_before_finish(events).await
         } else {
@@ -198,6 +186,73 @@ impl Call {
         };
         written.map_err(|e| TaskError::Storage(format!("auditing a guardrail decision: {e:?}")))
     }
+}
+
+impl Pipeline {
+    /// `text` screened at `stage` by `list`: the pattern guardrails in
+    /// order, then the classifiers. What they found is not yet reported.
+    pub(super) async fn screen_text(
+        &self,
+        ctx: &CallContext,
+        list: &[Arc<Guardrail>],
+        stage: Stage,
+        text: &str,
+    ) -> Result<Screened, Blocked> {
+        let screened = guardrails::screen(list, stage, text)?;
+        self.classified(ctx, list, stage, screened).await
+    }
+}
+
+/// A block as the finding its audit event and metric report.
+pub(super) fn as_finding(b: Blocked) -> Finding {
+    Finding {
+        guardrail: b.guardrail,
+        action: Action::Block,
+        stage: b.stage,
+        score: b.score,
+        detail: b.detail,
+        failed: b.failed,
+    }
+}
+
+/// `findings` over `text` as audit events (its digest, never the text),
+/// each counted in `guardrail_decisions_total`. A classifier that failed
+/// is `guardrail.failed`, its action `fail_open` or `fail_closed`.
+pub(super) fn events(
+    ctx: &CallContext,
+    findings: &[Finding],
+    subject: &str,
+    text: &str,
+) -> Vec<AuditEvent> {
+    findings
+        .iter()
+        .map(|f| {
+            let (action, decision) = match (f.failed, f.action) {
+                (false, a) => ("guardrail.flagged", a.as_str()),
+                (true, Action::Block) => ("guardrail.failed", "fail_closed"),
+                (true, _) => ("guardrail.failed", "fail_open"),
+            };
+            metrics::guardrail_decision(&f.guardrail, decision);
+            let mut reason = format!("{}:{}", f.guardrail, f.stage.as_str());
+            if let Some(score) = f.score {
+                reason.push_str(&format!(":{score:.2}"));
+            }
+            if let Some(detail) = &f.detail {
+                reason.push(':');
+                reason.push_str(detail);
+            }
+            AuditEvent::new(
+                &ctx.team_id,
+                &ctx.principal,
+                &ctx.trace_id,
+                Category::Guardrail,
+                action,
+                subject,
+            )
+            .decided(decision, &reason)
+            .with_input(&serde_json::Value::String(text.to_owned()))
+        })
+        .collect()
 }
 
 #[cfg(test)]
