@@ -112,7 +112,6 @@ pub async fn run(
             return Ok((error(tc, code, &why), refusal(code, took())));
         }
     };
-    let took = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let parsed = tc
         .parsed()
         .map(serde_json::Value::Object)
