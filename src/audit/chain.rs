@@ -47,9 +47,14 @@ struct Hashed<'a> {
 
 /// The hash of `event` at `seq` after `prev_hash`.
 pub fn hash(prev_hash: &str, seq: i64, event: &AuditEvent) -> String {
-    let value = serde_json::to_value(Hashed { seq, event }).unwrap_or_default();
     let mut bytes = prev_hash.as_bytes().to_vec();
-    bytes.extend(digest::canonical(&value));
+    match super::canonical::event(seq, event) {
+        Some(json) => bytes.extend(json),
+        None => {
+            let value = serde_json::to_value(Hashed { seq, event }).unwrap_or_default();
+            bytes.extend(digest::canonical(&value));
+        }
+    }
     digest::sha256_hex(&bytes)
 }
 

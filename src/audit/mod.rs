@@ -2,6 +2,7 @@
 //! payload digests, times, costs; never content), in a per-team hash chain ([`chain`]), appended
 //! in the ledger's group commit, durable before the reply that depends on it, or by the CLI.
 
+mod canonical;
 pub mod chain;
 pub mod digest;
 pub mod store;

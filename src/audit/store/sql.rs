@@ -175,19 +175,34 @@ crate::impl_for_both_pools!(AuditRepository {
     }
 
     async fn list(&self, filter: &Filter) -> Result<Vec<Linked>, StoreError> {
-        let sql = format!(
-            "{SELECT} WHERE team_id = $1 AND seq > $2 AND at_ms >= $3 AND at_ms < $4 \
-             AND ($5 = '' OR trace_id = $5) ORDER BY seq LIMIT $6"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        // Only the conditions asked for: without a time range the team's
+        // chain index serves `ORDER BY seq` as is, where a time condition
+        // would have the planner sort the whole team's events for a page.
+        let timed = filter.since_ms.is_some() || filter.until_ms.is_some();
+        let trace = filter.trace_id.as_deref().filter(|t| !t.is_empty());
+        let mut sql = format!("{SELECT} WHERE team_id = $1 AND seq > $2");
+        let mut next = 3;
+        if timed {
+            sql.push_str(" AND at_ms >= $3 AND at_ms < $4");
+            next = 5;
+        }
+        if trace.is_some() {
+            sql.push_str(&format!(" AND trace_id = ${next}"));
+            next += 1;
+        }
+        sql.push_str(&format!(" ORDER BY seq LIMIT ${next}"));
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(&filter.team_id)
-            .bind(filter.after_seq)
-            .bind(filter.since_ms.unwrap_or(i64::MIN))
-            .bind(filter.until_ms.unwrap_or(i64::MAX))
-            .bind(filter.trace_id.clone().unwrap_or_default())
-            .bind(filter.limit.max(1))
-            .fetch_all(self)
-            .await?;
+            .bind(filter.after_seq);
+        if timed {
+            query = query
+                .bind(filter.since_ms.unwrap_or(i64::MIN))
+                .bind(filter.until_ms.unwrap_or(i64::MAX));
+        }
+        if let Some(trace) = trace {
+            query = query.bind(trace.to_owned());
+        }
+        let rows = query.bind(filter.limit.max(1)).fetch_all(self).await?;
         Ok(rows
             .iter()
             .map(decode)
