@@ -134,6 +134,8 @@ pub(crate) enum Failure {
     },
     /// An approval could not be decided.
     Approval(crate::call::approvals::ApprovalError),
+    /// A workflow's callback was refused (HTTP edge).
+    Callback(crate::call::tool::callback::CallbackError),
 }
 
 impl Failure {
@@ -335,6 +337,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             budget_usd,
         } => tool_budget_exceeded(estimate_micros, budget_usd, &mut details, &mut info),
         Failure::Approval(err) => approval_refusal(err, &mut info),
+        Failure::Callback(err) => callback_refusal(err, &mut details),
     };
     assemble(code, reason, &message, details, info, trace_id)
 }
@@ -522,4 +525,30 @@ fn agent_refusal(err: AgentError, details: &mut ErrorDetails) -> Parts {
         AgentError::Prompt(_) => Code::InvalidArgument,
     };
     (code, reason, err.to_string())
+}
+
+fn callback_refusal(
+    err: crate::call::tool::callback::CallbackError,
+    details: &mut ErrorDetails,
+) -> Parts {
+    use crate::call::tool::callback::CallbackError as E;
+    let code = match &err {
+        E::NotFound(_) => Code::NotFound,
+        E::SignatureInvalid => Code::Unauthenticated,
+        E::BodyInvalid(why) => {
+            details.add_bad_request_violation("body", why.clone());
+            Code::InvalidArgument
+        }
+        E::Conflict(_) => Code::Aborted,
+        E::Storage(detail) => {
+            tracing::error!(error = %detail, "storage failure taking a workflow callback");
+            details.set_retry_info(Some(Duration::from_secs(1)));
+            return (
+                Code::Unavailable,
+                reason::STORAGE_UNAVAILABLE,
+                "storage is unavailable".to_owned(),
+            );
+        }
+    };
+    (code, err.reason(), err.to_string())
 }

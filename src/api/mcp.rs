@@ -215,6 +215,15 @@ impl ServerHandler for Endpoint {
                 );
                 CallToolResult::error(vec![ContentBlock::text(text)]).into()
             }
+            // A workflow that calls back took the work on: not an error.
+            (Status::AwaitingCallback, _, _) => {
+                let accepted = serde_json::json!({
+                    "status": "ACCEPTED",
+                    "invocation_id": result.invocation_id,
+                    "note": "the workflow accepted the work and reports its result later",
+                });
+                CallToolResult::structured(accepted).into()
+            }
             (_, _, error) => {
                 let text = error.map_or_else(
                     || "the tool failed".to_owned(),

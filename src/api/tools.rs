@@ -89,13 +89,16 @@ fn kind(k: &Kind) -> pb::ToolKind {
         Kind::Builtin => pb::ToolKind::Builtin,
         Kind::Http(_) => pb::ToolKind::Http,
         Kind::Mcp { .. } => pb::ToolKind::Mcp,
+        Kind::Task(_) => pb::ToolKind::Task,
     }
 }
 
 fn status(s: InvocationStatus) -> pb::InvocationStatus {
     match s {
         InvocationStatus::Pending => pb::InvocationStatus::Pending,
-        InvocationStatus::Running => pb::InvocationStatus::Running,
+        InvocationStatus::Running | InvocationStatus::AwaitingCallback => {
+            pb::InvocationStatus::Running
+        }
         InvocationStatus::Succeeded => pb::InvocationStatus::Succeeded,
         InvocationStatus::Failed => pb::InvocationStatus::Failed,
         InvocationStatus::TimedOut => pb::InvocationStatus::TimedOut,

@@ -65,12 +65,12 @@ impl Pipeline {
     /// its own started now: what a feature asks a model on the side (a
     /// classification, a summary), admitted, metered and recorded under its
     /// task with the caller's trace. `Err` is the failure's stable reason.
-    pub(super) async fn run_aside(
+    pub(crate) async fn run_aside(
         &self,
         ctx: &CallContext,
         task: &str,
         input: Map<String, Value>,
-    ) -> Result<Output, &'static str> {
+    ) -> Result<(Output, CallMeta), &'static str> {
         let mut ctx = ctx.clone();
         ctx.started = tokio::time::Instant::now();
         ctx.started_at_ms = chrono::Utc::now().timestamp_millis();
@@ -80,9 +80,22 @@ impl Pipeline {
             prompt_key: None,
         };
         match self.run(ctx, execute).await {
-            Ok((output, _)) => Ok(output),
-            Err(CallError::Route(e)) => Err(e.reason()),
-            Err(e) => Err(e.reason().unwrap_or("INTERNAL")),
+            Ok(done) => Ok(done),
+            Err(e) => Err(aside_reason(&e)),
         }
+    }
+}
+
+/// The stable reason a call on the side failed with, as its caller reports it.
+fn aside_reason(e: &CallError) -> &'static str {
+    match e {
+        CallError::Route(e) => e.reason(),
+        CallError::Invalid(_) => "INVALID_INPUT",
+        CallError::UnknownTask { .. } => crate::router::RouteError::TASK_UNKNOWN,
+        CallError::PromptNotFound(_) => "PROMPT_NOT_FOUND",
+        CallError::Storage(_) => "STORAGE_UNAVAILABLE",
+        CallError::Overloaded => "OVERLOADED",
+        CallError::GuardrailBlocked { .. } => "GUARDRAIL_BLOCKED",
+        other => other.reason().unwrap_or("INTERNAL"),
     }
 }

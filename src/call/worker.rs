@@ -5,8 +5,8 @@
 //! (its hour was counted when accepted).
 
 use super::{
-    Pipeline,
-    tool::{judge, run},
+    CallContext, Pipeline,
+    tool::{callback_until, judge, run},
 };
 use crate::{
     audit::{AuditEvent, Category},
@@ -44,6 +44,7 @@ pub async fn run_worker(pipeline: Pipeline, mut stop: watch::Receiver<bool>) {
             break;
         }
         fail_interrupted(&pipeline).await;
+        expire_callbacks(&pipeline).await;
         start_work(&pipeline, &settings, &mut running).await;
         // The next round when a run ends or new work may have come: never at
         // once, so invocations waiting for a slot are not retaken in a busy loop.
@@ -76,6 +77,21 @@ async fn fail_interrupted(pipeline: &Pipeline) {
         Err(e) => {
             tracing::error!(error = %e, "looking for interrupted tool invocations failed")
         }
+    }
+}
+
+/// Ends TIMED_OUT the invocations whose workflow never called back.
+async fn expire_callbacks(pipeline: &Pipeline) {
+    let now = chrono::Utc::now().timestamp_millis();
+    match invocations::callbacks::expire(pipeline.store(), now).await {
+        Ok(expired) => {
+            for inv in expired {
+                tracing::warn!(invocation = %inv.id, tool = %inv.tool, trace_id = %inv.trace_id, "a workflow did not call back within its callback_timeout; marked TIMED_OUT");
+                metrics::tool_invocation(&inv.tool, Status::TimedOut.as_str(), Duration::ZERO);
+                audit(pipeline, &inv, "error", "TIMED_OUT", None, None).await;
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "looking for overdue workflow callbacks failed"),
     }
 }
 
@@ -205,39 +221,37 @@ async fn execute(
             duration_ms: 0,
             execution_id: None,
             attempts: inv.attempts,
+            callback_until_ms: None,
         },
         Some((tool, slot)) => {
             let started = Instant::now();
-            let key = matches!(tool.kind, Kind::Http(_)).then_some(inv.idempotency_key.as_str());
             // Within the timeout its lease was sized by: a run past its lease
             // would be taken for dead and run again beside it.
             let accepted = Duration::from_millis(u64::try_from(inv.timeout_ms).unwrap_or(u64::MAX));
+            let deadline = started + tool.timeout.min(accepted);
+            let ctx = context(&inv, deadline);
             let Ran {
                 result,
                 attempts,
                 execution_id,
-            } = run(
-                pipeline,
-                &tool,
-                &inv.input,
-                key,
-                &inv.trace_id,
-                started + tool.timeout.min(accepted),
-            )
-            .await;
+                cost_micros,
+            } = run(pipeline, &ctx, &tool, &inv.input, Some(&inv), deadline).await;
             drop(slot);
             let took = started.elapsed();
             let (status, output, error) = judge(&tool, result);
+            let callback_until_ms = callback_until(&tool, status);
             metrics::tool_invocation(&tool.name, status.as_str(), took);
             Outcome {
                 status,
                 output,
                 error,
-                // Charged at its estimate when accepted (docs/tools.md).
-                cost_micros: inv.estimated_cost_micros,
+                // Charged at its estimate when accepted (docs/tools.md); a
+                // task tool's model call was metered as a call of its own.
+                cost_micros: cost_micros.unwrap_or(inv.estimated_cost_micros),
                 duration_ms: duration_ms(took),
                 execution_id,
                 attempts: inv.attempts + i64::from(attempts),
+                callback_until_ms,
             }
         }
     };
@@ -253,11 +267,9 @@ async fn execute(
             return;
         }
     }
-    let decision = if outcome.status == Status::Succeeded {
-        "ok"
-    } else {
-        "error"
-    };
+    let decision = super::tool::decision(outcome.status);
+    let mut inv = inv;
+    inv.cost_micros = Some(outcome.cost_micros);
     let reason = outcome.error.as_ref().map_or("", |e| e.code.as_str());
     audit(
         pipeline,
@@ -270,8 +282,26 @@ async fn execute(
     .await;
 }
 
-/// The result event of an invocation the worker finished.
-async fn audit(
+/// The envelope an ASYNC invocation runs in: its team, principal and trace,
+/// until `deadline`.
+fn context(inv: &Invocation, deadline: Instant) -> CallContext {
+    CallContext {
+        team_id: inv.team_id.clone(),
+        user_id: String::new(),
+        trace_id: inv.trace_id.clone(),
+        channel: crate::domain::Channel::System,
+        priority: crate::domain::Priority::Background,
+        started: Instant::now(),
+        started_at_ms: chrono::Utc::now().timestamp_millis(),
+        deadline,
+        budget_usd: None,
+        traceparent: None,
+        principal: inv.principal.clone(),
+    }
+}
+
+/// The result event of an invocation the worker (or its callback) ended.
+pub(super) async fn audit(
     pipeline: &Pipeline,
     inv: &Invocation,
     decision: &str,
@@ -304,7 +334,7 @@ async fn audit(
     }
     event.duration_ms = duration_ms;
     event.estimated_cost_micros = Some(inv.estimated_cost_micros);
-    event.actual_cost_micros = Some(inv.estimated_cost_micros);
+    event.actual_cost_micros = Some(inv.cost_micros.unwrap_or(inv.estimated_cost_micros));
     event.idempotency_key = Some(inv.idempotency_key.clone());
     if let Err(e) = pipeline.ledger().submit(Op::Audit(vec![event])).await {
         tracing::error!(invocation = %inv.id, error = %e, "auditing an ASYNC tool result failed");

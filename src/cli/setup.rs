@@ -66,10 +66,7 @@ fn describe_tools_and_agents(config: &Config, out: &mut String) {
                 out,
                 "  {:<28} kind={:<7} enabled={} side_effects={} timeout={:?}",
                 format!("{name}@{}", version.as_deref().unwrap_or("1.0.0")),
-                match t.kind {
-                    crate::config::ToolKind::Builtin => "builtin",
-                    crate::config::ToolKind::Http => "http",
-                },
+                t.kind.as_str(),
                 t.enabled,
                 t.side_effects,
                 t.timeout,

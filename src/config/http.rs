@@ -15,6 +15,10 @@ pub struct HttpConfig {
     /// so browsers on other origins are refused; servers are unaffected.
     #[serde(default)]
     pub cors_origins: Vec<String>,
+    /// The edge's address as workflows reach it (`https://ai.internal`):
+    /// with it, a webhook that calls back is sent `X-Callback-Url`.
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
 /// Whether `origin` is one a browser sends: `scheme://host[:port]`, nothing after.

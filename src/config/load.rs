@@ -191,6 +191,19 @@ impl Config {
                     }),
                 }
             }
+            if let Some(var) = &tool.callback_secret_env {
+                match env(var) {
+                    Some(value) if !value.is_empty() => {
+                        tool.callback_secret = Some(Secret::new(value));
+                    }
+                    _ if !require_keys => {}
+                    _ => problems.push(Invalid {
+                        origin: None,
+                        path: format!("tools.\"{key}\".callback_secret_env"),
+                        message: format!("environment variable {var} is not set"),
+                    }),
+                }
+            }
         }
         super::tools::ToolLimitsConfig::cap(&mut config);
         problems.extend(validate::check(&config));

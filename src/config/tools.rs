@@ -74,6 +74,19 @@ pub enum ToolKind {
     Builtin,
     /// A workflow webhook: the input POSTed as JSON to `url`.
     Http,
+    /// A model call: the input becomes `task`'s variables, run through the call pipeline.
+    Task,
+}
+
+impl ToolKind {
+    /// Its spelling in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolKind::Builtin => "builtin",
+            ToolKind::Http => "http",
+            ToolKind::Task => "task",
+        }
+    }
 }
 
 /// One tool of the config.
@@ -113,6 +126,9 @@ pub struct ToolConfig {
     pub cost: CostConfig,
     #[serde(default)]
     pub quota: QuotaConfig,
+    /// `task`: the task the input is run as (its variables).
+    #[serde(default)]
+    pub task: Option<String>,
     #[serde(default)]
     pub url: Option<String>,
     /// `http`: the header carrying the webhook's secret.
@@ -132,6 +148,35 @@ pub struct ToolConfig {
     /// `http`: the response header naming the workflow's execution, kept with the invocation.
     #[serde(default = "default_execution_header")]
     pub execution_id_header: String,
+    /// `http`: how the work ends, with the webhook's answer or with its callback (SPEC §16).
+    #[serde(default)]
+    pub completion: Completion,
+    /// `http` with `callback`: the environment variable holding the callbacks' HMAC key.
+    #[serde(default)]
+    pub callback_secret_env: Option<String>,
+    /// That key, read from `callback_secret_env` at load; never in the file.
+    #[serde(skip)]
+    pub callback_secret: Option<super::Secret>,
+    /// `http` with `callback`: how long the workflow has to call back before the
+    /// invocation ends TIMED_OUT.
+    #[serde(with = "humantime_serde", default = "default_callback_timeout")]
+    pub callback_timeout: Duration,
+}
+
+/// How a webhook's work ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Completion {
+    /// Its answer is the output.
+    #[default]
+    Response,
+    /// Its 2xx only accepts the work; the workflow POSTs the result to
+    /// `/v1/tool-invocations/{id}/complete`, signed.
+    Callback,
+}
+
+pub(crate) fn default_callback_timeout() -> Duration {
+    Duration::from_secs(3600)
 }
 
 fn yes() -> bool {

@@ -257,6 +257,14 @@ fn http_edge(config: &Config, bad: &mut dyn FnMut(String, &str)) {
             );
         }
     }
+    if let Some(url) = &http.public_url
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        bad(
+            "http.public_url".into(),
+            "must start with http:// or https://",
+        );
+    }
     let taken = [Some(config.server.listen), config.server.metrics_listen]
         .into_iter()
         .chain([config.mcp_endpoint.as_ref().map(|e| e.listen)]);

@@ -13,6 +13,8 @@ pub struct Run<'a> {
     pub input: &'a Value,
     /// A workflow's idempotency key, sent with every POST.
     pub idempotency_key: Option<&'a str>,
+    /// The invocation's stored ID, when it has a row (a workflow's callback names it).
+    pub invocation_id: Option<&'a str>,
     pub trace_id: &'a str,
     pub deadline: Instant,
     /// What `system.health` reports, read only when asked.
@@ -26,6 +28,9 @@ pub struct Ran {
     /// Requests made (a workflow's POSTs; one otherwise).
     pub attempts: u32,
     pub execution_id: Option<String>,
+    /// What the run cost when the run itself knows (a task tool's model
+    /// call, micro-USD); `None` leaves it to the tool's cost model.
+    pub cost_micros: Option<i64>,
 }
 
 impl Ran {
@@ -35,6 +40,7 @@ impl Ran {
             result,
             attempts: 1,
             execution_id: None,
+            cost_micros: None,
         }
     }
 }
@@ -48,7 +54,7 @@ pub trait Executor: Send + Sync {
 }
 
 /// A tool not of the executor's kind: a registry bug, a failure, not a panic.
-pub(super) fn wrong_kind(tool: &Tool, kind: &str) -> Ran {
+pub(crate) fn wrong_kind(tool: &Tool, kind: &str) -> Ran {
     Ran::once(Err(Failure::new(
         "INTERNAL",
         format!("tool `{}` is not a {kind} tool", tool.name),

@@ -86,23 +86,46 @@ async fn body(mut response: reqwest::Response) -> Result<Vec<u8>, Failure> {
     }
 }
 
+/// One invocation's POST: its body and headers, until `deadline`.
+#[derive(Debug, Clone, Copy)]
+pub struct Post<'a> {
+    pub input: &'a Value,
+    pub idempotency_key: &'a str,
+    pub trace_id: &'a str,
+    pub deadline: Instant,
+    /// The invocation a workflow that calls back reports on, sent as
+    /// `X-Tool-Invocation-Id` (and in `X-Callback-Url` with a public URL).
+    pub invocation_id: Option<&'a str>,
+    /// `[http] public_url`: where the callback goes.
+    pub public_url: Option<&'a str>,
+}
+
 /// POSTs once, until `deadline`.
 async fn send(
     client: &reqwest::Client,
     tool: &HttpTool,
     body_bytes: &[u8],
-    key: &str,
-    trace_id: &str,
+    post: &Post<'_>,
     deadline: Instant,
 ) -> Result<reqwest::Response, Tried> {
     let mut request = client
         .post(&tool.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .header("idempotency-key", key)
-        .header("x-trace-id", trace_id)
+        .header("idempotency-key", post.idempotency_key)
+        .header("x-trace-id", post.trace_id)
         .body(body_bytes.to_vec());
     if let Some((header, secret)) = &tool.auth {
         request = request.header(header.as_str(), secret.expose());
+    }
+    if let (Some(_), Some(id)) = (&tool.callback, post.invocation_id) {
+        request = request.header("x-tool-invocation-id", id);
+        if let Some(base) = post.public_url {
+            let url = format!(
+                "{}/v1/tool-invocations/{id}/complete",
+                base.trim_end_matches('/')
+            );
+            request = request.header("x-callback-url", url);
+        }
     }
     let timed_out = || {
         Tried::Retry(
@@ -121,12 +144,15 @@ async fn send(
     }
 }
 
-/// What the webhook's `response` to POST number `attempt` comes to.
+/// What the webhook's `response` to POST number `attempt` comes to; a
+/// workflow that calls back only accepts the work (its body is not read
+/// as an output, which is `null` until the callback).
 async fn answered(
     response: reqwest::Response,
     execution_id: Option<String>,
     deadline: Instant,
     attempt: u32,
+    accept_only: bool,
 ) -> Tried {
     let status = response.status();
     let wait = retry_after(response.headers(), SystemTime::now());
@@ -157,7 +183,9 @@ async fn answered(
             format!("the webhook answered {status}"),
         ));
     }
-    let output = if bytes.iter().all(u8::is_ascii_whitespace) {
+    let output = if accept_only {
+        Value::Null
+    } else if bytes.iter().all(u8::is_ascii_whitespace) {
         Value::Object(Default::default())
     } else {
         match serde_json::from_slice(&bytes) {
@@ -177,17 +205,15 @@ async fn answered(
     })
 }
 
-/// POSTs `input` with retries until `deadline`; `retrying` is told before each.
+/// POSTs `post.input` with retries until `post.deadline`; `retrying` is told before each.
 pub async fn call(
     client: &reqwest::Client,
     tool: &HttpTool,
-    input: &Value,
-    idempotency_key: &str,
-    trace_id: &str,
-    deadline: Instant,
+    post: &Post<'_>,
     retrying: impl Fn(),
 ) -> Result<Answer, Failed> {
-    let bytes = input.to_string().into_bytes();
+    let deadline = post.deadline;
+    let bytes = post.input.to_string().into_bytes();
     let mut cap = tool.retry.initial_backoff;
     let mut attempt = 0;
     let mut execution_id = None;
@@ -199,15 +225,7 @@ pub async fn call(
             .attempt_timeout
             .and_then(|t| Instant::now().checked_add(t))
             .map_or(deadline, |d| d.min(deadline));
-        let sent = send(
-            client,
-            tool,
-            &bytes,
-            idempotency_key,
-            trace_id,
-            attempt_deadline,
-        )
-        .await;
+        let sent = send(client, tool, &bytes, post, attempt_deadline).await;
         let tried = match sent {
             Err(tried) => tried,
             Ok(response) => {
@@ -218,7 +236,15 @@ pub async fn call(
                 {
                     execution_id = Some(id.to_owned());
                 }
-                answered(response, execution_id.clone(), attempt_deadline, attempt).await
+                let accept_only = tool.callback.is_some();
+                answered(
+                    response,
+                    execution_id.clone(),
+                    attempt_deadline,
+                    attempt,
+                    accept_only,
+                )
+                .await
             }
         };
         let failed = |failure| Failed {
@@ -255,6 +281,8 @@ pub async fn call(
 pub struct Webhooks {
     /// The webhooks' HTTP client (redirects not followed).
     pub client: reqwest::Client,
+    /// `[http] public_url`, for the callbacks' `X-Callback-Url`.
+    pub public_url: Option<String>,
 }
 
 #[async_trait::async_trait]
@@ -267,21 +295,21 @@ impl super::executor::Executor for Webhooks {
         let key = run.idempotency_key.unwrap_or_default();
         let name = &run.tool.name;
         let retrying = || crate::telemetry::metrics::workflow_retry(name);
-        let called = call(
-            &self.client,
-            http,
-            run.input,
-            key,
-            run.trace_id,
-            run.deadline,
-            retrying,
-        )
-        .await;
+        let post = Post {
+            input: run.input,
+            idempotency_key: key,
+            trace_id: run.trace_id,
+            deadline: run.deadline,
+            invocation_id: run.invocation_id,
+            public_url: self.public_url.as_deref(),
+        };
+        let called = call(&self.client, http, &post, retrying).await;
         match called {
             Ok(a) => Ran {
                 result: Ok(a.output),
                 attempts: a.attempts,
                 execution_id: a.execution_id,
+                cost_micros: None,
             },
             Err(f) => Ran {
                 result: Err(if Instant::now() >= run.deadline {
@@ -291,6 +319,7 @@ impl super::executor::Executor for Webhooks {
                 }),
                 attempts: f.attempts,
                 execution_id: f.execution_id,
+                cost_micros: None,
             },
         }
     }
@@ -299,6 +328,17 @@ impl super::executor::Executor for Webhooks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn post(input: &Value, deadline: Instant) -> Post<'_> {
+        Post {
+            input,
+            idempotency_key: "k",
+            trace_id: "t",
+            deadline,
+            invocation_id: None,
+            public_url: None,
+        }
+    }
 
     #[test]
     fn retry_after_in_seconds_or_as_a_date() {
@@ -362,6 +402,7 @@ mod tests {
             },
             idempotency_window: Duration::from_secs(300),
             execution_id_header: "x-n8n-execution-id".into(),
+            callback: None,
         };
         let client = reqwest::Client::new();
         let input = serde_json::json!({});
@@ -373,7 +414,7 @@ mod tests {
         let far = started + Duration::from_secs(60);
         let Err(Failed {
             failure, attempts, ..
-        }) = call(&client, &tool, &input, "k", "t", far, count).await
+        }) = call(&client, &tool, &post(&input, far), count).await
         else {
             panic!("nothing listens there");
         };
@@ -384,8 +425,7 @@ mod tests {
 
         let started = Instant::now();
         let near = started + Duration::from_millis(1500);
-        let Err(Failed { attempts, .. }) =
-            call(&client, &tool, &input, "k", "t", near, || {}).await
+        let Err(Failed { attempts, .. }) = call(&client, &tool, &post(&input, near), || {}).await
         else {
             panic!("nothing listens there");
         };

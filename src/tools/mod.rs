@@ -17,7 +17,7 @@ pub mod quota;
 pub mod registry;
 pub mod schema;
 
-pub use registry::{HttpTool, Registry, Tool};
+pub use registry::{Callback, HttpTool, Registry, Tool};
 
 use std::sync::Arc;
 
@@ -50,22 +50,29 @@ impl Toolbox {
             servers: mcp::Servers::default(),
             quotas: cluster
                 .map_or_else(quota::Quotas::default, |c| quota::Quotas::shared(c.clone())),
-            webhooks: http::Webhooks { client: http },
+            webhooks: http::Webhooks {
+                client: http,
+                public_url: config.http.as_ref().and_then(|h| h.public_url.clone()),
+            },
         })
     }
 
-    /// The executor of `kind`.
-    pub fn executor(&self, kind: &Kind) -> &dyn executor::Executor {
+    /// The executor of `kind`; `None` for a task tool, which the call pipeline runs.
+    pub fn executor(&self, kind: &Kind) -> Option<&dyn executor::Executor> {
         match kind {
-            Kind::Builtin => &builtin::Builtins,
-            Kind::Http(_) => &self.webhooks,
-            Kind::Mcp { .. } => &self.servers,
+            Kind::Builtin => Some(&builtin::Builtins),
+            Kind::Http(_) => Some(&self.webhooks),
+            Kind::Mcp { .. } => Some(&self.servers),
+            Kind::Task(_) => None,
         }
     }
 
     /// Runs `run.tool` with its kind's executor.
     pub async fn run(&self, run: executor::Run<'_>) -> executor::Ran {
-        self.executor(&run.tool.kind).run(run).await
+        match self.executor(&run.tool.kind) {
+            Some(executor) => executor.run(run).await,
+            None => executor::wrong_kind(run.tool, "builtin, http or mcp"),
+        }
     }
 }
 
@@ -80,6 +87,8 @@ pub enum Kind {
         server: String,
         tool: String,
     },
+    /// A model call: the input becomes this task's variables (SPEC §16).
+    Task(String),
 }
 
 impl Kind {
@@ -89,6 +98,7 @@ impl Kind {
             Kind::Builtin => "builtin",
             Kind::Http(_) => "http",
             Kind::Mcp { .. } => "mcp",
+            Kind::Task(_) => "task",
         }
     }
 }
@@ -150,6 +160,9 @@ pub enum Status {
     AwaitingApproval,
     /// Its approval was rejected or expired: it never ran.
     Rejected,
+    /// A workflow accepted it and will call back with the result (SPEC §16);
+    /// shown as RUNNING.
+    AwaitingCallback,
 }
 
 impl Status {
@@ -163,6 +176,7 @@ impl Status {
             Status::TimedOut => "TIMED_OUT",
             Status::AwaitingApproval => "AWAITING_APPROVAL",
             Status::Rejected => "REJECTED",
+            Status::AwaitingCallback => "AWAITING_CALLBACK",
         }
     }
 
@@ -176,6 +190,7 @@ impl Status {
             "TIMED_OUT" => Status::TimedOut,
             "AWAITING_APPROVAL" => Status::AwaitingApproval,
             "REJECTED" => Status::Rejected,
+            "AWAITING_CALLBACK" => Status::AwaitingCallback,
             _ => return None,
         })
     }

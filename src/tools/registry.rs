@@ -46,6 +46,14 @@ impl Tool {
     pub fn id(&self) -> String {
         format!("{}@{}", self.name, self.version)
     }
+
+    /// How its workflow calls back, when it does.
+    pub fn callback(&self) -> Option<&Callback> {
+        match &self.kind {
+            Kind::Http(h) => h.callback.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// Settings of a webhook tool.
@@ -59,6 +67,18 @@ pub struct HttpTool {
     pub idempotency_window: Duration,
     /// The response header naming the workflow's execution.
     pub execution_id_header: String,
+    /// Set when the workflow reports back by callback (`completion = "callback"`).
+    pub callback: Option<Callback>,
+}
+
+/// How a workflow that calls back is checked and waited for.
+#[derive(Debug, Clone)]
+pub struct Callback {
+    /// The HMAC-SHA256 key of its `X-Signature`; `None` only when the
+    /// environment lacked it and the config was loaded without keys.
+    pub secret: Option<crate::config::Secret>,
+    /// How long it has to call back.
+    pub timeout: Duration,
 }
 
 /// A compiled schema, or why not (only an MCP server's can fail here).
@@ -238,19 +258,28 @@ impl Registry {
     }
 }
 
-/// A `kind = "http"` tool of the config.
+/// A `kind = "http"` or `kind = "task"` tool of the config.
 fn configured_tool(key: &str, t: &ToolConfig) -> Result<Tool, String> {
     let (name, version) = crate::config::tools::name_and_version(key, t.version.as_deref());
     let version = version
         .as_deref()
         .map_or(Ok(Version::new(1, 0, 0)), Version::parse)
         .map_err(|e| format!("tools.\"{key}\".version: {e}"))?;
-    let http = HttpTool {
-        url: t.url.clone().unwrap_or_default(),
-        auth: t.auth_header.clone().zip(t.auth_value.clone()),
-        retry: t.retry,
-        idempotency_window: t.idempotency_window,
-        execution_id_header: t.execution_id_header.clone(),
+    let kind = match t.kind {
+        ToolKind::Task => Kind::Task(t.task.clone().unwrap_or_default()),
+        _ => Kind::Http(HttpTool {
+            url: t.url.clone().unwrap_or_default(),
+            auth: t.auth_header.clone().zip(t.auth_value.clone()),
+            retry: t.retry,
+            idempotency_window: t.idempotency_window,
+            execution_id_header: t.execution_id_header.clone(),
+            callback: (t.completion == crate::config::tools::Completion::Callback).then(|| {
+                Callback {
+                    secret: t.callback_secret.clone(),
+                    timeout: t.callback_timeout,
+                }
+            }),
+        }),
     };
     Ok(Tool {
         capability: t
@@ -260,7 +289,7 @@ fn configured_tool(key: &str, t: &ToolConfig) -> Result<Tool, String> {
         name,
         version,
         description: t.description.clone(),
-        kind: Kind::Http(http),
+        kind,
         enabled: t.enabled,
         side_effects: t.side_effects,
         approval: t.approval == ApprovalSetting::Always,

@@ -7,6 +7,7 @@
 //! log and metrics are therefore gRPC's.
 
 mod agents;
+mod callbacks;
 mod caller;
 mod chat;
 mod error;
@@ -54,6 +55,10 @@ fn app(edge: Edge, config: &HttpConfig) -> Router {
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*model}", get(models::one))
         .route("/v1/agents/{agent}/turns", post(agents::turn))
+        .route(
+            "/v1/tool-invocations/{id}/complete",
+            post(callbacks::complete),
+        )
         .route(
             "/v1/conversations/{id}",
             get(agents::get_conversation).delete(agents::delete_conversation),
@@ -133,27 +138,8 @@ fn traced(mut response: Response, trace_id: &str) -> Response {
 /// `server.max_input_depth`.
 async fn read_json(edge: &Edge, body: Body, trace_id: &str) -> Result<Value, Response> {
     let server = &edge.pipeline.config().server;
-    let limit = server.max_message_bytes;
     let invalid = |why: &str| HttpError::invalid("body", why, trace_id);
-    let read = tokio::time::timeout(server.default_timeout, axum::body::to_bytes(body, limit));
-    let bytes = match read.await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(e)) if over_limit(&e) => {
-            let why = format!("is over {limit} bytes (server.max_message_bytes)");
-            return Err(error::with_status(
-                invalid(&why),
-                StatusCode::PAYLOAD_TOO_LARGE,
-            ));
-        }
-        Ok(Err(_)) => return Err(invalid("broke off before its end").into_response()),
-        Err(_) => {
-            let why = "did not arrive within server.default_timeout";
-            return Err(error::with_status(
-                invalid(why),
-                StatusCode::REQUEST_TIMEOUT,
-            ));
-        }
-    };
+    let bytes = read_body(edge, body, trace_id).await?;
     // Parsed only once it fits: a JSON tree takes many times its text.
     if bytes.len() > server.max_input_bytes {
         let why = format!(
@@ -173,6 +159,33 @@ async fn read_json(edge: &Edge, body: Body, trace_id: &str) -> Result<Value, Res
         return Err(invalid(&why).into_response());
     }
     Ok(value)
+}
+
+/// The raw body: at most `server.max_message_bytes` (413 past it, unread),
+/// received within `server.default_timeout` (408).
+async fn read_body(edge: &Edge, body: Body, trace_id: &str) -> Result<bytes::Bytes, Response> {
+    let server = &edge.pipeline.config().server;
+    let limit = server.max_message_bytes;
+    let invalid = |why: &str| HttpError::invalid("body", why, trace_id);
+    let read = tokio::time::timeout(server.default_timeout, axum::body::to_bytes(body, limit));
+    match read.await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) if over_limit(&e) => {
+            let why = format!("is over {limit} bytes (server.max_message_bytes)");
+            Err(error::with_status(
+                invalid(&why),
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ))
+        }
+        Ok(Err(_)) => Err(invalid("broke off before its end").into_response()),
+        Err(_) => {
+            let why = "did not arrive within server.default_timeout";
+            Err(error::with_status(
+                invalid(why),
+                StatusCode::REQUEST_TIMEOUT,
+            ))
+        }
+    }
 }
 
 /// Whether reading a body failed on its length limit.

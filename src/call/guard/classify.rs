@@ -80,7 +80,11 @@ impl Pipeline {
         input.insert("stage".into(), Value::String(stage.as_str().into()));
         let (ctx, task) = (ctx.clone(), task.to_owned());
         Box::pin(async move {
-            match self.run_aside(&ctx, &task, input).await {
+            match self
+                .run_aside(&ctx, &task, input)
+                .await
+                .map(|(output, _)| output)
+            {
                 Ok(output) => verdict(output.json.as_ref()),
                 Err(reason) => Err(format!("classifier call failed: {reason}")),
             }

@@ -10,10 +10,11 @@
 mod admit;
 mod approval;
 mod audit;
+pub mod callback;
 mod run;
 
 pub(crate) use audit::denial;
-pub(crate) use run::{judge, run};
+pub(crate) use run::{callback_until, decision, judge, run};
 
 use super::{Call, CallError};
 use crate::{
@@ -160,6 +161,7 @@ struct Done {
     duration_ms: i64,
     execution_id: Option<String>,
     attempts: i64,
+    callback_until_ms: Option<i64>,
 }
 
 impl Done {
@@ -172,6 +174,7 @@ impl Done {
             duration_ms: self.duration_ms,
             execution_id: self.execution_id.clone(),
             attempts: self.attempts,
+            callback_until_ms: self.callback_until_ms,
         }
     }
 
@@ -421,30 +424,44 @@ impl Call {
             .as_ref()
             .map_or(tool.timeout, |a| a.timeout.min(tool.timeout));
         let deadline = (started + timeout).min(self.ctx.deadline);
-        let key = row.as_ref().map(|r| r.inv.idempotency_key.as_str());
+        let stored = row.as_ref().map(|r| &r.inv);
         let ran = run(
             &self.pipeline,
+            &self.ctx,
             &tool,
             &req.input,
-            key,
-            &self.ctx.trace_id,
+            stored,
             deadline,
         )
         .await;
         drop(slot);
         let took = started.elapsed();
         let (status, output, error) = judge(&tool, ran.result);
+        // Work a workflow goes on with after accepting it is charged at its
+        // estimate, as an ASYNC invocation is (docs/tools.md).
+        let actual = match ran.cost_micros {
+            Some(cost) => cost,
+            None if status == Status::AwaitingCallback => estimate,
+            None => cost::micros(&tool.cost, &req.input, took),
+        };
         let done = Done {
             status,
             output,
             error,
-            actual: cost::micros(&tool.cost, &req.input, took),
+            actual,
             duration_ms: i64::try_from(took.as_millis()).unwrap_or(i64::MAX),
             execution_id: ran.execution_id,
             attempts: i64::from(ran.attempts),
+            callback_until_ms: callback_until(&tool, status),
         };
         let kind = tool.kind.as_str();
-        self.log().add_tool(kind, id.clone(), done.actual, took);
+        // A task tool's model call was metered as a call of its own.
+        let charged = if ran.cost_micros.is_some() {
+            0
+        } else {
+            done.actual
+        };
+        self.log().add_tool(kind, id.clone(), charged, took);
         if let Some(row) = &row {
             // A SYNC row has one runner, this one; the only other writer
             // is the sweeper's INTERRUPTED, which `finish` replaces.
@@ -475,11 +492,7 @@ impl Call {
         idempotency_key: Option<String>,
     ) -> AuditEvent {
         let (category, _, result_action) = actions(tool);
-        let decision = if done.status == Status::Succeeded {
-            "ok"
-        } else {
-            "error"
-        };
+        let decision = decision(done.status);
         let code = done.error.as_ref().map_or("", |e| e.code.as_str());
         let ctx = &self.ctx;
         let mut event = AuditEvent::new(

@@ -127,7 +127,11 @@ impl Pipeline {
             "messages".into(),
             Value::String(transcript(messages, limit)),
         );
-        match self.run_aside(ctx, task, input).await {
+        match self
+            .run_aside(ctx, task, input)
+            .await
+            .map(|(output, _)| output)
+        {
             Ok(output) if !output.text.trim().is_empty() => Ok(output.text.trim().to_owned()),
             Ok(_) => Err("the summary task answered nothing".into()),
             Err(reason) => Err(reason.to_owned()),

@@ -196,6 +196,19 @@ async fn ran(
             report.error_code.clone_from(&f.code);
             error(tc, &f.code, &f.message)
         }
+        // A workflow that calls back took the work on: not an error, and
+        // not its result either.
+        _ if result.status == Status::AwaitingCallback => ToolOutcome {
+            call_id: tc.id.clone(),
+            name: tc.name.clone(),
+            content: serde_json::json!({
+                "status": "ACCEPTED",
+                "invocation_id": result.invocation_id,
+                "note": "the workflow accepted the work and reports its result later",
+            })
+            .to_string(),
+            is_error: false,
+        },
         _ => error(tc, result.status.as_str(), "the tool gave no output"),
     };
     Ok((outcome, report))

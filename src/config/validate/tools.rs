@@ -11,6 +11,9 @@ use std::time::Duration;
 /// The built-in tools (a `builtin` tool of the config must be one).
 pub const BUILTINS: [&str; 3] = ["system.echo", "system.health", "sms.segments"];
 
+/// Longest a workflow may take to call back.
+const CALLBACK_MAX: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// The roles a key may hold.
 pub const ROLES: [&str; 3] = ["viewer", "caller", "admin"];
 
@@ -106,16 +109,28 @@ fn builtin_problems(
     if t.tenant_scoped.is_some() {
         bad(at("tenant_scoped"), ours);
     }
-    if t.input_schema != any_object() {
+    if t.input_schema != crate::config::tools::any_object() {
         bad(at("input_schema"), ours);
     }
     if t.output_schema.is_some() {
         bad(at("output_schema"), ours);
     }
+    http_only(t, at, bad);
+}
+
+/// Refuses the keys only a webhook (kind http) has.
+fn http_only(t: &ToolConfig, at: &dyn Fn(&str) -> String, bad: &mut dyn FnMut(String, &str)) {
+    use crate::config::tools::{Completion, default_callback_timeout};
     use crate::config::tools::{
-        ToolRetryConfig, any_object, default_execution_header, default_idempotency_window,
+        ToolRetryConfig, default_execution_header, default_idempotency_window,
     };
     for (key, set) in [
+        ("completion", t.completion != Completion::Response),
+        ("callback_secret_env", t.callback_secret_env.is_some()),
+        (
+            "callback_timeout",
+            t.callback_timeout != default_callback_timeout(),
+        ),
         ("url", t.url.is_some()),
         ("auth_header", t.auth_header.is_some()),
         ("auth_env", t.auth_env.is_some()),
@@ -135,6 +150,36 @@ fn builtin_problems(
     }
 }
 
+/// A task tool (`kind = "task"`): a task of the config, run for a team,
+/// costing what its model call costs.
+fn task_problems(
+    t: &ToolConfig,
+    config: &Config,
+    at: &dyn Fn(&str) -> String,
+    bad: &mut dyn FnMut(String, &str),
+) {
+    match &t.task {
+        None => bad(at("task"), "required for kind task"),
+        Some(task) if !config.tasks.contains_key(task) => {
+            bad(at("task"), &format!("no task `{task}` in [tasks]"));
+        }
+        Some(_) => {}
+    }
+    if t.tenant_scoped == Some(false) {
+        bad(
+            at("tenant_scoped"),
+            "a task tool's model call is metered to a team: it is always tenant-scoped",
+        );
+    }
+    if t.cost != CostConfig::default() {
+        bad(
+            at("cost"),
+            "a task tool costs what its model call costs, metered under its task",
+        );
+    }
+    http_only(t, at, bad);
+}
+
 fn url_ok(url: &str) -> bool {
     url.starts_with("http://") || url.starts_with("https://")
 }
@@ -142,7 +187,7 @@ fn url_ok(url: &str) -> bool {
 /// Every problem of the tool sections.
 pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     for (key, t) in &config.tools {
-        tool(key, t, bad);
+        tool(key, t, config, bad);
     }
     for (name, s) in &config.mcp_servers {
         server(name, s, bad);
@@ -175,7 +220,7 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
-fn tool(key: &str, t: &ToolConfig, bad: &mut dyn FnMut(String, &str)) {
+fn tool(key: &str, t: &ToolConfig, config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let at = |k: &str| format!("tools.\"{key}\".{k}");
     let (name, version) = name_and_version(key, t.version.as_deref());
     if !valid_name(&name) {
@@ -223,6 +268,10 @@ fn tool(key: &str, t: &ToolConfig, bad: &mut dyn FnMut(String, &str)) {
             builtin_problems(t, version.as_deref(), &at, bad);
         }
         ToolKind::Http => http_problems(t, &at, bad),
+        ToolKind::Task => task_problems(t, config, &at, bad),
+    }
+    if t.task.is_some() && t.kind != ToolKind::Task {
+        bad(at("task"), "only for kind task");
     }
 }
 
@@ -260,6 +309,42 @@ fn http_problems(t: &ToolConfig, at: &dyn Fn(&str) -> String, bad: &mut dyn FnMu
     }
     if t.idempotency_window.is_zero() {
         bad(at("idempotency_window"), "must be greater than zero");
+    }
+    callback_problems(t, at, bad);
+}
+
+/// A webhook that calls back: a key to check its signature, a time to wait.
+fn callback_problems(
+    t: &ToolConfig,
+    at: &dyn Fn(&str) -> String,
+    bad: &mut dyn FnMut(String, &str),
+) {
+    use crate::config::tools::{Completion, default_callback_timeout};
+    if t.completion == Completion::Response {
+        for (key, set) in [
+            ("callback_secret_env", t.callback_secret_env.is_some()),
+            (
+                "callback_timeout",
+                t.callback_timeout != default_callback_timeout(),
+            ),
+        ] {
+            if set {
+                bad(at(key), "only with completion = \"callback\"");
+            }
+        }
+        return;
+    }
+    if t.callback_secret_env.is_none() {
+        bad(
+            at("callback_secret_env"),
+            "required with completion = \"callback\": the callbacks are signed with it",
+        );
+    }
+    if t.callback_timeout.is_zero() || t.callback_timeout > CALLBACK_MAX {
+        bad(
+            at("callback_timeout"),
+            "must be more than 0 and at most 30 days",
+        );
     }
 }
 
@@ -456,5 +541,28 @@ timeout = "5s"
             paths(&tool(r#"initial_backoff = "0s""#)),
             [at("initial_backoff")]
         );
+    }
+
+    #[test]
+    fn a_task_tool_names_a_task_of_the_config_and_nothing_of_a_webhook() {
+        let tasks = "[providers.p]\nkind = \"mock\"\n[pricing.m]\nprice = \"unknown\"\n[tasks.brief]\nchain = [{ provider = \"p\", model = \"m\" }]\n";
+        let ok = format!(
+            "{tasks}[tools.\"crm.brief\"]\nkind = \"task\"\ntask = \"brief\"\noutput_schema = {{ type = \"object\" }}\n"
+        );
+        assert!(paths(&ok).is_empty(), "{:?}", paths(&ok));
+        let at = |k: &str| format!("tools.\"crm.brief\".{k}");
+        let with = |line: &str| format!("{ok}{line}\n");
+        assert_eq!(paths(&ok.replace("task = \"brief\"\n", "")), [at("task")]);
+        assert_eq!(
+            paths(&ok.replace("task = \"brief\"", "task = \"nope\"")),
+            [at("task")]
+        );
+        assert_eq!(paths(&with("cost = { fixed_usd = 0.01 }")), [at("cost")]);
+        assert_eq!(paths(&with("tenant_scoped = false")), [at("tenant_scoped")]);
+        assert_eq!(paths(&with("url = \"https://example.com\"")), [at("url")]);
+        let http = format!(
+            "{tasks}[tools.\"crm.hook\"]\nkind = \"http\"\nurl = \"https://example.com\"\ntask = \"brief\"\n"
+        );
+        assert_eq!(paths(&http), ["tools.\"crm.hook\".task"]);
     }
 }

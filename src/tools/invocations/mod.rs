@@ -2,6 +2,7 @@
 //! constraint decides who runs the webhook), recording ends, reading back,
 //! and handing ASYNC work to a worker under a lease a crash lets expire.
 
+pub mod callbacks;
 mod sql;
 
 use super::{Failure, Status};
@@ -168,7 +169,7 @@ pub async fn claim(
 /// How an invocation ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
-    /// SUCCEEDED, FAILED or TIMED_OUT.
+    /// SUCCEEDED, FAILED, TIMED_OUT, or AWAITING_CALLBACK.
     pub status: Status,
     pub output: Option<Value>,
     pub error: Option<Failure>,
@@ -176,6 +177,8 @@ pub struct Outcome {
     pub duration_ms: i64,
     pub execution_id: Option<String>,
     pub attempts: i64,
+    /// AWAITING_CALLBACK: when it ends TIMED_OUT without one, unix ms.
+    pub callback_until_ms: Option<i64>,
 }
 
 /// Records how invocation `id` ended and releases its lease while the runner

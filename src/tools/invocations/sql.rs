@@ -123,7 +123,7 @@ crate::impl_for_both_pools!(InvocationRepository {
         let written = sqlx::query(
             "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
              error_message = $5, cost_micros = $6, duration_ms = $7, execution_id = $8, \
-             attempts = $9, updated_at_ms = $10, lease_until_ms = NULL WHERE id = $1 \
+             attempts = $9, updated_at_ms = $10, lease_until_ms = $12 WHERE id = $1 \
              AND ((status = 'RUNNING' AND lease_until_ms = $11) \
               OR (mode = 'SYNC' AND status = 'FAILED' AND error_code = 'INTERRUPTED'))",
         )
@@ -138,6 +138,7 @@ crate::impl_for_both_pools!(InvocationRepository {
         .bind(outcome.attempts)
         .bind(now_ms)
         .bind(lease_until_ms)
+        .bind(outcome.callback_until_ms)
         .execute(self)
         .await?
         .rows_affected();
@@ -229,6 +230,91 @@ crate::impl_for_both_pools!(InvocationRepository {
              error_message = 'the process running it stopped before it finished', \
              lease_until_ms = NULL, updated_at_ms = $1 \
              WHERE mode = 'SYNC' AND status = 'RUNNING' AND lease_until_ms < $1 RETURNING {COLUMNS}"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(now_ms)
+            .fetch_all(self)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(decode)
+            .collect::<Result<Vec<_>, sqlx::Error>>()?)
+    }
+});
+
+// The rows of workflows that call back (`super::callbacks`).
+
+/// The index of `callback_sha256` after [`COLUMNS`].
+const DIGEST: usize = 21;
+
+/// The callback rows' operations (one SQL for both backends).
+#[async_trait::async_trait]
+pub trait CallbackRepository: Send + Sync + std::fmt::Debug {
+    /// Invocation `id` of any team, with the digest of the callback that ended it.
+    async fn find(&self, id: &str) -> Result<Option<(Invocation, Option<String>)>, StoreError>;
+
+    /// Ends invocation `id` with `outcome` while it is AWAITING_CALLBACK; false otherwise.
+    async fn complete(
+        &self,
+        id: &str,
+        outcome: &Outcome,
+        digest: &str,
+        now_ms: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Ends TIMED_OUT the invocations AWAITING_CALLBACK past their wait, returning them.
+    async fn expire(&self, now_ms: i64) -> Result<Vec<Invocation>, StoreError>;
+}
+
+/// The callback repository over `store`'s pool.
+pub(super) fn callbacks(store: &Store) -> &(dyn CallbackRepository + 'static) {
+    crate::on_store!(store, |pool| pool)
+}
+
+crate::impl_for_both_pools!(CallbackRepository {
+    async fn find(&self, id: &str) -> Result<Option<(Invocation, Option<String>)>, StoreError> {
+        let sql = format!("SELECT {COLUMNS}, callback_sha256 FROM tool_invocations WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(self)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some((decode(&row)?, row.try_get(DIGEST)?)))
+    }
+
+    async fn complete(
+        &self,
+        id: &str,
+        outcome: &Outcome,
+        digest: &str,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let written = sqlx::query(
+            "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
+             error_message = $5, duration_ms = $6, callback_sha256 = $7, \
+             updated_at_ms = $8, lease_until_ms = NULL \
+             WHERE id = $1 AND status = 'AWAITING_CALLBACK'",
+        )
+        .bind(id)
+        .bind(outcome.status.as_str())
+        .bind(outcome.output.as_ref().map(Value::to_string))
+        .bind(outcome.error.as_ref().map(|e| e.code.clone()))
+        .bind(outcome.error.as_ref().map(|e| e.message.clone()))
+        .bind(outcome.duration_ms)
+        .bind(digest)
+        .bind(now_ms)
+        .execute(self)
+        .await?
+        .rows_affected();
+        Ok(written == 1)
+    }
+
+    async fn expire(&self, now_ms: i64) -> Result<Vec<Invocation>, StoreError> {
+        let sql = format!(
+            "UPDATE tool_invocations SET status = 'TIMED_OUT', error_code = 'TIMED_OUT', \
+             error_message = 'the workflow did not call back within the tool''s callback_timeout', \
+             lease_until_ms = NULL, updated_at_ms = $1 \
+             WHERE status = 'AWAITING_CALLBACK' AND lease_until_ms < $1 RETURNING {COLUMNS}"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(now_ms)

@@ -41,6 +41,7 @@ fn ended(status: Status, tag: &str) -> Outcome {
         duration_ms: 5,
         execution_id: Some(tag.to_owned()),
         attempts: 1,
+        callback_until_ms: None,
     }
 }
 
