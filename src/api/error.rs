@@ -533,7 +533,6 @@ fn callback_refusal(
 ) -> Parts {
     use crate::call::tool::callback::CallbackError as E;
     let code = match &err {
-        E::NotFound(_) => Code::NotFound,
         E::SignatureInvalid => Code::Unauthenticated,
         E::BodyInvalid(why) => {
             details.add_bad_request_violation("body", why.clone());

@@ -44,7 +44,7 @@ pub async fn run_worker(pipeline: Pipeline, mut stop: watch::Receiver<bool>) {
             break;
         }
         fail_interrupted(&pipeline).await;
-        expire_callbacks(&pipeline).await;
+        pipeline.expire_callbacks().await;
         start_work(&pipeline, &settings, &mut running).await;
         // The next round when a run ends or new work may have come: never at
         // once, so invocations waiting for a slot are not retaken in a busy loop.
@@ -77,21 +77,6 @@ async fn fail_interrupted(pipeline: &Pipeline) {
         Err(e) => {
             tracing::error!(error = %e, "looking for interrupted tool invocations failed")
         }
-    }
-}
-
-/// Ends TIMED_OUT the invocations whose workflow never called back.
-async fn expire_callbacks(pipeline: &Pipeline) {
-    let now = chrono::Utc::now().timestamp_millis();
-    match invocations::callbacks::expire(pipeline.store(), now).await {
-        Ok(expired) => {
-            for inv in expired {
-                tracing::warn!(invocation = %inv.id, tool = %inv.tool, trace_id = %inv.trace_id, "a workflow did not call back within its callback_timeout; marked TIMED_OUT");
-                metrics::tool_invocation(&inv.tool, Status::TimedOut.as_str(), Duration::ZERO);
-                audit(pipeline, &inv, "error", "TIMED_OUT", None, None).await;
-            }
-        }
-        Err(e) => tracing::error!(error = %e, "looking for overdue workflow callbacks failed"),
     }
 }
 
@@ -258,6 +243,9 @@ async fn execute(
     match invocations::finish(pipeline.store(), &inv.id, lease, &outcome).await {
         Ok(true) => {}
         // The run happened, so it is audited; the row keeps the owning run's end.
+        // The workflow called back before its acceptance was recorded:
+        // the callback ended the row; the acceptance is still audited.
+        Ok(false) if outcome.status == Status::AwaitingCallback => {}
         Ok(false) => {
             tracing::warn!(invocation = %inv.id, tool = %inv.tool, trace_id = %inv.trace_id, "an ASYNC tool invocation ended after its lease ran out and another run took it; its end is not recorded over that run's");
         }
@@ -301,7 +289,7 @@ fn context(inv: &Invocation, deadline: Instant) -> CallContext {
 }
 
 /// The result event of an invocation the worker (or its callback) ended.
-pub(super) async fn audit(
+async fn audit(
     pipeline: &Pipeline,
     inv: &Invocation,
     decision: &str,
@@ -309,6 +297,21 @@ pub(super) async fn audit(
     output: Option<&serde_json::Value>,
     duration_ms: Option<i64>,
 ) {
+    let event = result_event(pipeline, inv, decision, reason, output, duration_ms);
+    if let Err(e) = pipeline.ledger().submit(Op::Audit(vec![event])).await {
+        tracing::error!(invocation = %inv.id, error = %e, "auditing an ASYNC tool result failed");
+    }
+}
+
+/// `workflow.result` (a webhook's) or `tool.result` of a stored invocation.
+pub(super) fn result_event(
+    pipeline: &Pipeline,
+    inv: &Invocation,
+    decision: &str,
+    reason: &str,
+    output: Option<&serde_json::Value>,
+    duration_ms: Option<i64>,
+) -> AuditEvent {
     let workflow = pipeline
         .toolbox()
         .registry
@@ -336,7 +339,5 @@ pub(super) async fn audit(
     event.estimated_cost_micros = Some(inv.estimated_cost_micros);
     event.actual_cost_micros = Some(inv.cost_micros.unwrap_or(inv.estimated_cost_micros));
     event.idempotency_key = Some(inv.idempotency_key.clone());
-    if let Err(e) = pipeline.ledger().submit(Op::Audit(vec![event])).await {
-        tracing::error!(invocation = %inv.id, error = %e, "auditing an ASYNC tool result failed");
-    }
+    event
 }

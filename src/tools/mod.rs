@@ -28,6 +28,8 @@ pub struct Toolbox {
     pub servers: mcp::Servers,
     pub quotas: quota::Quotas,
     pub webhooks: http::Webhooks,
+    /// Bad workflow callbacks audited lately.
+    pub callback_denials: Arc<invocations::callbacks::Denials>,
 }
 
 impl Toolbox {
@@ -54,6 +56,7 @@ impl Toolbox {
                 client: http,
                 public_url: config.http.as_ref().and_then(|h| h.public_url.clone()),
             },
+            callback_denials: Arc::default(),
         })
     }
 

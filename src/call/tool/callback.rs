@@ -1,19 +1,22 @@
 //! Workflow callbacks (SPEC §16): a workflow that accepted an invocation
 //! (`completion = "callback"`) reports its end, signed with the tool's
-//! callback secret. The signature is checked before anything about the
-//! invocation is told; the first valid callback ends it (on any replica:
-//! the row decides), a repeat of that same body is answered again, any
-//! other is a conflict.
+//! callback secret. An unknown invocation and a bad signature get the same
+//! answer, so nothing about an invocation is told before the signature
+//! holds; the first valid callback ends it (on any replica: the row
+//! decides), in the ledger's transaction with its audit event; a repeat of
+//! that same body is answered again, any other is a conflict. Overdue
+//! invocations end TIMED_OUT the same way.
 
 use super::run::checked;
 use crate::{
     audit::{AuditEvent, Category},
-    call::{Pipeline, worker},
+    call::{Pipeline, worker::result_event},
+    store::Statement,
     tools::{
         Failure, Status, Tool,
         invocations::{Invocation, Outcome, callbacks},
     },
-    usage::ledger::Op,
+    usage::ledger::{Done, Op, Write},
 };
 use hmac::{Hmac, KeyInit, Mac};
 use serde::Deserialize;
@@ -24,10 +27,10 @@ use std::sync::Arc;
 /// Why a callback is refused.
 #[derive(Debug, thiserror::Error)]
 pub enum CallbackError {
-    /// No invocation of a calling-back workflow has that ID.
-    #[error("no tool invocation `{0}` of a workflow that calls back")]
-    NotFound(String),
-    /// `X-Signature` is missing or does not sign the body (audited).
+    /// `X-Signature` is missing or does not sign the body with the secret
+    /// of the invocation's tool, or no invocation of a calling-back
+    /// workflow has that ID (the same answer: an ID is not confirmed to
+    /// whoever lacks the secret). Audited once a minute per invocation.
     #[error(
         "X-Signature must be sha256=<hex HMAC-SHA256 of the raw body> with the tool's callback secret"
     )]
@@ -46,7 +49,6 @@ impl CallbackError {
     /// The stable reason.
     pub fn reason(&self) -> &'static str {
         match self {
-            CallbackError::NotFound(_) => "INVOCATION_NOT_FOUND",
             CallbackError::SignatureInvalid => "SIGNATURE_INVALID",
             CallbackError::BodyInvalid(_) => "INVALID_INPUT",
             CallbackError::Conflict(_) => "CALLBACK_CONFLICT",
@@ -107,6 +109,9 @@ enum ReportError {
 /// The code of a workflow's failure that names none.
 const WORKFLOW_FAILED: &str = "WORKFLOW_FAILED";
 
+/// Overdue invocations ended per sweep at most; the rest wait for the next.
+const EXPIRED_PER_SWEEP: i64 = 100;
+
 impl Pipeline {
     /// Ends invocation `id` with the callback `body`, signed by `signature`
     /// (`X-Signature`).
@@ -116,62 +121,124 @@ impl Pipeline {
         signature: Option<&str>,
         body: &[u8],
     ) -> Result<Completed, CallbackError> {
-        let not_found = || CallbackError::NotFound(id.to_owned());
-        let (inv, digest) = callbacks::find(self.store(), id)
-            .await?
-            .ok_or_else(not_found)?;
+        let found = callbacks::find(self.store(), id).await?;
+        let Some((inv, digest)) = found else {
+            return Err(CallbackError::SignatureInvalid);
+        };
         let tool = self
             .toolbox()
             .registry
             .lookup(&format!("{}@{}", inv.tool, inv.version))
             .ok()
-            .filter(|t| t.callback().is_some())
-            .ok_or_else(not_found)?;
-        if !signed(&tool, signature, body) {
+            .filter(|t| t.callback().is_some());
+        let Some(tool) = tool.filter(|t| signed(t, signature, body)) else {
             self.audit_bad_signature(&inv).await;
             return Err(CallbackError::SignatureInvalid);
-        }
+        };
         let sha = hex::encode(Sha256::digest(body));
-        if inv.status != Status::AwaitingCallback {
+        if !matches!(inv.status, Status::AwaitingCallback | Status::Running) {
             return repeated(&inv, digest.as_deref(), &sha);
         }
-        let outcome = outcome(&tool, &inv, body)?;
-        if !callbacks::complete(self.store(), id, &outcome, &sha).await? {
-            // Another replica's callback won the row: the same body is its answer.
-            let (now, digest) = callbacks::find(self.store(), id)
-                .await?
-                .ok_or_else(not_found)?;
-            return repeated(&now, digest.as_deref(), &sha);
-        }
-        let status = outcome.status;
-        crate::telemetry::metrics::tool_invocation(
-            &tool.name,
-            status.as_str(),
-            std::time::Duration::from_millis(u64::try_from(outcome.duration_ms).unwrap_or(0)),
-        );
-        let reason = outcome.error.as_ref().map_or("", |e| e.code.as_str());
+        let outcome = outcome(&tool, &inv, body, &self.config().server)?;
+        let now = chrono::Utc::now().timestamp_millis();
         let mut ended = inv;
-        ended.cost_micros = Some(outcome.cost_micros);
-        let decision = super::decision(status);
-        worker::audit(
+        ended.cost_micros = Some(ended.cost_micros.unwrap_or(ended.estimated_cost_micros));
+        let reason = outcome.error.as_ref().map_or("", |e| e.code.as_str());
+        let event = result_event(
             self,
             &ended,
-            decision,
+            super::decision(outcome.status),
             reason,
             outcome.output.as_ref(),
             Some(outcome.duration_ms),
-        )
-        .await;
+        );
+        let statement = callbacks::complete(id, &outcome, &sha, now);
+        if !self.end_row(&ended.team_id, statement, event).await? {
+            // Another callback (on any replica) or the sweep ended it first.
+            let (now, digest) = callbacks::find(self.store(), id)
+                .await?
+                .ok_or(CallbackError::SignatureInvalid)?;
+            return repeated(&now, digest.as_deref(), &sha);
+        }
+        crate::telemetry::metrics::tool_invocation(
+            &tool.name,
+            outcome.status.as_str(),
+            std::time::Duration::from_millis(u64::try_from(outcome.duration_ms).unwrap_or(0)),
+        );
         Ok(Completed {
             invocation_id: ended.id,
-            status,
+            status: outcome.status,
             error: outcome.error,
             repeated: false,
         })
     }
 
-    /// `workflow.callback` denied: someone without the secret tried to end it.
+    /// Ends TIMED_OUT the invocations whose workflow did not call back in
+    /// time, each with its `workflow.result` event in one transaction.
+    pub(crate) async fn expire_callbacks(&self) {
+        let now = chrono::Utc::now().timestamp_millis();
+        let overdue = match callbacks::overdue(self.store(), now, EXPIRED_PER_SWEEP).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "looking for overdue workflow callbacks failed");
+                return;
+            }
+        };
+        for mut inv in overdue {
+            inv.cost_micros = Some(inv.cost_micros.unwrap_or(inv.estimated_cost_micros));
+            let event = result_event(self, &inv, "error", "TIMED_OUT", None, None);
+            match self
+                .end_row(&inv.team_id, callbacks::expire(&inv.id, now), event)
+                .await
+            {
+                Ok(true) => {
+                    tracing::warn!(invocation = %inv.id, tool = %inv.tool, trace_id = %inv.trace_id, "a workflow did not call back within its callback_timeout; marked TIMED_OUT");
+                    crate::telemetry::metrics::tool_invocation(
+                        &inv.tool,
+                        Status::TimedOut.as_str(),
+                        std::time::Duration::ZERO,
+                    );
+                }
+                // A callback, or another replica's sweep, ended it first.
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(invocation = %inv.id, error = %e, "ending an overdue workflow invocation failed");
+                }
+            }
+        }
+    }
+
+    /// Runs `statement` (guarded) with `event` in one ledger transaction,
+    /// the event appended only if the statement ended the row: true then.
+    async fn end_row(
+        &self,
+        team: &str,
+        statement: Statement,
+        event: AuditEvent,
+    ) -> Result<bool, CallbackError> {
+        let op = Op::Write(Write {
+            team_id: team.to_owned(),
+            statements: vec![statement],
+            durable: true,
+            audit: vec![event],
+            audit_only_if_stored: true,
+        });
+        match self.ledger().submit(op).await {
+            Ok(Done::Written { stored, .. }) => Ok(stored),
+            Ok(other) => Err(CallbackError::Storage(format!(
+                "the ledger answered a callback's write with {other:?}"
+            ))),
+            Err(e) => Err(CallbackError::Storage(e.to_string())),
+        }
+    }
+
+    /// `workflow.callback` denied: someone without the secret tried to end
+    /// it (once a minute per invocation).
     async fn audit_bad_signature(&self, inv: &Invocation) {
+        let denials = &self.toolbox().callback_denials;
+        if !denials.audit(&inv.id, std::time::Instant::now()) {
+            return;
+        }
         let event = AuditEvent::new(
             &inv.team_id,
             "callback",
@@ -180,7 +247,7 @@ impl Pipeline {
             "workflow.callback",
             &format!("{}@{}", inv.tool, inv.version),
         )
-        .decided("denied", "SIGNATURE_INVALID");
+        .decided("deny", "SIGNATURE_INVALID");
         if let Err(e) = self.ledger().submit(Op::Audit(vec![event])).await {
             tracing::error!(invocation = %inv.id, error = %e, "auditing a badly signed callback failed");
         }
@@ -221,9 +288,30 @@ fn repeated(inv: &Invocation, digest: Option<&str>, sha: &str) -> Result<Complet
 }
 
 /// How `body` ends the invocation: a success's output checked against the
-/// tool's output schema; cost as charged when the work was accepted.
-fn outcome(tool: &Arc<Tool>, inv: &Invocation, body: &[u8]) -> Result<Outcome, CallbackError> {
-    let report: Report = serde_json::from_slice(body).map_err(|e| {
+/// tool's output schema; cost as charged when the work was accepted. The
+/// body is held to the edge's input limits once its signature holds.
+fn outcome(
+    tool: &Arc<Tool>,
+    inv: &Invocation,
+    body: &[u8],
+    server: &crate::config::ServerConfig,
+) -> Result<Outcome, CallbackError> {
+    if body.len() > server.max_input_bytes {
+        return Err(CallbackError::BodyInvalid(format!(
+            "the body is {} bytes, over the {} byte input limit (server.max_input_bytes)",
+            body.len(),
+            server.max_input_bytes
+        )));
+    }
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| CallbackError::BodyInvalid(format!("the body is not JSON: {e}")))?;
+    if crate::domain::json::depth(&value) > server.max_input_depth {
+        return Err(CallbackError::BodyInvalid(format!(
+            "the body nests deeper than {} levels (server.max_input_depth)",
+            server.max_input_depth
+        )));
+    }
+    let report: Report = serde_json::from_value(value).map_err(|e| {
         CallbackError::BodyInvalid(format!(
             "the body must be {{\"status\": \"succeeded\" | \"failed\", \"output\"?, \"error\"?}}: {e}"
         ))

@@ -462,22 +462,33 @@ impl Call {
             done.actual
         };
         self.log().add_tool(kind, id.clone(), charged, took);
+        let mut called_back = None;
         if let Some(row) = &row {
-            // A SYNC row has one runner, this one; the only other writer
-            // is the sweeper's INTERRUPTED, which `finish` replaces.
+            // A SYNC row has one runner, this one; the other writers are
+            // the sweeper's INTERRUPTED, which `finish` replaces, and a
+            // workflow calling back before this records its acceptance.
             let lease = row.lease.unwrap_or(i64::MAX);
-            invocations::finish(self.pipeline.store(), &row.inv.id, lease, &done.outcome())
+            let store = self.pipeline.store();
+            let recorded = invocations::finish(store, &row.inv.id, lease, &done.outcome())
                 .await
                 .map_err(|e| CallError::Storage(e.to_string()))?;
+            if !recorded && done.status == Status::AwaitingCallback {
+                called_back = invocations::get(store, &row.inv.team_id, &row.inv.id)
+                    .await
+                    .map_err(|e| CallError::Storage(e.to_string()))?;
+            }
         }
         let key = row.as_ref().map(|r| r.inv.idempotency_key.clone());
         let event = self.result_event(principal, req, (&tool, &id), estimate, &done, key);
         self.audit_before_finish(vec![event]).await?;
         span.record("status", done.status.as_str());
-        if done.status != Status::Succeeded {
+        if !matches!(done.status, Status::Succeeded | Status::AwaitingCallback) {
             span.record("otel.status_code", "error");
         }
         metrics::tool_invocation(&tool.name, done.status.as_str(), took);
+        if let Some(ended) = called_back {
+            return Ok(ToolResult::from_stored(&ended, false));
+        }
         let invocation_id = row.map_or_else(|| uuid::Uuid::now_v7().to_string(), |r| r.inv.id);
         Ok(done.result(invocation_id, &tool))
     }

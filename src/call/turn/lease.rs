@@ -61,6 +61,7 @@ impl Held {
                 )],
                 durable: false,
                 audit: Vec::new(),
+                audit_only_if_stored: false,
             })
         })
     }
@@ -103,6 +104,7 @@ pub(super) async fn write(
         statements,
         durable,
         audit,
+        audit_only_if_stored: false,
     });
     match pipeline.ledger().submit(op).await {
         Ok(Done::Written { stored, .. }) => Ok(stored),

@@ -169,8 +169,13 @@ async fn ran(
     tc: &ToolCall,
     result: ToolResult,
 ) -> Result<(ToolOutcome, Report), CallError> {
+    let shown = match result.status {
+        // Shown as RUNNING, as on every edge.
+        Status::AwaitingCallback => Status::Running,
+        other => other,
+    };
     let mut report = Report {
-        status: result.status.as_str(),
+        status: shown.as_str(),
         duration_ms: u64::try_from(result.duration_ms).unwrap_or(0),
         error_code: String::new(),
         executed: true,

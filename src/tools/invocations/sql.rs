@@ -2,7 +2,7 @@
 //! `FOR UPDATE SKIP LOCKED`, PostgreSQL's alone.
 
 use super::{Claimed, Failure, Invocation, InvocationRepository, Mode, Outcome, Status, Taken};
-use crate::store::{Backend, Store, StoreError};
+use crate::store::{Arg, Backend, Statement, Store, StoreError};
 use serde_json::Value;
 use sqlx::Row as _;
 
@@ -247,23 +247,15 @@ crate::impl_for_both_pools!(InvocationRepository {
 /// The index of `callback_sha256` after [`COLUMNS`].
 const DIGEST: usize = 21;
 
-/// The callback rows' operations (one SQL for both backends).
+/// The callback rows' reads (one SQL for both backends); their ends are
+/// [`complete`] and [`expire`], run by the ledger with their audit events.
 #[async_trait::async_trait]
 pub trait CallbackRepository: Send + Sync + std::fmt::Debug {
     /// Invocation `id` of any team, with the digest of the callback that ended it.
     async fn find(&self, id: &str) -> Result<Option<(Invocation, Option<String>)>, StoreError>;
 
-    /// Ends invocation `id` with `outcome` while it is AWAITING_CALLBACK; false otherwise.
-    async fn complete(
-        &self,
-        id: &str,
-        outcome: &Outcome,
-        digest: &str,
-        now_ms: i64,
-    ) -> Result<bool, StoreError>;
-
-    /// Ends TIMED_OUT the invocations AWAITING_CALLBACK past their wait, returning them.
-    async fn expire(&self, now_ms: i64) -> Result<Vec<Invocation>, StoreError>;
+    /// Up to `limit` invocations AWAITING_CALLBACK past their wait at `now_ms`.
+    async fn overdue(&self, now_ms: i64, limit: i64) -> Result<Vec<Invocation>, StoreError>;
 }
 
 /// The callback repository over `store`'s pool.
@@ -282,42 +274,14 @@ crate::impl_for_both_pools!(CallbackRepository {
         Ok(Some((decode(&row)?, row.try_get(DIGEST)?)))
     }
 
-    async fn complete(
-        &self,
-        id: &str,
-        outcome: &Outcome,
-        digest: &str,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let written = sqlx::query(
-            "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
-             error_message = $5, duration_ms = $6, callback_sha256 = $7, \
-             updated_at_ms = $8, lease_until_ms = NULL \
-             WHERE id = $1 AND status = 'AWAITING_CALLBACK'",
-        )
-        .bind(id)
-        .bind(outcome.status.as_str())
-        .bind(outcome.output.as_ref().map(Value::to_string))
-        .bind(outcome.error.as_ref().map(|e| e.code.clone()))
-        .bind(outcome.error.as_ref().map(|e| e.message.clone()))
-        .bind(outcome.duration_ms)
-        .bind(digest)
-        .bind(now_ms)
-        .execute(self)
-        .await?
-        .rows_affected();
-        Ok(written == 1)
-    }
-
-    async fn expire(&self, now_ms: i64) -> Result<Vec<Invocation>, StoreError> {
+    async fn overdue(&self, now_ms: i64, limit: i64) -> Result<Vec<Invocation>, StoreError> {
         let sql = format!(
-            "UPDATE tool_invocations SET status = 'TIMED_OUT', error_code = 'TIMED_OUT', \
-             error_message = 'the workflow did not call back within the tool''s callback_timeout', \
-             lease_until_ms = NULL, updated_at_ms = $1 \
-             WHERE status = 'AWAITING_CALLBACK' AND lease_until_ms < $1 RETURNING {COLUMNS}"
+            "SELECT {COLUMNS} FROM tool_invocations \
+             WHERE status = 'AWAITING_CALLBACK' AND lease_until_ms < $1 LIMIT $2"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(now_ms)
+            .bind(limit)
             .fetch_all(self)
             .await?;
         Ok(rows
@@ -326,3 +290,39 @@ crate::impl_for_both_pools!(CallbackRepository {
             .collect::<Result<Vec<_>, sqlx::Error>>()?)
     }
 });
+
+/// Ends invocation `id` with a callback's `outcome` and body `digest` at
+/// `now_ms`: while it awaits one within its wait, or still RUNNING (the
+/// workflow called back before its acceptance was recorded).
+pub fn complete(id: &str, outcome: &Outcome, digest: &str, now_ms: i64) -> Statement {
+    let text = |v: Option<String>| v.map_or(Arg::Null, Arg::Text);
+    Statement::new(
+        "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
+         error_message = $5, duration_ms = $6, callback_sha256 = $7, updated_at_ms = $8, \
+         cost_micros = COALESCE(cost_micros, estimated_cost_micros), lease_until_ms = NULL \
+         WHERE id = $1 AND (status = 'RUNNING' \
+         OR (status = 'AWAITING_CALLBACK' AND lease_until_ms >= $8))",
+        vec![
+            id.into(),
+            outcome.status.as_str().into(),
+            text(outcome.output.as_ref().map(Value::to_string)),
+            text(outcome.error.as_ref().map(|e| e.code.clone())),
+            text(outcome.error.as_ref().map(|e| e.message.clone())),
+            outcome.duration_ms.into(),
+            digest.into(),
+            now_ms.into(),
+        ],
+    )
+}
+
+/// Ends invocation `id` TIMED_OUT while it still awaits a callback past its wait.
+pub fn expire(id: &str, now_ms: i64) -> Statement {
+    Statement::new(
+        "UPDATE tool_invocations SET status = 'TIMED_OUT', error_code = 'TIMED_OUT', \
+         error_message = 'the workflow did not call back within the tool''s callback_timeout', \
+         cost_micros = COALESCE(cost_micros, estimated_cost_micros), \
+         lease_until_ms = NULL, updated_at_ms = $2 \
+         WHERE id = $1 AND status = 'AWAITING_CALLBACK' AND lease_until_ms < $2",
+        vec![id.into(), now_ms.into()],
+    )
+}

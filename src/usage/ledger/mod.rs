@@ -199,8 +199,10 @@ pub struct Write {
     pub statements: Vec<crate::store::Statement>,
     /// Whether the caller waits for the disk (else a later durable op covers it).
     pub durable: bool,
-    /// Audit events appended whatever the guard found: they stand or fall together.
+    /// Audit events, in the same transaction: they stand or fall together.
     pub audit: Vec<AuditEvent>,
+    /// Appends `audit` only when the guard changed a row (else whatever it found).
+    pub audit_only_if_stored: bool,
 }
 
 impl Op {

@@ -292,7 +292,12 @@ async fn append_audit<B: Backend>(
                 audited.extend(events.iter().cloned());
             }
             Op::Settle(s) => audited.extend(s.audit.iter().cloned()),
-            Op::Write(w) => audited.extend(w.audit.iter().cloned()),
+            Op::Write(w) => {
+                let stored = matches!(done[i], Done::Written { stored: true, .. });
+                if stored || !w.audit_only_if_stored {
+                    audited.extend(w.audit.iter().cloned());
+                }
+            }
             Op::Reserve(_) => {}
         }
     }

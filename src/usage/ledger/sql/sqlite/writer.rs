@@ -311,6 +311,7 @@ mod tests {
             statements: Vec::new(),
             durable: false,
             audit: Vec::new(),
+            audit_only_if_stored: false,
         });
         let (mut ops, mut replies, _) = one(write);
         linger(&mut rx, 8, &mut ops, &mut replies);
