@@ -363,3 +363,42 @@ async fn a_callback_before_the_acceptance_is_recorded_ends_the_invocation() {
         pb::InvocationStatus::Succeeded
     );
 }
+
+/// The same race on the worker: the callback ends the row, and the run
+/// that recorded the acceptance late leaves it so (and still audits the
+/// acceptance, which happened).
+#[tokio::test]
+async fn an_async_invocation_called_back_before_its_acceptance_stays_ended() {
+    let hook = Webhook::start().await;
+    hook.script([accepted().after(std::time::Duration::from_secs(2))]);
+    let (app, base) = spawn(&hook, "1h").await;
+    let mut req = invoke("crm.sync_lead", json!({"lead_id": "L-8"}));
+    req.mode = pb::InvocationMode::Async as i32;
+    let id = tools(&app)
+        .invoke_tool(with_key(CALLER, "cb-early-async", req))
+        .await
+        .expect("InvokeTool")
+        .into_inner()
+        .invocation
+        .expect("an invocation")
+        .invocation_id;
+    wait_for(|| async { hook.count() == 1 }).await;
+    let report = json!({"status": "succeeded", "output": {"synced": true}});
+    let (code, body) = signed(&base, &id, &report).await;
+    assert_eq!(
+        (code, &body["status"]),
+        (200, &json!("SUCCEEDED")),
+        "{body}"
+    );
+    wait_for(|| async {
+        events(&app, "t1").await.iter().any(|e| {
+            e.trace_id == "cb-early-async"
+                && e.action == "workflow.result"
+                && e.decision == "accepted"
+        })
+    })
+    .await;
+    let ended = fetch(&app, &id).await;
+    assert_eq!(ended.status(), pb::InvocationStatus::Succeeded, "{ended:?}");
+    assert_eq!(output(&ended), json!({"synced": true}));
+}

@@ -285,3 +285,58 @@ fn a_team_always_uses_one_writer_and_teams_spread_over_all() {
     }
     assert_eq!(used.len(), 4, "64 teams use every writer");
 }
+
+/// A guarded write's audit events stand or fall with its guard when asked
+/// to (a workflow callback's end), and are appended whatever it found
+/// otherwise (a conversation's release).
+#[tokio::test]
+async fn a_writes_audit_can_follow_its_guard() {
+    use crate::{
+        audit::{AuditEvent, Category, store},
+        store::Statement,
+        usage::ledger::Write,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (writer, _, db) = on_file(dir.path()).await;
+    let write = |only_if_stored: bool, action: &str| {
+        Op::Write(Write {
+            team_id: "t1".into(),
+            statements: vec![Statement::new(
+                "UPDATE tool_invocations SET status = 'FAILED' WHERE id = $1",
+                vec!["no-such-invocation".into()],
+            )],
+            durable: true,
+            audit: vec![AuditEvent::new(
+                "t1",
+                "p",
+                "trace",
+                Category::Workflow,
+                action,
+                "crm.sync_lead@1.0.0",
+            )],
+            audit_only_if_stored: only_if_stored,
+        })
+    };
+    for (only, action) in [(true, "guarded"), (false, "regardless")] {
+        let done = writer.submit(write(only, action)).await.unwrap();
+        assert!(
+            matches!(done, Done::Written { stored: false, .. }),
+            "{done:?}"
+        );
+    }
+    let filter = store::Filter {
+        team_id: "t1".into(),
+        since_ms: None,
+        until_ms: None,
+        trace_id: None,
+        after_seq: 0,
+        limit: 10,
+    };
+    let actions: Vec<String> = store::list(&db, &filter)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.event.action)
+        .collect();
+    assert_eq!(actions, ["regardless"]);
+}
