@@ -191,3 +191,78 @@ async fn the_worker_passes_over_busy_tools_in_one_statement() {
     })
     .await;
 }
+
+/// A guarded write's audit events stand or fall with its guard when asked
+/// to (a workflow callback's end, so an end is never audited that did not
+/// happen), and are appended whatever it found otherwise (a conversation's
+/// release), on both databases.
+#[tokio::test]
+async fn a_ledger_writes_audit_can_follow_its_guard() {
+    use ai_orchestrator::{
+        audit::{AuditEvent, Category, store as audit},
+        config::DatabaseConfig,
+        usage::ledger::{Done, LedgerWriter, Op, Write},
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = crate::common::TestPostgres::create().await;
+    for url in [
+        format!("sqlite://{}", dir.path().join("guard.db").display()),
+        db.url.clone(),
+    ] {
+        let config = DatabaseConfig {
+            url,
+            ..DatabaseConfig::default()
+        };
+        let store = Store::connect(&config).await.unwrap();
+        store.migrate().await.unwrap();
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let (writer, _) = LedgerWriter::spawn(
+            store.clone(),
+            &config,
+            64,
+            1,
+            Duration::from_secs(3600),
+            stopping,
+        )
+        .unwrap();
+        for (only_if_stored, action) in [(true, "guarded"), (false, "regardless")] {
+            let op = Op::Write(Write {
+                team_id: "team-guard".into(),
+                // A callback's end of an invocation that does not exist.
+                statements: vec![invocations::callbacks::expire("no-such-invocation", 0)],
+                durable: true,
+                audit: vec![AuditEvent::new(
+                    "team-guard",
+                    "p",
+                    "trace",
+                    Category::Workflow,
+                    action,
+                    "crm.sync_lead@1.0.0",
+                )],
+                audit_only_if_stored: only_if_stored,
+            });
+            let done = writer.submit(op).await.unwrap();
+            assert!(
+                matches!(done, Done::Written { stored: false, .. }),
+                "{done:?}"
+            );
+        }
+        let filter = audit::Filter {
+            team_id: "team-guard".into(),
+            since_ms: None,
+            until_ms: None,
+            trace_id: None,
+            after_seq: 0,
+            limit: 10,
+        };
+        let actions: Vec<String> = audit::list(&store, &filter)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|l| l.event.action)
+            .collect();
+        assert_eq!(actions, ["regardless"], "{}", config.url);
+        stop.send(true).unwrap();
+    }
+    db.drop_now().await;
+}
