@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/ai/orchestrator/v1/audit.proto",
         "proto/ai/orchestrator/v1/agent.proto",
         "proto/ai/orchestrator/v1/approvals.proto",
+        "proto/ai/orchestrator/v1/tool_admin.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

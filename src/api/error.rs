@@ -136,6 +136,8 @@ pub(crate) enum Failure {
     Approval(crate::call::approvals::ApprovalError),
     /// A workflow's callback was refused (HTTP edge).
     Callback(crate::call::tool::callback::CallbackError),
+    /// The runtime tool registry refused a change or a listing (SPEC §16).
+    ToolAdmin(crate::call::tool::admin::ToolAdminError),
 }
 
 impl Failure {
@@ -191,11 +193,19 @@ impl Failure {
                     format!("the key's role lacks the capability {capability}"),
                 )
             }
-            Denial::Disabled => (
+            Denial::Disabled(why) if why.is_empty() => (
                 Code::PermissionDenied,
                 reason,
                 "the tool is disabled".into(),
             ),
+            Denial::Disabled(why) => {
+                info.insert("disabled_reason".into(), why.clone());
+                (
+                    Code::PermissionDenied,
+                    reason,
+                    format!("the tool is disabled: {why}"),
+                )
+            }
             Denial::SideEffectsForbidden => (
                 Code::PermissionDenied,
                 reason,
@@ -338,6 +348,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
         } => tool_budget_exceeded(estimate_micros, budget_usd, &mut details, &mut info),
         Failure::Approval(err) => approval_refusal(err, &mut info),
         Failure::Callback(err) => callback_refusal(err, &mut details),
+        Failure::ToolAdmin(err) => tool_admin_refusal(err, &mut details),
     };
     assemble(code, reason, &message, details, info, trace_id)
 }
@@ -550,4 +561,41 @@ fn callback_refusal(
         }
     };
     (code, err.reason(), err.to_string())
+}
+
+fn tool_admin_refusal(
+    err: crate::call::tool::admin::ToolAdminError,
+    details: &mut ErrorDetails,
+) -> Parts {
+    use crate::call::tool::admin::ToolAdminError as E;
+    let code = match &err {
+        E::NotAllowed(_) => Code::PermissionDenied,
+        E::ReadOnly(_) => Code::FailedPrecondition,
+        E::Invalid(fields) => {
+            for (field, why) in fields {
+                details.add_bad_request_violation(field.clone(), why.clone());
+            }
+            Code::InvalidArgument
+        }
+        E::NotFound(_) => Code::NotFound,
+        E::VersionExists(_) => Code::AlreadyExists,
+        E::Storage(detail) => {
+            tracing::error!(error = %detail, "storage failure changing the tool registry");
+            details.set_retry_info(Some(Duration::from_secs(1)));
+            return (
+                Code::Unavailable,
+                reason::STORAGE_UNAVAILABLE,
+                "storage is unavailable".to_owned(),
+            );
+        }
+    };
+    let message = match &err {
+        E::Invalid(fields) => fields
+            .iter()
+            .map(|(f, why)| format!("{f}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; "),
+        other => other.to_string(),
+    };
+    (code, err.reason(), message)
 }

@@ -15,6 +15,7 @@ mod open;
 mod orchestrator;
 pub mod pb;
 pub(crate) mod request;
+pub mod tool_admin;
 pub mod tools;
 mod usage;
 

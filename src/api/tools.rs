@@ -210,6 +210,8 @@ impl ToolService for ToolServiceApi {
                 kind: kind(&t.kind) as i32,
                 side_effects: t.side_effects,
                 input_schema: t.input_schema.to_string(),
+                deprecated: t.deprecated,
+                replacement: t.replacement.clone(),
             })
             .collect();
         Ok(reply(

@@ -100,6 +100,16 @@ async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &
             }
         };
         let drained = work.len() < room;
+        let unknown = |t: &Taken| {
+            let id = format!("{}@{}", t.invocation.tool, t.invocation.version);
+            toolbox.registry.lookup(&id).is_err()
+        };
+        // Registered on another replica since this one's last refresh.
+        if work.iter().any(unknown)
+            && let Err(e) = pipeline.refresh_tools().await
+        {
+            tracing::error!(error = %e, "reloading the registered tools failed");
+        }
         for Taken {
             invocation: inv,
             lease_until_ms: lease,

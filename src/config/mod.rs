@@ -22,7 +22,8 @@ pub use provider::{
     ProbeConfig, ProviderConfig, ProviderKind,
 };
 pub use tools::{
-    McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind, ToolWorkerConfig,
+    McpEndpointConfig, McpServerConfig, RoleConfig, ToolConfig, ToolKind, ToolRegistryConfig,
+    ToolWorkerConfig,
 };
 
 pub use self::http::HttpConfig;
@@ -31,7 +32,7 @@ pub use audit::AuditConfig;
 pub use auth::{ApiKeyConfig, AuthConfig};
 pub use database::{DatabaseConfig, SqliteDurability};
 pub use secret::Secret;
-pub use validate::MAX_OUTPUT_TOKENS;
+pub use validate::{MAX_OUTPUT_TOKENS, tools::runtime_tool};
 
 use serde::Deserialize;
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
@@ -141,6 +142,9 @@ pub struct Config {
     pub tool_worker: ToolWorkerConfig,
     #[serde(default)]
     pub tool_limits: tools::ToolLimitsConfig,
+    /// The tools registered at run time (SPEC §16).
+    #[serde(default)]
+    pub tool_registry: ToolRegistryConfig,
     /// What the audit log records besides decisions (every model call, by default).
     #[serde(default)]
     pub audit: AuditConfig,

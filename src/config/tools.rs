@@ -388,6 +388,28 @@ fn default_lease_slack() -> Duration {
     Duration::from_secs(60)
 }
 
+/// `[tool_registry]`: the tools registered at run time (SPEC §16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolRegistryConfig {
+    /// How often each replica reloads the registered tools: another
+    /// replica's change is seen within it (this replica's at once).
+    #[serde(with = "humantime_serde", default = "default_registry_refresh")]
+    pub refresh_interval: Duration,
+}
+
+impl Default for ToolRegistryConfig {
+    fn default() -> Self {
+        Self {
+            refresh_interval: default_registry_refresh(),
+        }
+    }
+}
+
+fn default_registry_refresh() -> Duration {
+    Duration::from_secs(5)
+}
+
 /// `[auth.roles.<role>]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -405,6 +427,6 @@ pub fn default_roles() -> BTreeMap<String, RoleConfig> {
     BTreeMap::from([
         ("viewer".to_owned(), role(&["tool:system.*", "tool:sms.*"])),
         ("caller".to_owned(), role(&["tool:*"])),
-        ("admin".to_owned(), role(&["tool:*"])),
+        ("admin".to_owned(), role(&["tool:*", "workflow:manage"])),
     ])
 }

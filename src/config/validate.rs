@@ -393,6 +393,13 @@ fn auth(config: &Config, bad: &mut dyn FnMut(String, &str)) {
             bad(at("teams"), "needs at least one team ID, or \"*\" for all");
         }
     }
+    let refresh = config.tool_registry.refresh_interval;
+    if refresh.is_zero() || refresh > Duration::from_secs(3600) {
+        bad(
+            "tool_registry.refresh_interval".into(),
+            "must be more than 0 and at most 1h",
+        );
+    }
     if config.auth.refresh_interval == Duration::ZERO {
         bad("auth.refresh_interval".into(), "must be greater than zero");
     }

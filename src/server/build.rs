@@ -96,6 +96,15 @@ impl App {
         let agents = AgentApi::new(config.clone(), pipeline.clone(), auth.clone());
         let approvals =
             crate::api::approvals::ApprovalApi::new(config.clone(), pipeline.clone(), auth.clone());
+        let tool_admin = crate::api::tool_admin::ToolAdminApi::new(
+            config.clone(),
+            pipeline.clone(),
+            auth.clone(),
+        );
+        // Registered tools are callable from the first request, not the first refresh.
+        if let Err(e) = pipeline.refresh_tools().await {
+            tracing::error!(error = %e, "loading the registered tools failed; the next refresh tries again");
+        }
         let mcp_addr = config.mcp_endpoint.as_ref().map(|e| e.listen);
         let mcp_listener = bind(mcp_addr, "the MCP endpoint").await?;
         let http_listener = bind(config.http.as_ref().map(|h| h.listen), "the HTTP edge").await?;
@@ -125,6 +134,7 @@ impl App {
                 agents,
                 audit,
                 approvals,
+                tool_admin,
             },
             pipeline: background_pipeline,
             mcp_listener,

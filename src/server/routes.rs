@@ -17,7 +17,8 @@ use crate::{
 use pb::{
     agent_service_server::AgentServiceServer, approval_service_server::ApprovalServiceServer,
     audit_service_server::AuditServiceServer, orchestrator_server::OrchestratorServer,
-    prompt_admin_server::PromptAdminServer, tool_service_server::ToolServiceServer,
+    prompt_admin_server::PromptAdminServer, tool_admin_server::ToolAdminServer,
+    tool_service_server::ToolServiceServer,
 };
 use std::sync::Arc;
 use tonic::{
@@ -34,6 +35,7 @@ pub(super) struct Authenticated {
     pub agents: AgentApi,
     pub audit: AuditApi,
     pub approvals: ApprovalApi,
+    pub tool_admin: crate::api::tool_admin::ToolAdminApi,
 }
 
 /// `Orchestrator` methods with their own limit, never above `max_message_bytes`.
@@ -83,6 +85,10 @@ pub(super) fn add_authenticated(
         ))
         .add_service(guarded(
             ApprovalServiceServer::new(services.approvals).max_decoding_message_size(limit),
+            auth,
+        ))
+        .add_service(guarded(
+            ToolAdminServer::new(services.tool_admin).max_decoding_message_size(limit),
             auth,
         ));
     for (method, limit) in method_limits(server) {

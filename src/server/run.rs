@@ -109,6 +109,7 @@ struct Background {
     conversation_sweeper: Option<JoinHandle<()>>,
     worker: JoinHandle<()>,
     approval_sweeper: JoinHandle<()>,
+    tool_refresher: JoinHandle<()>,
     mcp_clients: Vec<JoinHandle<()>>,
     probes: Vec<JoinHandle<()>>,
     cluster_watch: Option<JoinHandle<()>>,
@@ -152,6 +153,10 @@ impl Background {
             pipeline.clone(),
             stopped.clone(),
         ));
+        let tool_refresher = tokio::spawn(crate::call::tool::admin::run_refresher(
+            pipeline.clone(),
+            stopped.clone(),
+        ));
         let env: crate::tools::mcp::Env = Arc::new(|name| std::env::var(name).ok());
         let mcp_clients = config
             .mcp_servers
@@ -178,6 +183,7 @@ impl Background {
             conversation_sweeper,
             worker,
             approval_sweeper,
+            tool_refresher,
             mcp_clients,
             probes,
             cluster_watch,
@@ -200,6 +206,7 @@ impl Background {
             self.sweeper,
             self.conversation_sweeper,
             Some(self.approval_sweeper),
+            Some(self.tool_refresher),
             self.key_refresher,
             metrics_task,
         ]

@@ -30,6 +30,8 @@ pub struct Toolbox {
     pub webhooks: http::Webhooks,
     /// Bad workflow callbacks audited lately.
     pub callback_denials: Arc<invocations::callbacks::Denials>,
+    /// Loads the runtime registry's rows into `registry`.
+    pub loader: Arc<registry::stored::Loader>,
 }
 
 impl Toolbox {
@@ -57,6 +59,7 @@ impl Toolbox {
                 public_url: config.http.as_ref().and_then(|h| h.public_url.clone()),
             },
             callback_denials: Arc::default(),
+            loader: Arc::default(),
         })
     }
 
@@ -111,7 +114,8 @@ impl Kind {
 pub enum Denial {
     /// No such tool or version.
     NotFound(String),
-    Disabled,
+    /// Disabled, with the reason given at run time (empty for the config file's `enabled = false`).
+    Disabled(String),
     /// The caller's role lacks the tool's capability.
     CapabilityMissing(String),
     /// A `viewer` may not run a tool with side effects.
@@ -137,7 +141,7 @@ impl Denial {
     pub fn reason(&self) -> &'static str {
         match self {
             Denial::NotFound(_) => "TOOL_NOT_FOUND",
-            Denial::Disabled => "TOOL_DISABLED",
+            Denial::Disabled(_) => "TOOL_DISABLED",
             Denial::CapabilityMissing(_) => "CAPABILITY_MISSING",
             Denial::SideEffectsForbidden => "SIDE_EFFECTS_FORBIDDEN",
             Denial::TenantRequired => "TENANT_REQUIRED",

@@ -27,7 +27,7 @@ pub fn grants(pattern: &str, capability: &str) -> bool {
 /// disabled, capability, side effects for a viewer, tenant.
 pub fn gate(caller: &Caller<'_>, tool: &Tool) -> Result<(), Denial> {
     if !tool.enabled {
-        return Err(Denial::Disabled);
+        return Err(Denial::Disabled(tool.disabled_reason.clone()));
     }
     if !caller
         .capabilities
@@ -146,7 +146,7 @@ enabled = {enabled}
                 &caller(Role::Caller, &all, "t1", true),
                 &tool(true, true, false)
             ),
-            Err(Denial::Disabled)
+            Err(Denial::Disabled(String::new()))
         );
         assert_eq!(
             gate(&caller(Role::Caller, &none, "t1", true), &ok),
@@ -182,7 +182,7 @@ enabled = {enabled}
         );
         for (denial, reason) in [
             (Denial::NotFound(String::new()), "TOOL_NOT_FOUND"),
-            (Denial::Disabled, "TOOL_DISABLED"),
+            (Denial::Disabled(String::new()), "TOOL_DISABLED"),
             (
                 Denial::CapabilityMissing(String::new()),
                 "CAPABILITY_MISSING",

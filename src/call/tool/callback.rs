@@ -16,7 +16,7 @@ use crate::{
         Failure, Status, Tool,
         invocations::{Invocation, Outcome, callbacks},
     },
-    usage::ledger::{Done, Op, Write},
+    usage::ledger::Op,
 };
 use hmac::{Hmac, KeyInit, Mac};
 use serde::Deserialize;
@@ -216,20 +216,9 @@ impl Pipeline {
         statement: Statement,
         event: AuditEvent,
     ) -> Result<bool, CallbackError> {
-        let op = Op::Write(Write {
-            team_id: team.to_owned(),
-            statements: vec![statement],
-            durable: true,
-            audit: vec![event],
-            audit_only_if_stored: true,
-        });
-        match self.ledger().submit(op).await {
-            Ok(Done::Written { stored, .. }) => Ok(stored),
-            Ok(other) => Err(CallbackError::Storage(format!(
-                "the ledger answered a callback's write with {other:?}"
-            ))),
-            Err(e) => Err(CallbackError::Storage(e.to_string())),
-        }
+        self.guarded_write(team, statement, event)
+            .await
+            .map_err(CallbackError::Storage)
     }
 
     /// `workflow.callback` denied: someone without the secret tried to end

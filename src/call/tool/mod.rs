@@ -7,6 +7,7 @@
 //! `tool.call` in the same group commit as its result. A workflow claims
 //! its idempotency key first; a later holder gets the first invocation.
 
+pub mod admin;
 mod admit;
 mod approval;
 mod audit;
@@ -555,5 +556,33 @@ impl Call {
             _ => uuid::Uuid::now_v7().simple().to_string(),
         };
         (key, window_start)
+    }
+}
+
+impl super::Pipeline {
+    /// Runs `statement` (its guard) with `event` in one ledger transaction of
+    /// `team`'s, the event appended only if the statement changed a row:
+    /// true then. `Err` says why the ledger could not.
+    pub(crate) async fn guarded_write(
+        &self,
+        team: &str,
+        statement: crate::store::Statement,
+        event: AuditEvent,
+    ) -> Result<bool, String> {
+        use crate::usage::ledger::{Done, Op, Write};
+        let op = Op::Write(Write {
+            team_id: team.to_owned(),
+            statements: vec![statement],
+            durable: true,
+            audit: vec![event],
+            audit_only_if_stored: true,
+        });
+        match self.ledger().submit(op).await {
+            Ok(Done::Written { stored, .. }) => Ok(stored),
+            Ok(other) => Err(format!(
+                "the ledger answered a guarded write with {other:?}"
+            )),
+            Err(e) => Err(e.to_string()),
+        }
     }
 }

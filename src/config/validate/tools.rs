@@ -220,6 +220,32 @@ pub(super) fn check(config: &Config, bad: &mut dyn FnMut(String, &str)) {
     }
 }
 
+/// The problems of a tool registered at run time (SPEC §16) under `config`,
+/// as `(config.<key>, why)`: the checks of a config file's tool, and a
+/// name no built-in, config tool or MCP server holds.
+pub fn runtime_tool(key: &str, t: &ToolConfig, config: &Config) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    let prefix = format!("tools.\"{key}\"");
+    tool(key, t, config, &mut |path, why| {
+        let field = match path.strip_prefix(&prefix) {
+            Some("") => "name".to_owned(),
+            Some(rest) => format!("config{rest}"),
+            None => path,
+        };
+        problems.push((field, why.to_owned()));
+    });
+    let (name, _) = name_and_version(key, None);
+    if let Some((server, _)) = name.split_once('.')
+        && config.mcp_servers.contains_key(server)
+    {
+        problems.push((
+            "name".into(),
+            format!("`{server}.` names the tools of the MCP server `{server}`"),
+        ));
+    }
+    problems
+}
+
 fn tool(key: &str, t: &ToolConfig, config: &Config, bad: &mut dyn FnMut(String, &str)) {
     let at = |k: &str| format!("tools.\"{key}\".{k}");
     let (name, version) = name_and_version(key, t.version.as_deref());

@@ -1,5 +1,9 @@
 //! The registry (SPEC §9.1): every tool by `name@version`, from the config,
-//! the built-ins and the MCP servers, with its schemas compiled once.
+//! the built-ins, the MCP servers and the runtime registry (SPEC §16,
+//! `stored`), with its schemas compiled once.
+
+mod sql;
+pub mod stored;
 
 use super::{Denial, Kind, mcp::McpTool};
 use crate::config::{
@@ -22,6 +26,14 @@ pub struct Tool {
     pub description: String,
     pub kind: Kind,
     pub enabled: bool,
+    /// Why it was disabled at run time (TOOL_DISABLED carries it); empty otherwise.
+    pub disabled_reason: String,
+    /// Still callable, but listed as deprecated: `name` alone prefers another version.
+    pub deprecated: bool,
+    /// What to use instead of a deprecated version (`name@version`), if said.
+    pub replacement: String,
+    /// Where it was declared.
+    pub source: Source,
     /// Writes or sends something.
     pub side_effects: bool,
     /// Its own setting asks a person before each call (`approval = "always"`).
@@ -39,6 +51,30 @@ pub struct Tool {
     pub output: Option<Arc<jsonschema::Validator>>,
     pub cost: CostConfig,
     pub quota: QuotaConfig,
+}
+
+/// Where a tool was declared: only the runtime registry's may change at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Builtin,
+    /// `[tools]` of the config file.
+    Config,
+    /// Listed by an MCP server of `[mcp_servers]`.
+    Mcp,
+    /// Registered over `ToolAdmin`, stored in the database.
+    Registry,
+}
+
+impl Source {
+    /// Its spelling in listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Builtin => "builtin",
+            Source::Config => "config",
+            Source::Mcp => "mcp",
+            Source::Registry => "registry",
+        }
+    }
 }
 
 impl Tool {
@@ -140,11 +176,13 @@ impl Tools {
     }
 }
 
-/// The registry: the config's tools and the built-ins, fixed at start, and
-/// each MCP server's tools, replaced whenever it is listed again.
+/// The registry: the config's tools and the built-ins, fixed at start; the
+/// runtime registry's, replaced at each refresh; and each MCP server's,
+/// replaced whenever it is listed again.
 #[derive(Debug)]
 pub struct Registry {
     fixed: Tools,
+    stored: RwLock<Arc<Tools>>,
     mcp: RwLock<BTreeMap<String, Vec<Arc<Tool>>>>,
 }
 
@@ -167,6 +205,10 @@ impl Registry {
                 description: description.to_owned(),
                 kind: Kind::Builtin,
                 enabled: true,
+                disabled_reason: String::new(),
+                deprecated: false,
+                replacement: String::new(),
+                source: Source::Builtin,
                 side_effects: false,
                 approval: false,
                 capability: format!("tool:{name}"),
@@ -201,8 +243,40 @@ impl Registry {
         }
         Ok(Self {
             fixed,
+            stored: RwLock::default(),
             mcp: RwLock::default(),
         })
+    }
+
+    /// Whether `name` is a built-in's or the config file's: read-only at run time.
+    pub fn is_fixed(&self, name: &str) -> bool {
+        self.fixed.0.contains_key(name)
+    }
+
+    /// Replaces the runtime registry's tools (after a refresh).
+    pub fn set_stored(&self, tools: Vec<Arc<Tool>>) {
+        let mut fresh = Tools::default();
+        for tool in tools {
+            if self.is_fixed(&tool.name) {
+                // The config file took the name after it was registered: it wins.
+                tracing::warn!(tool = %tool.id(), "a registered tool is shadowed by the config file's tool of the same name");
+                continue;
+            }
+            let versions = fresh.0.entry(tool.name.clone()).or_default();
+            versions.push(tool);
+            versions.sort_by(|a, b| b.version.cmp(&a.version));
+        }
+        *self.stored.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
+    }
+
+    /// The runtime registry's tools as last refreshed.
+    pub fn stored(&self) -> Vec<Arc<Tool>> {
+        let stored = self
+            .stored
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        stored.0.values().flatten().cloned().collect()
     }
 
     /// Replaces the tools of MCP server `server` (after a listing).
@@ -212,7 +286,8 @@ impl Registry {
     }
 
     /// The tool `wanted` names: `name@version`, or `name` for its highest
-    /// enabled version (else its highest, which is disabled).
+    /// enabled version that is not deprecated, else its highest enabled one,
+    /// else its highest (which is disabled).
     pub fn lookup(&self, wanted: &str) -> Result<Arc<Tool>, Denial> {
         let (name, version) = match wanted.split_once('@') {
             Some((name, v)) => {
@@ -225,8 +300,9 @@ impl Registry {
         let found = match version {
             Some(v) => candidates.into_iter().find(|t| t.version == v),
             None => {
-                let enabled = candidates.iter().find(|t| t.enabled).cloned();
-                enabled.or_else(|| candidates.into_iter().next())
+                let current = candidates.iter().find(|t| t.enabled && !t.deprecated);
+                let enabled = current.or_else(|| candidates.iter().find(|t| t.enabled));
+                enabled.cloned().or_else(|| candidates.into_iter().next())
             }
         };
         found.ok_or_else(|| Denial::NotFound(wanted.to_owned()))
@@ -235,6 +311,14 @@ impl Registry {
     /// Every version of `name`, newest first.
     fn versions(&self, name: &str) -> Vec<Arc<Tool>> {
         if let Some(v) = self.fixed.0.get(name) {
+            return v.clone();
+        }
+        let stored = self
+            .stored
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(v) = stored.0.get(name) {
             return v.clone();
         }
         let by_server = self.mcp.read().unwrap_or_else(|e| e.into_inner());
@@ -251,6 +335,7 @@ impl Registry {
     /// Every tool, by name then newest version.
     pub fn all(&self) -> Vec<Arc<Tool>> {
         let mut out: Vec<Arc<Tool>> = self.fixed.0.values().flatten().cloned().collect();
+        out.extend(self.stored());
         let by_server = self.mcp.read().unwrap_or_else(|e| e.into_inner());
         out.extend(by_server.values().flatten().cloned());
         out.sort_by(|a, b| a.name.cmp(&b.name).then(b.version.cmp(&a.version)));
@@ -258,8 +343,9 @@ impl Registry {
     }
 }
 
-/// A `kind = "http"` or `kind = "task"` tool of the config.
-fn configured_tool(key: &str, t: &ToolConfig) -> Result<Tool, String> {
+/// A `kind = "http"` or `kind = "task"` tool of the config (or of the
+/// runtime registry, whose rows hold the same shape).
+pub(crate) fn configured_tool(key: &str, t: &ToolConfig) -> Result<Tool, String> {
     let (name, version) = crate::config::tools::name_and_version(key, t.version.as_deref());
     let version = version
         .as_deref()
@@ -291,6 +377,10 @@ fn configured_tool(key: &str, t: &ToolConfig) -> Result<Tool, String> {
         description: t.description.clone(),
         kind,
         enabled: t.enabled,
+        disabled_reason: String::new(),
+        deprecated: false,
+        replacement: String::new(),
+        source: Source::Config,
         side_effects: t.side_effects,
         approval: t.approval == ApprovalSetting::Always,
         tenant_scoped: t.tenant_scoped.unwrap_or(true),
@@ -334,6 +424,10 @@ pub fn mcp_tool(
             tool: remote.name.clone(),
         },
         enabled: true,
+        disabled_reason: String::new(),
+        deprecated: false,
+        replacement: String::new(),
+        source: Source::Mcp,
         side_effects: settings.side_effects,
         approval: settings.approval == ApprovalSetting::Always,
         tenant_scoped: settings.tenant_scoped,
