@@ -348,7 +348,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
         } => tool_budget_exceeded(estimate_micros, budget_usd, &mut details, &mut info),
         Failure::Approval(err) => approval_refusal(err, &mut info),
         Failure::Callback(err) => callback_refusal(err, &mut details),
-        Failure::ToolAdmin(err) => tool_admin_refusal(err, &mut details),
+        Failure::ToolAdmin(err) => tool_admin_refusal(err, &mut details, &mut info),
     };
     assemble(code, reason, &message, details, info, trace_id)
 }
@@ -566,10 +566,15 @@ fn callback_refusal(
 fn tool_admin_refusal(
     err: crate::call::tool::admin::ToolAdminError,
     details: &mut ErrorDetails,
+    info: &mut HashMap<String, String>,
 ) -> Parts {
     use crate::call::tool::admin::ToolAdminError as E;
     let code = match &err {
-        E::NotAllowed(_) => Code::PermissionDenied,
+        E::CapabilityMissing => {
+            info.insert("capability".into(), crate::call::tool::admin::MANAGE.into());
+            Code::PermissionDenied
+        }
+        E::AllTeamsRequired => Code::PermissionDenied,
         E::ReadOnly(_) => Code::FailedPrecondition,
         E::Invalid(fields) => {
             for (field, why) in fields {

@@ -119,6 +119,16 @@ async fn start_work(pipeline: &Pipeline, settings: &ToolWorkerConfig, running: &
                 .registry
                 .lookup(&format!("{}@{}", inv.tool, inv.version))
             {
+                // Registered, but not loadable here (a secret variable or a
+                // task this replica lacks): left leased, for a replica that
+                // can, or for this one once its lease runs out.
+                Err(_)
+                    if toolbox
+                        .loader
+                        .is_unloadable(&format!("{}@{}", inv.tool, inv.version)) =>
+                {
+                    tracing::warn!(invocation = %inv.id, tool = %inv.tool, "an ASYNC invocation of a registered tool this replica cannot load is left for another");
+                }
                 // Recorded as such: nothing to wait for.
                 Err(_) => {
                     running.spawn(execute(pipeline.clone(), inv, lease, None));

@@ -32,6 +32,8 @@ pub struct Toolbox {
     pub callback_denials: Arc<invocations::callbacks::Denials>,
     /// Loads the runtime registry's rows into `registry`.
     pub loader: Arc<registry::stored::Loader>,
+    /// Held across a reload's read and load, so an older read never lands last.
+    pub reload: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Toolbox {
@@ -60,6 +62,7 @@ impl Toolbox {
             },
             callback_denials: Arc::default(),
             loader: Arc::default(),
+            reload: Arc::default(),
         })
     }
 

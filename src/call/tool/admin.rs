@@ -30,9 +30,12 @@ pub const MANAGE: &str = "workflow:manage";
 /// Why a registry change or listing was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolAdminError {
-    /// The caller lacks `workflow:manage`, or acts for only some teams.
-    #[error("{0}")]
-    NotAllowed(String),
+    /// The caller's role lacks `workflow:manage`.
+    #[error("the key's role lacks the capability {MANAGE}")]
+    CapabilityMissing,
+    /// The caller acts for only some teams.
+    #[error("a registered tool serves every team: the key must act for all teams (\"*\")")]
+    AllTeamsRequired,
     /// A built-in's or the config file's tool.
     #[error("`{0}` is declared in the config file (or built in): it cannot be changed at run time")]
     ReadOnly(String),
@@ -54,7 +57,8 @@ impl ToolAdminError {
     /// The stable reason (`ErrorInfo.reason`).
     pub fn reason(&self) -> &'static str {
         match self {
-            ToolAdminError::NotAllowed(_) => "CAPABILITY_MISSING",
+            ToolAdminError::CapabilityMissing => "CAPABILITY_MISSING",
+            ToolAdminError::AllTeamsRequired => "ADMIN_REQUIRED",
             ToolAdminError::ReadOnly(_) => "TOOL_READ_ONLY",
             ToolAdminError::Invalid(_) => "INVALID_INPUT",
             ToolAdminError::NotFound(_) => "TOOL_NOT_FOUND",
@@ -158,15 +162,10 @@ impl Pipeline {
     fn check_manage(&self, principal: &Principal) -> Result<(), ToolAdminError> {
         let capabilities = self.config().auth.capabilities(principal.role.as_str());
         if !capabilities.iter().any(|p| grants(p, MANAGE)) {
-            return Err(ToolAdminError::NotAllowed(format!(
-                "the key's role lacks the capability {MANAGE}"
-            )));
+            return Err(ToolAdminError::CapabilityMissing);
         }
         if principal.teams != TeamScope::All {
-            return Err(ToolAdminError::NotAllowed(
-                "a registered tool serves every team: the key must act for all teams (\"*\")"
-                    .into(),
-            ));
+            return Err(ToolAdminError::AllTeamsRequired);
         }
         Ok(())
     }
@@ -182,10 +181,20 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Reloads after this replica's own change: the change is stored and
+    /// audited already, so a failed reload is logged (the refresher retries),
+    /// never answered as a failure that a retry would repeat.
+    async fn reload_after_change(&self) {
+        if let Err(e) = self.refresh_tools().await {
+            tracing::error!(error = %e, "reloading the registered tools after a change failed");
+        }
+    }
+
     /// Reloads the registered tools from the store into this replica's registry.
     pub async fn refresh_tools(&self) -> Result<(), crate::store::StoreError> {
-        let rows = stored::all(self.store()).await?;
         let toolbox = self.toolbox();
+        let _one_at_a_time = toolbox.reload.lock().await;
+        let rows = stored::all(self.store()).await?;
         toolbox
             .loader
             .load(&toolbox.registry, rows, self.config(), &env);
@@ -202,6 +211,9 @@ impl Pipeline {
         reg: Registration,
     ) -> Result<ToolVersion, ToolAdminError> {
         self.check_manage(principal)?;
+        if reg.name.contains('@') {
+            return Err(invalid("name", "has no `@`: the version goes in `version`"));
+        }
         self.check_writable(&reg.name)?;
         let version = parse_version("version", &reg.version)?.to_string();
         let mut t = stored::tool_config(&reg.config, &env)
@@ -213,6 +225,7 @@ impl Pipeline {
             ));
         }
         t.version = Some(version.clone());
+        t.timeout = t.timeout.min(self.config().tool_limits.max_timeout);
         let key = format!("{}@{version}", reg.name);
         let problems = crate::config::runtime_tool(&key, &t, self.config());
         if !problems.is_empty() {
@@ -250,7 +263,7 @@ impl Pipeline {
         if !stored_now && found.config_sha256 != row.config_sha256 {
             return Err(ToolAdminError::VersionExists(key));
         }
-        self.refresh_tools().await.map_err(storage)?;
+        self.reload_after_change().await;
         let loaded = self.toolbox().registry.lookup(&key).is_ok();
         Ok(ToolVersion::of_row(found, loaded))
     }
@@ -265,6 +278,7 @@ impl Pipeline {
         version: &str,
         reason: &str,
     ) -> Result<Vec<ToolVersion>, ToolAdminError> {
+        self.check_manage(principal)?;
         let reason = reason.trim();
         if reason.is_empty() {
             return Err(invalid("reason", "is required"));
@@ -312,11 +326,19 @@ impl Pipeline {
         };
         let event = self.registry_event(principal, trace_id, action, &subject, why);
         let statement = stored::set_enabled(name, &version, reason, &principal.name, now_ms());
-        if !self.write_registry(statement, event).await? {
+        // No row changed: none is so named, or each is already so (no event then).
+        if self.write_registry(statement, event).await? {
+            self.reload_after_change().await;
+        }
+        let found = self.tool_versions(principal, name).await?;
+        let registered = |v: &ToolVersion| v.source == Source::Registry;
+        if !found
+            .iter()
+            .any(|v| registered(v) && (version.is_empty() || v.version == version))
+        {
             return Err(ToolAdminError::NotFound(subject));
         }
-        self.refresh_tools().await.map_err(storage)?;
-        self.tool_versions(principal, name).await
+        Ok(found)
     }
 
     /// Marks `name@version` deprecated: still callable, listed with
@@ -333,16 +355,8 @@ impl Pipeline {
         self.check_writable(name)?;
         let version = parse_version("version", version)?.to_string();
         let subject = format!("{name}@{version}");
-        if !replacement.is_empty() {
-            let ok =
-                replacement.contains('@') && self.toolbox().registry.lookup(replacement).is_ok();
-            if !ok || replacement == subject {
-                return Err(invalid(
-                    "replacement",
-                    "must name another existing tool version as name@version",
-                ));
-            }
-        }
+        let replacement = self.replacement(replacement, &subject).await?;
+        let replacement = replacement.as_str();
         let event = self.registry_event(
             principal,
             trace_id,
@@ -351,16 +365,51 @@ impl Pipeline {
             replacement,
         );
         let statement = stored::deprecate(name, &version, replacement, &principal.name, now_ms());
-        if !self.write_registry(statement, event).await? {
-            return Err(ToolAdminError::NotFound(subject));
+        // No row changed: not registered (NOT_FOUND below), or already so (no event).
+        if self.write_registry(statement, event).await? {
+            self.reload_after_change().await;
         }
-        self.refresh_tools().await.map_err(storage)?;
         let row = stored::get(self.store(), name, &version)
             .await
             .map_err(storage)?
             .ok_or_else(|| ToolAdminError::NotFound(subject.clone()))?;
         let loaded = self.toolbox().registry.lookup(&subject).is_ok();
         Ok(ToolVersion::of_row(row, loaded))
+    }
+
+    /// `replacement` as `name@version` (version normalised): another tool
+    /// version, served here or registered (perhaps on another replica just now).
+    async fn replacement(
+        &self,
+        replacement: &str,
+        subject: &str,
+    ) -> Result<String, ToolAdminError> {
+        if replacement.is_empty() {
+            return Ok(String::new());
+        }
+        let wrong = || {
+            invalid(
+                "replacement",
+                "must name another existing tool version as name@version",
+            )
+        };
+        let (name, version) = replacement.split_once('@').ok_or_else(wrong)?;
+        let version = Version::parse(version).map_err(|_| wrong())?.to_string();
+        let normal = format!("{name}@{version}");
+        if normal == subject {
+            return Err(wrong());
+        }
+        let served = self.toolbox().registry.lookup(&normal).is_ok();
+        if served
+            || stored::get(self.store(), name, &version)
+                .await
+                .map_err(storage)?
+                .is_some()
+        {
+            Ok(normal)
+        } else {
+            Err(wrong())
+        }
     }
 
     /// Every version of `name` (of every tool when empty), by name then

@@ -257,9 +257,8 @@ impl Registry {
     pub fn set_stored(&self, tools: Vec<Arc<Tool>>) {
         let mut fresh = Tools::default();
         for tool in tools {
+            // The config file took the name after it was registered: it wins.
             if self.is_fixed(&tool.name) {
-                // The config file took the name after it was registered: it wins.
-                tracing::warn!(tool = %tool.id(), "a registered tool is shadowed by the config file's tool of the same name");
                 continue;
             }
             let versions = fresh.0.entry(tool.name.clone()).or_default();

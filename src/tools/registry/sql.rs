@@ -86,7 +86,7 @@ pub fn register(tool: &StoredTool) -> Statement {
 }
 
 /// Disables (`reason` given) or enables (`None`) version `version` of `name`,
-/// or every version when `version` is empty.
+/// or every version when `version` is empty; changes no row already so.
 pub fn set_enabled(
     name: &str,
     version: &str,
@@ -96,7 +96,8 @@ pub fn set_enabled(
 ) -> Statement {
     Statement::new(
         "UPDATE tool_registry SET enabled = $3, disabled_reason = $4, changed_by = $5, \
-         updated_at_ms = $6 WHERE name = $1 AND ($2 = '' OR version = $2)",
+         updated_at_ms = $6 WHERE name = $1 AND ($2 = '' OR version = $2) \
+         AND (enabled <> $3 OR disabled_reason <> $4)",
         vec![
             name.into(),
             version.into(),
@@ -108,11 +109,13 @@ pub fn set_enabled(
     )
 }
 
-/// Marks version `version` of `name` deprecated, `replacement` its successor ('' for none).
+/// Marks version `version` of `name` deprecated, `replacement` its successor
+/// ('' for none); changes no row already so.
 pub fn deprecate(name: &str, version: &str, replacement: &str, by: &str, now_ms: i64) -> Statement {
     Statement::new(
         "UPDATE tool_registry SET deprecated = 1, replacement = $3, changed_by = $4, \
-         updated_at_ms = $5 WHERE name = $1 AND version = $2",
+         updated_at_ms = $5 WHERE name = $1 AND version = $2 \
+         AND (deprecated = 0 OR replacement <> $3)",
         vec![
             name.into(),
             version.into(),

@@ -185,6 +185,10 @@ impl Loader {
             let id = row.id();
             let tool = match built.remove(&id).filter(|(prev, _)| prev.same_tool(&row)) {
                 Some((_, tool)) => tool,
+                None if registry.is_fixed(&row.name) => {
+                    tracing::warn!(tool = %id, "a registered tool is shadowed by the config file's tool of the same name");
+                    None
+                }
                 None => build(&row, config, env)
                     .inspect_err(|e| {
                         tracing::error!(tool = %id, error = %e, "a registered tool cannot be loaded on this replica; it is left out");
@@ -196,6 +200,12 @@ impl Loader {
         }
         registry.set_stored(next.values().filter_map(|(_, t)| t.clone()).collect());
         *built = next;
+    }
+
+    /// Whether `id` (`name@version`) is registered but did not load here.
+    pub fn is_unloadable(&self, id: &str) -> bool {
+        let built = self.built.lock().unwrap_or_else(|e| e.into_inner());
+        built.get(id).is_some_and(|(_, tool)| tool.is_none())
     }
 }
 

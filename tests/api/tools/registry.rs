@@ -223,6 +223,15 @@ async fn disabling_carries_its_reason_and_a_deprecated_version_stays_callable() 
     )
     .await
     .expect("DisableTool");
+    // The same again changes nothing, and audits nothing.
+    disable(
+        &app,
+        "crm.sync_contact",
+        "2.0.0",
+        "CRM migration until Friday",
+    )
+    .await
+    .expect("the same DisableTool");
     let v2 = changed
         .versions
         .iter()
@@ -262,11 +271,28 @@ async fn disabling_carries_its_reason_and_a_deprecated_version_stays_callable() 
         version: "2.0.0".into(),
         replacement: "crm.sync_contact@1.0.0".into(),
     };
+    for wrong in [
+        "crm.none@1.0.0",
+        "crm.sync_contact@2.0.0",
+        "crm.sync_contact",
+    ] {
+        let mut req = deprecate.clone();
+        req.replacement = wrong.into();
+        let err = admin(&app)
+            .deprecate_tool(with_key(ADMIN, "deprecate", req))
+            .await
+            .expect_err(wrong);
+        refused(&err, Code::InvalidArgument, "INVALID_INPUT");
+    }
     let v2 = admin(&app)
-        .deprecate_tool(with_key(ADMIN, "deprecate", deprecate))
+        .deprecate_tool(with_key(ADMIN, "deprecate", deprecate.clone()))
         .await
         .expect("DeprecateTool")
         .into_inner();
+    admin(&app)
+        .deprecate_tool(with_key(ADMIN, "deprecate", deprecate))
+        .await
+        .expect("the same DeprecateTool");
     assert_eq!(
         (v2.deprecated, v2.replacement.as_str()),
         (true, "crm.sync_contact@1.0.0")
@@ -348,7 +374,8 @@ async fn config_tools_are_read_only_and_bad_registrations_are_refused() {
     .expect_err("a caller key");
     refused(&err, Code::PermissionDenied, "CAPABILITY_MISSING");
 
-    let bad: [(&str, &str, Value, &str); 7] = [
+    let bad: [(&str, &str, Value, &str); 8] = [
+        ("crm.x@9.0.0", "1.0.0", webhook_config(&hook, "x"), "name"),
         ("crm.new", "", webhook_config(&hook, "x"), "version"),
         (
             "crm.new",
@@ -437,6 +464,10 @@ async fn every_replica_sees_a_change_within_the_refresh_interval() {
     // B lists it at once (it reads the store) and serves it within the refresh.
     let on_b = versions(&b, "crm.sync_contact").await;
     assert_eq!(on_b.len(), 1);
+    assert_eq!(
+        (on_b[0].source(), on_b[0].registered_by.as_str()),
+        (pb::ToolSource::Registry, "ops")
+    );
     wait_for(|| async { try_run(&b, "crm.sync_contact").await.is_ok() }).await;
 
     disable(&a, "crm.sync_contact", "", "paused by ops")
