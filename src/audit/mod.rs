@@ -5,6 +5,7 @@
 mod canonical;
 pub mod chain;
 pub mod digest;
+pub mod outbox;
 pub mod store;
 
 use serde::Serialize;

@@ -18,6 +18,7 @@ mod log;
 mod model;
 mod stream;
 pub mod tool;
+pub mod triggers;
 pub mod turn;
 pub mod worker;
 

@@ -15,6 +15,7 @@ mod load;
 mod provider;
 mod secret;
 pub mod tools;
+pub mod triggers;
 mod validate;
 
 pub use provider::{
@@ -151,6 +152,12 @@ pub struct Config {
     /// Which tool calls wait for a person, and for how long (SPEC §14.1).
     #[serde(default)]
     pub approvals: ApprovalsConfig,
+    /// Platform events that start a tool (SPEC §16).
+    #[serde(default)]
+    pub triggers: BTreeMap<String, triggers::TriggerConfig>,
+    /// How the outbox of fired triggers is relayed.
+    #[serde(default)]
+    pub trigger_relay: triggers::RelayConfig,
     /// Screening rules tasks and agents list by name (SPEC §15).
     #[serde(default)]
     pub guardrails: BTreeMap<String, guardrails::GuardrailConfig>,

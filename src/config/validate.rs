@@ -209,6 +209,7 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     auth(config, &mut bad);
     telemetry(config, &mut bad);
     metering(config, &mut bad);
+    super::triggers::check(config, &mut bad);
     if config.database.sqlite_wal_autocheckpoint == 0 {
         bad(
             "database.sqlite_wal_autocheckpoint".into(),

@@ -197,7 +197,7 @@ async fn ledger_writer(
     } else {
         tracing::warn!("usage metering is OFF: no caps, no usage records");
     }
-    let (writer, done) = LedgerWriter::spawn(
+    let (mut writer, done) = LedgerWriter::spawn(
         store.clone(),
         &config.database,
         metering.batch_max,
@@ -210,6 +210,7 @@ async fn ledger_writer(
         stopped,
     )
     .context("opening the ledger writer")?;
+    writer.set_outbox(crate::audit::outbox::Outbox::from_config(config));
     Ok((writer, done))
 }
 

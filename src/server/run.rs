@@ -110,6 +110,7 @@ struct Background {
     worker: JoinHandle<()>,
     approval_sweeper: JoinHandle<()>,
     tool_refresher: JoinHandle<()>,
+    trigger_relay: Option<JoinHandle<()>>,
     mcp_clients: Vec<JoinHandle<()>>,
     probes: Vec<JoinHandle<()>>,
     cluster_watch: Option<JoinHandle<()>>,
@@ -153,6 +154,13 @@ impl Background {
             pipeline.clone(),
             stopped.clone(),
         ));
+        // Only with triggers: otherwise nothing fills the outbox.
+        let trigger_relay = (!config.triggers.is_empty()).then(|| {
+            tokio::spawn(crate::call::triggers::run_relay(
+                pipeline.clone(),
+                stopped.clone(),
+            ))
+        });
         let tool_refresher = tokio::spawn(crate::call::tool::admin::run_refresher(
             pipeline.clone(),
             stopped.clone(),
@@ -184,6 +192,7 @@ impl Background {
             worker,
             approval_sweeper,
             tool_refresher,
+            trigger_relay,
             mcp_clients,
             probes,
             cluster_watch,
@@ -207,6 +216,7 @@ impl Background {
             self.conversation_sweeper,
             Some(self.approval_sweeper),
             Some(self.tool_refresher),
+            self.trigger_relay,
             self.key_refresher,
             metrics_task,
         ]

@@ -327,6 +327,7 @@ impl MeterSession {
             user_id: self.who.user_id.clone(),
             prompt_owner: None,
             audit: Vec::new(),
+            outbox: Vec::new(),
         };
         Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
     }
@@ -356,6 +357,7 @@ impl MeterSession {
             user_id: self.who.user_id.clone(),
             prompt_owner,
             audit,
+            outbox: Vec::new(),
         })
     }
 
@@ -416,6 +418,7 @@ impl Drop for MeterSession {
             user_id: self.who.user_id.clone(),
             prompt_owner: None,
             audit: Vec::new(),
+            outbox: Vec::new(),
         });
         let trace_id = self.who.trace_id.clone();
         runtime.spawn(async move {

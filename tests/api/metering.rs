@@ -513,6 +513,7 @@ async fn both_backends_apply_a_batch_alike() {
         user_id: String::new(),
         prompt_owner: None,
         audit: Vec::new(),
+        outbox: Vec::new(),
     });
     let second = vec![reserve("a3", "ta", 100), settle, reserve("a4", "ta", 100)];
 

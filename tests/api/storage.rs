@@ -422,6 +422,7 @@ async fn sqlite_durability_is_the_configured_synchronous_level() {
             user_id: String::new(),
             prompt_owner: None,
             audit: Vec::new(),
+            outbox: Vec::new(),
         };
         assert_eq!(
             writer.submit(Op::Settle(settle)).await.unwrap(),

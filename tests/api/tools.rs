@@ -17,6 +17,7 @@ mod mcp_counterpart;
 mod registry;
 mod retries;
 mod task_tools;
+mod triggers;
 mod versions;
 pub mod webhook;
 mod workflows;

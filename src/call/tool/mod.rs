@@ -576,6 +576,7 @@ impl super::Pipeline {
             durable: true,
             audit: vec![event],
             audit_only_if_stored: true,
+            outbox: Vec::new(),
         });
         match self.ledger().submit(op).await {
             Ok(Done::Written { stored, .. }) => Ok(stored),

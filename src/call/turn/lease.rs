@@ -62,6 +62,7 @@ impl Held {
                 durable: false,
                 audit: Vec::new(),
                 audit_only_if_stored: false,
+                outbox: Vec::new(),
             })
         })
     }
@@ -105,6 +106,7 @@ pub(super) async fn write(
         durable,
         audit,
         audit_only_if_stored: false,
+        outbox: Vec::new(),
     });
     match pipeline.ledger().submit(op).await {
         Ok(Done::Written { stored, .. }) => Ok(stored),

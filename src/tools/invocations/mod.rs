@@ -140,6 +140,9 @@ pub trait InvocationRepository: Send + Sync + std::fmt::Debug {
     /// Invocation `id` of `team`.
     async fn get(&self, team: &str, id: &str) -> Result<Option<Invocation>, StoreError>;
 
+    /// The ID of `team`'s invocation holding idempotency `key` in any window, if any.
+    async fn by_key(&self, team: &str, key: &str) -> Result<Option<String>, StoreError>;
+
     /// Leases up to `limit` due ASYNC invocations, oldest first, until `now_ms` + timeout +
     /// `slack_ms`, passing over the (team, tool, version) pairs of `busy` (at most
     /// [`MAX_BUSY`] of them).
@@ -203,6 +206,11 @@ pub async fn release(store: &Store, id: &str, lease_until_ms: i64) -> Result<(),
     sql::repository(store)
         .release(id, lease_until_ms, now)
         .await
+}
+
+/// See [`InvocationRepository::by_key`].
+pub async fn by_key(store: &Store, team: &str, key: &str) -> Result<Option<String>, StoreError> {
+    sql::repository(store).by_key(team, key).await
 }
 
 /// Invocation `id` of `team` (another team's is not found).

@@ -168,6 +168,17 @@ crate::impl_for_both_pools!(InvocationRepository {
         Ok(row.as_ref().map(decode).transpose()?)
     }
 
+    async fn by_key(&self, team: &str, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM tool_invocations WHERE team_id = $1 AND idempotency_key = $2 \
+             ORDER BY window_start_ms LIMIT 1",
+        )
+        .bind(team)
+        .bind(key)
+        .fetch_optional(self)
+        .await?)
+    }
+
     async fn take_work(
         &self,
         now_ms: i64,

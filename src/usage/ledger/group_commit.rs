@@ -194,6 +194,7 @@ mod tests {
             user_id: String::new(),
             prompt_owner: None,
             audit: Vec::new(),
+            outbox: Vec::new(),
         })
     }
 

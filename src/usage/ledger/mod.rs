@@ -130,6 +130,8 @@ pub struct Settle {
     /// The call's audit events (`call.completed` / `call.failed`, SPEC §14.3), of the
     /// record's team, appended in the same transaction as the record; empty for others.
     pub audit: Vec<AuditEvent>,
+    /// The triggers' outbox rows `audit` fires, in the same transaction (set by the writer).
+    pub outbox: Vec<crate::store::Statement>,
 }
 
 impl Settle {
@@ -203,6 +205,8 @@ pub struct Write {
     pub audit: Vec<AuditEvent>,
     /// Appends `audit` only when the guard changed a row (else whatever it found).
     pub audit_only_if_stored: bool,
+    /// The triggers' outbox rows `audit` fires, written with it (set by the writer).
+    pub outbox: Vec<crate::store::Statement>,
 }
 
 impl Op {

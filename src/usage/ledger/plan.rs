@@ -11,8 +11,9 @@
 //!    locks rows in the same order, so PostgreSQL never has a cycle to break);
 //! 5. the admitted reservations are written;
 //! 6. other services' rows ([`super::Write`]), each behind its guard;
-//! 7. audit events (the settlements' and the writes' too), teams in order
-//!    (their head rows are locked last).
+//! 7. the triggers' outbox rows the audit events fire, then the events
+//!    (the settlements' and the writes' too), teams in order (their head
+//!    rows are locked last).
 
 use super::{Backend, Delta, Done, Op, Reserve, Rows, Settle};
 use crate::{
@@ -285,21 +286,30 @@ async fn append_audit<B: Backend>(
     done: &mut [Done],
 ) -> Result<(), StoreError> {
     let mut audited = Vec::new();
+    let mut outbox = Vec::new();
     for (i, op) in ops.iter().enumerate() {
         match op {
             Op::Audit(events) => {
                 done[i] = Done::Audited;
                 audited.extend(events.iter().cloned());
             }
-            Op::Settle(s) => audited.extend(s.audit.iter().cloned()),
+            Op::Settle(s) => {
+                audited.extend(s.audit.iter().cloned());
+                outbox.extend(s.outbox.iter());
+            }
             Op::Write(w) => {
                 let stored = matches!(done[i], Done::Written { stored: true, .. });
                 if stored || !w.audit_only_if_stored {
                     audited.extend(w.audit.iter().cloned());
+                    outbox.extend(w.outbox.iter());
                 }
             }
             Op::Reserve(_) => {}
         }
+    }
+    // The triggers the events fire, in their transaction: none lost to a crash.
+    for row in outbox {
+        b.write(std::slice::from_ref(row)).await?;
     }
     for (team, events) in crate::audit::store::by_team(audited) {
         let head = b.audit_head(&team).await?;

@@ -43,6 +43,8 @@ pub struct LedgerWriter {
     /// A SQLite file's in-memory admission; `None` where SQL admits.
     admission: Option<Arc<Admission>>,
     wal_syncs: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// The triggers matched against every audit event (none configured: `None`).
+    outbox: Option<Arc<crate::audit::outbox::Outbox>>,
 }
 
 /// Where a batch is applied.
@@ -122,9 +124,52 @@ impl LedgerWriter {
                 shards: shards.into(),
                 admission,
                 wal_syncs,
+                outbox: None,
             },
             handle,
         ))
+    }
+
+    /// Matches every audit event written from now on against `outbox`'s triggers.
+    pub fn set_outbox(&mut self, outbox: Option<Arc<crate::audit::outbox::Outbox>>) {
+        self.outbox = outbox;
+    }
+
+    /// `op` carrying the outbox rows its audit events fire, written in its
+    /// transaction (an audit-only op becomes a write without statements).
+    fn with_outbox(&self, op: Op) -> Op {
+        let Some(outbox) = &self.outbox else {
+            return op;
+        };
+        let now = chrono::Utc::now().timestamp_millis();
+        match op {
+            Op::Audit(events) => {
+                let rows = outbox.statements(&events, now);
+                if rows.is_empty() {
+                    return Op::Audit(events);
+                }
+                Op::Write(super::Write {
+                    team_id: events
+                        .first()
+                        .map(|e| e.team_id.clone())
+                        .unwrap_or_default(),
+                    statements: Vec::new(),
+                    durable: true,
+                    audit: events,
+                    audit_only_if_stored: false,
+                    outbox: rows,
+                })
+            }
+            Op::Settle(mut s) => {
+                s.outbox = outbox.statements(&s.audit, now);
+                Op::Settle(s)
+            }
+            Op::Write(mut w) => {
+                w.outbox = outbox.statements(&w.audit, now);
+                Op::Write(w)
+            }
+            reserve @ Op::Reserve(_) => reserve,
+        }
     }
 
     /// WAL syncs of a SQLite file that answered settlements (full durability).
@@ -155,6 +200,7 @@ impl LedgerWriter {
     /// memory). Not `async`: each path's future holds only what it needs.
     pub fn submit(&self, op: Op) -> impl Future<Output = Result<Done, WriteError>> + Send + '_ {
         let started = Instant::now();
+        let op = self.with_outbox(op);
         let shard = self.shard(&op);
         match (self.admission.as_deref(), op) {
             (Some(admission), Op::Reserve(r)) => Either::Left(admit(admission, shard, r, started)),
@@ -169,6 +215,7 @@ impl LedgerWriter {
 impl LedgerWriter {
     /// Queues `op` waiting only for room (not covered by durability, docs/metering.md).
     pub fn enqueue(&self, op: Op) -> impl Future<Output = Result<(), WriteError>> + Send + '_ {
+        let op = self.with_outbox(op);
         let unsent = Unsent::of(self.admission.as_deref(), &op);
         let shard = self.shard(&op);
         async move {

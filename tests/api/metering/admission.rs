@@ -63,6 +63,7 @@ fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
         user_id: String::new(),
         prompt_owner: None,
         audit: Vec::new(),
+        outbox: Vec::new(),
     }
 }
 

@@ -393,6 +393,7 @@ async fn batches_spanning_a_month_end_never_deadlock() {
         user_id: r.user_id.clone(),
         prompt_owner: None,
         audit: Vec::new(),
+        outbox: Vec::new(),
     };
     for round in 0..20 {
         let mut batches = Vec::new();

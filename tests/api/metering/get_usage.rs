@@ -303,6 +303,7 @@ async fn get_usage_across_months(postgres: bool) {
             user_id: String::new(),
             prompt_owner: None,
             audit: Vec::new(),
+            outbox: Vec::new(),
         })],
     )
     .await
@@ -444,6 +445,7 @@ async fn rollups_and_partial_days_agree_with_the_records(postgres: bool) {
                 user_id: String::new(),
                 prompt_owner: None,
                 audit: Vec::new(),
+                outbox: Vec::new(),
             })
         })
         .collect();

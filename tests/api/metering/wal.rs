@@ -87,6 +87,7 @@ async fn wal_stays_bounded(durability: SqliteDurability) {
                 user_id: String::new(),
                 prompt_owner: None,
                 audit: Vec::new(),
+                outbox: Vec::new(),
             }))
             .await
             .unwrap();

@@ -240,6 +240,7 @@ async fn a_ledger_writes_audit_can_follow_its_guard() {
                     "crm.sync_lead@1.0.0",
                 )],
                 audit_only_if_stored: only_if_stored,
+                outbox: Vec::new(),
             });
             let done = writer.submit(op).await.unwrap();
             assert!(

@@ -26,6 +26,7 @@ fn settle(team: &str) -> Op {
         user_id: String::new(),
         prompt_owner: None,
         audit: Vec::new(),
+        outbox: Vec::new(),
     })
 }
 
@@ -47,6 +48,7 @@ async fn an_admission_dropped_before_it_is_queued_is_withdrawn() {
         shards: vec![tx].into(),
         admission: Some(admission.clone()),
         wal_syncs: None,
+        outbox: None,
     };
     let first = writer.submit(reserve("t")).await.unwrap();
     assert_eq!(first, Done::Admitted);
@@ -149,6 +151,7 @@ fn settle_of(r: &Reserve) -> Op {
         user_id: String::new(),
         prompt_owner: None,
         audit: Vec::new(),
+        outbox: Vec::new(),
     })
 }
 
@@ -266,6 +269,7 @@ fn a_team_always_uses_one_writer_and_teams_spread_over_all() {
         shards: senders.into(),
         admission: None,
         wal_syncs: None,
+        outbox: None,
     };
     let index = |op: &Op| {
         let shard = writer.shard(op).unwrap();

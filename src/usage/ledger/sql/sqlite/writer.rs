@@ -224,6 +224,7 @@ mod tests {
             user_id: String::new(),
             prompt_owner: None,
             audit: Vec::new(),
+            outbox: Vec::new(),
         }
     }
 
@@ -312,6 +313,7 @@ mod tests {
             durable: false,
             audit: Vec::new(),
             audit_only_if_stored: false,
+            outbox: Vec::new(),
         });
         let (mut ops, mut replies, _) = one(write);
         linger(&mut rx, 8, &mut ops, &mut replies);
