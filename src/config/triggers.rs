@@ -136,6 +136,19 @@ pub(super) fn check(config: &super::Config, bad: &mut dyn FnMut(String, &str)) {
         if !super::validate::tools::ROLES.contains(&t.role.as_str()) {
             bad(at("role"), "unknown role (roles: viewer, caller, admin)");
         }
+        let agent = t.on == TriggerEvent::AgentTurnCompleted;
+        if agent && t.filter.tool.is_some() {
+            bad(
+                at("filter.tool"),
+                "an agent turn is about no tool: use filter.task (the agent)",
+            );
+        }
+        if !agent && t.filter.task.is_some() {
+            bad(
+                at("filter.task"),
+                "only agent.turn.completed events have a task (the agent)",
+            );
+        }
         if !t.input.is_object() {
             bad(at("input"), "must be a table (the tool's input object)");
         }
@@ -205,5 +218,7 @@ mod tests {
         );
         let tool = ok.replace("ops.alert", "ops.alert@latest");
         assert!(problems(&tool).contains("triggers.t.tool"));
+        let task = format!("{ok}filter = {{ task = \"support\" }}\n");
+        assert!(problems(&task).contains("triggers.t.filter.task"));
     }
 }

@@ -22,6 +22,11 @@ struct Rule {
     name: String,
     on: TriggerEvent,
     filter: TriggerFilter,
+    /// What the row starts, as configured when the event happened: a
+    /// replica with another config (a rolling deploy) starts the same.
+    tool: String,
+    role: String,
+    input: Value,
 }
 
 /// The enabled triggers, matched against every audit event appended.
@@ -41,6 +46,9 @@ impl Outbox {
                 name: name.clone(),
                 on: t.on,
                 filter: t.filter.clone(),
+                tool: t.tool.clone(),
+                role: t.role.clone(),
+                input: t.input.clone(),
             })
             .collect();
         (!rules.is_empty()).then(|| Arc::new(Self { rules }))
@@ -55,7 +63,13 @@ impl Outbox {
             };
             for rule in self.rules.iter().filter(|r| seen.fires(r)) {
                 let fields = fields(event, &seen, &rule.name);
-                out.push(sql::insert(&rule.name, &event.team_id, &fields, now_ms));
+                let row = serde_json::json!({
+                    "tool": rule.tool,
+                    "role": rule.role,
+                    "input": render(&rule.input, &fields),
+                    "fields": fields,
+                });
+                out.push(sql::insert(&rule.name, &event.team_id, &row, now_ms));
             }
         }
         out
@@ -207,10 +221,53 @@ pub struct Pending {
     pub id: String,
     pub trigger: String,
     pub team_id: String,
+    /// The tool to start (`name` or `name@version`).
+    pub tool: String,
+    /// The role of the trigger's principal.
+    pub role: String,
+    /// The tool's input, rendered from the event.
+    pub input: Value,
     /// The event's fields (`{{event.<field>}}`).
     pub fields: Map<String, Value>,
     /// Times taken, this one included.
     pub attempts: i64,
+    /// Until when this relay holds it.
+    pub lease_until_ms: i64,
+}
+
+impl Pending {
+    /// A row as stored: its `event` column holds the tool, role, input and fields.
+    fn from_stored(
+        id: String,
+        trigger: String,
+        team_id: String,
+        event: &str,
+        attempts: i64,
+        lease_until_ms: i64,
+    ) -> Self {
+        // A row that no longer parses starts nothing and is ended FAILED, never a panic.
+        let mut v: Value = serde_json::from_str(event).unwrap_or_default();
+        let text = |v: &Value, k: &str| {
+            v.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        Self {
+            tool: text(&v, "tool"),
+            role: text(&v, "role"),
+            input: v.get_mut("input").map(Value::take).unwrap_or(Value::Null),
+            fields: match v.get_mut("fields").map(Value::take) {
+                Some(Value::Object(m)) => m,
+                _ => Map::new(),
+            },
+            id,
+            trigger,
+            team_id,
+            attempts,
+            lease_until_ms,
+        }
+    }
 }
 
 /// The relay's reads of the outbox.
@@ -226,6 +283,11 @@ pub trait OutboxRepository: Send + Sync {
     ) -> Result<Vec<Pending>, StoreError>;
     /// Every row (tests, ops): `(trigger, status, invocation_id)`.
     async fn rows(&self) -> Result<Vec<(String, String, Option<String>)>, StoreError>;
+    /// Moves row `id`'s lease from `held` to `until` while it is PENDING and
+    /// still this relay's: false when another took it.
+    async fn renew(&self, id: &str, held: i64, until: i64) -> Result<bool, StoreError>;
+    /// Deletes the rows ended before `before_ms`: how many.
+    async fn purge(&self, before_ms: i64) -> Result<u64, StoreError>;
 }
 
 /// See [`OutboxRepository::take`].
@@ -245,14 +307,24 @@ pub async fn rows(store: &Store) -> Result<Vec<(String, String, Option<String>)>
     sql::repository(store).rows().await
 }
 
-/// Marks row `id` FIRED (started as `invocation_id`) while still PENDING.
-pub fn fired(id: &str, invocation_id: &str, now_ms: i64) -> Statement {
-    sql::end(id, "FIRED", Some(invocation_id), "", now_ms)
+/// See [`OutboxRepository::renew`].
+pub async fn renew(store: &Store, id: &str, held: i64, until: i64) -> Result<bool, StoreError> {
+    sql::repository(store).renew(id, held, until).await
 }
 
-/// Marks row `id` FAILED (the entry point refused it: `error`) while still PENDING.
-pub fn failed(id: &str, error: &str, now_ms: i64) -> Statement {
-    sql::end(id, "FAILED", None, error, now_ms)
+/// See [`OutboxRepository::purge`].
+pub async fn purge(store: &Store, before_ms: i64) -> Result<u64, StoreError> {
+    sql::repository(store).purge(before_ms).await
+}
+
+/// Marks `row` FIRED (started as `invocation_id`) while PENDING under its lease.
+pub fn fired(row: &Pending, invocation_id: &str, now_ms: i64) -> Statement {
+    sql::end(row, "FIRED", Some(invocation_id), "", now_ms)
+}
+
+/// Marks `row` FAILED (refused for good: `error`) while PENDING under its lease.
+pub fn failed(row: &Pending, error: &str, now_ms: i64) -> Statement {
+    sql::end(row, "FAILED", None, error, now_ms)
 }
 
 #[cfg(test)]

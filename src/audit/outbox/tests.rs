@@ -43,6 +43,8 @@ fn an_event_fires_the_triggers_whose_kind_and_filter_it_matches() {
 on = "tool.invocation.failed"
 filter = { tool = "crm.*", team = "t*" }
 tool = "ops.alert"
+role = "admin"
+input = { text = "{{event.tool}}: {{event.reason}}" }
 [triggers.on_ok]
 on = "tool.invocation.succeeded"
 tool = "ops.alert"

@@ -15,19 +15,25 @@ use serde_json::json;
 use std::process::Stdio;
 use tokio::process::{Child, Command};
 
-/// `ops.alert` (a webhook) and the trigger that calls it when a `crm.*`
-/// tool fails, relayed every `poll`.
+/// `ops.alert` (a webhook, one attempt) and the trigger that calls it when
+/// a `crm.*` tool fails, relayed every `poll`.
 fn triggers(hook: &Webhook, poll: &str) -> String {
+    triggers_for(hook, poll, "filter = { tool = \"crm.*\" }")
+}
+
+/// [`triggers`] with the trigger's `filter` line.
+fn triggers_for(hook: &Webhook, poll: &str, filter: &str) -> String {
     format!(
         r#"
 [tools."ops.alert"]
 kind = "http"
 url = "{url}/webhook/alert"
 input_schema = {{ type = "object", required = ["text", "team"] }}
+retry = {{ max_attempts = 1 }}
 
 [triggers.on_fail]
 on = "tool.invocation.failed"
-filter = {{ tool = "crm.*" }}
+{filter}
 tool = "ops.alert"
 role = "admin"
 input = {{ text = "{{{{event.tool}}}} failed: {{{{event.reason}}}}", team = "{{{{event.team}}}}", trace = "{{{{event.trace_id}}}}" }}
@@ -130,6 +136,56 @@ async fn a_failed_invocation_starts_the_trigger_tool_once_as_its_principal() {
         .collect();
     assert_eq!(alert_calls.len(), 1, "{alert_calls:?}");
     assert_eq!(alert_calls[0].principal, "trigger:on_fail");
+    app.stop().await;
+}
+
+/// Two replicas share PostgreSQL, both relaying: the trigger starts once.
+#[tokio::test]
+async fn two_relays_on_postgres_start_a_trigger_once() {
+    let hook = Webhook::start().await;
+    let db = crate::common::TestPostgres::create().await;
+    let a = super::spawn_on(&db.url, &hook.url(), &triggers(&hook, "20ms")).await;
+    let b = super::spawn_on(&db.url, &hook.url(), &triggers(&hook, "20ms")).await;
+    fail_a_note(b.channel.clone(), &hook, "trig-pg").await;
+    let store = a.store().await;
+    wait_for(|| async { !alerts(&hook).is_empty() }).await;
+    all_fired(&store).await;
+    let rows = outbox::rows(&store).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let fired = events(&a, "t1").await;
+    assert_eq!(
+        fired.iter().filter(|e| e.action == "trigger.fired").count(),
+        1
+    );
+    assert_eq!(alerts(&hook).len(), 1);
+    a.stop().await;
+    b.stop().await;
+    db.drop_now().await;
+}
+
+/// A trigger on every failure: the alert failing too fires nothing more.
+#[tokio::test]
+async fn a_trigger_tools_own_failure_fires_nothing() {
+    let hook = Webhook::start().await;
+    let app = spawn(&hook.url(), &triggers_for(&hook, "50ms", "")).await;
+    // Queued after the note's three 500s: the alert's one attempt fails too.
+    hook.script([Answer::status(500)]);
+    fail_a_note(app.channel.clone(), &hook, "trig-loop").await;
+    let store = app.store().await;
+    all_fired(&store).await;
+    let rows = outbox::rows(&store).await.unwrap();
+    let alert = rows[0].2.clone().expect("the alert's invocation");
+    wait_for(|| async {
+        super::fetch(&app, &alert).await.status() == pb::InvocationStatus::Failed
+    })
+    .await;
+    assert_eq!(alerts(&hook).len(), 1);
+    // Its workflow.result (error, by trigger:on_fail) is committed with the row's end.
+    let results = events(&app, "t1").await;
+    assert!(results.iter().any(|e| e.action == "workflow.result"
+        && e.principal == "trigger:on_fail"
+        && e.decision == "error"));
+    assert_eq!(outbox::rows(&store).await.unwrap().len(), 1);
     app.stop().await;
 }
 
