@@ -260,9 +260,26 @@ async fn execute(
             }
         }
     };
-    match invocations::finish(pipeline.store(), &inv.id, lease, &outcome).await {
-        Ok(true) => {}
-        // The run happened, so it is audited; the row keeps the owning run's end.
+    let decision = super::tool::decision(outcome.status);
+    let mut inv = inv;
+    inv.cost_micros = Some(outcome.cost_micros);
+    let reason = outcome.error.as_ref().map_or("", |e| e.code.as_str());
+    let event = result_event(
+        pipeline,
+        &inv,
+        decision,
+        reason,
+        outcome.output.as_ref(),
+        Some(outcome.duration_ms),
+    );
+    // The row's end and its result event (with the triggers it fires) in one
+    // transaction: a crash never leaves one without the other.
+    let end = invocations::end_run(&inv.id, lease, &outcome, now_ms());
+    match pipeline
+        .guarded_write(&inv.team_id, end, event.clone())
+        .await
+    {
+        Ok(true) => return,
         // The workflow called back before its acceptance was recorded:
         // the callback ended the row; the acceptance is still audited.
         Ok(false) if outcome.status == Status::AwaitingCallback => {}
@@ -275,19 +292,14 @@ async fn execute(
             return;
         }
     }
-    let decision = super::tool::decision(outcome.status);
-    let mut inv = inv;
-    inv.cost_micros = Some(outcome.cost_micros);
-    let reason = outcome.error.as_ref().map_or("", |e| e.code.as_str());
-    audit(
-        pipeline,
-        &inv,
-        decision,
-        reason,
-        outcome.output.as_ref(),
-        Some(outcome.duration_ms),
-    )
-    .await;
+    // The run happened, so it is audited; the row keeps the owning run's end.
+    if let Err(e) = pipeline.ledger().submit(Op::Audit(vec![event])).await {
+        tracing::error!(invocation = %inv.id, error = %e, "auditing an ASYNC tool result failed");
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
 }
 
 /// The envelope an ASYNC invocation runs in: its team, principal and trace,

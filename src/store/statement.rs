@@ -10,6 +10,8 @@ pub enum Arg {
     Text(String),
     /// NULL in a text column.
     Null,
+    /// NULL in an integer (BIGINT) column: PostgreSQL types a bound NULL.
+    NullInt,
 }
 
 impl From<i64> for Arg {
@@ -58,7 +60,7 @@ impl rusqlite::ToSql for Arg {
         Ok(match self {
             Arg::Int(v) => ToSqlOutput::Owned(Value::Integer(*v)),
             Arg::Text(v) => ToSqlOutput::Borrowed(ValueRef::Text(v.as_bytes())),
-            Arg::Null => ToSqlOutput::Owned(Value::Null),
+            Arg::Null | Arg::NullInt => ToSqlOutput::Owned(Value::Null),
         })
     }
 }
@@ -73,6 +75,7 @@ pub fn bind_pg<'q>(
             Arg::Int(v) => q.bind(*v),
             Arg::Text(v) => q.bind(v.as_str()),
             Arg::Null => q.bind(None::<String>),
+            Arg::NullInt => q.bind(None::<i64>),
         };
     }
     q

@@ -5,6 +5,8 @@
 pub mod callbacks;
 mod sql;
 
+pub use sql::end_run;
+
 use super::{Failure, Status};
 use crate::store::{Store, StoreError};
 use serde_json::Value;

@@ -326,6 +326,34 @@ pub fn complete(id: &str, outcome: &Outcome, digest: &str, now_ms: i64) -> State
     )
 }
 
+/// [`InvocationRepository::finish`] as a statement, for the ledger to run
+/// with the result's audit event (and the triggers it fires) in one
+/// transaction: changes no row when the runner no longer owns it.
+pub fn end_run(id: &str, lease_until_ms: i64, outcome: &Outcome, now_ms: i64) -> Statement {
+    let text = |v: Option<String>| v.map_or(Arg::Null, Arg::Text);
+    Statement::new(
+        "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
+         error_message = $5, cost_micros = $6, duration_ms = $7, execution_id = $8, \
+         attempts = $9, updated_at_ms = $10, lease_until_ms = $12 WHERE id = $1 \
+         AND ((status = 'RUNNING' AND lease_until_ms = $11) \
+          OR (mode = 'SYNC' AND status = 'FAILED' AND error_code = 'INTERRUPTED'))",
+        vec![
+            id.into(),
+            outcome.status.as_str().into(),
+            text(outcome.output.as_ref().map(Value::to_string)),
+            text(outcome.error.as_ref().map(|e| e.code.clone())),
+            text(outcome.error.as_ref().map(|e| e.message.clone())),
+            outcome.cost_micros.into(),
+            outcome.duration_ms.into(),
+            text(outcome.execution_id.clone()),
+            outcome.attempts.into(),
+            now_ms.into(),
+            lease_until_ms.into(),
+            outcome.callback_until_ms.map_or(Arg::NullInt, Arg::Int),
+        ],
+    )
+}
+
 /// Ends invocation `id` TIMED_OUT while it still awaits a callback past its wait.
 pub fn expire(id: &str, now_ms: i64) -> Statement {
     Statement::new(
