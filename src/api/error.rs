@@ -6,8 +6,10 @@
 
 mod bounds;
 mod quota;
+mod workflows;
 
 use quota::{call_budget_exceeded, quota_exceeded, tool_budget_exceeded};
+use workflows::{approval_refusal, callback_refusal, tool_admin_refusal};
 
 use crate::{
     agent::AgentError,
@@ -485,34 +487,6 @@ fn admin_required(team: Option<String>, info: &mut HashMap<String, String>) -> P
     (Code::PermissionDenied, reason::ADMIN_REQUIRED, message)
 }
 
-fn approval_refusal(
-    err: crate::call::approvals::ApprovalError,
-    info: &mut HashMap<String, String>,
-) -> Parts {
-    use crate::call::approvals::ApprovalError as E;
-    let code = match &err {
-        E::NotFound(_) => Code::NotFound,
-        E::CapabilityMissing(capability) => {
-            info.insert("capability".into(), capability.clone());
-            Code::PermissionDenied
-        }
-        E::OwnRequest => Code::PermissionDenied,
-        E::AlreadyDecided { status, .. } => {
-            info.insert("status".into(), (*status).to_owned());
-            Code::FailedPrecondition
-        }
-        E::Storage(detail) => {
-            tracing::error!(error = %detail, "storage failure deciding an approval");
-            return (
-                Code::Unavailable,
-                reason::STORAGE_UNAVAILABLE,
-                "storage is unavailable".to_owned(),
-            );
-        }
-    };
-    (code, err.reason(), err.to_string())
-}
-
 fn agent_refusal(err: AgentError, details: &mut ErrorDetails) -> Parts {
     let reason = err.reason();
     let code = match &err {
@@ -536,71 +510,4 @@ fn agent_refusal(err: AgentError, details: &mut ErrorDetails) -> Parts {
         AgentError::Prompt(_) => Code::InvalidArgument,
     };
     (code, reason, err.to_string())
-}
-
-fn callback_refusal(
-    err: crate::call::tool::callback::CallbackError,
-    details: &mut ErrorDetails,
-) -> Parts {
-    use crate::call::tool::callback::CallbackError as E;
-    let code = match &err {
-        E::SignatureInvalid => Code::Unauthenticated,
-        E::BodyInvalid(why) => {
-            details.add_bad_request_violation("body", why.clone());
-            Code::InvalidArgument
-        }
-        E::Conflict(_) => Code::Aborted,
-        E::Storage(detail) => {
-            tracing::error!(error = %detail, "storage failure taking a workflow callback");
-            details.set_retry_info(Some(Duration::from_secs(1)));
-            return (
-                Code::Unavailable,
-                reason::STORAGE_UNAVAILABLE,
-                "storage is unavailable".to_owned(),
-            );
-        }
-    };
-    (code, err.reason(), err.to_string())
-}
-
-fn tool_admin_refusal(
-    err: crate::call::tool::admin::ToolAdminError,
-    details: &mut ErrorDetails,
-    info: &mut HashMap<String, String>,
-) -> Parts {
-    use crate::call::tool::admin::ToolAdminError as E;
-    let code = match &err {
-        E::CapabilityMissing => {
-            info.insert("capability".into(), crate::call::tool::admin::MANAGE.into());
-            Code::PermissionDenied
-        }
-        E::AllTeamsRequired => Code::PermissionDenied,
-        E::ReadOnly(_) => Code::FailedPrecondition,
-        E::Invalid(fields) => {
-            for (field, why) in fields {
-                details.add_bad_request_violation(field.clone(), why.clone());
-            }
-            Code::InvalidArgument
-        }
-        E::NotFound(_) => Code::NotFound,
-        E::VersionExists(_) => Code::AlreadyExists,
-        E::Storage(detail) => {
-            tracing::error!(error = %detail, "storage failure changing the tool registry");
-            details.set_retry_info(Some(Duration::from_secs(1)));
-            return (
-                Code::Unavailable,
-                reason::STORAGE_UNAVAILABLE,
-                "storage is unavailable".to_owned(),
-            );
-        }
-    };
-    let message = match &err {
-        E::Invalid(fields) => fields
-            .iter()
-            .map(|(f, why)| format!("{f}: {why}"))
-            .collect::<Vec<_>>()
-            .join("; "),
-        other => other.to_string(),
-    };
-    (code, err.reason(), message)
 }

@@ -16,6 +16,14 @@ const COLUMNS: &str = "id, team_id, tool, version, mode, status, idempotency_key
      estimated_cost_micros, cost_micros, duration_ms, execution_id, attempts, created_at_ms, \
      timeout_ms";
 
+/// Ends a run's row while the runner owns it (RUNNING under lease `$11`) or a
+/// SYNC row was marked INTERRUPTED; `$12` the callback deadline, if any.
+const FINISH: &str = "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
+     error_message = $5, cost_micros = $6, duration_ms = $7, execution_id = $8, \
+     attempts = $9, updated_at_ms = $10, lease_until_ms = $12 WHERE id = $1 \
+     AND ((status = 'RUNNING' AND lease_until_ms = $11) \
+      OR (mode = 'SYNC' AND status = 'FAILED' AND error_code = 'INTERRUPTED'))";
+
 /// The index of `lease_until_ms` after [`COLUMNS`] in `take_work`'s rows.
 const LEASE: usize = 21;
 
@@ -120,13 +128,7 @@ crate::impl_for_both_pools!(InvocationRepository {
         now_ms: i64,
     ) -> Result<bool, StoreError> {
         let output = outcome.output.as_ref().map(Value::to_string);
-        let written = sqlx::query(
-            "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
-             error_message = $5, cost_micros = $6, duration_ms = $7, execution_id = $8, \
-             attempts = $9, updated_at_ms = $10, lease_until_ms = $12 WHERE id = $1 \
-             AND ((status = 'RUNNING' AND lease_until_ms = $11) \
-              OR (mode = 'SYNC' AND status = 'FAILED' AND error_code = 'INTERRUPTED'))",
-        )
+        let written = sqlx::query(FINISH)
         .bind(id)
         .bind(outcome.status.as_str())
         .bind(&output)
@@ -332,11 +334,7 @@ pub fn complete(id: &str, outcome: &Outcome, digest: &str, now_ms: i64) -> State
 pub fn end_run(id: &str, lease_until_ms: i64, outcome: &Outcome, now_ms: i64) -> Statement {
     let text = |v: Option<String>| v.map_or(Arg::Null, Arg::Text);
     Statement::new(
-        "UPDATE tool_invocations SET status = $2, output = $3, error_code = $4, \
-         error_message = $5, cost_micros = $6, duration_ms = $7, execution_id = $8, \
-         attempts = $9, updated_at_ms = $10, lease_until_ms = $12 WHERE id = $1 \
-         AND ((status = 'RUNNING' AND lease_until_ms = $11) \
-          OR (mode = 'SYNC' AND status = 'FAILED' AND error_code = 'INTERRUPTED'))",
+        FINISH,
         vec![
             id.into(),
             outcome.status.as_str().into(),
