@@ -284,6 +284,16 @@ fn summarise(attempts: &[AttemptRecord]) -> String {
 /// A failure's gRPC code, stable reason and client-safe message.
 type Parts = (Code, &'static str, String);
 
+/// A store that failed: retry in a second; its detail stays in the log.
+fn storage_unavailable(details: &mut ErrorDetails) -> Parts {
+    details.set_retry_info(Some(Duration::from_secs(1)));
+    (
+        Code::Unavailable,
+        reason::STORAGE_UNAVAILABLE,
+        "storage is unavailable".to_owned(),
+    )
+}
+
 /// Builds the status for `failure`, tagged with `trace_id`.
 pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
     let mut info = HashMap::from([("trace_id".to_owned(), trace_id.to_owned())]);
@@ -296,12 +306,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
         Failure::Route(err) => route_failure(err, &mut details, &mut info),
         Failure::Storage(detail) => {
             tracing::error!(%trace_id, error = %detail, "storage failure");
-            details.set_retry_info(Some(Duration::from_secs(1)));
-            (
-                Code::Unavailable,
-                reason::STORAGE_UNAVAILABLE,
-                "storage is unavailable".to_owned(),
-            )
+            storage_unavailable(&mut details)
         }
         Failure::NotFound(what) => (Code::NotFound, reason::NOT_FOUND, what),
         Failure::PromptNotFound(key) => prompt_not_found(&key, &mut info),
@@ -348,7 +353,7 @@ pub(crate) fn to_status(failure: Failure, trace_id: &str) -> Status {
             estimate_micros,
             budget_usd,
         } => tool_budget_exceeded(estimate_micros, budget_usd, &mut details, &mut info),
-        Failure::Approval(err) => approval_refusal(err, &mut info),
+        Failure::Approval(err) => approval_refusal(err, &mut details, &mut info),
         Failure::Callback(err) => callback_refusal(err, &mut details),
         Failure::ToolAdmin(err) => tool_admin_refusal(err, &mut details, &mut info),
     };

@@ -5,6 +5,7 @@ use super::*;
 
 pub(super) fn approval_refusal(
     err: crate::call::approvals::ApprovalError,
+    details: &mut ErrorDetails,
     info: &mut HashMap<String, String>,
 ) -> Parts {
     use crate::call::approvals::ApprovalError as E;
@@ -21,11 +22,7 @@ pub(super) fn approval_refusal(
         }
         E::Storage(detail) => {
             tracing::error!(error = %detail, "storage failure deciding an approval");
-            return (
-                Code::Unavailable,
-                reason::STORAGE_UNAVAILABLE,
-                "storage is unavailable".to_owned(),
-            );
+            return storage_unavailable(details);
         }
     };
     (code, err.reason(), err.to_string())
@@ -45,12 +42,7 @@ pub(super) fn callback_refusal(
         E::Conflict(_) => Code::Aborted,
         E::Storage(detail) => {
             tracing::error!(error = %detail, "storage failure taking a workflow callback");
-            details.set_retry_info(Some(Duration::from_secs(1)));
-            return (
-                Code::Unavailable,
-                reason::STORAGE_UNAVAILABLE,
-                "storage is unavailable".to_owned(),
-            );
+            return storage_unavailable(details);
         }
     };
     (code, err.reason(), err.to_string())
@@ -79,12 +71,7 @@ pub(super) fn tool_admin_refusal(
         E::VersionExists(_) => Code::AlreadyExists,
         E::Storage(detail) => {
             tracing::error!(error = %detail, "storage failure changing the tool registry");
-            details.set_retry_info(Some(Duration::from_secs(1)));
-            return (
-                Code::Unavailable,
-                reason::STORAGE_UNAVAILABLE,
-                "storage is unavailable".to_owned(),
-            );
+            return storage_unavailable(details);
         }
     };
     let message = match &err {
