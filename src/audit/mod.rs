@@ -30,6 +30,10 @@ pub enum Category {
     Approval,
     /// A guardrail's detection (SPEC §15).
     Guardrail,
+    /// A spending cap's warning or crossing (`usage.cap.warning`, `usage.cap.reached`).
+    Usage,
+    /// A provider's health (`breaker.opened`).
+    Provider,
 }
 
 impl Category {
@@ -44,6 +48,8 @@ impl Category {
             Category::Call => "call",
             Category::Approval => "approval",
             Category::Guardrail => "guardrail",
+            Category::Usage => "usage",
+            Category::Provider => "provider",
         }
     }
 
@@ -58,6 +64,8 @@ impl Category {
             "call" => Category::Call,
             "approval" => Category::Approval,
             "guardrail" => Category::Guardrail,
+            "usage" => Category::Usage,
+            "provider" => Category::Provider,
             _ => return None,
         })
     }

@@ -16,6 +16,7 @@ mod finish;
 mod guard;
 mod log;
 mod model;
+pub mod openings;
 mod stream;
 pub mod tool;
 pub mod triggers;

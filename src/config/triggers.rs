@@ -17,6 +17,15 @@ pub enum TriggerEvent {
     /// A tool call is held for a person's decision (`approval.requested`).
     #[serde(rename = "approval.requested")]
     ApprovalRequested,
+    /// A team's or user's settled spend reached 80 % of one of its caps (`usage.cap.warning`).
+    #[serde(rename = "usage.cap.warning")]
+    CapWarning,
+    /// A team's or user's settled spend reached one of its caps (`usage.cap.reached`).
+    #[serde(rename = "usage.cap.reached")]
+    CapReached,
+    /// A provider's circuit breaker opened on a replica (`breaker.opened`).
+    #[serde(rename = "breaker.opened")]
+    BreakerOpened,
 }
 
 impl TriggerEvent {
@@ -27,7 +36,25 @@ impl TriggerEvent {
             TriggerEvent::ToolSucceeded => "tool.invocation.succeeded",
             TriggerEvent::AgentTurnCompleted => "agent.turn.completed",
             TriggerEvent::ApprovalRequested => "approval.requested",
+            TriggerEvent::CapWarning => "usage.cap.warning",
+            TriggerEvent::CapReached => "usage.cap.reached",
+            TriggerEvent::BreakerOpened => "breaker.opened",
         }
+    }
+
+    /// Whether the event is about a tool (`filter.tool` applies).
+    pub fn is_about_a_tool(self) -> bool {
+        matches!(
+            self,
+            TriggerEvent::ToolFailed
+                | TriggerEvent::ToolSucceeded
+                | TriggerEvent::ApprovalRequested
+        )
+    }
+
+    /// Whether the event is about a spending cap.
+    pub fn is_about_a_cap(self) -> bool {
+        matches!(self, TriggerEvent::CapWarning | TriggerEvent::CapReached)
     }
 }
 
@@ -61,6 +88,10 @@ pub struct TriggerConfig {
     /// The role whose capabilities the trigger's principal (`trigger:<name>`) has.
     #[serde(default = "default_role")]
     pub role: String,
+    /// The team the started tool runs for (and is metered to); by default
+    /// the event's. Required for `breaker.opened`, which is no team's.
+    #[serde(default)]
+    pub team: Option<String>,
     #[serde(default = "yes")]
     pub enabled: bool,
 }
@@ -78,7 +109,7 @@ fn yes() -> bool {
 }
 
 /// The fields `{{event.<field>}}` may name.
-pub const EVENT_FIELDS: [&str; 12] = [
+pub const EVENT_FIELDS: [&str; 17] = [
     "event",
     "trigger",
     "team",
@@ -91,6 +122,11 @@ pub const EVENT_FIELDS: [&str; 12] = [
     "principal",
     "at_ms",
     "audit_id",
+    "user",
+    "cap",
+    "limit",
+    "spent",
+    "provider",
 ];
 
 /// `[trigger_relay]`: how fired triggers leave the outbox.
@@ -137,11 +173,28 @@ pub(super) fn check(config: &super::Config, bad: &mut dyn FnMut(String, &str)) {
             bad(at("role"), "unknown role (roles: viewer, caller, admin)");
         }
         let agent = t.on == TriggerEvent::AgentTurnCompleted;
-        if agent && t.filter.tool.is_some() {
+        if !t.on.is_about_a_tool() && t.filter.tool.is_some() {
             bad(
                 at("filter.tool"),
-                "an agent turn is about no tool: use filter.task (the agent)",
+                "only tool and approval events are about a tool (an agent's: use filter.task)",
             );
+        }
+        let breaker = t.on == TriggerEvent::BreakerOpened;
+        if breaker && t.filter.team.is_some() {
+            bad(
+                at("filter.team"),
+                "a provider's breaker is no team's: set `team`, the team the tool runs for",
+            );
+        }
+        match &t.team {
+            Some(team) if team.is_empty() || team.len() > 128 => {
+                bad(at("team"), "must be a team ID (1-128 characters)");
+            }
+            None if breaker => bad(
+                at("team"),
+                "breaker.opened is no team's event: name the team the started tool runs for",
+            ),
+            _ => {}
         }
         if !agent && t.filter.task.is_some() {
             bad(
@@ -210,12 +263,25 @@ mod tests {
         assert!(problems(&unknown_field).contains("no event field `colour`"));
         let role = format!("{ok}role = \"root\"\n");
         assert!(problems(&role).contains("triggers.t.role"));
-        let event = ok.replace("tool.invocation.failed", "breaker.opened");
+        let event = ok.replace("tool.invocation.failed", "breaker.exploded");
         assert!(
             problems(&event).contains("unknown variant"),
             "{}",
             problems(&event)
         );
+        let breaker = ok.replace("tool.invocation.failed", "breaker.opened");
+        assert!(problems(&breaker).contains("triggers.t.team"));
+        assert_eq!(problems(&format!("{breaker}team = \"ops\"\n")), "");
+        let team_filter = format!("{breaker}team = \"ops\"\nfilter = {{ team = \"a\" }}\n");
+        assert!(problems(&team_filter).contains("triggers.t.filter.team"));
+        let cap = ok.replace("tool.invocation.failed", "usage.cap.reached");
+        let cap_tool = format!("{cap}filter = {{ tool = \"x\" }}\n");
+        assert!(problems(&cap_tool).contains("triggers.t.filter.tool"));
+        let cap_fields = cap.replace(
+            "{{event.tool}}",
+            "{{event.cap}} {{event.spent}}/{{event.limit}}",
+        );
+        assert_eq!(problems(&cap_fields), "");
         let tool = ok.replace("ops.alert", "ops.alert@latest");
         assert!(problems(&tool).contains("triggers.t.tool"));
         let task = format!("{ok}filter = {{ task = \"support\" }}\n");

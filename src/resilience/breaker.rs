@@ -22,10 +22,10 @@ use crate::{
     domain::ProviderError,
 };
 use std::{
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError},
     time::{Duration, SystemTime},
 };
-use tokio::time::Instant;
+use tokio::{sync::mpsc, time::Instant};
 use window::Window;
 
 /// Cooldown after a 429 without `Retry-After`: spares a shedding provider, barely slows a one-off.
@@ -156,6 +156,17 @@ struct Inner {
     name: Arc<str>,
     settings: Settings,
     state: Mutex<State>,
+    /// Where each opening is told ([`CircuitBreaker::tell_openings`]).
+    openings: OnceLock<mpsc::Sender<Opened>>,
+}
+
+/// A breaker that opened (`breaker.opened`, SPEC §16).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opened {
+    /// The provider.
+    pub provider: Arc<str>,
+    /// Counted failures in a row when it opened.
+    pub consecutive_failures: u32,
 }
 
 /// [`BreakerConfig`] with zeros raised to 1, so even a hand-built config admits calls.
@@ -214,8 +225,16 @@ impl CircuitBreaker {
                 name: name.into(),
                 settings,
                 state: Mutex::new(state),
+                openings: OnceLock::new(),
             }),
         }
+    }
+
+    /// Tells `to` of every opening from now on; false when another was set
+    /// first (one listener per breaker). A full channel drops the news:
+    /// the breaker never waits for a listener.
+    pub fn tell_openings(&self, to: mpsc::Sender<Opened>) -> bool {
+        self.inner.openings.set(to).is_ok()
     }
 
     /// Asks to make one call; on `Err` skip the provider without a network call. Dropping the
@@ -338,6 +357,7 @@ impl Inner {
                     st.consecutive_failures = st.consecutive_failures.saturating_add(1);
                     if s.trips(&mut st, now) {
                         st.open(now, s.open_for, &self.name);
+                        self.tell_opened(&st);
                     }
                 }
                 Some(Outcome::Ignored) | None => {}
@@ -358,6 +378,7 @@ impl Inner {
                     Some(Outcome::Failure) => {
                         st.consecutive_failures = st.consecutive_failures.saturating_add(1);
                         st.open(now, s.open_for, &self.name);
+                        self.tell_opened(&st);
                     }
                     Some(Outcome::Ignored) | None => {
                         st.phase = Phase::HalfOpen { probes, successes };
@@ -366,6 +387,18 @@ impl Inner {
             }
             // No permit is issued while OPEN, and opening bumps the generation.
             Phase::Open { .. } => {}
+        }
+    }
+
+    fn tell_opened(&self, st: &State) {
+        if let Some(to) = self.openings.get() {
+            let opened = Opened {
+                provider: self.name.clone(),
+                consecutive_failures: st.consecutive_failures,
+            };
+            if to.try_send(opened).is_err() {
+                tracing::warn!(provider = %self.name, "breaker opening not told: its listener lags");
+            }
         }
     }
 }

@@ -90,4 +90,19 @@ impl Resilience {
     pub fn iter(&self) -> impl Iterator<Item = (&str, &ProviderGuards)> {
         self.providers.iter().map(|(k, v)| (k.as_str(), v))
     }
+
+    /// Every breaker's openings from now on, up to `capacity` untaken
+    /// (more are dropped, never waited for); `None` when they are told
+    /// elsewhere already.
+    pub fn watch_openings(
+        &self,
+        capacity: usize,
+    ) -> Option<tokio::sync::mpsc::Receiver<breaker::Opened>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+        let mut all = true;
+        for guards in self.providers.values() {
+            all &= guards.breaker.tell_openings(tx.clone());
+        }
+        all.then_some(rx)
+    }
 }

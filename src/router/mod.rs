@@ -10,6 +10,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+pub use crate::resilience::breaker::Opened;
 pub use attempt::{AttemptOutcome, AttemptRecord, CANCELLED, total_usage};
 use attempt::{InFlight, implausible};
 pub use report::ProvidersReport;
@@ -190,6 +191,11 @@ impl Router {
     /// The per-provider guards (breakers, limits, health), for ops and metrics.
     pub fn resilience(&self) -> &Resilience {
         &self.resilience
+    }
+
+    /// Every breaker's openings from now on ([`Resilience::watch_openings`]).
+    pub fn watch_openings(&self, capacity: usize) -> Option<tokio::sync::mpsc::Receiver<Opened>> {
+        self.resilience.watch_openings(capacity)
     }
 
     fn kind(&self, provider: &str) -> Option<crate::config::ProviderKind> {

@@ -210,7 +210,10 @@ async fn ledger_writer(
         stopped,
     )
     .context("opening the ledger writer")?;
-    writer.set_outbox(crate::audit::outbox::Outbox::from_config(config));
+    writer.set_outbox(
+        crate::audit::outbox::Outbox::from_config(config),
+        crate::usage::session::default_limits(&config.metering),
+    );
     Ok((writer, done))
 }
 

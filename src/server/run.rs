@@ -110,6 +110,7 @@ struct Background {
     worker: JoinHandle<()>,
     approval_sweeper: JoinHandle<()>,
     tool_refresher: JoinHandle<()>,
+    breaker_openings: JoinHandle<()>,
     trigger_relay: Option<JoinHandle<()>>,
     mcp_clients: Vec<JoinHandle<()>>,
     probes: Vec<JoinHandle<()>>,
@@ -161,6 +162,10 @@ impl Background {
                 stopped.clone(),
             ))
         });
+        let breaker_openings = tokio::spawn(crate::call::openings::run(
+            pipeline.clone(),
+            stopped.clone(),
+        ));
         let tool_refresher = tokio::spawn(crate::call::tool::admin::run_refresher(
             pipeline.clone(),
             stopped.clone(),
@@ -192,6 +197,7 @@ impl Background {
             worker,
             approval_sweeper,
             tool_refresher,
+            breaker_openings,
             trigger_relay,
             mcp_clients,
             probes,
@@ -216,6 +222,7 @@ impl Background {
             self.conversation_sweeper,
             Some(self.approval_sweeper),
             Some(self.tool_refresher),
+            Some(self.breaker_openings),
             self.trigger_relay,
             self.key_refresher,
             metrics_task,

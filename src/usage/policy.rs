@@ -16,6 +16,17 @@ pub struct Caps {
 }
 
 impl Caps {
+    /// Each set cap and its limit, in refusal order.
+    pub fn set(&self) -> impl Iterator<Item = (CapKind, i64)> {
+        [
+            (CapKind::Requests, self.requests),
+            (CapKind::Tokens, self.tokens),
+            (CapKind::Cost, self.cost_micros),
+        ]
+        .into_iter()
+        .filter_map(|(kind, limit)| limit.map(|l| (kind, l)))
+    }
+
     /// Each set cap with `used` and `requested`, in refusal order.
     fn each(&self, used: Amount, requested: Amount) -> impl Iterator<Item = Check> {
         let limits = [self.requests, self.tokens, self.cost_micros];
@@ -71,6 +82,15 @@ pub enum CapKind {
 }
 
 impl CapKind {
+    /// Its part of an amount.
+    pub fn of(self, amount: Amount) -> i64 {
+        match self {
+            CapKind::Tokens => amount.tokens,
+            CapKind::Requests => amount.requests,
+            CapKind::Cost => amount.cost_micros,
+        }
+    }
+
     /// Stable name, the last part of a limit subject (`team:<id>/month/cost_usd`).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -50,6 +50,14 @@ pub struct Meter {
     defaults: Limits,
 }
 
+/// The caps of teams and users without an override row.
+pub fn default_limits(config: &MeteringConfig) -> Limits {
+    Limits {
+        team: period_caps(&config.default_limits),
+        user: period_caps(&config.user_limits),
+    }
+}
+
 /// A config table's caps per period.
 fn period_caps(l: &LimitsConfig) -> PeriodCaps {
     let count = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
@@ -70,10 +78,7 @@ fn period_caps(l: &LimitsConfig) -> PeriodCaps {
 impl Meter {
     /// Metering through `writer`; `None` turns metering off entirely.
     pub fn new(writer: Option<LedgerWriter>, pricing: Pricing, config: &MeteringConfig) -> Self {
-        let defaults = Limits {
-            team: period_caps(&config.default_limits),
-            user: period_caps(&config.user_limits),
-        };
+        let defaults = default_limits(config);
         Self {
             writer,
             pricing: Arc::new(pricing),
@@ -328,6 +333,7 @@ impl MeterSession {
             prompt_owner: None,
             audit: Vec::new(),
             outbox: Vec::new(),
+            triggers: None,
         };
         Either::Right(writer.enqueue(Op::Settle(settle)).err_into())
     }
@@ -358,6 +364,7 @@ impl MeterSession {
             prompt_owner,
             audit,
             outbox: Vec::new(),
+            triggers: None,
         })
     }
 
@@ -419,6 +426,7 @@ impl Drop for MeterSession {
             prompt_owner: None,
             audit: Vec::new(),
             outbox: Vec::new(),
+            triggers: None,
         });
         let trace_id = self.who.trace_id.clone();
         runtime.spawn(async move {

@@ -514,6 +514,7 @@ async fn both_backends_apply_a_batch_alike() {
         prompt_owner: None,
         audit: Vec::new(),
         outbox: Vec::new(),
+        triggers: None,
     });
     let second = vec![reserve("a3", "ta", 100), settle, reserve("a4", "ta", 100)];
 

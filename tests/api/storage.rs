@@ -423,6 +423,7 @@ async fn sqlite_durability_is_the_configured_synchronous_level() {
             prompt_owner: None,
             audit: Vec::new(),
             outbox: Vec::new(),
+            triggers: None,
         };
         assert_eq!(
             writer.submit(Op::Settle(settle)).await.unwrap(),

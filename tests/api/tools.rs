@@ -14,6 +14,7 @@ mod leases;
 mod limits;
 mod mcp;
 mod mcp_counterpart;
+mod platform_triggers;
 mod registry;
 mod retries;
 mod task_tools;

@@ -17,11 +17,13 @@ use serde_json::{Map, Value};
 use std::sync::Arc;
 
 /// One enabled trigger, as the ledger matches it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct Rule {
     name: String,
     on: TriggerEvent,
     filter: TriggerFilter,
+    /// The team the started tool runs for (`None`: the event's).
+    team: Option<String>,
     /// What the row starts, as configured when the event happened: a
     /// replica with another config (a rolling deploy) starts the same.
     tool: String,
@@ -30,7 +32,7 @@ struct Rule {
 }
 
 /// The enabled triggers, matched against every audit event appended.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Outbox {
     rules: Vec<Rule>,
 }
@@ -46,12 +48,19 @@ impl Outbox {
                 name: name.clone(),
                 on: t.on,
                 filter: t.filter.clone(),
+                team: t.team.clone(),
                 tool: t.tool.clone(),
                 role: t.role.clone(),
                 input: t.input.clone(),
             })
             .collect();
         (!rules.is_empty()).then(|| Arc::new(Self { rules }))
+    }
+
+    /// Whether some trigger follows a spending cap: only then does the
+    /// ledger look for crossings (`usage.cap.*`).
+    pub fn follows_caps(&self) -> bool {
+        self.rules.iter().any(|r| r.on.is_about_a_cap())
     }
 
     /// The outbox rows `events` fire, for the transaction appending them.
@@ -69,7 +78,8 @@ impl Outbox {
                     "input": render(&rule.input, &fields),
                     "fields": fields,
                 });
-                out.push(sql::insert(&rule.name, &event.team_id, &row, now_ms));
+                let team = rule.team.as_deref().unwrap_or(&event.team_id);
+                out.push(sql::insert(&rule.name, team, &row, now_ms));
             }
         }
         out
@@ -105,6 +115,9 @@ impl<'e> Seen<'e> {
                 Some(event.subject.as_str()),
             ),
             ("approval.requested", _) => (TriggerEvent::ApprovalRequested, tool(), None),
+            ("usage.cap.warning", _) => (TriggerEvent::CapWarning, None, None),
+            ("usage.cap.reached", _) => (TriggerEvent::CapReached, None, None),
+            ("breaker.opened", _) => (TriggerEvent::BreakerOpened, None, None),
             _ => return None,
         };
         Some(Self {
@@ -147,7 +160,60 @@ fn fields(event: &AuditEvent, seen: &Seen<'_>, trigger: &str) -> Map<String, Val
     put("principal", event.principal.as_str().into());
     put("at_ms", event.at_ms.into());
     put("audit_id", event.id.as_str().into());
+    let cap = CapFields::of(event, seen.kind);
+    put("user", cap.user.into());
+    put("cap", cap.name.into());
+    put("limit", cap.limit);
+    put("spent", cap.spent);
+    let provider = match seen.kind {
+        TriggerEvent::BreakerOpened => event.subject.as_str(),
+        _ => "",
+    };
+    put("provider", provider.into());
     m
+}
+
+/// A cap event's fields, from its subject (`user:u1/day/requests`) and its
+/// reason (`CAP_REACHED cap=daily_requests limit=5 spent=5`); empty for
+/// other events. A cost reads in USD, as configured.
+struct CapFields<'e> {
+    user: &'e str,
+    name: &'e str,
+    limit: Value,
+    spent: Value,
+}
+
+impl<'e> CapFields<'e> {
+    fn of(event: &'e AuditEvent, kind: TriggerEvent) -> Self {
+        let mut out = Self {
+            user: "",
+            name: "",
+            limit: Value::Null,
+            spent: Value::Null,
+        };
+        if !kind.is_about_a_cap() {
+            return out;
+        }
+        if let Some(rest) = event.subject.strip_prefix("user:") {
+            out.user = rest.split('/').next().unwrap_or_default();
+        }
+        let word = |key: &str| {
+            event
+                .reason
+                .split(' ')
+                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        };
+        out.name = word("cap").unwrap_or_default();
+        let cost = out.name.ends_with("cost_usd");
+        let number = |text: Option<&str>| match text.and_then(|t| t.parse::<i64>().ok()) {
+            Some(micros) if cost => serde_json::json!(micros as f64 / 1e6),
+            Some(n) => n.into(),
+            None => Value::Null,
+        };
+        out.limit = number(word("limit"));
+        out.spent = number(word("spent"));
+        out
+    }
 }
 
 /// Whether `text` matches `pattern`, where `*` stands for any run of characters.

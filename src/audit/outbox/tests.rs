@@ -106,3 +106,64 @@ fn placeholders_take_the_events_fields() {
     assert_eq!(fields["event"], "tool.invocation.failed");
     assert_eq!(fields["trigger"], "on_fail");
 }
+
+#[test]
+fn a_cap_event_gives_its_cap_fields_and_runs_for_the_triggers_team() {
+    let outbox = outbox(
+        r#"
+[triggers.budget]
+on = "usage.cap.warning"
+filter = { team = "acme" }
+tool = "ops.alert"
+team = "ops"
+input = { text = "{{event.cap}} at {{event.spent}}/{{event.limit}} for {{event.user}}" }
+"#,
+    );
+    assert!(outbox.follows_caps());
+    let warning = |subject: &str, reason: &str| {
+        AuditEvent::new(
+            "acme",
+            "system:ledger",
+            "",
+            Category::Usage,
+            "usage.cap.warning",
+            subject,
+        )
+        .decided("allow", reason)
+    };
+    let event = warning(
+        "user:u1/day/cost_usd",
+        "CAP_WARNING cap=daily_cost_usd limit=2500000 spent=2000000",
+    );
+    let seen = Seen::of(&event).unwrap();
+    let got = fields(&event, &seen, "budget");
+    assert_eq!(got["user"], "u1");
+    assert_eq!(got["cap"], "daily_cost_usd");
+    assert_eq!(got["limit"], json!(2.5));
+    assert_eq!(got["spent"], json!(2.0));
+    assert_eq!(got["provider"], "");
+    let rows = outbox.statements(&[event], 1);
+    assert_eq!(rows.len(), 1);
+    // The row is the trigger team's, not the event's.
+    let args = format!("{:?}", rows[0].args);
+    assert!(args.contains("\"ops\""), "{args}");
+
+    let team = warning(
+        "team:acme/month/requests",
+        "CAP_WARNING cap=monthly_requests limit=5 spent=4",
+    );
+    let seen = Seen::of(&team).unwrap();
+    let got = fields(&team, &seen, "budget");
+    assert_eq!(got["user"], "");
+    assert_eq!(
+        (got["limit"].clone(), got["spent"].clone()),
+        (json!(5), json!(4))
+    );
+    let mut reached = team.clone();
+    reached.action = "usage.cap.reached".into();
+    assert_eq!(
+        outbox.statements(&[reached], 1).len(),
+        0,
+        "only warnings are followed"
+    );
+}

@@ -416,3 +416,23 @@ async fn only_connection_failures_share_a_count() {
     b.try_acquire().unwrap().record(Outcome::Success);
     assert_eq!(b.snapshot().consecutive_failures, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_opening_is_told_once_and_a_full_channel_never_blocks() {
+    let b = breaker();
+    let (tx, mut rx) = mpsc::channel(1);
+    assert!(b.tell_openings(tx.clone()));
+    assert!(!b.tell_openings(tx), "one listener per breaker");
+    fail_n(&b, 5);
+    let opened = rx.try_recv().unwrap();
+    assert_eq!(&*opened.provider, "test");
+    assert_eq!(opened.consecutive_failures, 5);
+    // A failed probe re-opens it: told again; the channel (capacity 1) is
+    // left full and a third opening is dropped, not waited for.
+    advance(OPEN_FOR).await;
+    b.try_acquire().unwrap().record(Outcome::Failure);
+    advance(OPEN_FOR).await;
+    b.try_acquire().unwrap().record(Outcome::Failure);
+    assert_eq!(rx.try_recv().unwrap().consecutive_failures, 6);
+    assert!(rx.try_recv().is_err());
+}

@@ -195,6 +195,7 @@ mod tests {
             prompt_owner: None,
             audit: Vec::new(),
             outbox: Vec::new(),
+            triggers: None,
         })
     }
 

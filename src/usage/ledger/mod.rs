@@ -2,6 +2,7 @@
 //! [`Bucket`]) what was spent and what calls in flight hold. One algorithm ([`plan::apply`]) over a [`Backend`]
 //! per database applies each batch in one transaction ([`group_commit`]).
 
+mod crossings;
 pub mod group_commit;
 mod plan;
 mod sql;
@@ -10,6 +11,7 @@ pub mod writer;
 pub use sql::{postgres, sqlite};
 
 use super::policy::{Balance, Caps, Refusal};
+pub use crossings::CapTriggers;
 pub use writer::{LedgerWriter, WriteError};
 
 use super::{
@@ -132,6 +134,9 @@ pub struct Settle {
     pub audit: Vec<AuditEvent>,
     /// The triggers' outbox rows `audit` fires, in the same transaction (set by the writer).
     pub outbox: Vec<crate::store::Statement>,
+    /// Set by the writer when some trigger follows a cap: the ledger then
+    /// audits the caps this settlement's charge crosses.
+    pub triggers: Option<std::sync::Arc<CapTriggers>>,
 }
 
 impl Settle {

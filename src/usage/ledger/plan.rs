@@ -6,7 +6,9 @@
 //!    swept as an orphan and charged already);
 //! 3. team by team, each touched row (bucket) is updated once in order,
 //!    then the team's guarded reservations admitted in all their buckets or
-//!    none, a group together when it fits;
+//!    none, a group together when it fits; then, when some trigger
+//!    follows a cap, the caps the settlements' charges crossed
+//!    ([`super::crossings`]);
 //! 4. usage records, then prompt stats (after the ledger rows: every writer
 //!    locks rows in the same order, so PostgreSQL never has a cycle to break);
 //! 5. the admitted reservations are written;
@@ -35,9 +37,10 @@ pub(super) async fn apply<B: Backend>(
     let mut batch = Batch::sort(ops, B::ADMITS_IN_MEMORY);
     batch.delete_settled(b).await?;
     batch.update_rows(b).await?;
+    let crossed = super::crossings::find(b, &batch.settles).await?;
     batch.write_records(b).await?;
     write_services(b, ops, &mut batch.done).await?;
-    append_audit(b, ops, &mut batch.done).await?;
+    append_audit(b, ops, &mut batch.done, crossed).await?;
     let rows = if read_rows {
         touched_rows(b, ops).await?
     } else {
@@ -278,12 +281,14 @@ async fn write_services<B: Backend>(
     Ok(())
 }
 
-/// Step 7, the settlements' and the writes' audit events included, in
-/// the batch's order (a team's chain follows its operations).
+/// Step 7, the settlements', the writes' and the cap crossings' audit
+/// events included, in the batch's order (a team's chain follows its
+/// operations).
 async fn append_audit<B: Backend>(
     b: &mut B,
     ops: &[Op],
     done: &mut [Done],
+    crossed: super::crossings::Crossed,
 ) -> Result<(), StoreError> {
     let mut audited = Vec::new();
     let mut outbox = Vec::new();
@@ -307,6 +312,8 @@ async fn append_audit<B: Backend>(
             Op::Reserve(_) => {}
         }
     }
+    audited.extend(crossed.events);
+    outbox.extend(crossed.outbox.iter());
     // The triggers the events fire, in their transaction: none lost to a crash.
     for row in outbox {
         b.write(std::slice::from_ref(row)).await?;

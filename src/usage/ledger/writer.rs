@@ -45,6 +45,8 @@ pub struct LedgerWriter {
     wal_syncs: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// The triggers matched against every audit event (none configured: `None`).
     outbox: Option<Arc<crate::audit::outbox::Outbox>>,
+    /// Given to every settlement when some trigger follows a cap.
+    caps: Option<Arc<super::CapTriggers>>,
 }
 
 /// Where a batch is applied.
@@ -125,13 +127,26 @@ impl LedgerWriter {
                 admission,
                 wal_syncs,
                 outbox: None,
+                caps: None,
             },
             handle,
         ))
     }
 
-    /// Matches every audit event written from now on against `outbox`'s triggers.
-    pub fn set_outbox(&mut self, outbox: Option<Arc<crate::audit::outbox::Outbox>>) {
+    /// Matches every audit event written from now on against `outbox`'s
+    /// triggers; when one follows a cap, settlements look for crossings of
+    /// their bucket's caps (`defaults` without an override row).
+    pub fn set_outbox(
+        &mut self,
+        outbox: Option<Arc<crate::audit::outbox::Outbox>>,
+        defaults: crate::usage::bucket::Limits,
+    ) {
+        self.caps = outbox.as_ref().filter(|o| o.follows_caps()).map(|o| {
+            Arc::new(super::CapTriggers {
+                outbox: o.clone(),
+                defaults,
+            })
+        });
         self.outbox = outbox;
     }
 
@@ -162,6 +177,7 @@ impl LedgerWriter {
             }
             Op::Settle(mut s) => {
                 s.outbox = outbox.statements(&s.audit, now);
+                s.triggers = self.caps.clone();
                 Op::Settle(s)
             }
             Op::Write(mut w) => {

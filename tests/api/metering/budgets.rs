@@ -394,6 +394,7 @@ async fn batches_spanning_a_month_end_never_deadlock() {
         prompt_owner: None,
         audit: Vec::new(),
         outbox: Vec::new(),
+        triggers: None,
     };
     for round in 0..20 {
         let mut batches = Vec::new();

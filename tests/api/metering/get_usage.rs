@@ -304,6 +304,7 @@ async fn get_usage_across_months(postgres: bool) {
             prompt_owner: None,
             audit: Vec::new(),
             outbox: Vec::new(),
+            triggers: None,
         })],
     )
     .await
@@ -446,6 +447,7 @@ async fn rollups_and_partial_days_agree_with_the_records(postgres: bool) {
                 prompt_owner: None,
                 audit: Vec::new(),
                 outbox: Vec::new(),
+                triggers: None,
             })
         })
         .collect();

@@ -177,6 +177,7 @@ fn settle(r: &Reserve, tokens: i64, cost: i64) -> Settle {
         prompt_owner: None,
         audit: Vec::new(),
         outbox: Vec::new(),
+        triggers: None,
     }
 }
 

@@ -88,6 +88,7 @@ async fn wal_stays_bounded(durability: SqliteDurability) {
                 prompt_owner: None,
                 audit: Vec::new(),
                 outbox: Vec::new(),
+                triggers: None,
             }))
             .await
             .unwrap();

@@ -78,7 +78,8 @@ async fn all_fired(store: &ai_orchestrator::store::Store) {
     .await;
 }
 
-fn alerts(hook: &Webhook) -> Vec<serde_json::Value> {
+/// The bodies the fake webhook's alert route received.
+pub(super) fn alerts(hook: &Webhook) -> Vec<serde_json::Value> {
     hook.received()
         .into_iter()
         .filter(|r| r.path == "/webhook/alert")

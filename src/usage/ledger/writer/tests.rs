@@ -27,6 +27,7 @@ fn settle(team: &str) -> Op {
         prompt_owner: None,
         audit: Vec::new(),
         outbox: Vec::new(),
+        triggers: None,
     })
 }
 
@@ -49,6 +50,7 @@ async fn an_admission_dropped_before_it_is_queued_is_withdrawn() {
         admission: Some(admission.clone()),
         wal_syncs: None,
         outbox: None,
+        caps: None,
     };
     let first = writer.submit(reserve("t")).await.unwrap();
     assert_eq!(first, Done::Admitted);
@@ -152,6 +154,7 @@ fn settle_of(r: &Reserve) -> Op {
         prompt_owner: None,
         audit: Vec::new(),
         outbox: Vec::new(),
+        triggers: None,
     })
 }
 
@@ -270,6 +273,7 @@ fn a_team_always_uses_one_writer_and_teams_spread_over_all() {
         admission: None,
         wal_syncs: None,
         outbox: None,
+        caps: None,
     };
     let index = |op: &Op| {
         let shard = writer.shard(op).unwrap();

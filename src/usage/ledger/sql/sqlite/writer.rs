@@ -225,6 +225,7 @@ mod tests {
             prompt_owner: None,
             audit: Vec::new(),
             outbox: Vec::new(),
+            triggers: None,
         }
     }
 
