@@ -13,6 +13,8 @@ use tokio::sync::watch;
 
 /// Openings waiting to be audited, at most; a storm of more is logged only.
 const BACKLOG: usize = 256;
+/// How long the shutdown waits to audit the openings still queued.
+const DRAIN_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Audits every breaker opening until `stop`; returns at once when the
 /// openings are told elsewhere already.
@@ -31,9 +33,21 @@ pub async fn run(pipeline: Pipeline, mut stop: watch::Receiver<bool>) {
             None => break,
         }
     }
-    // What opened before the stop is still audited.
+    // What opened before the stop is still audited: in one write, and not
+    // waited for past DRAIN_WITHIN when the store is slow.
+    let mut left = Vec::new();
     while let Ok(opened) = openings.try_recv() {
-        audit(&pipeline, &opened).await;
+        left.push(event(&opened));
+    }
+    if !left.is_empty() {
+        let write = pipeline.ledger().submit(Op::Audit(left));
+        match tokio::time::timeout(DRAIN_WITHIN, write).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "auditing breaker openings at shutdown failed")
+            }
+            Err(_) => tracing::error!("auditing breaker openings at shutdown timed out"),
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The triggers' relay (SPEC §16): every replica takes fired triggers from
 //! the outbox (written with their event, `audit::outbox`) under a lease and
 //! starts each trigger's tool ASYNC through the tools entry point, as the
-//! principal `trigger:<name>` with the trigger's role, for the event's team.
+//! principal `trigger:<name>` with the trigger's role, for the trigger's
+//! `team` (else the event's, as the outbox row says).
 //! Delivery is at least once; the idempotency key `trigger:<outbox id>`
 //! makes a replay answer the first invocation, so a webhook never sees one
 //! trigger twice. Each row ends with its `trigger.fired` event in one

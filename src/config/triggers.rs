@@ -187,8 +187,18 @@ pub(super) fn check(config: &super::Config, bad: &mut dyn FnMut(String, &str)) {
             );
         }
         match &t.team {
-            Some(team) if team.is_empty() || team.len() > 128 => {
-                bad(at("team"), "must be a team ID (1-128 characters)");
+            // The rule of a request's team_id.
+            Some(team)
+                if team.is_empty()
+                    || team.len() > 128
+                    || !team.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@')
+                    }) =>
+            {
+                bad(
+                    at("team"),
+                    "must be a team ID: 1-128 letters, digits and - _ . : @",
+                );
             }
             None if breaker => bad(
                 at("team"),
@@ -272,6 +282,7 @@ mod tests {
         let breaker = ok.replace("tool.invocation.failed", "breaker.opened");
         assert!(problems(&breaker).contains("triggers.t.team"));
         assert_eq!(problems(&format!("{breaker}team = \"ops\"\n")), "");
+        assert!(problems(&format!("{breaker}team = \"ops team\"\n")).contains("triggers.t.team"));
         let team_filter = format!("{breaker}team = \"ops\"\nfilter = {{ team = \"a\" }}\n");
         assert!(problems(&team_filter).contains("triggers.t.filter.team"));
         let cap = ok.replace("tool.invocation.failed", "usage.cap.reached");

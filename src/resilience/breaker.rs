@@ -230,11 +230,17 @@ impl CircuitBreaker {
         }
     }
 
-    /// Tells `to` of every opening from now on; false when another was set
-    /// first (one listener per breaker). A full channel drops the news:
-    /// the breaker never waits for a listener.
+    /// Tells `to` of every opening from CLOSED from now on (a failed probe
+    /// re-opening it is the same outage); false when another was set first
+    /// (one listener per breaker). A full channel drops the news: the
+    /// breaker never waits for a listener.
     pub fn tell_openings(&self, to: mpsc::Sender<Opened>) -> bool {
         self.inner.openings.set(to).is_ok()
+    }
+
+    /// Whether its openings are told somewhere already.
+    pub fn tells_openings(&self) -> bool {
+        self.inner.openings.get().is_some()
     }
 
     /// Asks to make one call; on `Err` skip the provider without a network call. Dropping the
@@ -377,8 +383,8 @@ impl Inner {
                     }
                     Some(Outcome::Failure) => {
                         st.consecutive_failures = st.consecutive_failures.saturating_add(1);
+                        // Still the same outage: only an opening from CLOSED is told.
                         st.open(now, s.open_for, &self.name);
-                        self.tell_opened(&st);
                     }
                     Some(Outcome::Ignored) | None => {
                         st.phase = Phase::HalfOpen { probes, successes };
@@ -396,8 +402,11 @@ impl Inner {
                 provider: self.name.clone(),
                 consecutive_failures: st.consecutive_failures,
             };
-            if to.try_send(opened).is_err() {
-                tracing::warn!(provider = %self.name, "breaker opening not told: its listener lags");
+            match to.try_send(opened) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::warn!(provider = %self.name, "breaker opening not told: its listener lags");
+                }
             }
         }
     }

@@ -98,6 +98,9 @@ impl Resilience {
         &self,
         capacity: usize,
     ) -> Option<tokio::sync::mpsc::Receiver<breaker::Opened>> {
+        if self.providers.values().any(|g| g.breaker.tells_openings()) {
+            return None;
+        }
         let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
         let mut all = true;
         for guards in self.providers.values() {

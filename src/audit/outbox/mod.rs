@@ -194,8 +194,9 @@ impl<'e> CapFields<'e> {
         if !kind.is_about_a_cap() {
             return out;
         }
+        // `user:<id>/<period>/<cap>`: an ID may itself hold a `/`.
         if let Some(rest) = event.subject.strip_prefix("user:") {
-            out.user = rest.split('/').next().unwrap_or_default();
+            out.user = rest.rsplitn(3, '/').nth(2).unwrap_or_default();
         }
         let word = |key: &str| {
             event

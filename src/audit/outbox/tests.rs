@@ -132,12 +132,12 @@ input = { text = "{{event.cap}} at {{event.spent}}/{{event.limit}} for {{event.u
         .decided("allow", reason)
     };
     let event = warning(
-        "user:u1/day/cost_usd",
+        "user:u/1/day/cost_usd",
         "CAP_WARNING cap=daily_cost_usd limit=2500000 spent=2000000",
     );
     let seen = Seen::of(&event).unwrap();
     let got = fields(&event, &seen, "budget");
-    assert_eq!(got["user"], "u1");
+    assert_eq!(got["user"], "u/1");
     assert_eq!(got["cap"], "daily_cost_usd");
     assert_eq!(got["limit"], json!(2.5));
     assert_eq!(got["spent"], json!(2.0));

@@ -418,21 +418,30 @@ async fn only_connection_failures_share_a_count() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn each_opening_is_told_once_and_a_full_channel_never_blocks() {
+async fn an_outage_is_told_once_and_a_full_channel_never_blocks() {
     let b = breaker();
     let (tx, mut rx) = mpsc::channel(1);
     assert!(b.tell_openings(tx.clone()));
     assert!(!b.tell_openings(tx), "one listener per breaker");
+    assert!(b.tells_openings());
     fail_n(&b, 5);
     let opened = rx.try_recv().unwrap();
     assert_eq!(&*opened.provider, "test");
     assert_eq!(opened.consecutive_failures, 5);
-    // A failed probe re-opens it: told again; the channel (capacity 1) is
-    // left full and a third opening is dropped, not waited for.
+    // A failed probe re-opens it: the same outage, not told again.
     advance(OPEN_FOR).await;
     b.try_acquire().unwrap().record(Outcome::Failure);
-    advance(OPEN_FOR).await;
-    b.try_acquire().unwrap().record(Outcome::Failure);
-    assert_eq!(rx.try_recv().unwrap().consecutive_failures, 6);
+    assert_eq!(b.state(), BreakerState::Open);
+    assert!(rx.try_recv().is_err());
+    // Recovered, then down again: told. The channel (capacity 1) is left
+    // full, and the next opening is dropped, not waited for.
+    for _ in 0..2 {
+        advance(OPEN_FOR).await;
+        b.try_acquire().unwrap().record(Outcome::Success);
+        b.try_acquire().unwrap().record(Outcome::Success);
+        assert_eq!(b.state(), BreakerState::Closed);
+        fail_n(&b, 5);
+    }
+    assert_eq!(rx.try_recv().unwrap().consecutive_failures, 5);
     assert!(rx.try_recv().is_err());
 }

@@ -15,7 +15,7 @@ use crate::{
         policy::{CapKind, Caps},
     },
 };
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 /// What the ledger needs to look for crossings: the triggers following
 /// them and the caps of teams and users without an override row.
@@ -110,18 +110,19 @@ pub(super) async fn find<B: Backend>(
     let Some(triggers) = settles.iter().find_map(|s| s.triggers.clone()) else {
         return Ok(out);
     };
-    let mut buckets: Vec<Bucket> = settles.iter().flat_map(|s| s.buckets()).collect();
-    buckets.sort();
-    buckets.dedup();
-    for bucket in buckets {
-        let charging: Vec<&Settle> = settles
-            .iter()
-            .copied()
-            .filter(|s| s.charged() != Amount::ZERO && s.buckets().contains(&bucket))
-            .collect();
-        if charging.is_empty() {
+    // Each bucket's charges with the trace that made each, in batch order.
+    let mut charged: BTreeMap<Bucket, Vec<(Amount, &str)>> = BTreeMap::new();
+    for s in settles {
+        let charge = s.charged();
+        if charge == Amount::ZERO {
             continue;
         }
+        for bucket in s.buckets() {
+            let trace = s.record.trace_id.as_str();
+            charged.entry(bucket).or_default().push((charge, trace));
+        }
+    }
+    for (bucket, charges) in charged {
         let caps = match b.bucket_caps(&bucket).await? {
             Some(caps) => caps,
             None => triggers.defaults.of(&bucket),
@@ -130,11 +131,9 @@ pub(super) async fn find<B: Backend>(
             continue;
         }
         let spent = b.balance(&bucket).await?.spent();
-        let charges: Vec<Amount> = charging.iter().map(|s| s.charged()).collect();
-        for c in crossings(&caps, spent, &charges) {
-            let trace = charging
-                .get(c.settle)
-                .map_or("", |s| s.record.trace_id.as_str());
+        let amounts: Vec<Amount> = charges.iter().map(|(a, _)| *a).collect();
+        for c in crossings(&caps, spent, &amounts) {
+            let trace = charges.get(c.settle).map_or("", |(_, t)| *t);
             out.events.push(event(&bucket, &c, trace));
         }
     }
@@ -166,6 +165,8 @@ fn event(bucket: &Bucket, c: &Crossing, trace_id: &str) -> AuditEvent {
     )
 }
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
