@@ -71,7 +71,7 @@ impl Check {
 }
 
 /// Which cap refused a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CapKind {
     /// Token cap.
     Tokens,

@@ -265,7 +265,10 @@ impl MeterSession {
                 self.lock().reservations.push(held);
                 Ok(())
             }
-            Done::Refused(refusal) => Err(MeterError::Quota(refusal)),
+            Done::Refused(refusal) => {
+                writer.tell_refusal(&refusal, &self.who.trace_id).await;
+                Err(MeterError::Quota(refusal))
+            }
             Done::Settled | Done::Audited | Done::Written { .. } => Ok(()),
         }
     }

@@ -5,26 +5,88 @@
 //! Only settled spend counts (a reservation is an estimate), and only when
 //! some trigger follows a cap: otherwise nothing is read (ADR 0036).
 
-use super::{Backend, Settle};
+use super::{Backend, Op, Settle, Write};
 use crate::{
     audit::{AuditEvent, Category, outbox::Outbox},
     store::{Statement, StoreError},
     usage::{
         amount::Amount,
         bucket::{Bucket, Limits},
-        policy::{CapKind, Caps},
+        policy::{CapKind, Caps, Refusal},
     },
 };
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::{Arc, Mutex, PoisonError},
+};
 
 /// What the ledger needs to look for crossings: the triggers following
 /// them and the caps of teams and users without an override row.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub struct CapTriggers {
     /// The triggers (some follow a cap).
     pub outbox: Arc<Outbox>,
     /// `[metering.default_limits]` and `[metering.user_limits]`.
     pub defaults: Limits,
+    /// The caps whose refusal this replica has told already (cleared when
+    /// large): a refusal storm asks the database once per cap and period.
+    told: Mutex<HashSet<(Bucket, CapKind)>>,
+}
+
+impl PartialEq for CapTriggers {
+    fn eq(&self, other: &Self) -> bool {
+        self.outbox == other.outbox && self.defaults == other.defaults
+    }
+}
+
+/// Refusals remembered per replica before the memory is cleared.
+const TOLD_MAX: usize = 4096;
+
+impl CapTriggers {
+    /// The triggers following caps and the default caps.
+    pub fn new(outbox: Arc<Outbox>, defaults: Limits) -> Self {
+        Self {
+            outbox,
+            defaults,
+            told: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// A refusal at or past 80 % of its cap tells `usage.cap.reached`: a
+    /// token or cost cap stops calls before settled spend reaches it (their
+    /// estimate is held back). The write appends the event only if the
+    /// period's guard row is new; `None` once this replica told it.
+    pub fn reached_by_refusal(&self, refusal: &Refusal, trace_id: &str) -> Option<Op> {
+        if refusal.used < Level::Warning.threshold(refusal.limit) || refusal.limit <= 0 {
+            return None;
+        }
+        {
+            let mut told = self.told.lock().unwrap_or_else(PoisonError::into_inner);
+            if told.len() >= TOLD_MAX {
+                told.clear();
+            }
+            if !told.insert((refusal.bucket.clone(), refusal.cap)) {
+                return None;
+            }
+        }
+        let c = Crossing {
+            settle: 0,
+            cap: refusal.cap,
+            limit: refusal.limit,
+            spent: refusal.used,
+            level: Level::Reached,
+        };
+        let now = chrono::Utc::now().timestamp_millis();
+        let guard = super::sql::cap_event_guard(&refusal.bucket, c.cap.as_str(), "reached", now);
+        Some(Op::Write(Write {
+            team_id: refusal.bucket.team_id.clone(),
+            statements: vec![guard],
+            durable: false,
+            audit: vec![event(&refusal.bucket, &c, trace_id)],
+            audit_only_if_stored: true,
+            outbox: Vec::new(),
+        }))
+    }
 }
 
 /// How far a cap is taken.
@@ -43,6 +105,14 @@ impl Level {
             // ceil(0.8 × limit), without overflow.
             Level::Warning => ((i128::from(limit) * 4 + 4) / 5) as i64,
             Level::Reached => limit,
+        }
+    }
+
+    /// Its name in `cap_events.level`.
+    fn as_str(self) -> &'static str {
+        match self {
+            Level::Warning => "warning",
+            Level::Reached => "reached",
         }
     }
 
@@ -122,6 +192,7 @@ pub(super) async fn find<B: Backend>(
             charged.entry(bucket).or_default().push((charge, trace));
         }
     }
+    let now = chrono::Utc::now().timestamp_millis();
     for (bucket, charges) in charged {
         let caps = match b.bucket_caps(&bucket).await? {
             Some(caps) => caps,
@@ -133,11 +204,14 @@ pub(super) async fn find<B: Backend>(
         let spent = b.balance(&bucket).await?.spent();
         let amounts: Vec<Amount> = charges.iter().map(|(a, _)| *a).collect();
         for c in crossings(&caps, spent, &amounts) {
-            let trace = charges.get(c.settle).map_or("", |(_, t)| *t);
-            out.events.push(event(&bucket, &c, trace));
+            // Once per period: a refusal may have told `reached` already.
+            let guard = super::sql::cap_event_guard(&bucket, c.cap.as_str(), c.level.as_str(), now);
+            if b.write(&[guard]).await? {
+                let trace = charges.get(c.settle).map_or("", |(_, t)| *t);
+                out.events.push(event(&bucket, &c, trace));
+            }
         }
     }
-    let now = chrono::Utc::now().timestamp_millis();
     out.outbox = triggers.outbox.statements(&out.events, now);
     Ok(out)
 }

@@ -141,12 +141,10 @@ impl LedgerWriter {
         outbox: Option<Arc<crate::audit::outbox::Outbox>>,
         defaults: crate::usage::bucket::Limits,
     ) {
-        self.caps = outbox.as_ref().filter(|o| o.follows_caps()).map(|o| {
-            Arc::new(super::CapTriggers {
-                outbox: o.clone(),
-                defaults,
-            })
-        });
+        self.caps = outbox
+            .as_ref()
+            .filter(|o| o.follows_caps())
+            .map(|o| Arc::new(super::CapTriggers::new(o.clone(), defaults)));
         self.outbox = outbox;
     }
 
@@ -185,6 +183,21 @@ impl LedgerWriter {
                 Op::Write(w)
             }
             reserve @ Op::Reserve(_) => reserve,
+        }
+    }
+
+    /// Audits `refusal` as `usage.cap.reached` when a trigger follows caps
+    /// ([`super::CapTriggers::reached_by_refusal`]); queued, not waited for.
+    pub async fn tell_refusal(&self, refusal: &super::Refusal, trace_id: &str) {
+        let Some(op) = self
+            .caps
+            .as_ref()
+            .and_then(|c| c.reached_by_refusal(refusal, trace_id))
+        else {
+            return;
+        };
+        if let Err(e) = self.enqueue(op).await {
+            tracing::warn!(error = %e, "a cap refusal's usage.cap.reached was not queued");
         }
     }
 

@@ -49,10 +49,10 @@ fn triggers() -> Arc<CapTriggers> {
             ..PeriodCaps::default()
         },
     };
-    Arc::new(CapTriggers {
-        outbox: Outbox::from_config(&config).unwrap(),
+    Arc::new(CapTriggers::new(
+        Outbox::from_config(&config).unwrap(),
         defaults,
-    })
+    ))
 }
 
 /// A call of user u1 admitted in memory and settled in the same batch.
@@ -169,4 +169,56 @@ async fn without_a_trigger_following_a_cap_nothing_is_audited() {
     let store = store(dir.path()).await;
     batch(&store, None).await;
     assert!(crossed(&store).await.is_empty());
+}
+
+/// A token cap stops calls before settled spend reaches it: a refusal at or
+/// past 80 % tells `reached`, once per period whoever tells it again.
+#[tokio::test]
+async fn a_refusal_past_the_warning_tells_reached_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path()).await;
+    let bucket = Bucket::team_month("acme", 0);
+    let refusal = |used: i64| Refusal {
+        bucket: bucket.clone(),
+        cap: CapKind::Tokens,
+        limit: 1_000,
+        used,
+        requested: 400,
+    };
+    let caps = triggers();
+    assert!(
+        caps.reached_by_refusal(&refusal(700), "early").is_none(),
+        "below 80 %"
+    );
+    let op = caps.reached_by_refusal(&refusal(850), "r-1").unwrap();
+    assert!(
+        caps.reached_by_refusal(&refusal(900), "r-2").is_none(),
+        "told by this replica"
+    );
+    ledger::apply(&store, &[op]).await.unwrap();
+    // Another replica (its own memory) tells it again: the guard row stops it.
+    let again = triggers().reached_by_refusal(&refusal(900), "r-3").unwrap();
+    ledger::apply(&store, &[again]).await.unwrap();
+    let events = crossed(&store).await;
+    assert_eq!(
+        events,
+        [(
+            "usage.cap.reached".to_owned(),
+            "team:acme/month/tokens".to_owned(),
+            "r-1".to_owned()
+        )]
+    );
+    let filter = crate::audit::store::Filter {
+        team_id: "acme".into(),
+        limit: 10,
+        ..Default::default()
+    };
+    let reason = crate::audit::store::list(&store, &filter).await.unwrap()[0]
+        .event
+        .reason
+        .clone();
+    assert_eq!(
+        reason,
+        "CAP_REACHED cap=monthly_tokens limit=1000 spent=850"
+    );
 }

@@ -7,7 +7,7 @@ pub mod sqlite;
 
 use super::{Done, LedgerRepository, Op};
 use crate::{
-    store::{Store, StoreError},
+    store::{Statement, Store, StoreError},
     usage::{
         bucket::{Bucket, Period, PeriodCaps},
         policy::{Balance, Caps},
@@ -85,6 +85,24 @@ fn per_kind(
     });
     let index = usize::from(bucket.is_user()) * 2 + usize::from(bucket.period == Period::Day);
     all.get(index).map_or("", String::as_str)
+}
+
+/// The once-per-period guard of a cap event (`level`: warning or reached):
+/// it inserts a row only the first time, so its event is appended once.
+pub fn cap_event_guard(bucket: &Bucket, cap: &str, level: &str, now_ms: i64) -> Statement {
+    Statement::new(
+        "INSERT INTO cap_events (team_id, user_id, period, start_ms, cap, level, at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+        vec![
+            bucket.team_id.as_str().into(),
+            bucket.user_id.as_str().into(),
+            bucket.period.as_str().into(),
+            bucket.start_ms.into(),
+            cap.into(),
+            level.into(),
+            now_ms.into(),
+        ],
+    )
 }
 
 /// The bucket's own caps: `(tokens, requests, cost)` of its override row.
