@@ -560,6 +560,10 @@ def service_check(binary: str):
             for name, e in r.env.items():
                 if name.startswith("AIO_SERVER__") and "value" in e:
                     run_env[name] = e["value"]
+            # Other secrets the pod reads (the console's signing key): long enough dummies.
+            for name, e in r.env.items():
+                if "valueFrom" in e and name not in run_env and not name.startswith("AIO_CLUSTER__"):
+                    run_env[name] = "dummy-secret-at-least-32-bytes-long"
             if "AIO_CLUSTER__REDIS_URL" in r.env:
                 run_env["AIO_CLUSTER__REDIS_URL"] = "redis://:dummy@redis.example:6379/0"
             if r.postgres:

@@ -1,7 +1,7 @@
 //! ai-orchestrator: the single gRPC entry point for every AI call.
 //!
 //! One driver: an edge (`api` for gRPC and MCP, `web` for the
-//! OpenAI-compatible HTTP API, `cli` for the admin commands) parses a request into a call context and a feature, runs it
+//! OpenAI-compatible HTTP API, `console` for the ops pages, `cli` for the admin commands) parses a request into a call context and a feature, runs it
 //! with `call::Pipeline::run` (or `stream`, `converse`), and maps the
 //! answer back. The pipeline (`call`) owns every call's lifecycle: admit,
 //! reserve, route, settle, record, audit. A feature (`tasks`, an agent turn,
@@ -22,6 +22,8 @@
 //! edge       api, cli, server        anything below
 //!            web                     call, agent, auth, store, api (its error
 //!                                    mapping, envelope checks, access log)
+//!            console                 call, usage, audit, tools, auth, resilience,
+//!                                    store (the ops pages: read, render, decide)
 //! pipeline   call                    the features and everything below them
 //! features   tasks                   router (errors), prompts, usage (types)
 //!            agent                   store, the ground floor (the turn loop, over a session)
@@ -51,6 +53,7 @@ pub mod call;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod console;
 pub mod domain;
 pub mod guardrails;
 pub mod prompts;

@@ -128,6 +128,23 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "api",
             ][..],
         ),
+        // The ops console reads the services GetUsage, GetProviderHealth and
+        // AuditService read, and decides approvals through the pipeline.
+        (
+            "console",
+            &[
+                "domain",
+                "config",
+                "telemetry",
+                "store",
+                "resilience",
+                "usage",
+                "audit",
+                "tools",
+                "auth",
+                "call",
+            ][..],
+        ),
         (
             "cli",
             &[
@@ -164,6 +181,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "call",
                 "api",
                 "web",
+                "console",
                 "guardrails",
             ][..],
         ),

@@ -187,16 +187,26 @@ impl Authenticator {
             return Ok(Principal::unauthenticated());
         }
         let key = presented_key(metadata).ok_or(AuthError::Missing)?;
-        let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        self.by_hash(&Self::hash(key)).ok_or(AuthError::Invalid)
+    }
+
+    /// The SHA-256 of a presented key, as keys are stored.
+    pub fn hash(key: &str) -> [u8; 32] {
+        Sha256::digest(key.as_bytes()).into()
+    }
+
+    /// The active key with SHA-256 `hash`, read afresh (a revoked key is gone
+    /// at the next refresh): the console's session names its key this way.
+    pub fn by_hash(&self, hash: &[u8; 32]) -> Option<Principal> {
         let stored = self.from_store.read().unwrap_or_else(|p| p.into_inner());
         // No early exit: the time taken must not say which key matched.
         let mut found = None;
         for known in self.from_config.iter().chain(stored.iter()) {
-            if bool::from(known.hash.ct_eq(&hash)) && found.is_none() {
+            if bool::from(known.hash.ct_eq(hash)) && found.is_none() {
                 found = Some(&known.principal);
             }
         }
-        found.cloned().ok_or(AuthError::Invalid)
+        found.cloned()
     }
 }
 

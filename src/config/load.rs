@@ -205,6 +205,19 @@ impl Config {
                 }
             }
         }
+        if let Some(var) = &config.console.session_secret_env {
+            match env(var) {
+                Some(value) if !value.is_empty() => {
+                    config.console.session_secret = Some(Secret::new(value));
+                }
+                _ if !require_keys => {}
+                _ => problems.push(Invalid {
+                    origin: None,
+                    path: "console.session_secret_env".into(),
+                    message: format!("environment variable {var} is not set"),
+                }),
+            }
+        }
         super::tools::ToolLimitsConfig::cap(&mut config);
         problems.extend(validate::check(&config));
         if problems.is_empty() {

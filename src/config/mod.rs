@@ -8,6 +8,7 @@ mod approvals;
 mod audit;
 mod auth;
 pub mod cluster;
+mod console;
 mod database;
 pub mod guardrails;
 mod http;
@@ -31,6 +32,7 @@ pub use self::http::HttpConfig;
 pub use approvals::{ApprovalSetting, ApprovalsConfig};
 pub use audit::AuditConfig;
 pub use auth::{ApiKeyConfig, AuthConfig};
+pub use console::{ConsoleConfig, MIN_SECRET_BYTES as MIN_CONSOLE_SECRET_BYTES};
 pub use database::{DatabaseConfig, SqliteDurability};
 pub use secret::Secret;
 pub use validate::{MAX_OUTPUT_TOKENS, tools::runtime_tool};
@@ -152,6 +154,9 @@ pub struct Config {
     /// Which tool calls wait for a person, and for how long (SPEC §14.1).
     #[serde(default)]
     pub approvals: ApprovalsConfig,
+    /// The ops console on the metrics listener (SPEC §17).
+    #[serde(default)]
+    pub console: ConsoleConfig,
     /// Platform events that start a tool (SPEC §16).
     #[serde(default)]
     pub triggers: BTreeMap<String, triggers::TriggerConfig>,

@@ -210,6 +210,7 @@ pub(super) fn check(config: &Config) -> Vec<Invalid> {
     telemetry(config, &mut bad);
     metering(config, &mut bad);
     super::triggers::check(config, &mut bad);
+    super::console::check(config, &mut bad);
     if config.database.sqlite_wal_autocheckpoint == 0 {
         bad(
             "database.sqlite_wal_autocheckpoint".into(),

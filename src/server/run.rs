@@ -78,8 +78,19 @@ impl App {
             &draining,
         );
         let http_edge = spawn_http_edge(http_listener, &config, &pipeline, &auth, &draining);
-        let metrics_task =
-            spawn_metrics(metrics_listener, &pipeline, ready, tasks_stopped, on_scrape);
+        let console = config
+            .console
+            .enabled
+            .then(|| crate::console::Console::new(pipeline.clone(), auth.clone()))
+            .transpose()?;
+        let metrics_task = spawn_metrics(
+            metrics_listener,
+            &pipeline,
+            console,
+            ready,
+            tasks_stopped,
+            on_scrape,
+        );
         let routes = grpc_routes(health_service, services, &auth, &config.server)?;
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, backend = store.backend(), "serving");
@@ -287,10 +298,12 @@ fn spawn_http_edge(
     )))
 }
 
-/// `/metrics`, `/healthz` and `/readyz`, if a listener was bound for them.
+/// `/metrics`, `/healthz` and `/readyz`, if a listener was bound for them,
+/// and the ops console when enabled.
 fn spawn_metrics(
     listener: Option<TcpListener>,
     pipeline: &Pipeline,
+    console: Option<crate::console::Console>,
     ready: watch::Receiver<bool>,
     stopped: watch::Receiver<bool>,
     on_scrape: metrics::OnScrape,
@@ -304,8 +317,12 @@ fn spawn_metrics(
         let report = router.providers_report();
         (report.healthy, report.body.to_string())
     });
+    if console.is_some() {
+        tracing::info!("ops console at /console on the metrics endpoint");
+    }
+    let pages = console.map(crate::console::Console::router);
     Some(tokio::spawn(metrics::serve_http(
-        listener, ready, stopped, on_scrape, providers,
+        listener, ready, stopped, on_scrape, providers, pages,
     )))
 }
 

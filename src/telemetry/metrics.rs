@@ -509,6 +509,7 @@ pub async fn serve_http(
     mut shutdown: watch::Receiver<bool>,
     on_scrape: OnScrape,
     providers: ProvidersHealth,
+    pages: Option<axum::Router>,
 ) {
     use axum::{Router, http::StatusCode, routing::get};
     let upkeep = tokio::spawn(async {
@@ -551,9 +552,15 @@ pub async fn serve_http(
                 }
             }),
         );
+    // More pages on this listener (the ops console), which read the peer's address.
+    let app = match pages {
+        Some(pages) => app.merge(pages),
+        None => app,
+    };
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
     };
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await

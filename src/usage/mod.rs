@@ -30,6 +30,20 @@ pub trait UsageRepository: Send + Sync + std::fmt::Debug {
     /// Every record of a trace, in insertion order.
     async fn by_trace(&self, trace_id: &str) -> Result<Vec<UsageRecord>, StoreError>;
 
+    /// The team's records of a trace, at most `limit`, in insertion order.
+    async fn of_trace(
+        &self,
+        team: &str,
+        trace_id: &str,
+        limit: i64,
+    ) -> Result<Vec<UsageRecord>, StoreError>;
+
+    /// The team's latest `limit` records, newest first.
+    async fn recent(&self, team: &str, limit: i64) -> Result<Vec<UsageRecord>, StoreError>;
+
+    /// Teams with usage on or after UTC day `first_day` (days since the epoch), by name.
+    async fn active_teams(&self, first_day: i64, limit: i64) -> Result<Vec<String>, StoreError>;
+
     /// The rollup sums of whole UTC days `[first_day, end_day)`, per group of `dims`.
     async fn rollups(
         &self,

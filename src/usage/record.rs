@@ -51,3 +51,32 @@ pub struct UsageRecord {
 pub async fn by_trace(store: &Store, trace_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
     super::sql::repository(store).by_trace(trace_id).await
 }
+
+/// The team's records of a trace, at most `limit`, in order (a caller picks its
+/// trace IDs: one may be on any number of records).
+pub async fn of_trace(
+    store: &Store,
+    team: &str,
+    trace_id: &str,
+    limit: i64,
+) -> Result<Vec<UsageRecord>, StoreError> {
+    super::sql::repository(store)
+        .of_trace(team, trace_id, limit)
+        .await
+}
+
+/// The team's latest `limit` records, newest first (the console's Calls page).
+pub async fn recent(store: &Store, team: &str, limit: i64) -> Result<Vec<UsageRecord>, StoreError> {
+    super::sql::repository(store).recent(team, limit).await
+}
+
+/// Teams with usage since the start of UTC day `first_day`, by name, at most `limit`.
+pub async fn active_teams(
+    store: &Store,
+    first_day: i64,
+    limit: i64,
+) -> Result<Vec<String>, StoreError> {
+    super::sql::repository(store)
+        .active_teams(first_day, limit)
+        .await
+}

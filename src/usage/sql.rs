@@ -145,6 +145,38 @@ where
     (0..n).map(|i| row.try_get::<String, _>(i)).collect()
 }
 
+/// A usage record from a row of [`record_columns!`].
+fn decode_record<R: Row>(row: &R) -> Result<UsageRecord, sqlx::Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<i64>: for<'r> sqlx::Decode<'r, R::Database>,
+{
+    Ok(UsageRecord {
+        created_at_ms: row.try_get(0)?,
+        team_id: row.try_get(1)?,
+        user_id: row.try_get(2)?,
+        task: row.try_get(3)?,
+        provider: row.try_get(4)?,
+        model: row.try_get(5)?,
+        prompt_key: row.try_get(6)?,
+        prompt_version: row.try_get(7)?,
+        trace_id: row.try_get(8)?,
+        input_tokens: row.try_get(9)?,
+        output_tokens: row.try_get(10)?,
+        cost_micros: row.try_get(11)?,
+        latency_ms: row.try_get(12)?,
+        outcome: row.try_get(13)?,
+        attempts: row.try_get(14)?,
+        degraded: row.try_get::<i64, _>(15)? != 0,
+        channel: row.try_get(16)?,
+        priority: row.try_get(17)?,
+        conversation_id: row.try_get(18)?,
+        iteration: row.try_get(19)?,
+    })
+}
+
 crate::impl_for_both_pools!(UsageRepository {
     async fn by_trace(&self, trace_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
         let sql = concat!(
@@ -153,32 +185,46 @@ crate::impl_for_both_pools!(UsageRepository {
             " FROM usage_records WHERE trace_id = $1 ORDER BY id"
         );
         let rows = sqlx::query(sql).bind(trace_id).fetch_all(self).await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            out.push(UsageRecord {
-                created_at_ms: row.try_get(0)?,
-                team_id: row.try_get(1)?,
-                user_id: row.try_get(2)?,
-                task: row.try_get(3)?,
-                provider: row.try_get(4)?,
-                model: row.try_get(5)?,
-                prompt_key: row.try_get(6)?,
-                prompt_version: row.try_get(7)?,
-                trace_id: row.try_get(8)?,
-                input_tokens: row.try_get(9)?,
-                output_tokens: row.try_get(10)?,
-                cost_micros: row.try_get(11)?,
-                latency_ms: row.try_get(12)?,
-                outcome: row.try_get(13)?,
-                attempts: row.try_get(14)?,
-                degraded: row.try_get::<i64, _>(15)? != 0,
-                channel: row.try_get(16)?,
-                priority: row.try_get(17)?,
-                conversation_id: row.try_get(18)?,
-                iteration: row.try_get(19)?,
-            });
-        }
-        Ok(out)
+        Ok(rows.iter().map(decode_record).collect::<Result<_, _>>()?)
+    }
+
+    async fn of_trace(
+        &self,
+        team: &str,
+        trace_id: &str,
+        limit: i64,
+    ) -> Result<Vec<UsageRecord>, StoreError> {
+        let sql = concat!(
+            "SELECT ",
+            record_columns!(),
+            " FROM usage_records WHERE trace_id = $1 AND team_id = $2 ORDER BY id LIMIT $3"
+        );
+        let rows = sqlx::query(sql)
+            .bind(trace_id)
+            .bind(team)
+            .bind(limit)
+            .fetch_all(self)
+            .await?;
+        Ok(rows.iter().map(decode_record).collect::<Result<_, _>>()?)
+    }
+
+    async fn recent(&self, team: &str, limit: i64) -> Result<Vec<UsageRecord>, StoreError> {
+        let sql = concat!(
+            "SELECT ",
+            record_columns!(),
+            " FROM usage_records WHERE team_id = $1 ORDER BY created_at_ms DESC LIMIT $2"
+        );
+        let rows = sqlx::query(sql).bind(team).bind(limit).fetch_all(self).await?;
+        Ok(rows.iter().map(decode_record).collect::<Result<_, _>>()?)
+    }
+
+    async fn active_teams(&self, first_day: i64, limit: i64) -> Result<Vec<String>, StoreError> {
+        let sql = "SELECT DISTINCT team_id FROM usage_rollup WHERE day >= $1 ORDER BY team_id LIMIT $2";
+        Ok(sqlx::query_scalar(sql)
+            .bind(first_day)
+            .bind(limit)
+            .fetch_all(self)
+            .await?)
     }
 
     async fn rollups(

@@ -42,6 +42,8 @@ pub struct Totals {
     pub latency_p50_ms: u32,
     /// 95th percentile latency, ms.
     pub latency_p95_ms: u32,
+    /// 99th percentile latency, ms.
+    pub latency_p99_ms: u32,
 }
 
 /// One group's key: the value of each requested dimension.
@@ -129,59 +131,100 @@ pub async fn summarize(
     end_ms: i64,
     dims: &[Dimension],
 ) -> Result<Summary, StoreError> {
-    let repository = super::sql::repository(store);
+    summarize_teams(store, &[team.to_owned()], start_ms, end_ms, dims).await
+}
+
+/// [`summarize`] over several teams at once: one set of groups, and percentiles
+/// over all their calls (the console's fleet figures).
+pub async fn summarize_teams(
+    store: &Store,
+    teams: &[String],
+    start_ms: i64,
+    end_ms: i64,
+    dims: &[Dimension],
+) -> Result<Summary, StoreError> {
     let mut dims = dims.to_vec();
     dims.sort();
     dims.dedup();
-    let mut all = Acc::default();
-    let mut groups: BTreeMap<BucketKey, Acc> = BTreeMap::new();
-    let grouped = !dims.is_empty();
-
-    // Whole days: [first_day, end_day) in UTC days.
-    let first_day = start_ms.div_euclid(DAY_MS) + i64::from(start_ms.rem_euclid(DAY_MS) != 0);
-    let end_day = end_ms.div_euclid(DAY_MS);
-    let mut edges = vec![(start_ms, end_ms)];
-    // The rollups have no user: grouping by user reads the records.
-    if first_day < end_day && !dims.contains(&Dimension::User) {
-        edges = vec![(start_ms, first_day * DAY_MS), (end_day * DAY_MS, end_ms)];
-        for (key, sums) in repository.rollups(team, first_day, end_day, &dims).await? {
-            all.add_rollup(&sums);
-            if grouped {
-                groups
-                    .entry(bucket_key(&dims, &key))
-                    .or_default()
-                    .add_rollup(&sums);
-            }
-        }
-        for (key, floor, count) in repository
-            .latency_histogram(team, first_day, end_day, &dims)
-            .await?
-        {
-            all.add_latencies(floor, count);
-            if grouped {
-                groups
-                    .entry(bucket_key(&dims, &key))
-                    .or_default()
-                    .add_latencies(floor, count);
-            }
-        }
-    }
-    for (from, to) in edges.into_iter().filter(|(from, to)| from < to) {
-        let mut each = |key: Vec<String>, row: SumRow| {
-            all.add(&row);
-            if grouped {
-                groups.entry(bucket_key(&dims, &key)).or_default().add(&row);
-            }
-        };
-        repository.records(team, from, to, &dims, &mut each).await?;
+    let mut sums = Sums {
+        dims,
+        all: Acc::default(),
+        groups: BTreeMap::new(),
+    };
+    for team in teams {
+        sums.add_team(store, team, start_ms, end_ms).await?;
     }
     Ok(Summary {
-        totals: all.finish(),
-        buckets: groups
+        totals: sums.all.finish(),
+        buckets: sums
+            .groups
             .into_iter()
             .map(|(k, acc)| (k, acc.finish()))
             .collect(),
     })
+}
+
+/// Sums under way: over everything, and per group of `dims`.
+struct Sums {
+    dims: Vec<Dimension>,
+    all: Acc,
+    groups: BTreeMap<BucketKey, Acc>,
+}
+
+impl Sums {
+    fn group(&mut self, key: &[String]) -> Option<&mut Acc> {
+        if self.dims.is_empty() {
+            return None;
+        }
+        Some(self.groups.entry(bucket_key(&self.dims, key)).or_default())
+    }
+
+    async fn add_team(
+        &mut self,
+        store: &Store,
+        team: &str,
+        start_ms: i64,
+        end_ms: i64,
+    ) -> Result<(), StoreError> {
+        let repository = super::sql::repository(store);
+        // Whole days: [first_day, end_day) in UTC days.
+        let first_day = start_ms.div_euclid(DAY_MS) + i64::from(start_ms.rem_euclid(DAY_MS) != 0);
+        let end_day = end_ms.div_euclid(DAY_MS);
+        let mut edges = vec![(start_ms, end_ms)];
+        // The rollups have no user: grouping by user reads the records.
+        if first_day < end_day && !self.dims.contains(&Dimension::User) {
+            edges = vec![(start_ms, first_day * DAY_MS), (end_day * DAY_MS, end_ms)];
+            for (key, sums) in repository
+                .rollups(team, first_day, end_day, &self.dims)
+                .await?
+            {
+                self.all.add_rollup(&sums);
+                if let Some(acc) = self.group(&key) {
+                    acc.add_rollup(&sums);
+                }
+            }
+            for (key, floor, count) in repository
+                .latency_histogram(team, first_day, end_day, &self.dims)
+                .await?
+            {
+                self.all.add_latencies(floor, count);
+                if let Some(acc) = self.group(&key) {
+                    acc.add_latencies(floor, count);
+                }
+            }
+        }
+        for (from, to) in edges.into_iter().filter(|(from, to)| from < to) {
+            let dims = self.dims.clone();
+            let mut each = |key: Vec<String>, row: SumRow| {
+                self.all.add(&row);
+                if let Some(acc) = self.group(&key) {
+                    acc.add(&row);
+                }
+            };
+            repository.records(team, from, to, &dims, &mut each).await?;
+        }
+        Ok(())
+    }
 }
 
 fn bucket_key(dims: &[Dimension], values: &[String]) -> BucketKey {
@@ -249,6 +292,7 @@ impl Acc {
         let mut totals = self.totals;
         totals.latency_p50_ms = percentile(&self.latencies, 50);
         totals.latency_p95_ms = percentile(&self.latencies, 95);
+        totals.latency_p99_ms = percentile(&self.latencies, 99);
         totals
     }
 }

@@ -7,6 +7,7 @@ mod cli;
 mod cluster;
 mod common;
 mod connections;
+mod console;
 mod crash;
 mod deadlines;
 mod docs_commands;

@@ -142,6 +142,9 @@ pub trait InvocationRepository: Send + Sync + std::fmt::Debug {
     /// Invocation `id` of `team`.
     async fn get(&self, team: &str, id: &str) -> Result<Option<Invocation>, StoreError>;
 
+    /// `team`'s latest `limit` invocations, newest first.
+    async fn recent(&self, team: &str, limit: i64) -> Result<Vec<Invocation>, StoreError>;
+
     /// The ID of `team`'s invocation holding idempotency `key` in any window, if any.
     async fn by_key(&self, team: &str, key: &str) -> Result<Option<String>, StoreError>;
 
@@ -208,6 +211,11 @@ pub async fn release(store: &Store, id: &str, lease_until_ms: i64) -> Result<(),
     sql::repository(store)
         .release(id, lease_until_ms, now)
         .await
+}
+
+/// `team`'s latest `limit` invocations, newest first (the console's Tools page).
+pub async fn recent(store: &Store, team: &str, limit: i64) -> Result<Vec<Invocation>, StoreError> {
+    sql::repository(store).recent(team, limit).await
 }
 
 /// See [`InvocationRepository::by_key`].

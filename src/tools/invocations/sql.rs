@@ -160,6 +160,22 @@ crate::impl_for_both_pools!(InvocationRepository {
         Ok(())
     }
 
+    async fn recent(&self, team: &str, limit: i64) -> Result<Vec<Invocation>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM tool_invocations WHERE team_id = $1 \
+             ORDER BY created_at_ms DESC LIMIT $2"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team)
+            .bind(limit)
+            .fetch_all(self)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(decode)
+            .collect::<Result<Vec<_>, sqlx::Error>>()?)
+    }
+
     async fn get(&self, team: &str, id: &str) -> Result<Option<Invocation>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM tool_invocations WHERE id = $1 AND team_id = $2");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))

@@ -4,7 +4,8 @@
 //! provider connection tests), Python's official gRPC client (`grpcio`
 //! and its tools, for the API interop test), and OpenAI's official SDKs
 //! (`openai` on PyPI and on npm) with an SSE client library (`httpx-sse`
-//! over `httpx`) for the HTTP edge's tests, installed under
+//! over `httpx`) for the HTTP edge's tests, and `playwright-core` (npm)
+//! driving Debian's Chromium for the console's, installed under
 //! `target/test-deps` from the package registries on first use (`.ci/run`
 //! installs them up front).
 
@@ -29,6 +30,11 @@ pub const PYTHON_OPENAI: &str = "openai==3.57.0";
 pub const PYTHON_HTTPX_SSE: &str = "httpx-sse==0.4.3";
 pub const PYTHON_HTTPX: &str = "httpx==0.28.1";
 pub const NPM_OPENAI: &str = "openai@6.49.0";
+// The ops console's browser tests: Playwright's driver without its browser
+// downloads, driving Debian's Chromium.
+pub const NPM_PLAYWRIGHT_CORE: &str = "playwright-core@1.65.2";
+/// Debian's Chromium (`.ci/run` installs the `chromium` package when missing).
+pub const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// Holds the lock on installing counterparts until dropped: across test
 /// processes (nextest runs each test in its own, and two `npm install`s
@@ -186,6 +192,24 @@ pub fn node_openai() -> PathBuf {
                 .args(["install", "--no-audit", "--no-fund", "--prefix"])
                 .arg(&dir)
                 .arg(NPM_OPENAI),
+        );
+    }
+    package
+}
+
+/// `playwright-core`'s folder (installs it when missing).
+pub fn node_playwright() -> PathBuf {
+    let _once = install_lock();
+    let dir = deps();
+    let package = dir.join("node_modules/playwright-core");
+    if !package.join("package.json").exists() {
+        std::fs::create_dir_all(&dir).unwrap();
+        run(
+            "npm install playwright-core",
+            Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--prefix"])
+                .arg(&dir)
+                .arg(NPM_PLAYWRIGHT_CORE),
         );
     }
     package
