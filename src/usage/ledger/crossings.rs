@@ -77,7 +77,12 @@ impl CapTriggers {
             level: Level::Reached,
         };
         let now = chrono::Utc::now().timestamp_millis();
-        let guard = super::sql::cap_event_guard(&refusal.bucket, c.cap.as_str(), "reached", now);
+        let guard = super::sql::cap_event_guard(
+            &refusal.bucket,
+            c.cap.as_str(),
+            Level::Reached.as_str(),
+            now,
+        );
         Some(Op::Write(Write {
             team_id: refusal.bucket.team_id.clone(),
             statements: vec![guard],

@@ -11,18 +11,8 @@ use serde_json::json;
 /// `ops.alert` (a webhook, one attempt) and `triggers`, relayed every 30ms.
 fn alerting(hook: &Webhook, triggers: &str) -> String {
     format!(
-        r#"
-[tools."ops.alert"]
-kind = "http"
-url = "{url}/webhook/alert"
-input_schema = {{ type = "object", required = ["text", "team"] }}
-retry = {{ max_attempts = 1 }}
-
-[trigger_relay]
-poll_interval = "30ms"
-{triggers}
-"#,
-        url = hook.url()
+        "{}\n[trigger_relay]\npoll_interval = \"30ms\"\n{triggers}\n",
+        super::triggers::alert_tool(hook)
     )
 }
 

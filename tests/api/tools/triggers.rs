@@ -22,7 +22,8 @@ fn triggers(hook: &Webhook, poll: &str) -> String {
 }
 
 /// [`triggers`] with the trigger's `filter` line.
-fn triggers_for(hook: &Webhook, poll: &str, filter: &str) -> String {
+/// The `ops.alert` tool (posting to `hook`) that triggers start.
+pub fn alert_tool(hook: &Webhook) -> String {
     format!(
         r#"
 [tools."ops.alert"]
@@ -30,7 +31,14 @@ kind = "http"
 url = "{url}/webhook/alert"
 input_schema = {{ type = "object", required = ["text", "team"] }}
 retry = {{ max_attempts = 1 }}
+"#,
+        url = hook.url()
+    )
+}
 
+fn triggers_for(hook: &Webhook, poll: &str, filter: &str) -> String {
+    format!(
+        r#"{tool}
 [triggers.on_fail]
 on = "tool.invocation.failed"
 {filter}
@@ -41,7 +49,7 @@ input = {{ text = "{{{{event.tool}}}} failed: {{{{event.reason}}}}", team = "{{{
 [trigger_relay]
 poll_interval = "{poll}"
 "#,
-        url = hook.url()
+        tool = alert_tool(hook)
     )
 }
 
