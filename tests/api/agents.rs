@@ -3,7 +3,7 @@
 //! over real HTTP (streams sent frame by frame), the scripted mock, real
 //! SQLite files and PostgreSQL.
 
-mod approvals;
+pub mod approvals;
 mod conversations;
 mod edges;
 mod golden;

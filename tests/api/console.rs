@@ -14,31 +14,14 @@ use crate::{
 };
 use ai_orchestrator::api::pb::converse_event::Event;
 
-/// An agent whose model asks to add a note (held for approval), admins who
-/// may decide, a monthly request cap, and the console.
-pub(super) const EXTRA: &str = r#"
-[providers.noting]
-kind = "mock"
-[providers.noting.mock]
-tool_script = [[{ tool = "crm.add_note", arguments = '{"lead_id":"L-1","note":"called back"}' }]]
-
-[agents.noter]
-chain = [{ provider = "noting", model = "gpt-4o-mini" }]
-core_prompt = "You take notes."
-tools = ["crm.*"]
-
-[auth.roles.admin]
-capabilities = ["tool:*", "approve:*"]
-
-[approvals]
-side_effects = true
-
-[metering.default_limits]
-max_requests = 1000
-
-[console]
-enabled = true
-"#;
+/// The held-note agent of the approval tests (admins who may decide), a
+/// monthly request cap, and the console.
+pub(super) fn extra() -> String {
+    format!(
+        "{}\n[metering.default_limits]\nmax_requests = 1000\n\n[console]\nenabled = true\n",
+        crate::agents::approvals::EXTRA
+    )
+}
 
 /// A server with the console on its metrics listener: the app and the console's base URL.
 pub(super) async fn spawn(hook: &Webhook, extra: &str) -> (TestApp, String) {
@@ -112,6 +95,12 @@ pub(super) async fn get(
         req = req.header(name, value);
     }
     req.send().await.unwrap()
+}
+
+/// The `name=value` of the session cookie a response sets.
+pub(super) fn set_cookie(r: &reqwest::Response) -> String {
+    let set = r.headers()["set-cookie"].to_str().unwrap();
+    set.split(';').next().unwrap().to_owned()
 }
 
 pub(super) async fn post(

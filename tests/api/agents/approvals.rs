@@ -15,7 +15,7 @@ use tonic_types::StatusExt;
 
 /// An agent whose model asks to add a note (a side effect, so held), and
 /// admins who may decide.
-const EXTRA: &str = r#"
+pub const EXTRA: &str = r#"
 [providers.noting]
 kind = "mock"
 [providers.noting.mock]

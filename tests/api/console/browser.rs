@@ -1,7 +1,7 @@
 //! An operator in Chromium: every page, its figures against GetUsage, the
 //! CSV, a refused login, a forged post, and an approval clicked through.
 
-use super::{EXTRA, held_turn, spawn};
+use super::{extra, held_turn, spawn};
 use crate::common::TestApp;
 use crate::{
     agents::{completed, converse, turn},
@@ -59,7 +59,7 @@ async fn browse(base: &str, approval: &str) -> Value {
 #[tokio::test]
 async fn an_operator_reads_every_page_and_approves_a_held_call_in_a_browser() {
     let hook = Webhook::start().await;
-    let (app, base) = spawn(&hook, EXTRA).await;
+    let (app, base) = spawn(&hook, &extra()).await;
     let (conversation, approval) = held_turn(&app).await;
     let usage = get_usage(&app, &[]).await;
     let totals = usage.totals.unwrap();

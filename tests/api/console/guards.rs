@@ -2,7 +2,7 @@
 //! post; a key's teams only; with authentication off, loopback only; and
 //! every page's SQL on both backends.
 
-use super::{EXTRA, csrf_of, get, held_turn, http, page, post, spawn};
+use super::{csrf_of, extra, get, held_turn, http, page, post, set_cookie, spawn};
 use crate::{
     common::TestApp,
     observability::free_port,
@@ -13,7 +13,7 @@ use ai_orchestrator::api::pb;
 #[tokio::test]
 async fn without_a_session_every_page_and_post_goes_to_the_login() {
     let hook = Webhook::start().await;
-    let (app, base) = spawn(&hook, EXTRA).await;
+    let (app, base) = spawn(&hook, &extra()).await;
     let (_, approval) = held_turn(&app).await;
     for path in [
         "/console",
@@ -52,7 +52,7 @@ async fn without_a_session_every_page_and_post_goes_to_the_login() {
         set.contains("HttpOnly") && set.contains("SameSite=Strict"),
         "{set}"
     );
-    let cookie = set.split(';').next().unwrap().to_owned();
+    let cookie = set_cookie(&r);
     for body in ["team=t1&decision=approve", forged.as_str()] {
         let r = post(
             &base,
@@ -211,18 +211,7 @@ async fn every_page_answers_on_sqlite_and_postgresql() {
         }
         let base = format!("http://127.0.0.1:{port}");
         let client = http();
-        let cookie = client
-            .get(format!("{base}/console"))
-            .send()
-            .await
-            .unwrap()
-            .headers()["set-cookie"]
-            .to_str()
-            .unwrap()
-            .split(';')
-            .next()
-            .unwrap()
-            .to_owned();
+        let cookie = set_cookie(&get(format!("{base}/console"), None).await);
         let overview = page(&client, &base, &cookie, "/console").await;
         assert!(
             overview.contains(r#"<dd id="requests-month">3</dd>"#),
@@ -268,21 +257,16 @@ async fn an_admin_of_one_team_sees_and_decides_only_that_team() {
     use sha2::Digest as _;
     const T1_ADMIN: &str = "aio_test_console_t1_admin_key";
     let hash = hex::encode(sha2::Sha256::digest(T1_ADMIN.as_bytes()));
-    let extra = format!(
-        "{EXTRA}\n[[auth.keys]]\nname = \"t1-admin\"\nsha256 = \"{hash}\"\nteams = [\"t1\"]\nrole = \"admin\"\n"
+    let config = format!(
+        "{}\n[[auth.keys]]\nname = \"t1-admin\"\nsha256 = \"{hash}\"\nteams = [\"t1\"]\nrole = \"admin\"\n",
+        extra()
     );
     let hook = Webhook::start().await;
-    let (app, base) = spawn(&hook, &extra).await;
+    let (app, base) = spawn(&hook, &config).await;
     let (_, approval) = held_turn(&app).await;
     let r = post(&base, "/console/login", None, &format!("key={T1_ADMIN}")).await;
     assert_eq!(r.status(), 303);
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
+    let cookie = set_cookie(&r);
     for path in [
         "/console/usage?team=t2",
         "/console/usage.csv?team=t2",
