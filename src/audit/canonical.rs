@@ -6,6 +6,7 @@
 //! every audited call (ADR 0031); the tests hold it to the reference.
 
 use super::AuditEvent;
+use std::io::Write as _;
 
 /// Integers JSON numbers hold exactly (RFC 8785 writes numbers as IEEE
 /// doubles); past them the reference path is taken.
@@ -69,7 +70,12 @@ pub fn event(seq: i64, e: &AuditEvent) -> Option<Vec<u8>> {
         match value {
             Field::Null => out.extend_from_slice(b"null"),
             Field::Number(n) if n.unsigned_abs() > EXACT.unsigned_abs() => return None,
-            Field::Number(n) => out.extend_from_slice(n.to_string().as_bytes()),
+            Field::Number(n) => write!(out, "{n}").ok()?,
+            Field::Text(s) if !needs_escape(s) => {
+                out.push(b'"');
+                out.extend_from_slice(s.as_bytes());
+                out.push(b'"');
+            }
             // serde_json escapes exactly RFC 8785's set: `"`, `\`, and the
             // controls (\b \t \n \f \r by name, the rest as lowercase \u00xx).
             Field::Text(s) => serde_json::to_writer(&mut out, s).ok()?,
@@ -77,6 +83,12 @@ pub fn event(seq: i64, e: &AuditEvent) -> Option<Vec<u8>> {
     }
     out.push(b'}');
     Some(out)
+}
+
+/// Whether RFC 8785 escapes any of `s`: IDs, hashes and names never need it,
+/// and copying them as they are keeps the writer thread's cost down.
+fn needs_escape(s: &str) -> bool {
+    s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
 #[cfg(test)]

@@ -47,15 +47,11 @@ struct Hashed<'a> {
 
 /// The hash of `event` at `seq` after `prev_hash`.
 pub fn hash(prev_hash: &str, seq: i64, event: &AuditEvent) -> String {
-    let mut bytes = prev_hash.as_bytes().to_vec();
-    match super::canonical::event(seq, event) {
-        Some(json) => bytes.extend(json),
-        None => {
-            let value = serde_json::to_value(Hashed { seq, event }).unwrap_or_default();
-            bytes.extend(digest::canonical(&value));
-        }
-    }
-    digest::sha256_hex(&bytes)
+    let json = super::canonical::event(seq, event).unwrap_or_else(|| {
+        let value = serde_json::to_value(Hashed { seq, event }).unwrap_or_default();
+        digest::canonical(&value)
+    });
+    digest::sha256_hex_of(&[prev_hash.as_bytes(), &json])
 }
 
 /// Links `events`, all of one team and in order, after `head`; returns the new head too.

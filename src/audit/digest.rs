@@ -94,7 +94,16 @@ pub fn canonical(value: &Value) -> Vec<u8> {
 
 /// Lowercase hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    sha256_hex_of(&[bytes])
+}
+
+/// The lowercase hex SHA-256 of `parts` one after the other, without joining them first.
+pub fn sha256_hex_of(parts: &[&[u8]]) -> String {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part);
+    }
+    hex::encode(hasher.finalize())
 }
 
 /// The audit digest of a payload: the SHA-256 and byte size of its redacted canonical JSON.

@@ -38,6 +38,13 @@ pub fn select_head(postgres: bool) -> &'static str {
     }
 }
 
+/// [`insert_sql`] of one event, built once: the SQLite ledger writer inserts
+/// every audited call's event with it, on its one thread.
+pub fn insert_one_sql() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| insert_sql(1));
+    &SQL
+}
+
 /// `INSERT INTO audit_events (...) VALUES (...), ...` for `rows` events.
 pub fn insert_sql(rows: usize) -> String {
     let mut sql = format!("INSERT INTO audit_events ({COLUMNS}) VALUES ");

@@ -108,6 +108,17 @@ impl Sqlite<'_, '_> {
         stmt.raw_execute()
     }
 
+    /// [`Self::execute`] for SQL whose parameters first appear in order,
+    /// `$1` to `$n`, so that SQLite numbered them so: bound by index, without
+    /// a search of the names per value.
+    fn execute_in_order(&self, sql: &str, args: &[&dyn ToSql]) -> rusqlite::Result<usize> {
+        let mut stmt = self.tx.prepare_cached(sql)?;
+        for (i, value) in args.iter().enumerate() {
+            stmt.raw_bind_parameter(i + 1, value)?;
+        }
+        stmt.raw_execute()
+    }
+
     fn ensure_row(&self, bucket: &Bucket) -> rusqlite::Result<usize> {
         self.execute(ENSURE_ROW, &key_args(bucket))
     }
@@ -286,11 +297,12 @@ impl Backend for Sqlite<'_, '_> {
     }
 
     async fn insert_audit(&mut self, rows: &[Linked]) -> Result<(), StoreError> {
-        let sql = crate::audit::store::sql::insert_sql(1);
+        let sql = crate::audit::store::sql::insert_one_sql();
         for l in rows {
             let e = &l.event;
-            self.execute(
-                &sql,
+            // Built by `insert_sql`: $1 to $21 in order.
+            self.execute_in_order(
+                sql,
                 &[
                     &e.id,
                     &e.team_id,
@@ -377,5 +389,26 @@ impl Backend for Sqlite<'_, '_> {
             ],
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use crate::audit::store::sql::{COLUMN_COUNT, insert_one_sql};
+
+    /// `insert_audit` binds by index, so the audit insert's `$n` must be SQLite's parameter n.
+    #[test]
+    fn the_audit_insert_numbers_its_parameters_in_order() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch(include_str!(
+            "../../../../../migrations/sqlite/0008_audit.sql"
+        ))
+        .unwrap();
+        let stmt = conn.prepare(insert_one_sql()).unwrap();
+        assert_eq!(stmt.parameter_count(), COLUMN_COUNT);
+        for i in 1..=COLUMN_COUNT {
+            assert_eq!(stmt.parameter_name(i), Some(format!("${i}").as_str()));
+        }
     }
 }
